@@ -1,0 +1,1 @@
+//! nibble-backend (being written).

@@ -1,0 +1,1 @@
+//! nibble-engine (being written).

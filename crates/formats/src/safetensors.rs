@@ -1,0 +1,1 @@
+//! safetensors reader (single file and sharded) and writer. Placeholder: being written.

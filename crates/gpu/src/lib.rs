@@ -1,0 +1,1 @@
+//! nibble-gpu (being written).

@@ -1,0 +1,11 @@
+//! The model tier: everything that knows Qwen3-MoE, and nothing that knows a file layout or a GPU.
+//!
+//! - [`config`]: the typed, validated hyper-parameters, read from a Hugging Face `config.json` or
+//!   from GGUF `qwen3moe.*` metadata.
+//! - [`weights`]: the canonical tensor keys of the model and the [`weights::WeightSource`] trait
+//!   through which every consumer (oracle, GPU upload, inspect) reads them, whatever the file.
+//! - [`qwen3_moe`]: the name mapping from GGUF and Hugging Face checkpoints to those keys.
+//! - [`synth`]: seeded synthetic models with the real architecture.
+
+pub mod config;
+pub mod weights;
