@@ -1,1 +1,23 @@
-//! nibble-gpu (being written).
+//! nibble-gpu: Qwen3-MoE decode on the GPU through wgpu (Vulkan / Metal) and WGSL kernels.
+//!
+//! Int4 weights stay packed in GPU memory and are dequantised inside the kernels; a run of N
+//! greedy tokens is recorded into one command buffer and the host waits once per run.
+//!
+//! Code map:
+//! - [`context`]: device setup and buffer / pipeline / bind-group helpers.
+//! - [`tensor`]: GPU layouts shared by all kernels (repacked Q4_0 matrices split across
+//!   bindings, int8-quantised activations). The layouts are documented there.
+//! - [`kernels`]: one kernel family per file, each with a scalar CPU reference and tests.
+//! - [`testing`]: the shared GPU test harness (one serialised adapter, random inputs).
+//!
+//! Kernel API convention: `XxxKernel::new(&ctx, params) -> Result<Self>` compiles the
+//! pipeline(s) once; `bind(&self, ctx, buffers...) -> XxxBinding` creates the bind groups once;
+//! `record(&self, pass, &binding)` records the dispatches with no host sync. Dynamic values
+//! (position, token, done flag) live in a GPU state buffer so bindings never change between steps.
+
+pub mod context;
+pub mod kernels;
+pub mod tensor;
+pub mod testing;
+
+pub use context::{AdapterChoice, Context, GpuError};

@@ -1,0 +1,203 @@
+//! GPU-resident tensor layouts shared by all kernels: the repacked Q4_0 matrix (split by rows
+//! across bindings when it is large) and int8-quantised activations.
+//!
+//! Q4_0 matrix `[rows, cols]` (`cols % 32 == 0`, block `b` of row `r` is block `r * cols/32 + b`):
+//! - `qs`: `array<vec4<u32>>`, one vec4 per block = the 16 Q4_0 nibble bytes in file order,
+//!   little-endian. Byte `j` low nibble = element `j`, high nibble = element `j + 16`. So
+//!   `word & 0x0F0F0F0F` is elements `4w..4w+3` and `(word >> 4) & 0x0F0F0F0F` is elements
+//!   `4w+16..4w+19`, each as an unsigned byte: exactly the i8x4 lanes `dot4I8Packed` wants.
+//! - `scales`: `array<u32>`, two f16 block scales per word (`unpack2x16float`), block `2k` in the
+//!   low half; an odd count is padded with a zero half.
+//! - Expert tensors `[E, out, in]` are the same with `rows = E * out`.
+//!
+//! Activations feeding an int4 matvec, `x[n]` (`n % 32 == 0`), quantised per block of 32:
+//! - `q`: `array<u32>` `[n/4]`, word `i` = `i8` values of elements `4i..4i+3` (byte k = element 4i+k);
+//! - `s`: `array<vec2<f32>>` `[n/32]` = `(d, d * Σ q)` with `d = amax / 127`, `q = round(x / d)`;
+//!   the second term lets the matvec subtract the Q4_0 offset of 8 with one multiply per block.
+
+use crate::context::{Context, GpuError, Result};
+use half::f16;
+
+/// Elements per quantisation block (Q4_0 and int8 activations).
+pub const BLOCK: usize = 32;
+
+/// One row range of a [`Q4Matrix`], small enough for one storage binding.
+#[derive(Debug)]
+pub struct Q4Part {
+    /// First matrix row held by this part.
+    pub row_start: u32,
+    /// Rows held by this part.
+    pub rows: u32,
+    /// `[rows * cols/32]` vec4<u32> nibble blocks.
+    pub qs: wgpu::Buffer,
+    /// `[rows * cols/32]` f16 scales, two per u32.
+    pub scales: wgpu::Buffer,
+}
+
+/// A repacked Q4_0 matrix `[rows, cols]` on the GPU (see module docs for the layout).
+#[derive(Debug)]
+pub struct Q4Matrix {
+    pub rows: u32,
+    pub cols: u32,
+    pub parts: Vec<Q4Part>,
+}
+
+impl Q4Matrix {
+    /// Repack and upload a Q4_0 matrix whose blocks are `src` concatenated (ggml order).
+    /// Parts hold a multiple of `row_multiple` rows (e.g. one expert's `out` rows, so that an
+    /// expert never straddles two bindings) and each fits [`Context::max_binding_bytes`].
+    pub fn upload(
+        ctx: &Context,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        row_multiple: usize,
+        src: &[&[u8]],
+    ) -> Result<Q4Matrix> {
+        let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, 16)?;
+        let bpr = cols / BLOCK;
+        let total: usize = src.iter().map(|p| p.len()).sum();
+        if src.iter().any(|p| p.len() % 18 != 0) || total != rows * bpr * 18 {
+            return Err(GpuError::Shape(format!(
+                "{label}: Q4_0 [{rows}, {cols}] needs {} bytes in whole 18-byte blocks, got {total}",
+                rows * bpr * 18
+            )));
+        }
+        let mut blocks = src.iter().flat_map(|p| p.chunks_exact(18));
+        let mut parts = Vec::new();
+        let mut row_start = 0usize;
+        while row_start < rows {
+            let n = rows_per_part.min(rows - row_start);
+            let (qs, scales) = repack_q4_0(blocks.by_ref().take(n * bpr))
+                .map_err(|b| GpuError::Shape(format!("{label}: block {} has a non-finite scale", row_start * bpr + b)))?;
+            parts.push(Q4Part {
+                row_start: row_start as u32,
+                rows: n as u32,
+                qs: ctx.storage_init(&format!("{label}.qs"), bytemuck::cast_slice(&qs))?,
+                scales: ctx.storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&scales))?,
+            });
+            row_start += n;
+        }
+        Ok(Q4Matrix {
+            rows: rows as u32,
+            cols: cols as u32,
+            parts,
+        })
+    }
+
+    /// Bytes resident on the GPU.
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.qs.size() + p.scales.size()).sum()
+    }
+}
+
+/// Rows per binding-sized part for a `[rows, cols]` matrix taking `bytes_per_block` bytes per
+/// 32 elements in its largest buffer; a multiple of `row_multiple`. Validates the shape.
+pub fn plan_rows(
+    ctx: &Context,
+    rows: usize,
+    cols: usize,
+    row_multiple: usize,
+    bytes_per_block: u64,
+) -> Result<usize> {
+    if rows == 0 || cols == 0 || cols % BLOCK != 0 || row_multiple == 0 || rows % row_multiple != 0 {
+        return Err(GpuError::Shape(format!(
+            "[{rows}, {cols}] with row groups of {row_multiple}: need rows, cols > 0, cols % 32 == 0, rows % group == 0"
+        )));
+    }
+    if rows > u32::MAX as usize / 2 || cols > u32::MAX as usize / 2 {
+        return Err(GpuError::Shape(format!("[{rows}, {cols}] is too large")));
+    }
+    let row_bytes = (cols / BLOCK) as u64 * bytes_per_block;
+    let fit = (ctx.max_binding_bytes() / row_bytes) as usize / row_multiple * row_multiple;
+    if fit == 0 {
+        return Err(GpuError::TooLarge {
+            label: format!("{row_multiple} rows of {cols} columns"),
+            bytes: row_bytes * row_multiple as u64,
+            limit: ctx.max_binding_bytes(),
+        });
+    }
+    Ok(fit.min(rows))
+}
+
+/// Repack ggml Q4_0 blocks into (`qs` words, f16 scale bits padded to an even count).
+/// Errors with the index of the first block whose scale is not finite.
+pub fn repack_q4_0<'a>(
+    blocks: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
+    let mut qs = Vec::new();
+    let mut scales = Vec::new();
+    for (i, b) in blocks.enumerate() {
+        let d = f16::from_le_bytes([b[0], b[1]]);
+        if !d.is_finite() {
+            return Err(i);
+        }
+        scales.push(d.to_bits());
+        qs.extend(
+            b[2..18]
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+        );
+    }
+    if scales.len() % 2 == 1 {
+        scales.push(0);
+    }
+    Ok((qs, scales))
+}
+
+/// int8-quantised activations on the GPU (see module docs for the layout).
+#[derive(Debug)]
+pub struct QuantActs {
+    /// Elements (a multiple of 32).
+    pub n: u32,
+    /// `[n/4]` u32, four i8 per word.
+    pub q: wgpu::Buffer,
+    /// `[n/32]` vec2<f32> = (d, d * Σq).
+    pub s: wgpu::Buffer,
+}
+
+impl QuantActs {
+    /// Zeroed buffers for `n` activations.
+    pub fn new(ctx: &Context, label: &str, n: usize) -> Result<QuantActs> {
+        if n == 0 || n % BLOCK != 0 {
+            return Err(GpuError::Shape(format!("{label}: {n} activations is not a positive multiple of 32")));
+        }
+        Ok(QuantActs {
+            n: n as u32,
+            q: ctx.storage(&format!("{label}.q"), n as u64)?,
+            s: ctx.storage(&format!("{label}.s"), (n / BLOCK) as u64 * 8)?,
+        })
+    }
+}
+
+/// Scalar reference of the activation quantisation: (`q[n]`, `[d, d * Σq]` per block).
+pub fn quantize_acts_ref(x: &[f32]) -> (Vec<i8>, Vec<[f32; 2]>) {
+    let mut q = Vec::with_capacity(x.len());
+    let mut s = Vec::with_capacity(x.len() / BLOCK);
+    for blk in x.chunks(BLOCK) {
+        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for v in blk {
+            // Half away from zero, written out so the WGSL kernel can do exactly the same.
+            let y = v * id;
+            let t = (y.abs() + 0.5).floor().copysign(y).clamp(-127.0, 127.0) as i8;
+            sum += t as i32;
+            q.push(t);
+        }
+        s.push([d, d * sum as f32]);
+    }
+    (q, s)
+}
+
+/// Pack i8 activations four to a word (byte k of word i = element 4i + k).
+pub fn pack_i8(q: &[i8]) -> Vec<u32> {
+    q.chunks(4)
+        .map(|c| {
+            c.iter()
+                .enumerate()
+                .fold(0u32, |w, (k, v)| w | ((*v as u8 as u32) << (8 * k)))
+        })
+        .collect()
+}

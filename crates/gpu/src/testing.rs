@@ -1,0 +1,119 @@
+//! Shared harness for GPU tests: one adapter for the whole test binary, serialised by a global
+//! mutex (lavapipe is slow and wgpu devices are not meant to be hammered from many test
+//! threads), plus random-input generators and comparison helpers.
+//!
+//! No adapter: the test fails when env `CI` is set, otherwise it prints a loud SKIP and returns.
+//! Tests use the CPU adapter (lavapipe) when there is one, so results do not depend on which GPU
+//! the machine has; `NIBBLE_TEST_ADAPTER=<name part>` overrides that (e.g. to test on the H200).
+
+use crate::context::{AdapterChoice, Context};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::{Mutex, MutexGuard};
+
+/// `None` until first use; `Some(None)` when no adapter exists.
+static GPU: Mutex<Option<Option<Context>>> = Mutex::new(None);
+
+/// Exclusive access to the shared test [`Context`] for the lifetime of the guard.
+pub struct GpuGuard {
+    guard: MutexGuard<'static, Option<Option<Context>>>,
+}
+
+impl std::ops::Deref for GpuGuard {
+    type Target = Context;
+    fn deref(&self) -> &Context {
+        match &*self.guard {
+            Some(Some(ctx)) => ctx,
+            _ => unreachable!("GpuGuard is only built around an initialised context"),
+        }
+    }
+}
+
+/// The shared test context, or `None` (after printing SKIP) when this machine has no adapter.
+/// Panics when there is no adapter and env `CI` is set: CI must run the GPU tests.
+pub fn gpu(test: &str) -> Option<GpuGuard> {
+    // A panicking test poisons the mutex; the context itself is still fine for the others.
+    let mut guard = GPU.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_none() {
+        let choice = match std::env::var("NIBBLE_TEST_ADAPTER") {
+            Ok(n) => AdapterChoice::Named(n),
+            Err(_) => AdapterChoice::PreferCpu,
+        };
+        let ctx = match Context::new(&choice) {
+            Ok(c) => {
+                eprintln!("GPU tests on '{}' ({:?})", c.info.name, c.info.backend);
+                Some(c)
+            }
+            Err(e) => {
+                eprintln!("no GPU context: {e}");
+                None
+            }
+        };
+        *guard = Some(ctx);
+    }
+    if matches!(*guard, Some(None)) {
+        if std::env::var_os("CI").is_some() {
+            panic!("{test}: no wgpu adapter and CI is set: GPU tests must run in CI");
+        }
+        eprintln!("!!!!!!!! SKIP {test}: no wgpu adapter (install mesa-vulkan-drivers) !!!!!!!!");
+        return None;
+    }
+    Some(GpuGuard { guard })
+}
+
+/// A seeded, portable random generator.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `n` uniform values in `[lo, hi)`.
+pub fn rand_f32(rng: &mut impl Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// Random ggml Q4_0 bytes for `[rows, cols]`: random nibbles, scales in `[0.002, 0.02)` with
+/// random sign (like real weights of magnitude ~0.01-0.1).
+pub fn rand_q4_0(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let blocks = rows * cols / 32;
+    let mut out = Vec::with_capacity(blocks * 18);
+    for _ in 0..blocks {
+        let mut d: f32 = rng.random_range(0.002..0.02);
+        if rng.random::<bool>() {
+            d = -d;
+        }
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for _ in 0..16 {
+            out.push(rng.random::<u8>());
+        }
+    }
+    out
+}
+
+/// Dequantize Q4_0 `[rows, cols]` with the reference decoder of `nibble_quant`.
+pub fn dequant_q4_0(bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    nibble_quant::dequantize(nibble_quant::DType::Q4_0, bytes, &mut out)
+        .expect("test Q4_0 bytes are well formed");
+    out
+}
+
+/// Cosine similarity in f64.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "cosine of different lengths");
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        ab += *x as f64 * *y as f64;
+        aa += *x as f64 * *x as f64;
+        bb += *y as f64 * *y as f64;
+    }
+    ab / (aa.sqrt() * bb.sqrt())
+}
+
+/// Assert `|got - want| <= abs + rel * |want|` elementwise (NaN fails), naming the first bad index.
+pub fn assert_close(got: &[f32], want: &[f32], abs: f32, rel: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g - w).abs() <= abs + rel * w.abs();
+        assert!(ok, "{what}: index {i}: got {g}, want {w} (abs {abs}, rel {rel})");
+    }
+}
