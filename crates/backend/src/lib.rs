@@ -1,1 +1,71 @@
-//! nibble-backend (being written).
+//! The decoding seam: the [`Backend`] trait the engine drives, and the reference backend.
+//!
+//! A backend owns the weights it reads and one sequence's KV cache. It is chosen once at start-up
+//! (`--backend ref|gpu`); the engine knows only this trait and never a model internal.
+//!
+//! Invariants every implementation keeps:
+//! - `position()` is the number of tokens in the KV cache; every call that appends advances it by
+//!   exactly the number of tokens appended, and a call that fails leaves it where it was.
+//! - Logits are returned as `[V]` f32, V = `config().vocab_size`.
+//! - Bad input (token id >= V, overflowing the context, an empty prefill) is an error, never a panic.
+//!
+//! [`reference`] holds [`RefBackend`], the oracle: a plain scalar forward pass that every fast
+//! backend is judged against.
+
+pub mod reference;
+
+pub use nibble_model::config::Qwen3MoeConfig;
+pub use reference::RefBackend;
+
+/// A decoding backend: chosen once at start-up (`--backend ref|gpu`); the engine knows only this trait.
+pub trait Backend: Send {
+    /// Short name, e.g. `"ref"`.
+    fn name(&self) -> String;
+    /// The model's hyper-parameters.
+    fn config(&self) -> &Qwen3MoeConfig;
+    /// KV cache capacity in positions.
+    fn context_len(&self) -> usize;
+    /// Tokens currently in the KV cache.
+    fn position(&self) -> usize;
+    /// Keep the first `pos` cached positions (0 = reset); `pos > position()` is an error.
+    fn truncate(&mut self, pos: usize) -> anyhow::Result<()>;
+    /// Append `tokens` at the current position (batched prompt processing) and return the logits
+    /// `[V]` of the last one.
+    fn prefill(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>>;
+    /// Append one token and return its logits `[V]`.
+    fn step(&mut self, token: u32) -> anyhow::Result<Vec<f32>> {
+        self.prefill(&[token])
+    }
+    /// Greedy run: append `token`, then repeatedly append the argmax, producing up to `n` new ids;
+    /// stops after (and including) the first id in `eos`. The last returned id is *not* appended
+    /// (it has no logits to compute yet), so the position advances by the number of ids returned.
+    /// `n == 0` appends nothing. Fast backends fold this into one GPU submission.
+    fn decode_greedy(&mut self, token: u32, n: usize, eos: &[u32]) -> anyhow::Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(n.min(self.context_len()));
+        let mut cur = token;
+        for _ in 0..n {
+            let next = argmax(&self.step(cur)?);
+            out.push(next);
+            if eos.contains(&next) {
+                break;
+            }
+            cur = next;
+        }
+        Ok(out)
+    }
+}
+
+/// First index of the largest value; NaN never wins. Returns 0 for an empty or all-NaN slice.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() {
+            continue;
+        }
+        // Strictly greater: on ties the earlier index stays.
+        if best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
+}
