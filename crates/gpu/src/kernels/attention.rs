@@ -1,0 +1,415 @@
+//! Attention kernels (formats-spec §1.4 steps 3-6, §1.5, §1.6) and their scalar references.
+//!
+//! Three dispatches per layer, all reading the position from the run-state buffer:
+//! 1. `rope`: per-head RMSNorm of q and k (weight `[D]` shared by the heads) + NeoX rotate-half
+//!    RoPE (pairs `i`, `i + D/2`), queries roped in place in the fused `qkv` buffer, the roped k
+//!    and the raw v written to cache row `pos`. Grid `Hq + Hkv`.
+//! 2. `chunk`: flash-decoding split of the single-query GQA attention over positions `0..=pos`
+//!    in chunks of `C` positions; one workgroup per (chunk, kv head) serves the `G = Hq/Hkv`
+//!    query heads of that kv head, so every K/V row is read once. Grid `(chunks, Hkv)`.
+//! 3. `combine`: per query head, rescale the chunk partials by `exp(m_c - M)` and normalise.
+//!    `combine_q8` additionally writes the output int8-quantised (tensor.rs layout) for the
+//!    o-proj int4 matvec. Grid `Hq`.
+//!
+//! Invariants: KV cache `[ctx, Hkv, D]` f32, row `pos` written only by `rope` of the same step;
+//! `pos < ctx` is the host's job (the kernels clamp reads to the cache and skip an out-of-range
+//! write). The partial buffers ([`AttentionScratch`]) are per dispatch sequence, so one scratch
+//! can serve every layer. Every kernel returns at once when `state.done != 0`.
+
+use crate::context::{Context, GpuError, Result};
+use crate::tensor::QuantActs;
+
+/// WGSL of the run-state struct shared by the decode kernels.
+pub(crate) const STATE_WGSL: &str = include_str!("../shaders/state.wgsl");
+
+/// Workgroup size of the rope kernel (a power of two for its tree reduction).
+const ROPE_WG: u32 = 64;
+/// Workgroup size of the chunk kernel (a power of two).
+const CHUNK_WG: u32 = 128;
+/// Workgroup size of the combine kernel.
+const COMBINE_WG: u32 = 128;
+
+/// Shapes and constants of one model's attention.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Hq: query heads.
+    pub heads: u32,
+    /// Hkv: key/value heads (`heads % kv_heads == 0`).
+    pub kv_heads: u32,
+    /// D: head dim (a multiple of 4; of 32 for the int8 output).
+    pub head_dim: u32,
+    /// Cache rows (maximum positions).
+    pub ctx: u32,
+    /// Positions per attention chunk (the unit of sequence parallelism).
+    pub chunk: u32,
+    pub rope_theta: f32,
+    pub eps: f32,
+}
+
+impl AttentionParams {
+    /// The attention of `cfg` with a cache of `ctx` positions and the default chunk of 64.
+    pub fn from_config(cfg: &nibble_model::config::Qwen3MoeConfig, ctx: usize) -> Result<Self> {
+        let u = |v: usize, what: &str| {
+            u32::try_from(v).map_err(|_| GpuError::Shape(format!("{what} {v} does not fit u32")))
+        };
+        let p = AttentionParams {
+            heads: u(cfg.num_heads, "num_heads")?,
+            kv_heads: u(cfg.num_kv_heads, "num_kv_heads")?,
+            head_dim: u(cfg.head_dim, "head_dim")?,
+            ctx: u(ctx, "ctx")?,
+            chunk: 64,
+            rope_theta: cfg.rope_theta,
+            eps: cfg.rms_norm_eps,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// G: query heads per kv head.
+    pub fn group(&self) -> u32 {
+        self.heads / self.kv_heads
+    }
+
+    /// Chunks covering the whole cache.
+    pub fn max_chunks(&self) -> u32 {
+        self.ctx.div_ceil(self.chunk)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(GpuError::Shape(format!("attention {self:?}: {m}")));
+        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+            return bad("heads must be a positive multiple of kv_heads".into());
+        }
+        if self.head_dim == 0 || self.head_dim % 4 != 0 || self.head_dim > 1024 {
+            return bad("head_dim must be a multiple of 4 in 4..=1024".into());
+        }
+        if self.group() > CHUNK_WG {
+            return bad(format!("more than {CHUNK_WG} query heads per kv head"));
+        }
+        if self.ctx == 0 || self.chunk == 0 || self.chunk > 1024 {
+            return bad("ctx must be > 0 and chunk in 1..=1024".into());
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return bad("rope_theta must be finite and > 1".into());
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return bad("eps must be finite and > 0".into());
+        }
+        // Element counts of the largest buffers must stay addressable with u32 indices.
+        let cache = self.ctx as u64 * self.kv_heads as u64 * self.head_dim as u64;
+        let parts = self.heads as u64 * self.max_chunks() as u64 * self.head_dim as u64;
+        if cache >= 1 << 31 || parts >= 1 << 31 {
+            return bad("cache or partials exceed 2^31 elements".into());
+        }
+        Ok(())
+    }
+}
+
+/// RoPE inverse frequencies `theta^(-2i/D)`, `i < D/2`, computed in f64 and rounded to f32 (the
+/// f32 values HF's `1 / theta^(2i/D)` produces up to an ulp). Shared by the kernel and the reference.
+pub fn inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| (theta as f64).powf(-2.0 * i as f64 / head_dim as f64) as f32)
+        .collect()
+}
+
+/// Compiled attention pipelines plus the constant inverse-frequency table.
+#[derive(Debug)]
+pub struct AttentionKernel {
+    pub params: AttentionParams,
+    rope: wgpu::ComputePipeline,
+    chunk: wgpu::ComputePipeline,
+    combine: wgpu::ComputePipeline,
+    combine_q8: Option<wgpu::ComputePipeline>,
+    /// `[D/2]` f32.
+    inv_freq: wgpu::Buffer,
+}
+
+/// The buffers one layer's attention reads and writes (see the module docs for shapes).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionBuffers<'a> {
+    /// Run state (`State` in shaders/state.wgsl).
+    pub state: &'a wgpu::Buffer,
+    /// `[Hq*D | Hkv*D | Hkv*D]` f32: fused q|k|v projection output; q is roped in place.
+    pub qkv: &'a wgpu::Buffer,
+    /// `[D]` f32 q_norm / k_norm weights.
+    pub q_norm: &'a wgpu::Buffer,
+    pub k_norm: &'a wgpu::Buffer,
+    /// `[ctx, Hkv, D]` f32 this layer's cache.
+    pub k_cache: &'a wgpu::Buffer,
+    pub v_cache: &'a wgpu::Buffer,
+    /// `[Hq*D]` f32 attention output.
+    pub out: &'a wgpu::Buffer,
+    /// When set, the output is also written int8-quantised here (`Hq*D` elements).
+    pub out_q: Option<&'a QuantActs>,
+}
+
+/// Chunk partials, reusable by every layer: `part_o [Hq, NC, D]`, `part_ml [Hq, NC] (m, l)`.
+#[derive(Debug)]
+pub struct AttentionScratch {
+    part_o: wgpu::Buffer,
+    part_ml: wgpu::Buffer,
+}
+
+/// Bind groups of one layer, created once.
+#[derive(Debug)]
+pub struct AttentionBinding {
+    rope: wgpu::BindGroup,
+    chunk: wgpu::BindGroup,
+    combine: wgpu::BindGroup,
+    quantized: bool,
+}
+
+fn u32_const(name: &str, v: u32) -> String {
+    format!("const {name}: u32 = {v}u;\n")
+}
+
+/// An f32 WGSL constant written so that it parses back to exactly `v` (shortest round-trip
+/// decimal, always with an exponent so it is a float literal).
+fn f32_const(name: &str, v: f32) -> String {
+    format!("const {name}: f32 = {v:e};\n")
+}
+
+impl AttentionKernel {
+    /// Compile the pipelines for `params` and upload the RoPE table.
+    pub fn new(ctx: &Context, params: AttentionParams) -> Result<Self> {
+        params.validate()?;
+        let p = &params;
+        let (d, g) = (p.head_dim, p.group());
+        let shared = (g * d + g * p.chunk + CHUNK_WG + 2 * g) as u64 * 4;
+        let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
+        if shared > limit {
+            return Err(GpuError::Shape(format!(
+                "attention chunk needs {shared} bytes of workgroup memory, device allows {limit}: lower the chunk"
+            )));
+        }
+        let dims = [
+            u32_const("D", d),
+            u32_const("D4", d / 4),
+            u32_const("HQ", p.heads),
+            u32_const("HKV", p.kv_heads),
+            u32_const("G", g),
+            u32_const("CTX", p.ctx),
+            u32_const("C", p.chunk),
+            u32_const("NC", p.max_chunks()),
+            f32_const("EPS", p.eps),
+            f32_const("SCALE", 1.0 / (d as f32).sqrt()),
+        ]
+        .concat();
+        let src = |wg: u32, extra: &str, body: &str| {
+            format!("{STATE_WGSL}{dims}{}{extra}{body}", u32_const("WG", wg))
+        };
+        // Largest power of two <= WG / G lanes per query head in the softmax reductions.
+        let lg = 1u32 << (CHUNK_WG / g).ilog2();
+        let rope = ctx.compute(
+            "attention.rope",
+            &src(ROPE_WG, "", include_str!("../shaders/attention_rope.wgsl")),
+            "main",
+        )?;
+        let chunk = ctx.compute(
+            "attention.chunk",
+            &src(CHUNK_WG, &u32_const("LG", lg), include_str!("../shaders/attention.wgsl")),
+            "chunk",
+        )?;
+        let combine_src = src(COMBINE_WG, "", include_str!("../shaders/attention_combine.wgsl"));
+        let module = ctx.module("attention.combine", &combine_src)?;
+        let combine = ctx.pipeline("attention.combine", &module, "combine")?;
+        let combine_q8 = if d % 32 == 0 {
+            Some(ctx.pipeline("attention.combine_q8", &module, "combine_q8")?)
+        } else {
+            None
+        };
+        let table = inv_freq(p.rope_theta, d as usize);
+        let inv_freq = ctx.storage_init("attention.inv_freq", bytemuck::cast_slice(&table))?;
+        Ok(AttentionKernel {
+            params,
+            rope,
+            chunk,
+            combine,
+            combine_q8,
+            inv_freq,
+        })
+    }
+
+    /// Partial buffers sized for the whole cache.
+    pub fn scratch(&self, ctx: &Context) -> Result<AttentionScratch> {
+        let p = &self.params;
+        let n = p.heads as u64 * p.max_chunks() as u64;
+        Ok(AttentionScratch {
+            part_o: ctx.storage("attention.part_o", n * p.head_dim as u64 * 4)?,
+            part_ml: ctx.storage("attention.part_ml", n * 8)?,
+        })
+    }
+
+    /// Check the buffer sizes and create the bind groups of one layer.
+    pub fn bind(
+        &self,
+        ctx: &Context,
+        b: &AttentionBuffers<'_>,
+        scratch: &AttentionScratch,
+    ) -> Result<AttentionBinding> {
+        let p = &self.params;
+        let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
+        let need = |buf: &wgpu::Buffer, elems: u64, what: &str| {
+            if buf.size() < elems * 4 {
+                return Err(GpuError::Shape(format!(
+                    "attention {what}: {} bytes, need {}",
+                    buf.size(),
+                    elems * 4
+                )));
+            }
+            Ok(())
+        };
+        need(b.state, 4, "state")?;
+        need(b.qkv, (hq + 2 * hkv) * d, "qkv")?;
+        need(b.q_norm, d, "q_norm")?;
+        need(b.k_norm, d, "k_norm")?;
+        need(b.k_cache, p.ctx as u64 * hkv * d, "k_cache")?;
+        need(b.v_cache, p.ctx as u64 * hkv * d, "v_cache")?;
+        need(b.out, hq * d, "out")?;
+        let rope = ctx.bind_group(
+            "attention.rope",
+            &self.rope,
+            &[
+                whole(b.state),
+                whole(b.qkv),
+                whole(b.q_norm),
+                whole(b.k_norm),
+                whole(&self.inv_freq),
+                whole(b.k_cache),
+                whole(b.v_cache),
+            ],
+        )?;
+        let chunk = ctx.bind_group(
+            "attention.chunk",
+            &self.chunk,
+            &[
+                whole(b.state),
+                whole(b.qkv),
+                whole(b.k_cache),
+                whole(b.v_cache),
+                whole(&scratch.part_o),
+                whole(&scratch.part_ml),
+            ],
+        )?;
+        let mut res = vec![
+            whole(b.state),
+            whole(&scratch.part_o),
+            whole(&scratch.part_ml),
+            whole(b.out),
+        ];
+        let pipe = match (b.out_q, &self.combine_q8) {
+            (None, _) => &self.combine,
+            (Some(q), Some(pipe)) => {
+                if q.n as u64 != hq * d {
+                    return Err(GpuError::Shape(format!(
+                        "attention out_q holds {} activations, need {}",
+                        q.n,
+                        hq * d
+                    )));
+                }
+                res.push(whole(&q.q));
+                res.push(whole(&q.s));
+                pipe
+            }
+            (Some(_), None) => {
+                return Err(GpuError::Shape(format!(
+                    "int8 attention output needs head_dim % 32 == 0, got {d}"
+                )))
+            }
+        };
+        let combine = ctx.bind_group("attention.combine", pipe, &res)?;
+        Ok(AttentionBinding {
+            rope,
+            chunk,
+            combine,
+            quantized: b.out_q.is_some(),
+        })
+    }
+
+    /// Record the three dispatches. `pos_bound` is an upper bound of the position this step runs
+    /// at (the host knows it: start + step); chunks past the real position exit at once, so any
+    /// bound >= pos is correct and `ctx - 1` always is.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &AttentionBinding, pos_bound: u32) {
+        let p = &self.params;
+        pass.set_pipeline(&self.rope);
+        pass.set_bind_group(0, &b.rope, &[]);
+        pass.dispatch_workgroups(p.heads + p.kv_heads, 1, 1);
+        let chunks = (pos_bound.min(p.ctx - 1) / p.chunk) + 1;
+        pass.set_pipeline(&self.chunk);
+        pass.set_bind_group(0, &b.chunk, &[]);
+        pass.dispatch_workgroups(chunks, p.kv_heads, 1);
+        match (&self.combine_q8, b.quantized) {
+            (Some(q8), true) => pass.set_pipeline(q8),
+            _ => pass.set_pipeline(&self.combine),
+        }
+        pass.set_bind_group(0, &b.combine, &[]);
+        pass.dispatch_workgroups(p.heads, 1, 1);
+    }
+
+    /// Dispatches [`Self::record`] issues per layer.
+    pub const DISPATCHES: u32 = 3;
+}
+
+/// Scalar reference of the `rope` kernel: returns (roped q `[Hq*D]`, roped k `[Hkv*D]`) from the
+/// raw fused `qkv`. Norm in f64; angle `f32(pos) * inv_freq` rounded in f32 as HF does, then
+/// cos/sin in f64.
+pub fn rope_ref(p: &AttentionParams, qkv: &[f32], q_norm: &[f32], k_norm: &[f32], pos: u32) -> (Vec<f32>, Vec<f32>) {
+    let d = p.head_dim as usize;
+    let half = d / 2;
+    let freqs = inv_freq(p.rope_theta, d);
+    let head = |x: &[f32], w: &[f32]| -> Vec<f32> {
+        let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
+        let r = 1.0 / (ms + p.eps as f64).sqrt();
+        let y: Vec<f64> = x.iter().zip(w).map(|(v, w)| *v as f64 * r * *w as f64).collect();
+        let mut out = vec![0f32; d];
+        for i in 0..half {
+            let a = (pos as f32 * freqs[i]) as f64;
+            let (s, c) = a.sin_cos();
+            out[i] = (y[i] * c - y[i + half] * s) as f32;
+            out[i + half] = (y[i + half] * c + y[i] * s) as f32;
+        }
+        out
+    };
+    let (hq, hkv) = (p.heads as usize, p.kv_heads as usize);
+    let q = (0..hq).flat_map(|j| head(&qkv[j * d..(j + 1) * d], q_norm)).collect();
+    let k = (0..hkv)
+        .flat_map(|j| head(&qkv[(hq + j) * d..(hq + j + 1) * d], k_norm))
+        .collect();
+    (q, k)
+}
+
+/// Scalar reference of single-query GQA attention at `pos` (f64 softmax): `q [Hq*D]`,
+/// caches `[ctx, Hkv, D]`, output `[Hq*D]`.
+pub fn attention_ref(p: &AttentionParams, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: u32) -> Vec<f32> {
+    let (d, hkv, g) = (p.head_dim as usize, p.kv_heads as usize, p.group() as usize);
+    let n = pos as usize + 1;
+    let mut out = vec![0f32; p.heads as usize * d];
+    for j in 0..p.heads as usize {
+        let kvh = j / g;
+        let qj = &q[j * d..(j + 1) * d];
+        let row = |t: usize| (t * hkv + kvh) * d;
+        let s: Vec<f64> = (0..n)
+            .map(|t| {
+                let k = &k_cache[row(t)..row(t) + d];
+                qj.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (d as f64).sqrt()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        for i in 0..d {
+            let acc: f64 = (0..n).map(|t| e[t] * v_cache[row(t) + i] as f64).sum();
+            out[j * d + i] = (acc / l) as f32;
+        }
+    }
+    out
+}
+
+fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+    buf.as_entire_binding()
+}
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod tests;

@@ -1,0 +1,229 @@
+//! Lavapipe tests of the attention kernels against the scalar references in `attention.rs`.
+
+use super::*;
+use crate::tensor::quantize_acts_ref;
+use crate::testing::{assert_close, gpu, rand_f32, rng};
+
+/// Host copies of everything one attention step reads, plus the GPU buffers holding them.
+struct Case {
+    p: AttentionParams,
+    qkv: Vec<f32>,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+}
+
+impl Case {
+    fn new(p: AttentionParams, seed: u64) -> Case {
+        let mut r = rng(seed);
+        let d = p.head_dim as usize;
+        let qkv_len = (p.heads + 2 * p.kv_heads) as usize * d;
+        let cache = p.ctx as usize * p.kv_heads as usize * d;
+        Case {
+            p,
+            qkv: rand_f32(&mut r, qkv_len, -2.0, 2.0),
+            q_norm: rand_f32(&mut r, d, 0.5, 1.5),
+            k_norm: rand_f32(&mut r, d, 0.5, 1.5),
+            k_cache: rand_f32(&mut r, cache, -1.5, 1.5),
+            v_cache: rand_f32(&mut r, cache, -1.0, 1.0),
+        }
+    }
+}
+
+struct Outputs {
+    qkv: Vec<f32>,
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+    out: Vec<f32>,
+    /// (packed i8 words, (d, d*Σq) per block) when the int8 output was requested.
+    out_q: Option<(Vec<u32>, Vec<[f32; 2]>)>,
+}
+
+/// Upload `c`, run one step at `pos` (optionally with the done flag set), read everything back.
+fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: bool) -> Outputs {
+    let k = AttentionKernel::new(ctx, c.p).expect("kernel");
+    let f = |label: &str, v: &[f32]| ctx.storage_init(label, bytemuck::cast_slice(v)).expect("buffer");
+    let state = ctx
+        .storage_init("state", bytemuck::cast_slice(&[pos, 0, done as u32, 0]))
+        .expect("state");
+    let qkv = f("qkv", &c.qkv);
+    let (qn, kn) = (f("q_norm", &c.q_norm), f("k_norm", &c.k_norm));
+    let (kc, vc) = (f("k_cache", &c.k_cache), f("v_cache", &c.v_cache));
+    let n_out = (c.p.heads * c.p.head_dim) as usize;
+    let out = ctx.storage("out", n_out as u64 * 4).expect("out");
+    let out_q = quant.then(|| QuantActs::new(ctx, "out_q", n_out).expect("out_q"));
+    let scratch = k.scratch(ctx).expect("scratch");
+    let bufs = AttentionBuffers {
+        state: &state,
+        qkv: &qkv,
+        q_norm: &qn,
+        k_norm: &kn,
+        k_cache: &kc,
+        v_cache: &vc,
+        out: &out,
+        out_q: out_q.as_ref(),
+    };
+    let b = k.bind(ctx, &bufs, &scratch).expect("bind");
+    ctx.run_pass(|pass| k.record(pass, &b, pos_bound)).expect("run");
+    Outputs {
+        qkv: ctx.read_f32(&qkv, c.qkv.len()).unwrap(),
+        k_cache: ctx.read_f32(&kc, c.k_cache.len()).unwrap(),
+        v_cache: ctx.read_f32(&vc, c.v_cache.len()).unwrap(),
+        out: ctx.read_f32(&out, n_out).unwrap(),
+        out_q: out_q.map(|q| {
+            let words = ctx.read_u32(&q.q, n_out / 4).unwrap();
+            let s: Vec<f32> = ctx.read_f32(&q.s, n_out / 16).unwrap();
+            (words, s.chunks(2).map(|c| [c[0], c[1]]).collect())
+        }),
+    }
+}
+
+fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32, chunk: u32) -> AttentionParams {
+    AttentionParams {
+        heads,
+        kv_heads,
+        head_dim,
+        ctx,
+        chunk,
+        rope_theta: 1_000_000.0,
+        eps: 1e-6,
+    }
+}
+
+/// Full step at `pos`: q roped in place, k/v cache rows, attention output; error vs the f64
+/// references. Tolerance: f32 kernels vs f64 references, 2e-5 absolute + 1e-4 relative.
+fn check_step(ctx: &Context, p: AttentionParams, pos: u32, pos_bound: u32, seed: u64) {
+    let c = Case::new(p, seed);
+    let o = run(ctx, &c, pos, pos_bound, false, false);
+    let what = format!("{p:?} pos {pos}");
+    let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
+    let (q_want, k_want) = rope_ref(&p, &c.qkv, &c.q_norm, &c.k_norm, pos);
+    assert_close(&o.qkv[..hq * d], &q_want, 2e-5, 1e-4, &format!("{what}: roped q"));
+    // k and v parts of qkv are left untouched.
+    assert_eq!(o.qkv[hq * d..], c.qkv[hq * d..], "{what}: k|v of qkv changed");
+    let row = pos as usize * hkv * d..(pos as usize + 1) * hkv * d;
+    assert_close(&o.k_cache[row.clone()], &k_want, 2e-5, 1e-4, &format!("{what}: k cache row"));
+    assert_eq!(o.v_cache[row.clone()], c.qkv[(hq + hkv) * d..], "{what}: v cache row");
+    // Every other cache row is untouched.
+    for (name, got, orig) in [("k", &o.k_cache, &c.k_cache), ("v", &o.v_cache, &c.v_cache)] {
+        assert_eq!(got[..row.start], orig[..row.start], "{what}: {name} rows before pos");
+        assert_eq!(got[row.end..], orig[row.end..], "{what}: {name} rows after pos");
+    }
+    // Attention over the GPU's own roped q and cache isolates the attention kernels.
+    let want = attention_ref(&p, &o.qkv[..hq * d], &o.k_cache, &o.v_cache, pos);
+    assert_close(&o.out, &want, 2e-5, 1e-4, &format!("{what}: attention out"));
+    // And the chain from raw inputs matches the reference chain (q/k from the rope reference).
+    let mut kc = c.k_cache.clone();
+    kc[row.clone()].copy_from_slice(&k_want);
+    let mut vc = c.v_cache.clone();
+    vc[row].copy_from_slice(&c.qkv[(hq + hkv) * d..]);
+    let chain = attention_ref(&p, &q_want, &kc, &vc, pos);
+    assert_close(&o.out, &chain, 5e-5, 2e-4, &format!("{what}: chained out"));
+}
+
+#[test]
+fn attention_small_gqa_4_2_d32_chunk16() {
+    let Some(ctx) = gpu("attention_small_gqa_4_2_d32_chunk16") else { return };
+    let p = params(4, 2, 32, 512, 16);
+    // 0 and 1: first chunk; 15/16: chunk boundary; 37, 300: several chunks.
+    for (i, pos) in [0u32, 1, 15, 16, 37, 300].into_iter().enumerate() {
+        check_step(&ctx, p, pos, pos, 10 + i as u64);
+    }
+}
+
+#[test]
+fn attention_qwen3_shape_32_4_d128() {
+    let Some(ctx) = gpu("attention_qwen3_shape_32_4_d128") else { return };
+    let p = params(32, 4, 128, 384, 64);
+    for (i, pos) in [0u32, 1, 37, 300].into_iter().enumerate() {
+        check_step(&ctx, p, pos, pos, 20 + i as u64);
+    }
+    // A loose bound dispatches chunks past pos; they must exit without touching anything.
+    check_step(&ctx, p, 37, 383, 30);
+}
+
+#[test]
+fn attention_odd_group_and_chunk() {
+    let Some(ctx) = gpu("attention_odd_group_and_chunk") else { return };
+    // G = 3 (not a power of two), D = 36, chunk 7, last position of the cache.
+    let p = params(6, 2, 36, 100, 7);
+    for (i, pos) in [0u32, 6, 7, 50, 99].into_iter().enumerate() {
+        check_step(&ctx, p, pos, pos, 40 + i as u64);
+    }
+}
+
+#[test]
+fn attention_long_context_many_chunks() {
+    let Some(ctx) = gpu("attention_long_context_many_chunks") else { return };
+    // 2048 positions in 32 chunks of 64 with the real GQA ratio (reduced head count).
+    let p = params(8, 1, 128, 2048, 64);
+    check_step(&ctx, p, 2047, 2047, 50);
+}
+
+#[test]
+fn attention_int8_output() {
+    let Some(ctx) = gpu("attention_int8_output") else { return };
+    let p = params(32, 4, 128, 384, 64);
+    let c = Case::new(p, 60);
+    let o = run(&ctx, &c, 300, 300, false, true);
+    let (words, scales) = o.out_q.expect("int8 output");
+    let (q_want, s_want) = quantize_acts_ref(&o.out);
+    for (b, (got, want)) in scales.iter().zip(&s_want).enumerate() {
+        assert!((got[0] - want[0]).abs() <= 1e-6 * want[0].abs(), "block {b} scale {got:?} vs {want:?}");
+    }
+    let mut worst = 0f32;
+    for (i, qw) in q_want.iter().enumerate() {
+        let got = (words[i / 4] >> (8 * (i % 4))) as u8 as i8;
+        // Round-half cases may land one step apart (1/d is computed on the GPU).
+        assert!((got as i32 - *qw as i32).abs() <= 1, "element {i}: q {got} vs {qw}");
+        let deq = got as f32 * scales[i / 32][0];
+        worst = worst.max((deq - o.out[i]).abs() / scales[i / 32][0]);
+    }
+    // Each dequantised value is within half a step (plus rounding) of the f32 output.
+    assert!(worst <= 0.5 + 1e-3, "int8 output off by {worst} steps");
+    let sums_ok = scales.iter().enumerate().all(|(b, s)| {
+        let sum: i32 = (0..32).map(|j| (words[(b * 32 + j) / 4] >> (8 * (j % 4))) as u8 as i8 as i32).sum();
+        (s[1] - s[0] * sum as f32).abs() <= 1e-5 * s[0].abs() * 32.0 * 127.0
+    });
+    assert!(sums_ok, "block sums (d * Σq) do not match the packed values");
+}
+
+#[test]
+fn attention_done_flag_skips_everything() {
+    let Some(ctx) = gpu("attention_done_flag_skips_everything") else { return };
+    let p = params(4, 2, 32, 64, 16);
+    let c = Case::new(p, 70);
+    let o = run(&ctx, &c, 5, 5, true, false);
+    assert_eq!(o.qkv, c.qkv, "qkv changed although done");
+    assert_eq!(o.k_cache, c.k_cache, "k cache changed although done");
+    assert_eq!(o.v_cache, c.v_cache, "v cache changed although done");
+    assert!(o.out.iter().all(|v| *v == 0.0), "output written although done");
+}
+
+#[test]
+fn attention_rejects_bad_shapes() {
+    let Some(ctx) = gpu("attention_rejects_bad_shapes") else { return };
+    for bad in [params(5, 2, 32, 64, 16), params(4, 2, 30, 64, 16), params(4, 2, 32, 0, 16)] {
+        let e = AttentionKernel::new(&ctx, bad).expect_err("bad shape accepted");
+        assert!(matches!(e, GpuError::Shape(_)), "{bad:?}: {e}");
+    }
+    // A cache too small for ctx is refused at bind time.
+    let p = params(4, 2, 32, 64, 16);
+    let k = AttentionKernel::new(&ctx, p).unwrap();
+    let small = ctx.storage("small", 64).unwrap();
+    let ok = ctx.storage("ok", 1 << 16).unwrap();
+    let scratch = k.scratch(&ctx).unwrap();
+    let bufs = AttentionBuffers {
+        state: &ok,
+        qkv: &ok,
+        q_norm: &ok,
+        k_norm: &ok,
+        k_cache: &small,
+        v_cache: &ok,
+        out: &ok,
+        out_q: None,
+    };
+    let e = k.bind(&ctx, &bufs, &scratch).expect_err("small cache accepted");
+    assert!(e.to_string().contains("k_cache"), "{e}");
+}
