@@ -17,6 +17,7 @@
 
 pub mod context;
 pub mod kernels;
+pub mod state;
 pub mod tensor;
 pub mod testing;
 

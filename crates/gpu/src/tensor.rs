@@ -68,13 +68,18 @@ impl Q4Matrix {
         let mut row_start = 0usize;
         while row_start < rows {
             let n = rows_per_part.min(rows - row_start);
-            let (qs, scales) = repack_q4_0(blocks.by_ref().take(n * bpr))
-                .map_err(|b| GpuError::Shape(format!("{label}: block {} has a non-finite scale", row_start * bpr + b)))?;
+            let (qs, scales) = repack_q4_0(blocks.by_ref().take(n * bpr)).map_err(|b| {
+                GpuError::Shape(format!(
+                    "{label}: block {} has a non-finite scale",
+                    row_start * bpr + b
+                ))
+            })?;
             parts.push(Q4Part {
                 row_start: row_start as u32,
                 rows: n as u32,
                 qs: ctx.storage_init(&format!("{label}.qs"), bytemuck::cast_slice(&qs))?,
-                scales: ctx.storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&scales))?,
+                scales: ctx
+                    .storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&scales))?,
             });
             row_start += n;
         }
@@ -87,7 +92,10 @@ impl Q4Matrix {
 
     /// Bytes resident on the GPU.
     pub fn bytes(&self) -> u64 {
-        self.parts.iter().map(|p| p.qs.size() + p.scales.size()).sum()
+        self.parts
+            .iter()
+            .map(|p| p.qs.size() + p.scales.size())
+            .sum()
     }
 }
 
@@ -100,7 +108,8 @@ pub fn plan_rows(
     row_multiple: usize,
     bytes_per_block: u64,
 ) -> Result<usize> {
-    if rows == 0 || cols == 0 || cols % BLOCK != 0 || row_multiple == 0 || rows % row_multiple != 0 {
+    if rows == 0 || cols == 0 || cols % BLOCK != 0 || row_multiple == 0 || rows % row_multiple != 0
+    {
         return Err(GpuError::Shape(format!(
             "[{rows}, {cols}] with row groups of {row_multiple}: need rows, cols > 0, cols % 32 == 0, rows % group == 0"
         )));
@@ -160,7 +169,9 @@ impl QuantActs {
     /// Zeroed buffers for `n` activations.
     pub fn new(ctx: &Context, label: &str, n: usize) -> Result<QuantActs> {
         if n == 0 || n % BLOCK != 0 {
-            return Err(GpuError::Shape(format!("{label}: {n} activations is not a positive multiple of 32")));
+            return Err(GpuError::Shape(format!(
+                "{label}: {n} activations is not a positive multiple of 32"
+            )));
         }
         Ok(QuantActs {
             n: n as u32,
@@ -200,4 +211,75 @@ pub fn pack_i8(q: &[i8]) -> Vec<u32> {
                 .fold(0u32, |w, (k, v)| w | ((*v as u8 as u32) << (8 * k)))
         })
         .collect()
+}
+
+/// One row range of an [`F32Matrix`], small enough for one storage binding.
+#[derive(Debug)]
+pub struct F32Part {
+    pub row_start: u32,
+    pub rows: u32,
+    /// `[rows, cols]` f32.
+    pub w: wgpu::Buffer,
+}
+
+/// A plain f32 matrix `[rows, cols]` (`cols % 4 == 0`) on the GPU, split by rows across bindings.
+/// Non-Q4_0 matrices (the router, F16/BF16 checkpoints) are widened to f32 once at upload:
+/// lossless, unlike re-quantising them.
+#[derive(Debug)]
+pub struct F32Matrix {
+    pub rows: u32,
+    pub cols: u32,
+    pub parts: Vec<F32Part>,
+}
+
+impl F32Matrix {
+    /// Upload `w` (`rows * cols` values, row-major).
+    pub fn upload(
+        ctx: &Context,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        w: &[f32],
+    ) -> Result<F32Matrix> {
+        if rows == 0 || cols == 0 || cols % 4 != 0 || w.len() != rows * cols {
+            return Err(GpuError::Shape(format!(
+                "{label}: f32 [{rows}, {cols}] needs cols % 4 == 0 and {} values, got {}",
+                rows * cols,
+                w.len()
+            )));
+        }
+        let row_bytes = cols as u64 * 4;
+        let per = (ctx.max_binding_bytes() / row_bytes) as usize;
+        if per == 0 {
+            return Err(GpuError::TooLarge {
+                label: label.to_string(),
+                bytes: row_bytes,
+                limit: ctx.max_binding_bytes(),
+            });
+        }
+        let parts = (0..rows)
+            .step_by(per)
+            .map(|r0| {
+                let n = per.min(rows - r0);
+                Ok(F32Part {
+                    row_start: r0 as u32,
+                    rows: n as u32,
+                    w: ctx.storage_init(
+                        label,
+                        bytemuck::cast_slice(&w[r0 * cols..(r0 + n) * cols]),
+                    )?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(F32Matrix {
+            rows: rows as u32,
+            cols: cols as u32,
+            parts,
+        })
+    }
+
+    /// Bytes resident on the GPU.
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.w.size()).sum()
+    }
 }

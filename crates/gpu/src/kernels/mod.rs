@@ -1,2 +1,7 @@
 //! WGSL kernels, one family per file. Every file holds the kernel, its scalar CPU reference and
 //! its lavapipe tests; the WGSL sources live in `src/shaders/`.
+
+pub mod attention;
+pub mod matvec;
+#[cfg(test)]
+mod matvec_tests;
