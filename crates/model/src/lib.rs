@@ -8,4 +8,7 @@
 //! - [`synth`]: seeded synthetic models with the real architecture.
 
 pub mod config;
+pub mod loader;
+pub mod qwen3_moe;
+pub mod synth;
 pub mod weights;

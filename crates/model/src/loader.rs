@@ -1,0 +1,207 @@
+//! Opening a model from a path, whatever its format, and describing it (`nibble inspect`).
+//!
+//! A path ending in `.gguf` (or starting with the GGUF magic) is a GGUF file; a directory, or a
+//! `.safetensors` file inside one, is a Hugging Face checkpoint with `config.json` beside it.
+
+use crate::config::Qwen3MoeConfig;
+use crate::qwen3_moe::{GgufWeights, HfWeights};
+use crate::weights::{TensorKey, WeightSource};
+use anyhow::{Context, Result};
+use nibble_formats::gguf::{GgufFile, MetaValue};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where a model's tokenizer and chat template come from.
+#[derive(Debug, Clone)]
+pub enum TokenizerSource {
+    /// `tokenizer.json` (+ optional `tokenizer_config.json`) in a directory.
+    HfDir(PathBuf),
+    /// `tokenizer.ggml.*` arrays inside the GGUF.
+    Gguf {
+        tokens: Vec<String>,
+        token_types: Vec<i32>,
+        merges: Vec<String>,
+    },
+    /// None found.
+    Absent,
+}
+
+/// An opened model: its weights plus what the text side needs.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    /// "gguf" or "safetensors".
+    pub format: &'static str,
+    pub weights: Arc<dyn WeightSource>,
+    pub tokenizer: TokenizerSource,
+    pub chat_template: Option<String>,
+    /// Tensors actually present in the file(s), for `inspect`: (name, type name, elements, bytes).
+    pub tensors: Vec<(String, &'static str, u64, u64)>,
+}
+
+fn string_array(f: &GgufFile, key: &str) -> Option<Vec<String>> {
+    f.get(key)?
+        .as_array()?
+        .iter()
+        .map(|v| v.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Open a GGUF file or a Hugging Face directory; every tensor is checked against the config.
+pub fn open(path: &Path) -> Result<LoadedModel> {
+    let is_dir = path.is_dir();
+    let is_gguf = !is_dir && {
+        let mut magic = [0u8; 4];
+        use std::io::Read;
+        std::fs::File::open(path)
+            .with_context(|| format!("{}: cannot open", path.display()))?
+            .read(&mut magic)
+            .map(|n| n == 4 && &magic == b"GGUF")
+            .unwrap_or(false)
+    };
+    if is_gguf {
+        let file = GgufFile::open(path)?;
+        let tensors = file
+            .tensors()
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.dtype.name(),
+                    t.shape.iter().product(),
+                    t.size,
+                )
+            })
+            .collect();
+        let tokenizer = match (
+            string_array(&file, "tokenizer.ggml.tokens"),
+            string_array(&file, "tokenizer.ggml.merges"),
+        ) {
+            (Some(tokens), Some(merges)) => TokenizerSource::Gguf {
+                token_types: file
+                    .get("tokenizer.ggml.token_type")
+                    .and_then(MetaValue::as_array)
+                    .map(|a| a.iter().map(|v| v.as_i64().unwrap_or(1) as i32).collect())
+                    .unwrap_or_else(|| vec![1; tokens.len()]),
+                tokens,
+                merges,
+            },
+            _ => TokenizerSource::Absent,
+        };
+        let chat_template = file
+            .get("tokenizer.chat_template")
+            .and_then(MetaValue::as_str)
+            .map(str::to_string);
+        let weights = GgufWeights::new(file)?;
+        return Ok(LoadedModel {
+            path: path.to_path_buf(),
+            format: "gguf",
+            weights: Arc::new(weights),
+            tokenizer,
+            chat_template,
+            tensors,
+        });
+    }
+    let dir = if is_dir {
+        path.to_path_buf()
+    } else {
+        path.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    let weights = HfWeights::open(&dir)?;
+    let mut tensors = vec![];
+    for name in weights.model().names() {
+        if let Some(v) = weights.model().tensor(name)? {
+            tensors.push((
+                name.to_string(),
+                v.dtype.name(),
+                v.elements(),
+                v.data.len() as u64,
+            ));
+        }
+    }
+    let tok = dir.join("tokenizer.json");
+    let chat_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .and_then(|v| {
+            v.get("chat_template")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+        });
+    Ok(LoadedModel {
+        path: path.to_path_buf(),
+        format: "safetensors",
+        weights: Arc::new(weights),
+        tokenizer: if tok.is_file() {
+            TokenizerSource::HfDir(dir.clone())
+        } else {
+            TokenizerSource::Absent
+        },
+        chat_template,
+        tensors,
+    })
+}
+
+/// What `nibble inspect` reports.
+#[derive(Debug, Serialize)]
+pub struct ModelInfo {
+    pub path: String,
+    pub format: &'static str,
+    pub architecture: &'static str,
+    pub config: Qwen3MoeConfig,
+    pub tensor_count: usize,
+    /// Bytes of tensor data per storage type.
+    pub bytes_per_type: BTreeMap<String, u64>,
+    pub parameters: u64,
+    /// Bytes of weights a backend keeps resident (all tensor data, as stored).
+    pub resident_bytes: u64,
+    /// Weight bytes one decoded token reads: attention, router, K of E experts, lm_head.
+    pub active_bytes_per_token: u64,
+    pub tokenizer: bool,
+    pub chat_template: bool,
+}
+
+impl LoadedModel {
+    /// Summarise the model for `inspect`.
+    pub fn info(&self) -> Result<ModelInfo> {
+        let cfg = self.weights.config().clone();
+        let mut bytes_per_type = BTreeMap::new();
+        for (_, t, _, b) in &self.tensors {
+            *bytes_per_type.entry(t.to_string()).or_insert(0) += b;
+        }
+        let mut active = 0u64;
+        for k in TensorKey::all(&cfg) {
+            let w = self.weights.weight(k)?;
+            let bytes = w.byte_len() as u64;
+            active += match k {
+                // Embedding: one row per token.
+                TensorKey::TokenEmbd => bytes / cfg.vocab_size as u64,
+                TensorKey::Layer(_, t)
+                    if matches!(
+                        t,
+                        crate::weights::LayerTensor::ExpGate
+                            | crate::weights::LayerTensor::ExpUp
+                            | crate::weights::LayerTensor::ExpDown
+                    ) =>
+                {
+                    bytes / cfg.num_experts as u64 * cfg.num_experts_per_tok as u64
+                }
+                _ => bytes,
+            };
+        }
+        Ok(ModelInfo {
+            path: self.path.display().to_string(),
+            format: self.format,
+            architecture: "qwen3moe",
+            tensor_count: self.tensors.len(),
+            parameters: self.tensors.iter().map(|t| t.2).sum(),
+            resident_bytes: self.tensors.iter().map(|t| t.3).sum(),
+            bytes_per_type,
+            active_bytes_per_token: active,
+            tokenizer: !matches!(self.tokenizer, TokenizerSource::Absent),
+            chat_template: self.chat_template.is_some(),
+            config: cfg,
+        })
+    }
+}

@@ -1,0 +1,402 @@
+//! Seeded synthetic Qwen3-MoE models with the exact architecture (no real weights exist here).
+//!
+//! Every value is chosen so that all file formats hold *exactly* the same weights:
+//! - matrices are Q4_0 blocks whose scale is a power of two and whose nibbles lie in 1..=15
+//!   (symmetric ±7, mean zero), so `(q - 8) * 2^k` is exact in Q4_0, BF16, F16 and F32;
+//! - norms and the router are drawn and then rounded to BF16, so F32 (GGUF) and BF16 (safetensors)
+//!   agree bit for bit once decoded.
+//!
+//! Scaling keeps activations O(1) over 48 layers: each matrix has entry std `gain / sqrt(fan_in)`;
+//! pre-norm residual blocks then add O(1) per layer. The lm_head std is `logit_scale / sqrt(H)`
+//! so logits have std ~`logit_scale`: the knob that sets greedy top-1 margins.
+//!
+//! Generation is deterministic per (seed, tensor, chunk of rows) and parallel over chunks, so a
+//! 17 GB model is written in minutes on two cores and identical whatever the thread count.
+
+use crate::config::Qwen3MoeConfig;
+use crate::weights::{LayerTensor, TensorKey};
+use half::bf16;
+use nibble_quant::DType;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+/// Knobs of the synthetic weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthParams {
+    pub seed: u64,
+    /// Std of the logits (top-1 margins grow with it); 8 gives trained-model-like margins.
+    pub logit_scale: f32,
+    /// Std multiplier of every projection relative to `1/sqrt(fan_in)`.
+    pub gain: f32,
+    /// Std of router logits (higher = more decisive routing).
+    pub router_scale: f32,
+}
+
+impl Default for SynthParams {
+    fn default() -> Self {
+        SynthParams {
+            seed: 0,
+            logit_scale: 8.0,
+            gain: 1.0,
+            router_scale: 2.0,
+        }
+    }
+}
+
+/// Rows generated per parallel work item (bounds memory and sets the determinism grain).
+const CHUNK_ROWS: usize = 256;
+
+/// The storage type synth uses for `key` in a GGUF file (llama.cpp's choices: Q4_0 matrices,
+/// F32 norms and router).
+pub fn gguf_dtype(key: TensorKey) -> DType {
+    match key {
+        TensorKey::OutputNorm
+        | TensorKey::Layer(
+            _,
+            LayerTensor::AttnNorm
+            | LayerTensor::FfnNorm
+            | LayerTensor::QNorm
+            | LayerTensor::KNorm
+            | LayerTensor::Router,
+        ) => DType::F32,
+        _ => DType::Q4_0,
+    }
+}
+
+/// Stable index of a key, used to derive its RNG stream.
+fn key_index(key: TensorKey) -> u64 {
+    match key {
+        TensorKey::TokenEmbd => 0,
+        TensorKey::OutputNorm => 1,
+        TensorKey::Output => 2,
+        TensorKey::Layer(l, t) => {
+            let ti = LayerTensor::ALL.iter().position(|x| *x == t).unwrap_or(0) as u64;
+            16 + l as u64 * 16 + ti
+        }
+    }
+}
+
+fn rng_for(seed: u64, key: TensorKey, chunk: usize) -> ChaCha8Rng {
+    let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+    r.set_stream(key_index(key).wrapping_mul(1 << 24) + chunk as u64);
+    r
+}
+
+/// Entry std of `key` under `p` (see module docs).
+fn target_std(cfg: &Qwen3MoeConfig, p: &SynthParams, key: TensorKey) -> f32 {
+    let h = cfg.hidden_size as f32;
+    match key {
+        // Embedding rows feed an RMSNorm first, so their scale only sets the residual's start.
+        TensorKey::TokenEmbd => 1.0,
+        TensorKey::Output => p.logit_scale / h.sqrt(),
+        TensorKey::Layer(_, t) => match t {
+            LayerTensor::AttnQ | LayerTensor::AttnK | LayerTensor::AttnV => p.gain / h.sqrt(),
+            LayerTensor::AttnOut => p.gain / (cfg.q_dim() as f32).sqrt(),
+            LayerTensor::ExpGate | LayerTensor::ExpUp => p.gain / h.sqrt(),
+            // The SwiGLU product shrinks the signal; give down_proj extra gain to compensate.
+            LayerTensor::ExpDown => 2.0 * p.gain / (cfg.moe_intermediate_size as f32).sqrt(),
+            LayerTensor::Router => p.router_scale / h.sqrt(),
+            _ => 0.0,
+        },
+        TensorKey::OutputNorm => 0.0,
+    }
+}
+
+/// Generate Q4_0 bytes for rows `[r0, r1)` of a matrix with `cols` columns.
+fn q4_rows(rng: &mut ChaCha8Rng, rows: usize, cols: usize, std: f32, out: &mut Vec<u8>) {
+    // Uniform nibbles in 1..=15 have std sqrt((15^2-1)/12) = 4.32 in units of the scale.
+    let base = (std / 4.32).log2().round() as i32;
+    for _ in 0..rows {
+        for _ in 0..cols / 32 {
+            // Per-block exponent jitter gives realistic scale variation (and outlier blocks).
+            let e = base + [-1, 0, 0, 0, 0, 0, 0, 1][rng.random_range(0..8usize)];
+            let d = half::f16::from_f32((e as f32).exp2());
+            out.extend_from_slice(&d.to_le_bytes());
+            for _ in 0..16 {
+                let lo: u8 = rng.random_range(1..=15);
+                let hi: u8 = rng.random_range(1..=15);
+                out.push(lo | (hi << 4));
+            }
+        }
+    }
+}
+
+/// Bytes of rows `[r0, r1)` of `key` in GGUF storage (Q4_0 matrices, F32 vectors/router).
+fn gguf_rows(
+    cfg: &Qwen3MoeConfig,
+    p: &SynthParams,
+    key: TensorKey,
+    chunk: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<u8> {
+    let mut rng = rng_for(p.seed, key, chunk);
+    let std = target_std(cfg, p, key);
+    match gguf_dtype(key) {
+        DType::Q4_0 => {
+            let mut out = Vec::with_capacity(rows * cols / 32 * 18);
+            q4_rows(&mut rng, rows, cols, std, &mut out);
+            out
+        }
+        _ => {
+            let vals: Vec<f32> = (0..rows * cols)
+                .map(|_| {
+                    let v = if std == 0.0 {
+                        // Norm weights: around 1 with a little spread, as trained norms are.
+                        1.0 + rng.random_range(-0.25f32..0.25)
+                    } else {
+                        // Sum of uniforms ~ Gaussian; std of U(-1,1)*3 sum is 1.
+                        let s: f32 = (0..3).map(|_| rng.random_range(-1.0f32..1.0)).sum();
+                        s * std
+                    };
+                    // Round to BF16 so the safetensors copy is exact.
+                    bf16::from_f32(v).to_f32()
+                })
+                .collect();
+            vals.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+    }
+}
+
+/// The full GGUF-storage bytes of `key`, generated in parallel chunks of rows. Deterministic.
+pub fn tensor_bytes(cfg: &Qwen3MoeConfig, p: &SynthParams, key: TensorKey) -> Vec<u8> {
+    let shape = key.shape(cfg);
+    let cols = *shape.last().expect("non-empty shape");
+    let rows: usize = shape[..shape.len() - 1].iter().product();
+    let chunks: Vec<Vec<u8>> = (0..rows.div_ceil(CHUNK_ROWS))
+        .into_par_iter()
+        .map(|c| {
+            let r0 = c * CHUNK_ROWS;
+            let n = CHUNK_ROWS.min(rows - r0);
+            gguf_rows(cfg, p, key, c, n, cols)
+        })
+        .collect();
+    chunks.concat()
+}
+
+/// Decode GGUF-storage bytes of a synthetic tensor into BF16 bytes for safetensors (exact).
+pub fn to_bf16_bytes(key: TensorKey, gguf_bytes: &[u8], elements: usize) -> Vec<u8> {
+    let mut vals = vec![0f32; elements];
+    nibble_quant::dequantize(gguf_dtype(key), gguf_bytes, &mut vals)
+        .expect("synth writes valid blocks");
+    vals.iter()
+        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+        .collect()
+}
+
+/// Apply `f` to exact BF16 of `key` and check (debug aid for tests): every synth value is exact in BF16.
+pub fn is_exact_in_bf16(vals: &[f32]) -> bool {
+    vals.iter().all(|v| bf16::from_f32(*v).to_f32() == *v)
+}
+
+/// Tokenizer data to embed in a synthetic GGUF (`tokenizer.ggml.*`, formats-spec §3.8), as plain
+/// values so this tier does not depend on the tokenizer implementation.
+#[derive(Debug, Clone, Default)]
+pub struct GgufTokenizerMeta {
+    /// "gpt2" for byte-level BPE.
+    pub model: String,
+    /// "qwen2" selects the Qwen2 pre-tokenizer regex.
+    pub pre: String,
+    /// One string per id, `vocab_size` entries.
+    pub tokens: Vec<String>,
+    pub token_types: Vec<i32>,
+    /// "left right" per merge, rank order.
+    pub merges: Vec<String>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub pad: Option<u32>,
+    pub chat_template: Option<String>,
+}
+
+impl GgufTokenizerMeta {
+    fn metadata(&self) -> Vec<(String, MetaValue)> {
+        let strings = |v: &[String]| {
+            MetaValue::Array(v.iter().map(|s| MetaValue::String(s.clone())).collect())
+        };
+        let mut m = vec![
+            (
+                "tokenizer.ggml.model".to_string(),
+                MetaValue::String(self.model.clone()),
+            ),
+            (
+                "tokenizer.ggml.pre".to_string(),
+                MetaValue::String(self.pre.clone()),
+            ),
+            ("tokenizer.ggml.tokens".to_string(), strings(&self.tokens)),
+            (
+                "tokenizer.ggml.token_type".to_string(),
+                MetaValue::Array(
+                    self.token_types
+                        .iter()
+                        .map(|t| MetaValue::I32(*t))
+                        .collect(),
+                ),
+            ),
+            ("tokenizer.ggml.merges".to_string(), strings(&self.merges)),
+            (
+                "tokenizer.ggml.add_bos_token".to_string(),
+                MetaValue::Bool(false),
+            ),
+        ];
+        for (k, v) in [
+            ("tokenizer.ggml.bos_token_id", self.bos),
+            ("tokenizer.ggml.eos_token_id", self.eos),
+            ("tokenizer.ggml.padding_token_id", self.pad),
+        ] {
+            if let Some(id) = v {
+                m.push((k.to_string(), MetaValue::U32(id)));
+            }
+        }
+        if let Some(t) = &self.chat_template {
+            m.push((
+                "tokenizer.chat_template".to_string(),
+                MetaValue::String(t.clone()),
+            ));
+        }
+        m
+    }
+}
+
+use indicatif::{ProgressBar, ProgressStyle};
+use nibble_formats::gguf::{GgufWriter, MetaValue, TensorSpec as GgufSpec};
+use nibble_formats::safetensors::{write_model, TensorSpec as StSpec};
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+fn progress(total: u64, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})")
+            .expect("static template"),
+    );
+    pb
+}
+
+/// Total bytes of the GGUF tensor data for `cfg` (for progress and `inspect` cross-checks).
+pub fn gguf_tensor_bytes(cfg: &Qwen3MoeConfig) -> u64 {
+    TensorKey::all(cfg)
+        .into_iter()
+        .map(|k| {
+            let n: usize = k.shape(cfg).iter().product();
+            gguf_dtype(k).byte_size(n as u64).expect("whole blocks")
+        })
+        .sum()
+}
+
+/// Write a complete synthetic GGUF (Q4_0 matrices, F32 norms and router, optional tokenizer).
+pub fn write_gguf(
+    cfg: &Qwen3MoeConfig,
+    p: &SynthParams,
+    tokenizer: Option<&GgufTokenizerMeta>,
+    path: &Path,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let keys = TensorKey::all(cfg);
+    let specs: Vec<GgufSpec> = keys
+        .iter()
+        .map(|k| GgufSpec {
+            name: crate::qwen3_moe::gguf_name(*k),
+            dtype: gguf_dtype(*k),
+            shape: k.shape(cfg).iter().map(|d| *d as u64).collect(),
+        })
+        .collect();
+    let mut meta = crate::qwen3_moe::gguf_metadata(cfg, "nibble synthetic Qwen3-MoE");
+    meta.push(("nibble.synth.seed".into(), MetaValue::U64(p.seed)));
+    meta.push((
+        "nibble.synth.logit_scale".into(),
+        MetaValue::F32(p.logit_scale),
+    ));
+    meta.push((
+        format!("{}.vocab_size", crate::qwen3_moe::GGUF_ARCH),
+        MetaValue::U32(cfg.vocab_size as u32),
+    ));
+    if let Some(t) = tokenizer {
+        meta.extend(t.metadata());
+    }
+    let file = std::fs::File::create(path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", path.display()))?;
+    let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 22, file), meta, specs)?;
+    let pb = progress(gguf_tensor_bytes(cfg), quiet);
+    for (k, name) in keys.iter().map(|k| (*k, crate::qwen3_moe::gguf_name(*k))) {
+        let bytes = tensor_bytes(cfg, p, k);
+        w.write_tensor(&name, &bytes)?;
+        pb.inc(bytes.len() as u64);
+    }
+    let out = w.finish()?;
+    out.into_inner()
+        .map_err(|e| anyhow::anyhow!("{}: flush failed: {e}", path.display()))?
+        .sync_all()?;
+    pb.finish_and_clear();
+    Ok(())
+}
+
+/// Write a Hugging Face checkpoint directory: config.json + BF16 safetensors (sharded at 4 GiB)
+/// holding exactly the weights of the GGUF made with the same seed. Tokenizer files are copied
+/// beside it by the caller.
+pub fn write_safetensors(
+    cfg: &Qwen3MoeConfig,
+    p: &SynthParams,
+    dir: &Path,
+    quiet: bool,
+) -> anyhow::Result<Vec<PathBuf>> {
+    cfg.validate()?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&cfg.to_hf_json())?,
+    )?;
+    // One safetensors tensor per HF name; experts are split out of the stacked synthetic tensor.
+    let mut specs = vec![];
+    let mut origin = vec![]; // (key, expert index or None)
+    for k in TensorKey::all(cfg) {
+        let names = crate::qwen3_moe::hf_names(k, cfg);
+        let shape = k.shape(cfg);
+        let stacked = names.len() > 1;
+        for (e, name) in names.into_iter().enumerate() {
+            let s: Vec<u64> = if stacked { &shape[1..] } else { &shape[..] }
+                .iter()
+                .map(|d| *d as u64)
+                .collect();
+            specs.push(StSpec {
+                name,
+                dtype: DType::BF16,
+                shape: s,
+            });
+            origin.push((k, stacked.then_some(e)));
+        }
+    }
+    let pb = progress(
+        specs
+            .iter()
+            .map(|s| s.shape.iter().product::<u64>() * 2)
+            .sum(),
+        quiet,
+    );
+    // Cache the last stacked tensor so its experts are not regenerated once per expert.
+    let mut cache: Option<(TensorKey, Vec<u8>)> = None;
+    let mut data = |i: usize| -> Vec<u8> {
+        let (k, expert) = origin[i];
+        if cache.as_ref().map(|c| c.0) != Some(k) {
+            let n: usize = k.shape(cfg).iter().product();
+            cache = Some((k, to_bf16_bytes(k, &tensor_bytes(cfg, p, k), n)));
+        }
+        let all = &cache.as_ref().expect("just filled").1;
+        let out = match expert {
+            None => all.clone(),
+            Some(e) => {
+                let per = all.len() / cfg.num_experts;
+                all[e * per..(e + 1) * per].to_vec()
+            }
+        };
+        pb.inc(out.len() as u64);
+        out
+    };
+    let files = write_model(dir, &specs, 4 << 30, &mut data)?;
+    pb.finish_and_clear();
+    Ok(files)
+}
