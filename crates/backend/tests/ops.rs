@@ -22,7 +22,12 @@ fn close(a: f32, b: f64, rel: f64) -> bool {
 fn rmsnorm_of_a_known_vector() {
     // mean(x²) = 4, so x / sqrt(4 + 1e-6) ≈ x / 2, times w.
     let mut out = [0f32; 4];
-    rmsnorm(&[2.0, -2.0, 2.0, -2.0], &[1.0, 2.0, 0.5, 1.0], 1e-6, &mut out);
+    rmsnorm(
+        &[2.0, -2.0, 2.0, -2.0],
+        &[1.0, 2.0, 0.5, 1.0],
+        1e-6,
+        &mut out,
+    );
     let inv = 1.0 / (4.0f64 + 1e-6).sqrt();
     for (o, e) in out.iter().zip([2.0 * inv, -4.0 * inv, inv, -2.0 * inv]) {
         assert!(close(*o, e, 1e-7), "{out:?}");
@@ -75,7 +80,10 @@ fn rope_rotates_pair_i_with_i_plus_half() {
     // A unit vector in element 0 rotates into element 4 (not element 1).
     let mut x = vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
     rope_head(&mut x, &f, p);
-    assert!(close(x[0], 3f64.cos(), 1e-7) && close(x[4], 3f64.sin(), 1e-7), "{x:?}");
+    assert!(
+        close(x[0], 3f64.cos(), 1e-7) && close(x[4], 3f64.sin(), 1e-7),
+        "{x:?}"
+    );
     assert_eq!([x[1], x[2], x[3], x[5], x[6], x[7]], [0.0; 6]);
     // A general vector: pair (i, i+4) rotated by p·f_i.
     let mut rng = ChaCha8Rng::seed_from_u64(2);
@@ -86,7 +94,10 @@ fn rope_rotates_pair_i_with_i_plus_half() {
         let ang = p as f64 * f[i] as f64;
         let (a, b) = (x0[i] as f64, x0[i + 4] as f64);
         assert!(close(x[i], a * ang.cos() - b * ang.sin(), 1e-6), "i={i}");
-        assert!(close(x[i + 4], b * ang.cos() + a * ang.sin(), 1e-6), "i={i}");
+        assert!(
+            close(x[i + 4], b * ang.cos() + a * ang.sin(), 1e-6),
+            "i={i}"
+        );
     }
 }
 
@@ -165,11 +176,22 @@ fn attention_two_positions_hand_computed() {
     let v = [4.0f32, 0.0, 0.0, 8.0];
     let mut out = [0f32; 2];
     attention(&dims, &q, &k, &v, &mut out);
-    assert!(close(out[0], 1.0, 1e-6) && close(out[1], 6.0, 1e-6), "{out:?}");
+    assert!(
+        close(out[0], 1.0, 1e-6) && close(out[1], 6.0, 1e-6),
+        "{out:?}"
+    );
 }
 
 /// Naive attention of query head `j` against kv head `g`, in f64.
-fn naive_head(q: &[f32], k: &[f32], v: &[f32], j: usize, g: usize, hkv: usize, d: usize) -> Vec<f64> {
+fn naive_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    j: usize,
+    g: usize,
+    hkv: usize,
+    d: usize,
+) -> Vec<f64> {
     let n = k.len() / (hkv * d);
     let s: Vec<f64> = (0..n)
         .map(|m| {
@@ -247,7 +269,11 @@ fn matvec_decodes_rows_on_the_fly() {
         assert_eq!(full[r], dot_f64(&row, &x) as f32, "row {r}");
         // Q4_0 error is small relative to the f32 product.
         let exact = dot_f64(&vals[r * cols..(r + 1) * cols], &x);
-        assert!((full[r] as f64 - exact).abs() < 0.5, "row {r}: {} vs {exact}", full[r]);
+        assert!(
+            (full[r] as f64 - exact).abs() < 0.5,
+            "row {r}: {} vs {exact}",
+            full[r]
+        );
     }
     let mut part = vec![0f32; 2];
     matvec(&w, 3, &x, &mut part).unwrap();

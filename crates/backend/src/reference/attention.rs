@@ -29,11 +29,20 @@ impl AttnDims {
 ///
 /// Shapes: `q` `[Hq·D]` (post q-norm and RoPE); `keys`, `values` `[n, Hkv·D]` for the `n >= 1`
 /// visible positions; `out` `[Hq·D]`.
-pub fn attention<'a>(dims: &AttnDims, q: &[f32], keys: &'a [f32], values: &'a [f32], out: &mut [f32]) {
+pub fn attention<'a>(
+    dims: &AttnDims,
+    q: &[f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    out: &mut [f32],
+) {
     let (hq, hkv, d) = (dims.num_heads, dims.num_kv_heads, dims.head_dim);
     let row = hkv * d;
     assert!(hkv > 0 && hq % hkv == 0 && d > 0, "attention dims {dims:?}");
-    assert!(q.len() == hq * d && out.len() == hq * d, "attention q/out length");
+    assert!(
+        q.len() == hq * d && out.len() == hq * d,
+        "attention q/out length"
+    );
     assert!(
         keys.len() == values.len() && keys.len() % row == 0 && !keys.is_empty(),
         "attention needs whole, non-empty [n, Hkv*D] keys and values"

@@ -14,7 +14,9 @@ pub fn fetch<'a>(
     cfg: &Qwen3MoeConfig,
     key: TensorKey,
 ) -> anyhow::Result<Weight<'a>> {
-    let w = src.weight(key).with_context(|| format!("reading tensor {key:?}"))?;
+    let w = src
+        .weight(key)
+        .with_context(|| format!("reading tensor {key:?}"))?;
     check(key, &w, cfg)?;
     Ok(w)
 }
@@ -30,7 +32,10 @@ pub fn check(key: TensorKey, w: &Weight<'_>, cfg: &Qwen3MoeConfig) -> anyhow::Re
     let cols = *expected.last().unwrap_or(&1) as u64;
     let row_bytes = match w.dtype.byte_size(cols) {
         Ok(b) => b as usize,
-        Err(e) => bail!("tensor {key:?}: its rows cannot be stored as {}: {e}", w.dtype.name()),
+        Err(e) => bail!(
+            "tensor {key:?}: its rows cannot be stored as {}: {e}",
+            w.dtype.name()
+        ),
     };
     let total = w
         .dtype

@@ -47,8 +47,15 @@ impl KvCache {
 
     /// Store the key and value `[Hkv·D]` of position `pos` in layer `layer`.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> anyhow::Result<()> {
-        ensure!(pos < self.context, "KV write at {pos} beyond the context of {}", self.context);
-        ensure!(k.len() == self.row && v.len() == self.row, "KV row of the wrong width");
+        ensure!(
+            pos < self.context,
+            "KV write at {pos} beyond the context of {}",
+            self.context
+        );
+        ensure!(
+            k.len() == self.row && v.len() == self.row,
+            "KV row of the wrong width"
+        );
         let at = (layer * self.context + pos) * self.row;
         self.keys[at..at + self.row].copy_from_slice(k);
         self.values[at..at + self.row].copy_from_slice(v);
