@@ -20,9 +20,15 @@ pub enum TokenizerSource {
     HfDir(PathBuf),
     /// `tokenizer.ggml.*` arrays inside the GGUF.
     Gguf {
+        /// `tokenizer.ggml.model` ("gpt2") and `tokenizer.ggml.pre` ("qwen2").
+        model: String,
+        pre: String,
         tokens: Vec<String>,
         token_types: Vec<i32>,
         merges: Vec<String>,
+        eos: Option<u32>,
+        bos: Option<u32>,
+        pad: Option<u32>,
     },
     /// None found.
     Absent,
@@ -46,6 +52,14 @@ fn string_array(f: &GgufFile, key: &str) -> Option<Vec<String>> {
         .iter()
         .map(|v| v.as_str().map(str::to_string))
         .collect()
+}
+
+fn meta_str(f: &GgufFile, key: &str) -> Option<String> {
+    f.get(key)?.as_str().map(str::to_string)
+}
+
+fn meta_u32(f: &GgufFile, key: &str) -> Option<u32> {
+    f.get(key)?.as_u64().and_then(|v| u32::try_from(v).ok())
 }
 
 /// Open a GGUF file or a Hugging Face directory; every tensor is checked against the config.
@@ -79,6 +93,11 @@ pub fn open(path: &Path) -> Result<LoadedModel> {
             string_array(&file, "tokenizer.ggml.merges"),
         ) {
             (Some(tokens), Some(merges)) => TokenizerSource::Gguf {
+                model: meta_str(&file, "tokenizer.ggml.model").unwrap_or_else(|| "gpt2".into()),
+                pre: meta_str(&file, "tokenizer.ggml.pre").unwrap_or_else(|| "qwen2".into()),
+                eos: meta_u32(&file, "tokenizer.ggml.eos_token_id"),
+                bos: meta_u32(&file, "tokenizer.ggml.bos_token_id"),
+                pad: meta_u32(&file, "tokenizer.ggml.padding_token_id"),
                 token_types: file
                     .get("tokenizer.ggml.token_type")
                     .and_then(MetaValue::as_array)

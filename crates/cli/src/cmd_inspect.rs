@@ -1,0 +1,72 @@
+//! `nibble inspect`: describe a model file.
+
+use anyhow::Result;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A .gguf file or a Hugging Face directory.
+    path: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn gb(b: u64) -> String {
+    format!("{:.3} GB", b as f64 / 1e9)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = nibble_model::loader::open(&a.path)?;
+    let info = model.info()?;
+    // Building the tokenizer proves the embedded arrays are usable, not merely present.
+    let tok_ids = crate::tokenizer::from_model(&model)?.map(|t| t.vocab_size());
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+        return Ok(());
+    }
+    let c = &info.config;
+    println!("path           {}", info.path);
+    println!("format         {}", info.format);
+    println!("architecture   {}", info.architecture);
+    println!(
+        "dims           hidden {}  layers {}  heads {}/{} (q/kv)  head_dim {}",
+        c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim
+    );
+    println!(
+        "experts        {} (top {})  expert width {}  vocab {}  context {}",
+        c.num_experts,
+        c.num_experts_per_tok,
+        c.moe_intermediate_size,
+        c.vocab_size,
+        c.max_position_embeddings
+    );
+    println!(
+        "rope_theta     {}  rms_norm_eps {}",
+        c.rope_theta, c.rms_norm_eps
+    );
+    println!("tensors        {}", info.tensor_count);
+    for (t, b) in &info.bytes_per_type {
+        println!("  {t:<12} {}", gb(*b));
+    }
+    println!(
+        "parameters     {} ({:.2} B)",
+        info.parameters,
+        info.parameters as f64 / 1e9
+    );
+    println!("resident       {}", gb(info.resident_bytes));
+    println!("read/token     {}", gb(info.active_bytes_per_token));
+    match tok_ids {
+        Some(n) => println!("tokenizer      present ({n} ids)"),
+        None => println!("tokenizer      absent"),
+    }
+    println!(
+        "chat template  {}",
+        if info.chat_template {
+            "present"
+        } else {
+            "absent"
+        }
+    );
+    Ok(())
+}
