@@ -1,1 +1,17 @@
-//! nibble-engine (being written).
+//! nibble-engine: the text side of inference: tokenizer, chat template, sampler, stop checks.
+//!
+//! This crate knows nothing about model internals. It turns chat messages into a prompt string
+//! ([`chat`]), the prompt into token ids and ids back into text ([`tokenizer`]), picks the next id
+//! from a row of logits ([`sampler`]) and decides when generation ends ([`stop`]).
+
+pub mod chat;
+pub mod error;
+pub mod sampler;
+pub mod stop;
+pub mod tokenizer;
+
+pub use chat::{ChatTemplate, Message};
+pub use error::{Error, Result};
+pub use sampler::{Sampler, SamplingParams};
+pub use stop::{StopChecker, StopReason, StopStep};
+pub use tokenizer::{GgufTokenizerData, GgufTokenizerMeta, StreamDecoder, Tokenizer};

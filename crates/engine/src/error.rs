@@ -1,0 +1,43 @@
+//! The engine crate's error type.
+//!
+//! Every fallible public function returns [`Result`]; bad input (a malformed tokenizer file, an
+//! inconsistent GGUF vocabulary, a chat template that fails to parse or raises) becomes an
+//! [`Error`] with a message naming the offending item, never a panic.
+
+use std::path::PathBuf;
+
+/// Errors produced by the tokenizer, chat template and sampler.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file that failed.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// A JSON document (tokenizer.json, tokenizer_config.json, tool schema) is malformed.
+    #[error("invalid JSON in {what}: {source}")]
+    Json {
+        /// What was being parsed.
+        what: String,
+        /// The underlying parse error.
+        source: serde_json::Error,
+    },
+    /// The `tokenizers` crate rejected the tokenizer or failed while encoding.
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    /// Tokenizer metadata (e.g. from GGUF) is inconsistent or unsupported.
+    #[error("invalid tokenizer metadata: {0}")]
+    TokenizerMetadata(String),
+    /// The chat template failed to compile or render (including `raise_exception`).
+    #[error("chat template error: {0}")]
+    Template(String),
+    /// Sampling parameters are out of range.
+    #[error("invalid sampling parameters: {0}")]
+    Sampling(String),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;

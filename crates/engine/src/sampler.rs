@@ -1,0 +1,287 @@
+//! Next-token selection from one row of logits.
+//!
+//! Pipeline, in Hugging Face `generate` order:
+//! 1. penalties on ids seen in `history` (the caller chooses the window):
+//!    repetition (HF `RepetitionPenaltyLogitsProcessor`: a positive logit is divided by the
+//!    penalty, a negative one multiplied, once per distinct id), presence (`-= presence` once per
+//!    distinct id) and frequency (`-= count * frequency`), as llama.cpp / OpenAI define them;
+//! 2. temperature `<= 0` means greedy: argmax, lowest index on ties;
+//! 3. otherwise logits / temperature, then top-k (keep the k largest), softmax, top-p (keep the
+//!    smallest prefix of the sorted distribution whose mass reaches p), min-p (keep tokens with
+//!    probability >= min_p * max probability), renormalise and draw with a ChaCha8 RNG.
+//!
+//! Invariants: NaN logits are treated as -inf and never chosen; a row with no finite logit, or an
+//! empty row, is an error rather than a guess. History ids outside the row are ignored. The same
+//! seed and inputs always give the same ids. Scratch buffers live in the [`Sampler`] so the
+//! per-token path does not allocate after the first call.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{Error, Result};
+
+/// Sampling configuration; `Default` is greedy decoding with no penalties.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `<= 0` selects greedy decoding.
+    pub temperature: f32,
+    /// Keep only the k most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Nucleus threshold in (0, 1]; 1 disables.
+    pub top_p: f32,
+    /// Relative probability floor in [0, 1]; 0 disables.
+    pub min_p: f32,
+    /// HF repetition penalty (> 0); 1 disables.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every id seen in the history; 0 disables.
+    pub presence_penalty: f32,
+    /// Subtracted `count` times from the logit of every id seen in the history; 0 disables.
+    pub frequency_penalty: f32,
+    /// RNG seed; `None` seeds from the operating system.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Qwen3's recommended thinking-mode settings (T 0.6, top-p 0.95, top-k 20, min-p 0).
+    pub fn qwen3_thinking() -> Self {
+        Self {
+            temperature: 0.6,
+            top_k: 20,
+            top_p: 0.95,
+            ..Self::default()
+        }
+    }
+
+    /// Qwen3's recommended non-thinking settings (T 0.7, top-p 0.8, top-k 20, min-p 0).
+    pub fn qwen3_non_thinking() -> Self {
+        Self {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.8,
+            ..Self::default()
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad =
+            |what: &str, v: f32| Err(Error::Sampling(format!("{what} = {v} is out of range")));
+        if !self.temperature.is_finite() {
+            return bad("temperature", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p (want 0 < p <= 1)", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p (want 0..=1)", self.min_p);
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad("repetition_penalty (want > 0)", self.repetition_penalty);
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", self.presence_penalty);
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", self.frequency_penalty);
+        }
+        Ok(())
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+}
+
+/// Picks token ids from logits according to [`SamplingParams`].
+#[derive(Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    /// Penalised copy of the logits row (len = vocab).
+    scratch: Vec<f32>,
+    /// Candidate (id, logit-or-probability) pairs, sorted by descending value.
+    candidates: Vec<(u32, f64)>,
+    /// Occurrence count per history id.
+    counts: HashMap<u32, u32>,
+}
+
+/// `total_cmp` ordering for descending values with ascending ids on ties.
+fn by_value_desc(a: &(u32, f64), b: &(u32, f64)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+impl Sampler {
+    /// Creates a sampler; rejects out-of-range parameters.
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate()?;
+        let rng = match params.seed {
+            Some(seed) => ChaCha8Rng::seed_from_u64(seed),
+            None => ChaCha8Rng::from_rng(&mut rand::rng()),
+        };
+        Ok(Self {
+            params,
+            rng,
+            scratch: Vec::new(),
+            candidates: Vec::new(),
+            counts: HashMap::new(),
+        })
+    }
+
+    /// The parameters in use.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Chooses the next id from `logits` (one row, len = vocab); `history` holds the ids the
+    /// penalties look at (prompt and/or generated tokens).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        if logits.is_empty() {
+            return Err(Error::Sampling("empty logits row".into()));
+        }
+        if u32::try_from(logits.len()).is_err() {
+            return Err(Error::Sampling(format!(
+                "{} logits do not fit u32 ids",
+                logits.len()
+            )));
+        }
+        self.scratch.clear();
+        // NaN -> -inf so that comparisons below are total and NaN is never picked.
+        self.scratch.extend(
+            logits
+                .iter()
+                .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x }),
+        );
+        if self.params.has_penalties() {
+            self.apply_penalties(history);
+        }
+
+        if self.params.temperature <= 0.0 {
+            return self.argmax();
+        }
+        self.sample_distribution()
+    }
+
+    fn apply_penalties(&mut self, history: &[u32]) {
+        self.counts.clear();
+        for &id in history {
+            if (id as usize) < self.scratch.len() {
+                *self.counts.entry(id).or_insert(0) += 1;
+            }
+        }
+        let p = &self.params;
+        for (&id, &count) in &self.counts {
+            let x = &mut self.scratch[id as usize];
+            if *x > 0.0 {
+                *x /= p.repetition_penalty;
+            } else {
+                *x *= p.repetition_penalty;
+            }
+            *x -= p.presence_penalty + count as f32 * p.frequency_penalty;
+        }
+    }
+
+    /// Index of the largest finite logit, lowest index on ties.
+    fn argmax(&self) -> Result<u32> {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &x) in self.scratch.iter().enumerate() {
+            if x.is_finite() && best.is_none_or(|(_, b)| x > b) {
+                best = Some((i, x));
+            }
+        }
+        best.map(|(i, _)| i as u32)
+            .ok_or_else(|| Error::Sampling("no finite logit to choose from".into()))
+    }
+
+    fn sample_distribution(&mut self) -> Result<u32> {
+        let temperature = f64::from(self.params.temperature);
+        self.candidates.clear();
+        self.candidates.extend(
+            self.scratch
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| x.is_finite())
+                .map(|(i, &x)| (i as u32, f64::from(x) / temperature)),
+        );
+        if self.candidates.is_empty() {
+            return Err(Error::Sampling("no finite logit to choose from".into()));
+        }
+
+        // Top-k: partition first so only k elements need sorting.
+        let k = self.params.top_k;
+        if k > 0 && k < self.candidates.len() {
+            self.candidates.select_nth_unstable_by(k - 1, by_value_desc);
+            self.candidates.truncate(k);
+        }
+        self.candidates.sort_unstable_by(by_value_desc);
+
+        // Softmax over the survivors (max-subtracted for stability).
+        let max = self.candidates[0].1;
+        let mut total = 0.0;
+        for c in &mut self.candidates {
+            c.1 = (c.1 - max).exp();
+            total += c.1;
+        }
+        for c in &mut self.candidates {
+            c.1 /= total;
+        }
+
+        // Top-p: smallest prefix whose mass reaches p (at least one token).
+        let top_p = f64::from(self.params.top_p);
+        if top_p < 1.0 {
+            let mut mass = 0.0;
+            let mut keep = self.candidates.len();
+            for (i, c) in self.candidates.iter().enumerate() {
+                mass += c.1;
+                if mass >= top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.candidates.truncate(keep);
+        }
+
+        // Min-p: relative to the most likely token (the first, after sorting).
+        let min_p = f64::from(self.params.min_p);
+        if min_p > 0.0 {
+            let floor = min_p * self.candidates[0].1;
+            self.candidates.retain(|c| c.1 >= floor);
+        }
+
+        // Draw from the renormalised survivors.
+        let mass: f64 = self.candidates.iter().map(|c| c.1).sum();
+        let mut u = self.rng.random::<f64>() * mass;
+        for c in &self.candidates {
+            if u < c.1 {
+                return Ok(c.0);
+            }
+            u -= c.1;
+        }
+        // Rounding left `u` just past the end: the last survivor is the right answer.
+        self.candidates
+            .last()
+            .map(|c| c.0)
+            .ok_or_else(|| Error::Sampling("no candidate survived filtering".into()))
+    }
+}
+
+#[cfg(test)]
+#[path = "sampler_tests.rs"]
+mod tests;

@@ -1,0 +1,294 @@
+//! Unit tests for the sampler: hand-computed distributions, penalties, determinism.
+
+use super::*;
+
+/// Random logits in roughly [-4, 4), from a fixed seed.
+fn random_logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random::<f32>() * 8.0 - 4.0).collect()
+}
+
+fn seeded(params: SamplingParams) -> Sampler {
+    Sampler::new(SamplingParams {
+        seed: Some(1234),
+        ..params
+    })
+    .unwrap()
+}
+
+/// Draws `n` samples and returns the frequency of each id.
+fn frequencies(s: &mut Sampler, logits: &[f32], n: usize) -> Vec<f64> {
+    let mut counts = vec![0usize; logits.len()];
+    for _ in 0..n {
+        counts[s.sample(logits, &[]).unwrap() as usize] += 1;
+    }
+    counts.iter().map(|&c| c as f64 / n as f64).collect()
+}
+
+fn ln(ps: &[f64]) -> Vec<f32> {
+    ps.iter().map(|p| p.ln() as f32).collect()
+}
+
+fn assert_close(got: &[f64], want: &[f64], tol: f64) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol,
+            "id {i}: got {g}, want {w} (all: {got:?})"
+        );
+    }
+}
+
+#[test]
+fn greedy_is_argmax_with_lowest_index_on_ties() {
+    let mut s = Sampler::new(SamplingParams::default()).unwrap();
+    assert_eq!(s.sample(&[1.0, 3.0, 3.0, 2.0], &[]).unwrap(), 1);
+    assert_eq!(s.sample(&[-5.0, -7.0, -5.0], &[]).unwrap(), 0);
+    let logits = random_logits(1000, 7);
+    let want = logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0;
+    assert_eq!(s.sample(&logits, &[]).unwrap() as usize, want);
+}
+
+#[test]
+fn nan_logits_never_win_and_never_panic() {
+    let logits = [f32::NAN, 1.0, f32::NAN, 0.5, f32::INFINITY * 0.0];
+    let mut greedy = Sampler::new(SamplingParams::default()).unwrap();
+    assert_eq!(greedy.sample(&logits, &[]).unwrap(), 1);
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        ..Default::default()
+    });
+    for _ in 0..200 {
+        let id = s.sample(&logits, &[0, 2]).unwrap();
+        assert!(id == 1 || id == 3, "picked {id}");
+    }
+    assert!(greedy.sample(&[f32::NAN, f32::NAN], &[]).is_err());
+    assert!(s.sample(&[f32::NAN, f32::NEG_INFINITY], &[]).is_err());
+    assert!(s.sample(&[], &[]).is_err());
+}
+
+#[test]
+fn top_k_one_equals_greedy() {
+    let mut topk = seeded(SamplingParams {
+        temperature: 1.3,
+        top_k: 1,
+        ..Default::default()
+    });
+    let mut greedy = Sampler::new(SamplingParams::default()).unwrap();
+    for seed in 0..50 {
+        let logits = random_logits(300, seed);
+        assert_eq!(
+            topk.sample(&logits, &[]).unwrap(),
+            greedy.sample(&logits, &[]).unwrap()
+        );
+    }
+}
+
+#[test]
+fn temperature_one_reproduces_softmax() {
+    let p = [0.1, 0.2, 0.3, 0.4];
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        ..Default::default()
+    });
+    assert_close(&frequencies(&mut s, &ln(&p), 40_000), &p, 0.01);
+}
+
+#[test]
+fn temperature_half_squares_probabilities() {
+    // softmax(ln p / 0.5) = p^2 / sum p^2 = [1, 4, 9, 16] / 30.
+    let p = [0.1, 0.2, 0.3, 0.4];
+    let mut s = seeded(SamplingParams {
+        temperature: 0.5,
+        ..Default::default()
+    });
+    let want = [1.0 / 30.0, 4.0 / 30.0, 9.0 / 30.0, 16.0 / 30.0];
+    assert_close(&frequencies(&mut s, &ln(&p), 40_000), &want, 0.01);
+}
+
+#[test]
+fn top_k_renormalises_over_the_k_largest() {
+    // k = 2 keeps ids 3 (0.4) and 2 (0.3): 4/7 and 3/7.
+    let p = [0.1, 0.2, 0.3, 0.4];
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        top_k: 2,
+        ..Default::default()
+    });
+    let f = frequencies(&mut s, &ln(&p), 40_000);
+    assert_close(&f, &[0.0, 0.0, 3.0 / 7.0, 4.0 / 7.0], 0.01);
+    assert_eq!(f[0] + f[1], 0.0);
+}
+
+#[test]
+fn top_p_keeps_the_smallest_set_reaching_p() {
+    // Sorted: 0.5, 0.3, 0.15, 0.05. p = 0.75 needs {0.5, 0.3}; p = 0.85 needs the first three.
+    let p = [0.05, 0.5, 0.15, 0.3];
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        top_p: 0.75,
+        ..Default::default()
+    });
+    let f = frequencies(&mut s, &ln(&p), 40_000);
+    assert_close(&f, &[0.0, 0.625, 0.0, 0.375], 0.01);
+    assert_eq!(f[0] + f[2], 0.0);
+
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        top_p: 0.85,
+        ..Default::default()
+    });
+    let f = frequencies(&mut s, &ln(&p), 40_000);
+    assert_close(&f, &[0.0, 0.5 / 0.95, 0.15 / 0.95, 0.3 / 0.95], 0.01);
+    assert_eq!(f[0], 0.0);
+
+    // A tiny p still keeps the most likely token.
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        top_p: 0.01,
+        ..Default::default()
+    });
+    assert_eq!(frequencies(&mut s, &ln(&p), 500)[1], 1.0);
+}
+
+#[test]
+fn min_p_uses_a_threshold_relative_to_the_max() {
+    // max = 0.5. min_p 0.35 -> floor 0.175 keeps {0.5, 0.3}; min_p 0.25 -> floor 0.125 adds 0.15.
+    let p = [0.05, 0.5, 0.15, 0.3];
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        min_p: 0.35,
+        ..Default::default()
+    });
+    assert_close(
+        &frequencies(&mut s, &ln(&p), 40_000),
+        &[0.0, 0.625, 0.0, 0.375],
+        0.01,
+    );
+    let mut s = seeded(SamplingParams {
+        temperature: 1.0,
+        min_p: 0.25,
+        ..Default::default()
+    });
+    let f = frequencies(&mut s, &ln(&p), 40_000);
+    assert_close(&f, &[0.0, 0.5 / 0.95, 0.15 / 0.95, 0.3 / 0.95], 0.01);
+    assert_eq!(f[0], 0.0);
+}
+
+/// Runs only the penalty stage and returns the adjusted logits.
+fn penalised(params: SamplingParams, logits: &[f32], history: &[u32]) -> Vec<f32> {
+    let mut s = Sampler::new(params).unwrap();
+    s.scratch = logits.to_vec();
+    s.apply_penalties(history);
+    s.scratch
+}
+
+#[test]
+fn repetition_penalty_divides_positive_and_multiplies_negative() {
+    let params = SamplingParams {
+        repetition_penalty: 2.0,
+        ..Default::default()
+    };
+    // Seen ids 0 and 2, id 0 twice: the HF penalty applies once per distinct id.
+    let out = penalised(params.clone(), &[2.0, 1.5, -1.0, 0.7], &[0, 2, 0]);
+    assert_eq!(out, vec![1.0, 1.5, -2.0, 0.7]);
+    let mut s = Sampler::new(params).unwrap();
+    assert_eq!(s.sample(&[2.0, 1.5, -1.0], &[]).unwrap(), 0);
+    assert_eq!(s.sample(&[2.0, 1.5, -1.0], &[0]).unwrap(), 1);
+    assert_eq!(s.sample(&[-1.0, -1.5], &[0]).unwrap(), 1);
+}
+
+#[test]
+fn presence_and_frequency_penalties_subtract() {
+    let presence = SamplingParams {
+        presence_penalty: 0.6,
+        ..Default::default()
+    };
+    let out = penalised(presence.clone(), &[2.0, 1.5, 0.25], &[0, 0, 0, 2]);
+    assert_eq!(out, vec![1.4, 1.5, 0.25 - 0.6]);
+    let mut s = Sampler::new(presence).unwrap();
+    assert_eq!(s.sample(&[2.0, 1.5], &[0, 0, 0]).unwrap(), 1);
+
+    let frequency = SamplingParams {
+        frequency_penalty: 0.2,
+        ..Default::default()
+    };
+    let out = penalised(frequency.clone(), &[2.0, 1.5, 1.0], &[0, 0, 0, 2]);
+    assert_close(
+        &out.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
+        &[1.4, 1.5, 0.8],
+        1e-6,
+    );
+    let mut s = Sampler::new(frequency).unwrap();
+    assert_eq!(s.sample(&[2.0, 1.5], &[0, 0]).unwrap(), 0); // 2.0 - 0.4 = 1.6 > 1.5
+    assert_eq!(s.sample(&[2.0, 1.5], &[0, 0, 0]).unwrap(), 1); // 1.4 < 1.5
+}
+
+#[test]
+fn history_ids_outside_the_row_are_ignored() {
+    let params = SamplingParams {
+        repetition_penalty: 1.5,
+        presence_penalty: 1.0,
+        ..Default::default()
+    };
+    let out = penalised(params, &[1.0, 2.0], &[5, u32::MAX, 1]);
+    assert_eq!(out, vec![1.0, 2.0 / 1.5 - 1.0]);
+}
+
+#[test]
+fn same_seed_same_ids_different_seed_different_ids() {
+    let params = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 50,
+        top_p: 0.9,
+        seed: Some(seed),
+        ..Default::default()
+    };
+    let run = |seed| {
+        let mut s = Sampler::new(params(seed)).unwrap();
+        (0..100)
+            .map(|i| s.sample(&random_logits(500, i), &[]).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(42), run(42));
+    assert_ne!(run(42), run(43));
+}
+
+#[test]
+fn invalid_params_are_rejected() {
+    let bad = [
+        SamplingParams {
+            temperature: f32::NAN,
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: 1.5,
+            ..Default::default()
+        },
+        SamplingParams {
+            min_p: -0.1,
+            ..Default::default()
+        },
+        SamplingParams {
+            repetition_penalty: 0.0,
+            ..Default::default()
+        },
+        SamplingParams {
+            presence_penalty: f32::INFINITY,
+            ..Default::default()
+        },
+    ];
+    for p in bad {
+        assert!(Sampler::new(p.clone()).is_err(), "{p:?} accepted");
+    }
+    assert!(Sampler::new(SamplingParams::qwen3_thinking()).is_ok());
+    assert!(Sampler::new(SamplingParams::qwen3_non_thinking()).is_ok());
+}

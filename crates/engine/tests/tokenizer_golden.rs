@@ -1,0 +1,198 @@
+//! Golden tests: the Rust tokenizer against Hugging Face `transformers` output recorded in
+//! `tests/fixtures/tokenizer_golden.json` (scripts/tokenizer_fixture.py), on the real Qwen3
+//! tokenizer files.
+
+mod common;
+
+use common::{qwen3_tokenizer, text_cases};
+use nibble_engine::Tokenizer;
+
+/// Every mismatch is collected so one run reports all disagreements at once.
+fn check_encode(tok: &Tokenizer, label: &str) {
+    let mut failures = Vec::new();
+    for case in text_cases() {
+        let ids = tok.encode(&case.text).unwrap();
+        if ids != case.ids {
+            let first = ids.iter().zip(&case.ids).position(|(a, b)| a != b);
+            failures.push(format!(
+                "{label} {}: first differing index {first:?}\n  rust {ids:?}\n  hf   {:?}",
+                case.name, case.ids
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "encode mismatches:\n{}",
+        failures.join("\n")
+    );
+}
+
+fn check_decode(tok: &Tokenizer, label: &str) {
+    let mut failures = Vec::new();
+    for case in text_cases() {
+        let text = tok.decode(&case.ids);
+        if text != case.decoded {
+            failures.push(format!(
+                "{label} {}: rust {text:?} hf {:?}",
+                case.name, case.decoded
+            ));
+        }
+        // The crate's own decoder must agree with our byte table.
+        let crate_text = tok.inner().decode(&case.ids, false).unwrap();
+        if crate_text != text {
+            failures.push(format!(
+                "{label} {}: tokenizers crate {crate_text:?}",
+                case.name
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "decode mismatches:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn encode_matches_hugging_face() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    assert!(text_cases().len() >= 30);
+    check_encode(&tok, "hf");
+}
+
+#[test]
+fn decode_matches_hugging_face_and_round_trips() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    check_decode(&tok, "hf");
+    for case in text_cases() {
+        let round = tok.decode(&tok.encode(&case.text).unwrap());
+        if case.name == "nfc_decomposed" {
+            // The NFC normaliser composes "e\u{301}" into "é"; decoding returns the composed form.
+            assert_ne!(round, case.text);
+            assert_eq!(round, "Café naïve");
+        } else {
+            assert_eq!(round, case.text, "{}", case.name);
+        }
+    }
+}
+
+#[test]
+fn special_ids_and_sizes() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    assert_eq!(tok.vocab_size(), 151_669);
+    assert_eq!(tok.eos_id(), Some(151_645));
+    assert_eq!(tok.eos_ids(), &[151_645, 151_643]);
+    assert_eq!(tok.pad_id(), Some(151_643));
+    assert_eq!(tok.bos_id(), None);
+    assert!(tok.chat_template().unwrap().contains("enable_thinking"));
+    assert_eq!(tok.token_str(151_667).as_deref(), Some("<think>"));
+    assert_eq!(tok.token_str(785).as_deref(), Some("The"));
+    assert_eq!(tok.token_str(220).as_deref(), Some("Ġ"));
+    assert_eq!(tok.token_str(151_669), None);
+    assert_eq!(tok.token_str(u32::MAX), None);
+}
+
+#[test]
+fn ids_beyond_the_vocabulary_decode_to_placeholders() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    let ids = tok.encode("ok").unwrap();
+    let mut with_pad = ids.clone();
+    with_pad.extend([151_700, 151_935, u32::MAX]);
+    assert_eq!(
+        tok.decode(&with_pad),
+        "ok<|unk:151700|><|unk:151935|><|unk:4294967295|>"
+    );
+    let mut stream = tok.stream_decoder();
+    assert_eq!(stream.push(151_935).as_deref(), Some("<|unk:151935|>"));
+}
+
+#[test]
+fn stream_decoder_buffers_split_characters() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    for case in text_cases() {
+        let mut stream = tok.stream_decoder();
+        let mut out = String::new();
+        let mut held_back = 0;
+        for &id in &case.ids {
+            match stream.push(id) {
+                Some(piece) => out.push_str(&piece),
+                None => held_back += 1,
+            }
+            assert!(stream.pending_bytes() < 4, "{}", case.name);
+        }
+        if let Some(rest) = stream.flush() {
+            out.push_str(&rest);
+        }
+        assert_eq!(out, case.decoded, "{}", case.name);
+        assert!(!out.contains('\u{FFFD}'), "{}", case.name);
+        // These strings are known to have characters split over byte-level tokens.
+        if ["emoji", "emoji_zwj", "emoji_flags", "math_symbols"].contains(&case.name.as_str()) {
+            assert!(
+                held_back > 0,
+                "{}: expected a character split across tokens",
+                case.name
+            );
+        }
+    }
+}
+
+#[test]
+fn stream_decoder_flushes_a_truncated_character_as_replacement() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    // " 🦀" encodes to three byte-level tokens (see the "emoji" golden case); dropping the last
+    // one leaves an incomplete UTF-8 sequence.
+    let ids = tok.encode("a 🦀").unwrap();
+    assert!(ids.len() >= 3, "{ids:?}");
+    let mut stream = tok.stream_decoder();
+    let mut out = String::new();
+    for &id in &ids[..ids.len() - 1] {
+        out.push_str(&stream.push(id).unwrap_or_default());
+    }
+    assert_eq!(out, "a ");
+    assert!(stream.pending_bytes() > 0);
+    assert_eq!(stream.flush().as_deref(), Some("\u{FFFD}"));
+    assert_eq!(tok.decode(&ids[..ids.len() - 1]), "a \u{FFFD}");
+}
+
+#[test]
+fn gguf_round_trip_encodes_and_decodes_identically() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    let data = tok.to_gguf_metadata(151_936).unwrap();
+    assert_eq!(data.model, "gpt2");
+    assert_eq!(data.pre, "qwen2");
+    assert_eq!(data.tokens.len(), 151_936);
+    assert_eq!(data.token_types.len(), 151_936);
+    assert_eq!(data.merges.len(), 151_387);
+    assert_eq!(data.merges[0], "Ġ Ġ");
+    assert_eq!(data.tokens[151_644], "<|im_start|>");
+    assert_eq!(data.tokens[151_669], "[PAD151669]");
+    assert_eq!(data.tokens[151_935], "[PAD151935]");
+    // formats-spec §3.8 token types.
+    let ty = |id: usize| data.token_types[id];
+    assert_eq!(ty(0), 1);
+    assert_eq!(ty(151_642), 1);
+    for id in 151_643..=151_656 {
+        assert_eq!(ty(id), 3, "id {id}");
+    }
+    assert_eq!((ty(151_657), ty(151_658)), (4, 4));
+    for id in 151_659..=151_664 {
+        assert_eq!(ty(id), 3, "id {id}");
+    }
+    for id in 151_665..=151_668 {
+        assert_eq!(ty(id), 4, "id {id}");
+    }
+    assert!(data.token_types[151_669..].iter().all(|&t| t == 5));
+    assert_eq!(data.eos_token_id, Some(151_645));
+    assert_eq!(data.padding_token_id, Some(151_643));
+    assert_eq!(data.chat_template.as_deref(), tok.chat_template());
+
+    let rebuilt = data.to_tokenizer().unwrap();
+    assert_eq!(rebuilt.vocab_size(), tok.vocab_size());
+    assert_eq!(rebuilt.eos_ids(), tok.eos_ids());
+    check_encode(&rebuilt, "gguf");
+    check_decode(&rebuilt, "gguf");
+    // Exporting the rebuilt tokenizer gives the same metadata back.
+    assert_eq!(rebuilt.to_gguf_metadata(151_936).unwrap(), data);
+    // A vocabulary smaller than the tokenizer's ids cannot be exported.
+    assert!(tok.to_gguf_metadata(151_668).is_err());
+}
