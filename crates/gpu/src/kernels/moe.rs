@@ -1,0 +1,417 @@
+//! MoE kernels (formats-spec §1.7) and their scalar references.
+//!
+//! Per layer, after the router logits `[E]` (F32 matvec, not here):
+//! - [`Routing::Fused`] (default, 2 dispatches): `gate_up_routed` recomputes softmax + top-k in
+//!   every workgroup (one pass of rank counting over E logits, no reductions) and writes the
+//!   route for `down`; `down` combines. Saves the router dispatch.
+//! - [`Routing::Separate`] (3 dispatches): `router` (one workgroup) writes the route, `gate_up`
+//!   reads the expert ids from it, `down` combines.
+//!
+//! The expert ids never leave the GPU. Top-k ties go to the lower index; the route is sorted by
+//! descending weight; weights are renormalised over the K chosen iff `norm_topk_prob`.
+//! `gate_up` computes `h_k = silu(Wg[e_k] x) * (Wu[e_k] x)` with int8 `x` and writes `h` as f32
+//! `[K, I]` and int8 per block of 32 (tensor.rs layout); `down` computes
+//! `y = Σ_k w_k Wd[e_k] h_k` from the int8 `h` and adds it into (or writes) `out [H]`.
+//!
+//! Weights are [`Q4Matrix`] with `rows = E * out`; a tensor split over several bindings must
+//! split on whole experts (`row_multiple = out`): one dispatch per part, each part's workgroups
+//! skip the experts it does not hold. The route buffer is `[2K]` u32: ids, then weight bits.
+
+use crate::context::{Context, GpuError, Result};
+use crate::kernels::attention::STATE_WGSL;
+use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
+
+/// Workgroup size of every MoE kernel.
+const WG: u32 = 256;
+/// Lanes per output row in gate/up: 256 / 8 = 32 rows = one int8 output block per workgroup.
+const GATE_UP_T: u32 = 8;
+/// Lanes per output row in down (8 rows per workgroup).
+const DOWN_T: u32 = 32;
+
+/// Shapes of one model's MoE block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeParams {
+    /// E: experts.
+    pub experts: u32,
+    /// K: experts per token (1..=E, at most 64).
+    pub top_k: u32,
+    /// H: hidden size (multiple of 32).
+    pub hidden: u32,
+    /// I: expert inner size (multiple of 32).
+    pub inter: u32,
+    pub norm_topk_prob: bool,
+}
+
+impl MoeParams {
+    /// The MoE shapes of `cfg`.
+    pub fn from_config(cfg: &nibble_model::config::Qwen3MoeConfig) -> Result<Self> {
+        let u = |v: usize, what: &str| {
+            u32::try_from(v).map_err(|_| GpuError::Shape(format!("{what} {v} does not fit u32")))
+        };
+        let p = MoeParams {
+            experts: u(cfg.num_experts, "num_experts")?,
+            top_k: u(cfg.num_experts_per_tok, "num_experts_per_tok")?,
+            hidden: u(cfg.hidden_size, "hidden_size")?,
+            inter: u(cfg.moe_intermediate_size, "moe_intermediate_size")?,
+            norm_topk_prob: cfg.norm_topk_prob,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let ok = self.experts > 0
+            && self.experts <= 4096
+            && self.top_k > 0
+            && self.top_k <= self.experts.min(64)
+            && self.hidden > 0
+            && self.hidden % BLOCK as u32 == 0
+            && self.inter > 0
+            && self.inter % BLOCK as u32 == 0
+            && (self.experts as u64 * self.hidden.max(self.inter) as u64 * 4) < 1 << 31;
+        if !ok {
+            return Err(GpuError::Shape(format!(
+                "MoE {self:?}: need 0 < K <= min(E, 64), E <= 4096, H and I positive multiples of 32"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How the top-k routing is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// Inside the gate/up kernel (2 dispatches per layer).
+    #[default]
+    Fused,
+    /// A separate one-workgroup router dispatch (3 dispatches per layer).
+    Separate,
+}
+
+/// Compiled MoE pipelines.
+#[derive(Debug)]
+pub struct MoeKernel {
+    pub params: MoeParams,
+    router: wgpu::ComputePipeline,
+    gate_up: wgpu::ComputePipeline,
+    gate_up_routed: wgpu::ComputePipeline,
+    down: wgpu::ComputePipeline,
+}
+
+/// The buffers one layer's MoE block uses.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeBuffers<'a> {
+    /// Run state (`State` in shaders/state.wgsl).
+    pub state: &'a wgpu::Buffer,
+    /// `[E]` f32 router logits.
+    pub logits: &'a wgpu::Buffer,
+    /// `[2K]` u32 route (written here: ids, then f32 weight bits).
+    pub route: &'a wgpu::Buffer,
+    /// `[H]` int8 input (post-attention RMSNorm output).
+    pub x: &'a QuantActs,
+    /// `[E*I, H]` gate and up, `[E*H, I]` down.
+    pub gate: &'a Q4Matrix,
+    pub up: &'a Q4Matrix,
+    pub down: &'a Q4Matrix,
+    /// `[K, I]` f32 SiLU(gate) * up (scratch, also read by tests).
+    pub h: &'a wgpu::Buffer,
+    /// `[K*I]` the same, int8-quantised: the down kernel's input.
+    pub h_q: &'a QuantActs,
+    /// `[H]` f32 output.
+    pub out: &'a wgpu::Buffer,
+    /// Add the MoE output into `out` (the residual stream) instead of overwriting it.
+    pub residual: bool,
+}
+
+/// Bind groups of one layer, created once.
+#[derive(Debug)]
+pub struct MoeBinding {
+    routing: Routing,
+    router: Option<wgpu::BindGroup>,
+    /// One per weight part.
+    gate_up: Vec<wgpu::BindGroup>,
+    down: Vec<wgpu::BindGroup>,
+}
+
+/// WGSL constants of one pipeline: `t` lanes per row, `cols` matvec inputs (NB = cols / 32).
+fn consts(p: &MoeParams, t: u32, cols: u32) -> String {
+    let c = |n: &str, v: u32| format!("const {n}: u32 = {v}u;\n");
+    [
+        STATE_WGSL.to_string(),
+        c("E", p.experts),
+        c("K", p.top_k),
+        c("WG", WG),
+        c("T", t),
+        c("R", WG / t),
+        format!("const NORM_TOPK: bool = {};\n", p.norm_topk_prob),
+        c("H", p.hidden),
+        c("I", p.inter),
+        c("NB", cols / BLOCK as u32),
+    ]
+    .concat()
+}
+
+/// Experts `[lo, hi)` held by `part` of a matrix with `per` rows per expert.
+fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u32, u32)> {
+    if part.row_start % per != 0 || part.rows % per != 0 {
+        return Err(GpuError::Shape(format!(
+            "{what}: part at row {} with {} rows splits an expert of {per} rows",
+            part.row_start, part.rows
+        )));
+    }
+    Ok((part.row_start / per, (part.row_start + part.rows) / per))
+}
+
+impl MoeKernel {
+    /// Compile the router, gate/up (both routings) and down pipelines for `params`.
+    pub fn new(ctx: &Context, params: MoeParams) -> Result<Self> {
+        params.validate()?;
+        let p = &params;
+        let shared = (p.experts + p.top_k + 2 * WG + 32) as u64 * 4;
+        if shared > ctx.limits.max_compute_workgroup_storage_size as u64 {
+            return Err(GpuError::Shape(format!("MoE with {} experts needs {shared} bytes of workgroup memory", p.experts)));
+        }
+        let route = include_str!("../shaders/moe_route.wgsl");
+        let router_src = format!("{}{route}{}", consts(p, 1, p.hidden), include_str!("../shaders/moe_router.wgsl"));
+        let router = ctx.compute("moe.router", &router_src, "main")?;
+        let gu_src = format!(
+            "{}{route}{}",
+            consts(p, GATE_UP_T, p.hidden),
+            include_str!("../shaders/moe_gate_up.wgsl")
+        );
+        let gu = ctx.module("moe.gate_up", &gu_src)?;
+        let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
+        let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
+        let down_src = format!("{}{}", consts(p, DOWN_T, p.inter), include_str!("../shaders/moe_down.wgsl"));
+        let down = ctx.compute("moe.down", &down_src, "main")?;
+        Ok(MoeKernel {
+            params,
+            router,
+            gate_up,
+            gate_up_routed,
+            down,
+        })
+    }
+
+    /// Check shapes and create the bind groups of one layer.
+    pub fn bind(&self, ctx: &Context, b: &MoeBuffers<'_>, routing: Routing) -> Result<MoeBinding> {
+        let p = &self.params;
+        let (e, k, h, i) = (p.experts, p.top_k, p.hidden, p.inter);
+        let shape = |what: &str, m: &Q4Matrix, rows: u32, cols: u32| {
+            if m.rows != rows || m.cols != cols {
+                return Err(GpuError::Shape(format!(
+                    "MoE {what}: [{}, {}], need [{rows}, {cols}]",
+                    m.rows, m.cols
+                )));
+            }
+            Ok(())
+        };
+        shape("gate", b.gate, e * i, h)?;
+        shape("up", b.up, e * i, h)?;
+        shape("down", b.down, e * h, i)?;
+        let need = |buf: &wgpu::Buffer, bytes: u64, what: &str| {
+            if buf.size() < bytes {
+                return Err(GpuError::Shape(format!("MoE {what}: {} bytes, need {bytes}", buf.size())));
+            }
+            Ok(())
+        };
+        need(b.state, 16, "state")?;
+        need(b.logits, e as u64 * 4, "logits")?;
+        need(b.route, 2 * k as u64 * 4, "route")?;
+        need(b.h, (k * i) as u64 * 4, "h")?;
+        need(b.out, h as u64 * 4, "out")?;
+        if b.x.n != h || b.h_q.n != k * i {
+            return Err(GpuError::Shape(format!(
+                "MoE int8 buffers hold x {} / h {} activations, need {h} / {}",
+                b.x.n,
+                b.h_q.n,
+                k * i
+            )));
+        }
+        if b.gate.parts.len() != b.up.parts.len() {
+            return Err(GpuError::Shape("MoE gate and up are split differently".into()));
+        }
+        let router = match routing {
+            Routing::Separate => Some(ctx.bind_group(
+                "moe.router",
+                &self.router,
+                &[whole(b.state), whole(b.logits), whole(b.route)],
+            )?),
+            Routing::Fused => None,
+        };
+        let mut gate_up = Vec::new();
+        for (n, (g, u)) in b.gate.parts.iter().zip(&b.up.parts).enumerate() {
+            let (lo, hi) = expert_range(g, i, "gate")?;
+            if expert_range(u, i, "up")? != (lo, hi) {
+                return Err(GpuError::Shape("MoE gate and up parts hold different experts".into()));
+            }
+            let params = ctx.uniform("moe.gate_up.params", bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, 0]))?;
+            let mut res = vec![whole(b.state), whole(&params)];
+            let pipe = match routing {
+                Routing::Fused => {
+                    res.push(whole(b.logits));
+                    &self.gate_up_routed
+                }
+                Routing::Separate => &self.gate_up,
+            };
+            res.extend([
+                whole(b.route),
+                whole(&b.x.q),
+                whole(&b.x.s),
+                whole(&g.qs),
+                whole(&g.scales),
+                whole(&u.qs),
+                whole(&u.scales),
+                whole(b.h),
+                whole(&b.h_q.q),
+                whole(&b.h_q.s),
+            ]);
+            // The routed-from-buffer entry point has no `logits` binding: renumber by position.
+            gate_up.push(bind_sparse(ctx, "moe.gate_up", pipe, &res, routing == Routing::Separate)?);
+        }
+        let mut down = Vec::new();
+        for (n, part) in b.down.parts.iter().enumerate() {
+            let (lo, hi) = expert_range(part, h, "down")?;
+            let acc = (b.residual || n > 0) as u32;
+            let params = ctx.uniform("moe.down.params", bytemuck::cast_slice(&[lo, hi, acc, 0]))?;
+            down.push(ctx.bind_group(
+                "moe.down",
+                &self.down,
+                &[
+                    whole(b.state),
+                    whole(&params),
+                    whole(b.route),
+                    whole(&b.h_q.q),
+                    whole(&b.h_q.s),
+                    whole(&part.qs),
+                    whole(&part.scales),
+                    whole(b.out),
+                ],
+            )?);
+        }
+        Ok(MoeBinding {
+            routing,
+            router,
+            gate_up,
+            down,
+        })
+    }
+
+    /// Record the MoE dispatches of one layer (no host sync).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, ctx: &Context, b: &MoeBinding) {
+        let p = &self.params;
+        if let Some(router) = &b.router {
+            pass.set_pipeline(&self.router);
+            pass.set_bind_group(0, router, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        pass.set_pipeline(match b.routing {
+            Routing::Fused => &self.gate_up_routed,
+            Routing::Separate => &self.gate_up,
+        });
+        for bg in &b.gate_up {
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(p.inter / (WG / GATE_UP_T), p.top_k, 1);
+        }
+        pass.set_pipeline(&self.down);
+        let (gx, gy) = ctx.grid(p.hidden.div_ceil(WG / DOWN_T));
+        for bg in &b.down {
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(gx, gy, 1);
+        }
+    }
+
+    /// Dispatches per layer when every weight fits one binding.
+    pub fn dispatches(routing: Routing) -> u32 {
+        match routing {
+            Routing::Fused => 2,
+            Routing::Separate => 3,
+        }
+    }
+}
+
+fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+    buf.as_entire_binding()
+}
+
+/// Bind `res` to `pipe`; with `skip_logits`, `res` lacks binding 2 (`logits`), so entries from
+/// index 2 on sit at binding index + 1.
+fn bind_sparse(
+    ctx: &Context,
+    label: &str,
+    pipe: &wgpu::ComputePipeline,
+    res: &[wgpu::BindingResource<'_>],
+    skip_logits: bool,
+) -> Result<wgpu::BindGroup> {
+    if !skip_logits {
+        return ctx.bind_group(label, pipe, res);
+    }
+    let layout = pipe.get_bind_group_layout(0);
+    let entries: Vec<wgpu::BindGroupEntry<'_>> = res
+        .iter()
+        .enumerate()
+        .map(|(n, r)| wgpu::BindGroupEntry {
+            binding: if n < 2 { n as u32 } else { n as u32 + 1 },
+            resource: r.clone(),
+        })
+        .collect();
+    let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &layout,
+        entries: &entries,
+    });
+    match pollster::block_on(scope.pop()) {
+        None => Ok(bg),
+        Some(e) => Err(GpuError::Validation {
+            what: label.to_string(),
+            msg: e.to_string(),
+        }),
+    }
+}
+
+/// Scalar reference of the router: (ids `[K]`, weights `[K]`) sorted by descending probability,
+/// ties to the lower index; softmax in f64 over all E, renormalised over the K iff `norm`.
+pub fn router_ref(logits: &[f32], k: usize, norm: bool) -> (Vec<u32>, Vec<f32>) {
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let m = logits[idx[0]] as f64;
+    let p: Vec<f64> = logits.iter().map(|v| (*v as f64 - m).exp()).collect();
+    let all: f64 = p.iter().sum();
+    let top: f64 = idx[..k].iter().map(|&e| p[e] / all).sum();
+    let w = idx[..k]
+        .iter()
+        .map(|&e| (p[e] / all / if norm { top } else { 1.0 }) as f32)
+        .collect();
+    (idx[..k].iter().map(|&e| e as u32).collect(), w)
+}
+
+/// Scalar reference of gate/up for one expert: `h = silu(Wg x) * (Wu x)` with dense f32 weights
+/// `wg`, `wu` `[I, H]` (dequantised) and input `x [H]`; f64 accumulation.
+pub fn gate_up_ref(wg: &[f32], wu: &[f32], x: &[f32]) -> Vec<f32> {
+    let hdim = x.len();
+    wg.chunks(hdim)
+        .zip(wu.chunks(hdim))
+        .map(|(rg, ru)| {
+            let dot = |r: &[f32]| r.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>();
+            let (g, u) = (dot(rg), dot(ru));
+            (g / (1.0 + (-g).exp()) * u) as f32
+        })
+        .collect()
+}
+
+/// Scalar reference of down + combine: `y = Σ_k w_k Wd_k h_k` with dense `wd[k]` `[H, I]` and
+/// `h[k]` `[I]`; f64 accumulation.
+pub fn down_ref(wd: &[&[f32]], h: &[&[f32]], w: &[f32], hidden: usize) -> Vec<f32> {
+    let mut y = vec![0f64; hidden];
+    for ((wd, h), w) in wd.iter().zip(h).zip(w) {
+        for (o, row) in y.iter_mut().zip(wd.chunks(h.len())) {
+            *o += *w as f64 * row.iter().zip(*h).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>();
+        }
+    }
+    y.into_iter().map(|v| v as f32).collect()
+}
+
+#[cfg(test)]
+#[path = "moe_tests.rs"]
+mod tests;

@@ -1,0 +1,51 @@
+// Router top-k shared by `moe_router.wgsl` and `moe_gate_up.wgsl` (formats-spec §1.7).
+// Needs consts E, K, WG, NORM_TOPK (bool) and a `logits: array<f32>` [E] binding.
+//
+// Selection by rank instead of K sequential arg-max passes: rank(e) = #{e' : r_e' > r_e} +
+// #{e' < e : r_e' == r_e}, a strict order (ties -> lower index) computed in one pass with no
+// reductions; the expert of rank r < K is the r-th choice, so the output is sorted by descending
+// probability like HF. Weights: softmax over all E in f32, then renormalised over the K chosen iff
+// NORM_TOPK; since p_e = exp(r_e - m) / Σ_all exp(r - m), both are computed from exp(r_e - m).
+
+var<workgroup> lg: array<f32, E>;
+var<workgroup> top_e: array<u32, K>;
+
+// Fill top_e[0..K] (expert ids by rank). Call from uniform control flow by the whole workgroup.
+fn route_select(li: u32) {
+    for (var e = li; e < E; e += WG) {
+        lg[e] = logits[e];
+    }
+    // A NaN logit could leave a rank unclaimed: default to expert 0 so ids stay in range.
+    for (var r = li; r < K; r += WG) {
+        top_e[r] = 0u;
+    }
+    workgroupBarrier();
+    for (var e = li; e < E; e += WG) {
+        let v = lg[e];
+        var rank = 0u;
+        for (var j = 0u; j < E; j++) {
+            let u = lg[j];
+            rank += u32(u > v || (u == v && j < e));
+        }
+        if (rank < K) {
+            top_e[rank] = e;
+        }
+    }
+    workgroupBarrier();
+}
+
+// Routing weight of the expert of rank r (every thread may call it; same result everywhere).
+fn route_weight(r: u32) -> f32 {
+    let m = lg[top_e[0]];
+    var denom = 0.0;
+    if (NORM_TOPK) {
+        for (var j = 0u; j < K; j++) {
+            denom += exp(lg[top_e[j]] - m);
+        }
+    } else {
+        for (var j = 0u; j < E; j++) {
+            denom += exp(lg[j] - m);
+        }
+    }
+    return exp(lg[top_e[r]] - m) / denom;
+}
