@@ -25,7 +25,11 @@ pub enum GpuError {
     #[error("wgpu validation error in {what}: {msg}")]
     Validation { what: String, msg: String },
     #[error("buffer `{label}`: {bytes} bytes exceeds the device limit of {limit} bytes")]
-    TooLarge { label: String, bytes: u64, limit: u64 },
+    TooLarge {
+        label: String,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("GPU wait failed: {0}")]
     Poll(String),
     #[error("buffer map failed: {0}")]
@@ -76,9 +80,8 @@ pub type Binding<'a> = wgpu::BindingResource<'a>;
 impl Context {
     /// Pick an adapter and open a device on it.
     pub fn new(choice: &AdapterChoice) -> Result<Context> {
-        let instance = wgpu::Instance::new(
-            wgpu::InstanceDescriptor::new_without_display_handle_from_env(),
-        );
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
         let by_name = |want: &str| {
@@ -127,7 +130,7 @@ impl Context {
         }));
         let limits = device.limits();
         let features = device.features();
-        let max_binding = limits.max_storage_buffer_binding_size as u64;
+        let max_binding = limits.max_storage_buffer_binding_size;
         Ok(Context {
             device,
             queue,
@@ -197,7 +200,11 @@ impl Context {
     /// A uniform buffer holding `data` (a `#[repr(C)]` params struct, 16-byte multiple).
     pub fn uniform(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
         let size = (data.len() as u64).max(16).div_ceil(16) * 16;
-        self.check_size(label, size, self.limits.max_uniform_buffer_binding_size as u64)?;
+        self.check_size(
+            label,
+            size,
+            self.limits.max_uniform_buffer_binding_size,
+        )?;
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
@@ -374,6 +381,33 @@ impl Context {
             .enumerate()
             .map(|(i, r)| wgpu::BindGroupEntry {
                 binding: i as u32,
+                resource: r.clone(),
+            })
+            .collect();
+        self.scoped(label, || {
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout: &layout,
+                entries: &entries,
+            })
+        })
+    }
+
+    /// A bind group for group 0 of `pipeline` with `resources[k]` at binding `bindings[k]` (for
+    /// entry points that use only some of a shader's bindings: derived layouts omit the rest).
+    pub fn bind_group_at(
+        &self,
+        label: &str,
+        pipeline: &wgpu::ComputePipeline,
+        bindings: &[u32],
+        resources: &[Binding<'_>],
+    ) -> Result<wgpu::BindGroup> {
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = bindings
+            .iter()
+            .zip(resources)
+            .map(|(i, r)| wgpu::BindGroupEntry {
+                binding: *i,
                 resource: r.clone(),
             })
             .collect();

@@ -114,6 +114,9 @@ pub fn assert_close(got: &[f32], want: &[f32], abs: f32, rel: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let ok = (g - w).abs() <= abs + rel * w.abs();
-        assert!(ok, "{what}: index {i}: got {g}, want {w} (abs {abs}, rel {rel})");
+        assert!(
+            ok,
+            "{what}: index {i}: got {g}, want {w} (abs {abs}, rel {rel})"
+        );
     }
 }

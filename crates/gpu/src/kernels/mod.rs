@@ -5,3 +5,9 @@ pub mod attention;
 pub mod matvec;
 #[cfg(test)]
 mod matvec_tests;
+pub mod moe;
+pub mod argmax;
+pub mod embed;
+pub mod norm;
+#[cfg(test)]
+mod step_tests;
