@@ -16,6 +16,8 @@
 //!   An unknown dtype *string* is a malformed header and fails at open.
 //! - Views borrow the memory map: no tensor byte is copied.
 
+#[cfg(test)]
+mod bad_input_tests;
 mod sharded;
 #[cfg(test)]
 mod tests;
@@ -92,8 +94,7 @@ impl SafetensorsFile {
     }
 
     fn from_backing(path: &Path, bytes: Backing) -> Result<Self> {
-        let (data_start, meta) =
-            parse_header(&bytes).map_err(|msg| FormatError::new(path, msg))?;
+        let (data_start, meta) = parse_header(&bytes).map_err(|msg| FormatError::new(path, msg))?;
         let names = meta.offset_keys();
         let mut infos = Vec::with_capacity(names.len());
         let mut index = HashMap::with_capacity(names.len());
@@ -172,6 +173,17 @@ impl SafetensorsFile {
     /// The header's `__metadata__` map, if present (HF PyTorch files: `{"format": "pt"}`).
     pub fn metadata(&self) -> Option<&HashMap<String, String>> {
         self.metadata.as_ref()
+    }
+}
+
+impl std::fmt::Debug for SafetensorsFile {
+    // Hand-written so debugging output never dumps the mapped bytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsFile")
+            .field("path", &self.path)
+            .field("tensors", &self.names.len())
+            .field("bytes", &self.bytes.len())
+            .finish()
     }
 }
 

@@ -30,6 +30,7 @@ struct Index {
 /// A Hugging Face checkpoint: a directory with `model.safetensors` or
 /// `model.safetensors.index.json` + shards, or a path to one .safetensors file (or to an
 /// index file).
+#[derive(Debug)]
 pub struct SafetensorsModel {
     /// Paths of the opened .safetensors files, parallel to `shards`, in first-use order of the
     /// (sorted) weight map.

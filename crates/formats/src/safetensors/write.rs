@@ -140,10 +140,14 @@ pub fn write_model(
             };
             (tensors[i].name.as_str(), view)
         });
-        ::safetensors::serialize_to_file(views, Some(meta.clone()), &path).map_err(|e| match e {
-            SafeTensorError::IoError(io) => FormatError::io(&path, io),
-            other => FormatError::new(&path, format!("safetensors serialisation failed: {other}")),
-        })?;
+        ::safetensors::serialize_to_file(views, Some(meta.clone()), &path).map_err(
+            |e| match e {
+                SafeTensorError::IoError(io) => FormatError::io(&path, io),
+                other => {
+                    FormatError::new(&path, format!("safetensors serialisation failed: {other}"))
+                }
+            },
+        )?;
         if let Some(msg) = source.borrow_mut().error.take() {
             // The file on disk has wrong sizes; do not leave it where a reader would find it.
             let _ = std::fs::remove_file(&path);
@@ -214,7 +218,10 @@ fn plan(dir: &Path, tensors: &[TensorSpec]) -> Result<Vec<Planned>> {
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                 .ok_or_else(overflow)?;
-            let bytes = t.dtype.byte_size(elements).map_err(|e| bad(e.to_string()))?;
+            let bytes = t
+                .dtype
+                .byte_size(elements)
+                .map_err(|e| bad(e.to_string()))?;
             let len = usize::try_from(bytes).map_err(|_| overflow())?;
             Ok(Planned { dtype, shape, len })
         })
