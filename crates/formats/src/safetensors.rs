@@ -10,7 +10,7 @@
 //!   contiguous from 0 with no holes or overlaps, and each tensor's byte range is exactly
 //!   `product(shape) × element size`, computed with overflow checks.
 //! - The last tensor ends exactly at the end of the file (checked here with checked arithmetic;
-//!   see [`parse_header`] for why this check is not left to the crate).
+//!   see `parse_header` for why this check is not left to the crate).
 //! - Only F32, F16 and BF16 tensors can be viewed. Other dtypes (I64, U32, F8, ...) do not stop
 //!   a file from opening; asking for such a tensor returns an error naming its dtype.
 //!   An unknown dtype *string* is a malformed header and fails at open.
