@@ -1,8 +1,12 @@
 //! The `nibble` command: argument parsing and glue over the library tiers. No model or format
 //! logic lives here; each subcommand is one small module.
 
+mod backends;
+mod cmd_chat;
+mod cmd_generate;
 mod cmd_inspect;
 mod cmd_synth;
+mod sampling_args;
 mod tokenizer;
 
 use clap::{Parser, Subcommand};
@@ -19,6 +23,10 @@ struct Cli {
 enum Command {
     /// Write a synthetic model with the exact Qwen3-MoE architecture and seeded random weights.
     Synth(cmd_synth::Args),
+    /// Generate text from a prompt, streamed to stdout; a summary line goes to stderr.
+    Generate(cmd_generate::Args),
+    /// Interactive multi-turn chat (one user message per stdin line); the KV cache is kept between turns.
+    Chat(cmd_chat::Args),
     /// Describe a model file: architecture, dims, tensors, bytes per type, parameters.
     Inspect(cmd_inspect::Args),
 }
@@ -28,6 +36,8 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Synth(a) => cmd_synth::run(a),
         Command::Inspect(a) => cmd_inspect::run(a),
+        Command::Generate(a) => cmd_generate::run(a),
+        Command::Chat(a) => cmd_chat::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

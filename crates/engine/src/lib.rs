@@ -7,6 +7,7 @@
 pub mod chat;
 pub mod error;
 pub mod sampler;
+pub mod session;
 pub mod stop;
 pub mod tokenizer;
 

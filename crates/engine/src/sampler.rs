@@ -145,6 +145,11 @@ impl Sampler {
         })
     }
 
+    /// Plain argmax with no penalties: a backend's folded greedy run yields the same ids.
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 && !self.params.has_penalties()
+    }
+
     /// The parameters in use.
     pub fn params(&self) -> &SamplingParams {
         &self.params

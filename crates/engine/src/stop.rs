@@ -53,6 +53,11 @@ impl StopChecker {
         }
     }
 
+    /// The ids that end generation.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
     /// Whether a stop condition has been met.
     pub fn stopped(&self) -> Option<&StopReason> {
         self.stopped.as_ref()

@@ -1,0 +1,77 @@
+//! `nibble generate`: stream a continuation of one prompt to stdout.
+
+use crate::backends::{self, BackendArgs};
+use crate::sampling_args::SamplingArgs;
+use anyhow::{anyhow, Result};
+use nibble_engine::session::Session;
+use nibble_engine::{ChatTemplate, Message};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf file or a Hugging Face directory.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Prompt text.
+    #[arg(short, long)]
+    prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Wrap the prompt as one user turn with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: a system message.
+    #[arg(long)]
+    system: Option<String>,
+    /// With --chat: disable thinking (Qwen3 `enable_thinking=false`).
+    #[arg(long)]
+    no_think: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let params = a.sampling.params(a.max_tokens)?;
+    let model = nibble_model::loader::open(&a.model)?;
+    let tok = crate::tokenizer::from_model(&model)?
+        .ok_or_else(|| anyhow!("{}: the model carries no tokenizer", a.model.display()))?;
+    let text = if a.chat {
+        let tpl = model.chat_template.as_deref().ok_or_else(|| {
+            anyhow!(
+                "{}: --chat needs a chat template and the model has none",
+                a.model.display()
+            )
+        })?;
+        let mut msgs = vec![];
+        if let Some(s) = &a.system {
+            msgs.push(Message::system(s.clone()));
+        }
+        msgs.push(Message::user(a.prompt.clone()));
+        ChatTemplate::new(tpl)?.render(&msgs, true, a.no_think.then_some(false), None)?
+    } else {
+        a.prompt.clone()
+    };
+    let ids = tok.encode(&text)?;
+    let mut session = Session::new(backends::make(&a.backend, model.weights.clone())?);
+    let mut out = std::io::stdout().lock();
+    let stats = session.generate(&tok, &ids, &params, &mut |t| {
+        // A closed stdout (e.g. `| head`) ends generation instead of failing.
+        out.write_all(t.as_bytes())
+            .and_then(|_| out.flush())
+            .is_ok()
+    })?;
+    let _ = writeln!(out);
+    eprintln!(
+        "prompt {} tokens, generated {} tokens, prompt {:.1} tok/s, decode {:.1} tok/s ({:?})",
+        stats.prompt_tokens,
+        stats.generated.len(),
+        stats.prompt_tps(),
+        stats.decode_tps(),
+        stats.finish
+    );
+    Ok(())
+}

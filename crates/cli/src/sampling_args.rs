@@ -1,0 +1,57 @@
+//! Sampling and stop flags shared by `generate` and `chat`.
+
+use anyhow::Result;
+use nibble_engine::session::GenParams;
+use nibble_engine::SamplingParams;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// 0 = greedy (the default).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Seed of the sampler: the same seed gives the same bytes.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// A string that ends generation (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Greedy tokens decoded per folded run.
+    #[arg(long, default_value_t = 16)]
+    pub run: usize,
+}
+
+impl SamplingArgs {
+    pub fn params(&self, max_tokens: usize) -> Result<GenParams> {
+        let sampling = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+        };
+        // Validate now so a bad flag is reported before the model loads.
+        nibble_engine::Sampler::new(sampling.clone())?;
+        Ok(GenParams {
+            max_tokens,
+            sampling,
+            stop_strings: self.stop.clone(),
+            greedy_run: self.run.max(1),
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! A decoding session: one sequence on one backend, with the token ids its KV cache holds.
+//!
+//! The session is the only place that drives a [`Backend`] for text generation. It keeps
+//! `cached`, the ids whose keys and values the backend holds (invariant:
+//! `cached.len() == backend.position()`), so a follow-up request that extends an earlier
+//! conversation prefills only the new suffix: the longest common prefix is kept and the rest
+//! truncated.
+//!
+//! Greedy requests go through [`Backend::decode_greedy`] in runs of `greedy_run` tokens (the GPU
+//! folds a run into one submission); sampled requests step one token at a time, because the
+//! sampler needs each row of logits on the host.
+
+use crate::sampler::{Sampler, SamplingParams};
+use crate::stop::{StopChecker, StopReason};
+use crate::tokenizer::Tokenizer;
+use anyhow::{bail, Result};
+use nibble_backend::{argmax, Backend};
+use std::time::Instant;
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// Upper bound on generated tokens (the context may end generation earlier).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Texts that end generation (not emitted).
+    pub stop_strings: Vec<String>,
+    /// Tokens per folded greedy run.
+    pub greedy_run: usize,
+}
+
+impl Default for GenParams {
+    fn default() -> Self {
+        GenParams {
+            max_tokens: 128,
+            sampling: SamplingParams::default(),
+            stop_strings: vec![],
+            greedy_run: 16,
+        }
+    }
+}
+
+/// Why a generation ended, in OpenAI's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS id or stop string.
+    Stop(StopReason),
+    /// `max_tokens` reached.
+    Length,
+    /// The KV cache is full.
+    ContextFull,
+    /// The caller's callback asked to stop (e.g. a client disconnected).
+    Cancelled,
+}
+
+/// Counts and timings of one generation.
+#[derive(Debug, Clone)]
+pub struct GenStats {
+    /// Prompt tokens in the request.
+    pub prompt_tokens: usize,
+    /// Of those, tokens served from the cache (not recomputed).
+    pub cached_tokens: usize,
+    /// Generated ids (including a final EOS id, which produces no text).
+    pub generated: Vec<u32>,
+    pub prompt_secs: f64,
+    pub decode_secs: f64,
+    pub finish: FinishReason,
+}
+
+impl GenStats {
+    /// Prompt tokens per second over the tokens actually prefilled.
+    pub fn prompt_tps(&self) -> f64 {
+        (self.prompt_tokens - self.cached_tokens) as f64 / self.prompt_secs.max(1e-9)
+    }
+    /// Generated tokens per second after the first (the first comes from the prefill).
+    pub fn decode_tps(&self) -> f64 {
+        self.generated.len().saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+    }
+}
+
+/// One sequence on one backend.
+pub struct Session {
+    backend: Box<dyn Backend>,
+    cached: Vec<u32>,
+}
+
+impl Session {
+    pub fn new(backend: Box<dyn Backend>) -> Self {
+        Session {
+            backend,
+            cached: vec![],
+        }
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// Ids currently in the KV cache.
+    pub fn cached(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// Forget the cache.
+    pub fn reset(&mut self) -> Result<()> {
+        self.backend.truncate(0)?;
+        self.cached.clear();
+        Ok(())
+    }
+
+    /// Generate a continuation of `prompt`, calling `on_text` with each piece of complete UTF-8
+    /// text as soon as it is known; `on_text` returning `false` cancels.
+    pub fn generate(
+        &mut self,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        p: &GenParams,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<GenStats> {
+        if prompt.is_empty() {
+            bail!("empty prompt: nothing to condition on");
+        }
+        let ctx = self.backend.context_len();
+        if prompt.len() >= ctx {
+            bail!(
+                "prompt of {} tokens does not fit the context of {ctx} tokens (at least one must be left to generate)",
+                prompt.len()
+            );
+        }
+        let vocab = self.backend.config().vocab_size;
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            bail!("token id {bad} is outside the model's vocabulary of {vocab}");
+        }
+        let mut sampler = Sampler::new(p.sampling.clone())?;
+        let greedy = sampler.is_greedy();
+
+        // Reuse the cached prefix; at least one prompt token must be fed to get logits.
+        let common = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len() - 1);
+        self.backend.truncate(common)?;
+        self.cached.truncate(common);
+        let t0 = Instant::now();
+        let logits = self.backend.prefill(&prompt[common..])?;
+        self.cached.extend_from_slice(&prompt[common..]);
+        let prompt_secs = t0.elapsed().as_secs_f64();
+
+        let eos_ids = self.backend.config().eos_token_ids.clone();
+        let mut stop = StopChecker::new(&eos_ids, &p.stop_strings);
+        let mut dec = tok.stream_decoder();
+        let mut generated: Vec<u32> = vec![];
+        let mut history = prompt.to_vec();
+        let t1 = Instant::now();
+        // Feed one id to the stop checker and the caller; Some(reason) ends generation.
+        let mut emit = |id: u32, generated: &mut Vec<u32>| -> Option<FinishReason> {
+            generated.push(id);
+            let text = dec.push(id).unwrap_or_default();
+            let step = stop.push(id, &text);
+            if !step.text.is_empty() && !on_text(&step.text) {
+                return Some(FinishReason::Cancelled);
+            }
+            if let Some(r) = step.stop {
+                return Some(FinishReason::Stop(r));
+            }
+            None
+        };
+        let mut next = if greedy {
+            argmax(&logits)
+        } else {
+            sampler.sample(&logits, &history)?
+        };
+        let finish = loop {
+            if let Some(r) = emit(next, &mut generated) {
+                break r;
+            }
+            if generated.len() >= p.max_tokens {
+                break FinishReason::Length;
+            }
+            if self.cached.len() >= ctx {
+                break FinishReason::ContextFull;
+            }
+            if greedy {
+                // Folded run: the backend appends `next` and the argmaxes that follow it.
+                let room = (ctx - self.cached.len()).min(p.max_tokens - generated.len());
+                let n = p.greedy_run.max(1).min(room);
+                let ids = self.backend.decode_greedy(next, n, &eos_ids)?;
+                self.cached.push(next);
+                let mut out = None;
+                for (i, &id) in ids.iter().enumerate() {
+                    if let Some(r) = emit(id, &mut generated) {
+                        out = Some(r);
+                        // Ids the GPU produced past a stop string are discarded from the cache.
+                        self.cached.extend_from_slice(&ids[..i]);
+                        break;
+                    }
+                }
+                if let Some(r) = out {
+                    break r;
+                }
+                let (last, appended) = ids
+                    .split_last()
+                    .expect("decode_greedy returns at least one id");
+                self.cached.extend_from_slice(appended);
+                next = *last;
+                if generated.len() >= p.max_tokens {
+                    break FinishReason::Length;
+                }
+                continue;
+            }
+            let logits = self.backend.step(next)?;
+            self.cached.push(next);
+            history.push(next);
+            next = sampler.sample(&logits, &history)?;
+        };
+        // The backend may hold ids past a stop string: keep the cache consistent with `cached`.
+        if self.backend.position() != self.cached.len() {
+            self.backend.truncate(self.cached.len())?;
+        }
+        let tail = stop.finish();
+        if !tail.is_empty() && finish != FinishReason::Cancelled {
+            on_text(&tail);
+        }
+        if let Some(t) = dec.flush() {
+            if !t.is_empty() && finish != FinishReason::Cancelled && stop.stopped().is_none() {
+                on_text(&t);
+            }
+        }
+        Ok(GenStats {
+            prompt_tokens: prompt.len(),
+            cached_tokens: common,
+            generated,
+            prompt_secs,
+            decode_secs: t1.elapsed().as_secs_f64(),
+            finish,
+        })
+    }
+}
