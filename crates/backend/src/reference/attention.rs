@@ -38,13 +38,16 @@ pub fn attention<'a>(
 ) {
     let (hq, hkv, d) = (dims.num_heads, dims.num_kv_heads, dims.head_dim);
     let row = hkv * d;
-    assert!(hkv > 0 && hq % hkv == 0 && d > 0, "attention dims {dims:?}");
+    assert!(
+        hkv > 0 && hq.is_multiple_of(hkv) && d > 0,
+        "attention dims {dims:?}"
+    );
     assert!(
         q.len() == hq * d && out.len() == hq * d,
         "attention q/out length"
     );
     assert!(
-        keys.len() == values.len() && keys.len() % row == 0 && !keys.is_empty(),
+        keys.len() == values.len() && keys.len().is_multiple_of(row) && !keys.is_empty(),
         "attention needs whole, non-empty [n, Hkv*D] keys and values"
     );
     let n = keys.len() / row;

@@ -50,7 +50,7 @@ pub fn check(key: TensorKey, w: &Weight<'_>, cfg: &Qwen3MoeConfig) -> anyhow::Re
     );
     for (i, p) in w.parts.iter().enumerate() {
         ensure!(
-            row_bytes > 0 && p.len() % row_bytes == 0,
+            row_bytes > 0 && p.len().is_multiple_of(row_bytes),
             "tensor {key:?}: part {i} ({} bytes) is not a whole number of {row_bytes}-byte rows",
             p.len()
         );

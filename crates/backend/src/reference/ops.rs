@@ -32,7 +32,7 @@ pub fn matvec(w: &Weight<'_>, row0: usize, x: &[f32], out: &mut [f32]) -> anyhow
         "matvec: tensor rows have {cols} elements but the input has {}",
         x.len()
     );
-    let rows = if cols == 0 { 0 } else { w.elements() / cols };
+    let rows = w.elements().checked_div(cols).unwrap_or(0);
     ensure!(
         row0.checked_add(out.len()).is_some_and(|end| end <= rows),
         "matvec: rows {row0}..{} requested from a tensor of {rows} rows",
@@ -68,7 +68,10 @@ pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// In-place RMSNorm of each `w.len()`-long chunk of `x` with the shared weight `w` (the per-head
 /// q/k norm: one `[D]` weight for every head).
 pub fn rmsnorm_heads(x: &mut [f32], w: &[f32], eps: f32) {
-    assert_eq!(x.len() % w.len(), 0, "rmsnorm_heads: not whole heads");
+    assert!(
+        x.len().is_multiple_of(w.len()),
+        "rmsnorm_heads: not whole heads"
+    );
     let mut tmp = vec![0f32; w.len()]; // [D]
     for head in x.chunks_exact_mut(w.len()) {
         rmsnorm(head, w, eps, &mut tmp);
