@@ -17,10 +17,8 @@
 //! can serve every layer. Every kernel returns at once when `state.done != 0`.
 
 use crate::context::{Context, GpuError, Result};
+use crate::state::STATE_WGSL;
 use crate::tensor::QuantActs;
-
-/// WGSL of the run-state struct shared by the decode kernels.
-pub(crate) const STATE_WGSL: &str = include_str!("../shaders/state.wgsl");
 
 /// Workgroup size of the rope kernel (a power of two for its tree reduction).
 const ROPE_WG: u32 = 64;
@@ -208,10 +206,18 @@ impl AttentionKernel {
         )?;
         let chunk = ctx.compute(
             "attention.chunk",
-            &src(CHUNK_WG, &u32_const("LG", lg), include_str!("../shaders/attention.wgsl")),
+            &src(
+                CHUNK_WG,
+                &u32_const("LG", lg),
+                include_str!("../shaders/attention.wgsl"),
+            ),
             "chunk",
         )?;
-        let combine_src = src(COMBINE_WG, "", include_str!("../shaders/attention_combine.wgsl"));
+        let combine_src = src(
+            COMBINE_WG,
+            "",
+            include_str!("../shaders/attention_combine.wgsl"),
+        );
         let module = ctx.module("attention.combine", &combine_src)?;
         let combine = ctx.pipeline("attention.combine", &module, "combine")?;
         let combine_q8 = if d % 32 == 0 {
@@ -354,14 +360,24 @@ impl AttentionKernel {
 /// Scalar reference of the `rope` kernel: returns (roped q `[Hq*D]`, roped k `[Hkv*D]`) from the
 /// raw fused `qkv`. Norm in f64; angle `f32(pos) * inv_freq` rounded in f32 as HF does, then
 /// cos/sin in f64.
-pub fn rope_ref(p: &AttentionParams, qkv: &[f32], q_norm: &[f32], k_norm: &[f32], pos: u32) -> (Vec<f32>, Vec<f32>) {
+pub fn rope_ref(
+    p: &AttentionParams,
+    qkv: &[f32],
+    q_norm: &[f32],
+    k_norm: &[f32],
+    pos: u32,
+) -> (Vec<f32>, Vec<f32>) {
     let d = p.head_dim as usize;
     let half = d / 2;
     let freqs = inv_freq(p.rope_theta, d);
     let head = |x: &[f32], w: &[f32]| -> Vec<f32> {
         let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
         let r = 1.0 / (ms + p.eps as f64).sqrt();
-        let y: Vec<f64> = x.iter().zip(w).map(|(v, w)| *v as f64 * r * *w as f64).collect();
+        let y: Vec<f64> = x
+            .iter()
+            .zip(w)
+            .map(|(v, w)| *v as f64 * r * *w as f64)
+            .collect();
         let mut out = vec![0f32; d];
         for i in 0..half {
             let a = (pos as f32 * freqs[i]) as f64;
@@ -372,7 +388,9 @@ pub fn rope_ref(p: &AttentionParams, qkv: &[f32], q_norm: &[f32], k_norm: &[f32]
         out
     };
     let (hq, hkv) = (p.heads as usize, p.kv_heads as usize);
-    let q = (0..hq).flat_map(|j| head(&qkv[j * d..(j + 1) * d], q_norm)).collect();
+    let q = (0..hq)
+        .flat_map(|j| head(&qkv[j * d..(j + 1) * d], q_norm))
+        .collect();
     let k = (0..hkv)
         .flat_map(|j| head(&qkv[(hq + j) * d..(hq + j + 1) * d], k_norm))
         .collect();
@@ -381,7 +399,13 @@ pub fn rope_ref(p: &AttentionParams, qkv: &[f32], q_norm: &[f32], k_norm: &[f32]
 
 /// Scalar reference of single-query GQA attention at `pos` (f64 softmax): `q [Hq*D]`,
 /// caches `[ctx, Hkv, D]`, output `[Hq*D]`.
-pub fn attention_ref(p: &AttentionParams, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: u32) -> Vec<f32> {
+pub fn attention_ref(
+    p: &AttentionParams,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos: u32,
+) -> Vec<f32> {
     let (d, hkv, g) = (p.head_dim as usize, p.kv_heads as usize, p.group() as usize);
     let n = pos as usize + 1;
     let mut out = vec![0f32; p.heads as usize * d];
@@ -392,7 +416,11 @@ pub fn attention_ref(p: &AttentionParams, q: &[f32], k_cache: &[f32], v_cache: &
         let s: Vec<f64> = (0..n)
             .map(|t| {
                 let k = &k_cache[row(t)..row(t) + d];
-                qj.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (d as f64).sqrt()
+                qj.iter()
+                    .zip(k)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+                    / (d as f64).sqrt()
             })
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

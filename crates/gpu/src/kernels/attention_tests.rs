@@ -43,7 +43,10 @@ struct Outputs {
 /// Upload `c`, run one step at `pos` (optionally with the done flag set), read everything back.
 fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: bool) -> Outputs {
     let k = AttentionKernel::new(ctx, c.p).expect("kernel");
-    let f = |label: &str, v: &[f32]| ctx.storage_init(label, bytemuck::cast_slice(v)).expect("buffer");
+    let f = |label: &str, v: &[f32]| {
+        ctx.storage_init(label, bytemuck::cast_slice(v))
+            .expect("buffer")
+    };
     let state = ctx
         .storage_init("state", bytemuck::cast_slice(&[pos, 0, done as u32, 0]))
         .expect("state");
@@ -65,7 +68,8 @@ fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: boo
         out_q: out_q.as_ref(),
     };
     let b = k.bind(ctx, &bufs, &scratch).expect("bind");
-    ctx.run_pass(|pass| k.record(pass, &b, pos_bound)).expect("run");
+    ctx.run_pass(|pass| k.record(pass, &b, pos_bound))
+        .expect("run");
     Outputs {
         qkv: ctx.read_f32(&qkv, c.qkv.len()).unwrap(),
         k_cache: ctx.read_f32(&kc, c.k_cache.len()).unwrap(),
@@ -99,16 +103,44 @@ fn check_step(ctx: &Context, p: AttentionParams, pos: u32, pos_bound: u32, seed:
     let what = format!("{p:?} pos {pos}");
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
     let (q_want, k_want) = rope_ref(&p, &c.qkv, &c.q_norm, &c.k_norm, pos);
-    assert_close(&o.qkv[..hq * d], &q_want, 2e-5, 1e-4, &format!("{what}: roped q"));
+    assert_close(
+        &o.qkv[..hq * d],
+        &q_want,
+        2e-5,
+        1e-4,
+        &format!("{what}: roped q"),
+    );
     // k and v parts of qkv are left untouched.
-    assert_eq!(o.qkv[hq * d..], c.qkv[hq * d..], "{what}: k|v of qkv changed");
+    assert_eq!(
+        o.qkv[hq * d..],
+        c.qkv[hq * d..],
+        "{what}: k|v of qkv changed"
+    );
     let row = pos as usize * hkv * d..(pos as usize + 1) * hkv * d;
-    assert_close(&o.k_cache[row.clone()], &k_want, 2e-5, 1e-4, &format!("{what}: k cache row"));
-    assert_eq!(o.v_cache[row.clone()], c.qkv[(hq + hkv) * d..], "{what}: v cache row");
+    assert_close(
+        &o.k_cache[row.clone()],
+        &k_want,
+        2e-5,
+        1e-4,
+        &format!("{what}: k cache row"),
+    );
+    assert_eq!(
+        o.v_cache[row.clone()],
+        c.qkv[(hq + hkv) * d..],
+        "{what}: v cache row"
+    );
     // Every other cache row is untouched.
     for (name, got, orig) in [("k", &o.k_cache, &c.k_cache), ("v", &o.v_cache, &c.v_cache)] {
-        assert_eq!(got[..row.start], orig[..row.start], "{what}: {name} rows before pos");
-        assert_eq!(got[row.end..], orig[row.end..], "{what}: {name} rows after pos");
+        assert_eq!(
+            got[..row.start],
+            orig[..row.start],
+            "{what}: {name} rows before pos"
+        );
+        assert_eq!(
+            got[row.end..],
+            orig[row.end..],
+            "{what}: {name} rows after pos"
+        );
     }
     // Attention over the GPU's own roped q and cache isolates the attention kernels.
     let want = attention_ref(&p, &o.qkv[..hq * d], &o.k_cache, &o.v_cache, pos);
@@ -124,7 +156,9 @@ fn check_step(ctx: &Context, p: AttentionParams, pos: u32, pos_bound: u32, seed:
 
 #[test]
 fn attention_small_gqa_4_2_d32_chunk16() {
-    let Some(ctx) = gpu("attention_small_gqa_4_2_d32_chunk16") else { return };
+    let Some(ctx) = gpu("attention_small_gqa_4_2_d32_chunk16") else {
+        return;
+    };
     let p = params(4, 2, 32, 512, 16);
     // 0 and 1: first chunk; 15/16: chunk boundary; 37, 300: several chunks.
     for (i, pos) in [0u32, 1, 15, 16, 37, 300].into_iter().enumerate() {
@@ -134,7 +168,9 @@ fn attention_small_gqa_4_2_d32_chunk16() {
 
 #[test]
 fn attention_qwen3_shape_32_4_d128() {
-    let Some(ctx) = gpu("attention_qwen3_shape_32_4_d128") else { return };
+    let Some(ctx) = gpu("attention_qwen3_shape_32_4_d128") else {
+        return;
+    };
     let p = params(32, 4, 128, 384, 64);
     for (i, pos) in [0u32, 1, 37, 300].into_iter().enumerate() {
         check_step(&ctx, p, pos, pos, 20 + i as u64);
@@ -145,7 +181,9 @@ fn attention_qwen3_shape_32_4_d128() {
 
 #[test]
 fn attention_odd_group_and_chunk() {
-    let Some(ctx) = gpu("attention_odd_group_and_chunk") else { return };
+    let Some(ctx) = gpu("attention_odd_group_and_chunk") else {
+        return;
+    };
     // G = 3 (not a power of two), D = 36, chunk 7, last position of the cache.
     let p = params(6, 2, 36, 100, 7);
     for (i, pos) in [0u32, 6, 7, 50, 99].into_iter().enumerate() {
@@ -155,7 +193,9 @@ fn attention_odd_group_and_chunk() {
 
 #[test]
 fn attention_long_context_many_chunks() {
-    let Some(ctx) = gpu("attention_long_context_many_chunks") else { return };
+    let Some(ctx) = gpu("attention_long_context_many_chunks") else {
+        return;
+    };
     // 2048 positions in 32 chunks of 64 with the real GQA ratio (reduced head count).
     let p = params(8, 1, 128, 2048, 64);
     check_step(&ctx, p, 2047, 2047, 50);
@@ -163,48 +203,72 @@ fn attention_long_context_many_chunks() {
 
 #[test]
 fn attention_int8_output() {
-    let Some(ctx) = gpu("attention_int8_output") else { return };
+    let Some(ctx) = gpu("attention_int8_output") else {
+        return;
+    };
     let p = params(32, 4, 128, 384, 64);
     let c = Case::new(p, 60);
     let o = run(&ctx, &c, 300, 300, false, true);
     let (words, scales) = o.out_q.expect("int8 output");
     let (q_want, s_want) = quantize_acts_ref(&o.out);
     for (b, (got, want)) in scales.iter().zip(&s_want).enumerate() {
-        assert!((got[0] - want[0]).abs() <= 1e-6 * want[0].abs(), "block {b} scale {got:?} vs {want:?}");
+        assert!(
+            (got[0] - want[0]).abs() <= 1e-6 * want[0].abs(),
+            "block {b} scale {got:?} vs {want:?}"
+        );
     }
     let mut worst = 0f32;
     for (i, qw) in q_want.iter().enumerate() {
         let got = (words[i / 4] >> (8 * (i % 4))) as u8 as i8;
         // Round-half cases may land one step apart (1/d is computed on the GPU).
-        assert!((got as i32 - *qw as i32).abs() <= 1, "element {i}: q {got} vs {qw}");
+        assert!(
+            (got as i32 - *qw as i32).abs() <= 1,
+            "element {i}: q {got} vs {qw}"
+        );
         let deq = got as f32 * scales[i / 32][0];
         worst = worst.max((deq - o.out[i]).abs() / scales[i / 32][0]);
     }
     // Each dequantised value is within half a step (plus rounding) of the f32 output.
     assert!(worst <= 0.5 + 1e-3, "int8 output off by {worst} steps");
     let sums_ok = scales.iter().enumerate().all(|(b, s)| {
-        let sum: i32 = (0..32).map(|j| (words[(b * 32 + j) / 4] >> (8 * (j % 4))) as u8 as i8 as i32).sum();
+        let sum: i32 = (0..32)
+            .map(|j| (words[(b * 32 + j) / 4] >> (8 * (j % 4))) as u8 as i8 as i32)
+            .sum();
         (s[1] - s[0] * sum as f32).abs() <= 1e-5 * s[0].abs() * 32.0 * 127.0
     });
-    assert!(sums_ok, "block sums (d * Σq) do not match the packed values");
+    assert!(
+        sums_ok,
+        "block sums (d * Σq) do not match the packed values"
+    );
 }
 
 #[test]
 fn attention_done_flag_skips_everything() {
-    let Some(ctx) = gpu("attention_done_flag_skips_everything") else { return };
+    let Some(ctx) = gpu("attention_done_flag_skips_everything") else {
+        return;
+    };
     let p = params(4, 2, 32, 64, 16);
     let c = Case::new(p, 70);
     let o = run(&ctx, &c, 5, 5, true, false);
     assert_eq!(o.qkv, c.qkv, "qkv changed although done");
     assert_eq!(o.k_cache, c.k_cache, "k cache changed although done");
     assert_eq!(o.v_cache, c.v_cache, "v cache changed although done");
-    assert!(o.out.iter().all(|v| *v == 0.0), "output written although done");
+    assert!(
+        o.out.iter().all(|v| *v == 0.0),
+        "output written although done"
+    );
 }
 
 #[test]
 fn attention_rejects_bad_shapes() {
-    let Some(ctx) = gpu("attention_rejects_bad_shapes") else { return };
-    for bad in [params(5, 2, 32, 64, 16), params(4, 2, 30, 64, 16), params(4, 2, 32, 0, 16)] {
+    let Some(ctx) = gpu("attention_rejects_bad_shapes") else {
+        return;
+    };
+    for bad in [
+        params(5, 2, 32, 64, 16),
+        params(4, 2, 30, 64, 16),
+        params(4, 2, 32, 0, 16),
+    ] {
         let e = AttentionKernel::new(&ctx, bad).expect_err("bad shape accepted");
         assert!(matches!(e, GpuError::Shape(_)), "{bad:?}: {e}");
     }
@@ -224,6 +288,8 @@ fn attention_rejects_bad_shapes() {
         out: &ok,
         out_q: None,
     };
-    let e = k.bind(&ctx, &bufs, &scratch).expect_err("small cache accepted");
+    let e = k
+        .bind(&ctx, &bufs, &scratch)
+        .expect_err("small cache accepted");
     assert!(e.to_string().contains("k_cache"), "{e}");
 }

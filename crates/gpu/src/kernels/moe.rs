@@ -18,7 +18,7 @@
 //! skip the experts it does not hold. The route buffer is `[2K]` u32: ids, then weight bits.
 
 use crate::context::{Context, GpuError, Result};
-use crate::kernels::attention::STATE_WGSL;
+use crate::state::STATE_WGSL;
 use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
 
 /// Workgroup size of every MoE kernel.
@@ -169,10 +169,17 @@ impl MoeKernel {
         let p = &params;
         let shared = (p.experts + p.top_k + 2 * WG + 32) as u64 * 4;
         if shared > ctx.limits.max_compute_workgroup_storage_size as u64 {
-            return Err(GpuError::Shape(format!("MoE with {} experts needs {shared} bytes of workgroup memory", p.experts)));
+            return Err(GpuError::Shape(format!(
+                "MoE with {} experts needs {shared} bytes of workgroup memory",
+                p.experts
+            )));
         }
         let route = include_str!("../shaders/moe_route.wgsl");
-        let router_src = format!("{}{route}{}", consts(p, 1, p.hidden), include_str!("../shaders/moe_router.wgsl"));
+        let router_src = format!(
+            "{}{route}{}",
+            consts(p, 1, p.hidden),
+            include_str!("../shaders/moe_router.wgsl")
+        );
         let router = ctx.compute("moe.router", &router_src, "main")?;
         let gu_src = format!(
             "{}{route}{}",
@@ -182,7 +189,11 @@ impl MoeKernel {
         let gu = ctx.module("moe.gate_up", &gu_src)?;
         let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
         let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
-        let down_src = format!("{}{}", consts(p, DOWN_T, p.inter), include_str!("../shaders/moe_down.wgsl"));
+        let down_src = format!(
+            "{}{}",
+            consts(p, DOWN_T, p.inter),
+            include_str!("../shaders/moe_down.wgsl")
+        );
         let down = ctx.compute("moe.down", &down_src, "main")?;
         Ok(MoeKernel {
             params,
@@ -211,7 +222,10 @@ impl MoeKernel {
         shape("down", b.down, e * h, i)?;
         let need = |buf: &wgpu::Buffer, bytes: u64, what: &str| {
             if buf.size() < bytes {
-                return Err(GpuError::Shape(format!("MoE {what}: {} bytes, need {bytes}", buf.size())));
+                return Err(GpuError::Shape(format!(
+                    "MoE {what}: {} bytes, need {bytes}",
+                    buf.size()
+                )));
             }
             Ok(())
         };
@@ -229,7 +243,9 @@ impl MoeKernel {
             )));
         }
         if b.gate.parts.len() != b.up.parts.len() {
-            return Err(GpuError::Shape("MoE gate and up are split differently".into()));
+            return Err(GpuError::Shape(
+                "MoE gate and up are split differently".into(),
+            ));
         }
         let router = match routing {
             Routing::Separate => Some(ctx.bind_group(
@@ -243,9 +259,14 @@ impl MoeKernel {
         for (n, (g, u)) in b.gate.parts.iter().zip(&b.up.parts).enumerate() {
             let (lo, hi) = expert_range(g, i, "gate")?;
             if expert_range(u, i, "up")? != (lo, hi) {
-                return Err(GpuError::Shape("MoE gate and up parts hold different experts".into()));
+                return Err(GpuError::Shape(
+                    "MoE gate and up parts hold different experts".into(),
+                ));
             }
-            let params = ctx.uniform("moe.gate_up.params", bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, 0]))?;
+            let params = ctx.uniform(
+                "moe.gate_up.params",
+                bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, 0]),
+            )?;
             let mut res = vec![whole(b.state), whole(&params)];
             let pipe = match routing {
                 Routing::Fused => {
@@ -267,7 +288,13 @@ impl MoeKernel {
                 whole(&b.h_q.s),
             ]);
             // The routed-from-buffer entry point has no `logits` binding: renumber by position.
-            gate_up.push(bind_sparse(ctx, "moe.gate_up", pipe, &res, routing == Routing::Separate)?);
+            gate_up.push(bind_sparse(
+                ctx,
+                "moe.gate_up",
+                pipe,
+                &res,
+                routing == Routing::Separate,
+            )?);
         }
         let mut down = Vec::new();
         for (n, part) in b.down.parts.iter().enumerate() {
@@ -393,7 +420,12 @@ pub fn gate_up_ref(wg: &[f32], wu: &[f32], x: &[f32]) -> Vec<f32> {
     wg.chunks(hdim)
         .zip(wu.chunks(hdim))
         .map(|(rg, ru)| {
-            let dot = |r: &[f32]| r.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>();
+            let dot = |r: &[f32]| {
+                r.iter()
+                    .zip(x)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+            };
             let (g, u) = (dot(rg), dot(ru));
             (g / (1.0 + (-g).exp()) * u) as f32
         })
@@ -406,7 +438,12 @@ pub fn down_ref(wd: &[&[f32]], h: &[&[f32]], w: &[f32], hidden: usize) -> Vec<f3
     let mut y = vec![0f64; hidden];
     for ((wd, h), w) in wd.iter().zip(h).zip(w) {
         for (o, row) in y.iter_mut().zip(wd.chunks(h.len())) {
-            *o += *w as f64 * row.iter().zip(*h).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>();
+            *o += *w as f64
+                * row
+                    .iter()
+                    .zip(*h)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>();
         }
     }
     y.into_iter().map(|v| v as f32).collect()

@@ -38,7 +38,11 @@ impl Case {
     /// Dequantised `[out, in]` slice of expert `e` of a stacked Q4_0 tensor.
     fn expert(bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
         let n = (out * inp / 32) as usize * 18;
-        dequant_q4_0(&bytes[e as usize * n..(e as usize + 1) * n], out as usize, inp as usize)
+        dequant_q4_0(
+            &bytes[e as usize * n..(e as usize + 1) * n],
+            out as usize,
+            inp as usize,
+        )
     }
 }
 
@@ -59,27 +63,48 @@ fn upload_acts(ctx: &Context, label: &str, x: &[f32]) -> QuantActs {
 }
 
 /// Run one MoE block; `max_binding` (bytes) forces weight tensors to split into parts.
-fn run(ctx: &Context, c: &Case, routing: Routing, residual: bool, max_binding: Option<u64>, done: bool) -> Outputs {
+fn run(
+    ctx: &Context,
+    c: &Case,
+    routing: Routing,
+    residual: bool,
+    max_binding: Option<u64>,
+    done: bool,
+) -> Outputs {
     let ctx = match max_binding {
         Some(b) => ctx.with_max_binding_bytes(b),
         None => ctx.clone(),
     };
     let p = c.p;
-    let (e, k, h, i) = (p.experts as usize, p.top_k as usize, p.hidden as usize, p.inter as usize);
+    let (e, k, h, i) = (
+        p.experts as usize,
+        p.top_k as usize,
+        p.hidden as usize,
+        p.inter as usize,
+    );
     let kern = MoeKernel::new(&ctx, p).expect("kernel");
-    let state = ctx.storage_init("state", bytemuck::cast_slice(&[3u32, 0, done as u32, 0])).unwrap();
-    let logits = ctx.storage_init("logits", bytemuck::cast_slice(&c.logits)).unwrap();
+    let state = ctx
+        .storage_init("state", bytemuck::cast_slice(&[3u32, 0, done as u32, 0]))
+        .unwrap();
+    let logits = ctx
+        .storage_init("logits", bytemuck::cast_slice(&c.logits))
+        .unwrap();
     let route = ctx.storage("route", 8 * k as u64).unwrap();
     let x = upload_acts(&ctx, "x", &c.x);
     let gate = Q4Matrix::upload(&ctx, "gate", e * i, h, i, &[&c.gate]).unwrap();
     let up = Q4Matrix::upload(&ctx, "up", e * i, h, i, &[&c.up]).unwrap();
     let down = Q4Matrix::upload(&ctx, "down", e * h, i, h, &[&c.down]).unwrap();
     if max_binding.is_some() {
-        assert!(gate.parts.len() > 1 && down.parts.len() > 1, "test meant to split the weights");
+        assert!(
+            gate.parts.len() > 1 && down.parts.len() > 1,
+            "test meant to split the weights"
+        );
     }
     let hbuf = ctx.storage("h", (k * i * 4) as u64).unwrap();
     let h_q = QuantActs::new(&ctx, "h_q", k * i).unwrap();
-    let out = ctx.storage_init("out", bytemuck::cast_slice(&c.residual)).unwrap();
+    let out = ctx
+        .storage_init("out", bytemuck::cast_slice(&c.residual))
+        .unwrap();
     let bufs = MoeBuffers {
         state: &state,
         logits: &logits,
@@ -94,13 +119,16 @@ fn run(ctx: &Context, c: &Case, routing: Routing, residual: bool, max_binding: O
         residual,
     };
     let b = kern.bind(&ctx, &bufs, routing).expect("bind");
-    ctx.run_pass(|pass| kern.record(pass, &ctx, &b)).expect("run");
+    ctx.run_pass(|pass| kern.record(pass, &ctx, &b))
+        .expect("run");
     let words = ctx.read_u32(&h_q.q, k * i / 4).unwrap();
     let s = ctx.read_f32(&h_q.s, k * i / 16).unwrap();
     Outputs {
         route: ctx.read_u32(&route, 2 * k).unwrap(),
         h: ctx.read_f32(&hbuf, k * i).unwrap(),
-        h_q: (0..k * i).map(|j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8).collect(),
+        h_q: (0..k * i)
+            .map(|j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8)
+            .collect(),
         h_s: s.chunks(2).map(|c| [c[0], c[1]]).collect(),
         out: ctx.read_f32(&out, h).unwrap(),
     }
@@ -111,13 +139,23 @@ fn max_abs(v: &[f32]) -> f32 {
 }
 
 fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let e: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+    let e: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum();
     let n: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
     (e / n).sqrt()
 }
 
 /// Everything one MoE run must satisfy; returns the relative L2 error vs the pure-f32 chain.
-fn check(ctx: &Context, c: &Case, routing: Routing, residual: bool, max_binding: Option<u64>) -> f64 {
+fn check(
+    ctx: &Context,
+    c: &Case,
+    routing: Routing,
+    residual: bool,
+    max_binding: Option<u64>,
+) -> f64 {
     let p = c.p;
     let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
     let what = format!("{p:?} {routing:?} residual {residual} split {max_binding:?}");
@@ -130,7 +168,11 @@ fn check(ctx: &Context, c: &Case, routing: Routing, residual: bool, max_binding:
 
     // gate/up against the reference fed the same int8 x.
     let (xq, xs) = quantize_acts_ref(&c.x);
-    let x_deq: Vec<f32> = xq.iter().enumerate().map(|(j, q)| *q as f32 * xs[j / 32][0]).collect();
+    let x_deq: Vec<f32> = xq
+        .iter()
+        .enumerate()
+        .map(|(j, q)| *q as f32 * xs[j / 32][0])
+        .collect();
     let mut h_want = Vec::new();
     let mut h_f32 = Vec::new();
     for &e in &ids {
@@ -139,28 +181,61 @@ fn check(ctx: &Context, c: &Case, routing: Routing, residual: bool, max_binding:
         h_want.extend(gate_up_ref(&wg, &wu, &x_deq));
         h_f32.extend(gate_up_ref(&wg, &wu, &c.x));
     }
-    assert_close(&o.h, &h_want, 2e-5 * max_abs(&h_want), 1e-4, &format!("{what}: h"));
+    assert_close(
+        &o.h,
+        &h_want,
+        2e-5 * max_abs(&h_want),
+        1e-4,
+        &format!("{what}: h"),
+    );
 
     // The kernel's int8 h is the quantisation of its f32 h (one step of slack for rounding).
     let (hq_want, hs_want) = quantize_acts_ref(&o.h);
     for (j, (g, wq)) in o.h_q.iter().zip(&hq_want).enumerate() {
-        assert!((*g as i32 - *wq as i32).abs() <= 1, "{what}: h_q[{j}] {g} vs {wq}");
+        assert!(
+            (*g as i32 - *wq as i32).abs() <= 1,
+            "{what}: h_q[{j}] {g} vs {wq}"
+        );
     }
     for (b, (g, ws)) in o.h_s.iter().zip(&hs_want).enumerate() {
-        assert!((g[0] - ws[0]).abs() <= 1e-6 * ws[0].abs(), "{what}: h_s[{b}] {g:?} vs {ws:?}");
+        assert!(
+            (g[0] - ws[0]).abs() <= 1e-6 * ws[0].abs(),
+            "{what}: h_s[{b}] {g:?} vs {ws:?}"
+        );
         let sum: i32 = o.h_q[b * 32..(b + 1) * 32].iter().map(|q| *q as i32).sum();
-        assert!((g[1] - g[0] * sum as f32).abs() <= 1e-6 * g[0].abs() * 4064.0, "{what}: h_s[{b}] sum");
+        assert!(
+            (g[1] - g[0] * sum as f32).abs() <= 1e-6 * g[0].abs() * 4064.0,
+            "{what}: h_s[{b}] sum"
+        );
     }
 
     // down + combine against the reference fed the kernel's own int8 h.
-    let h_deq: Vec<f32> = o.h_q.iter().enumerate().map(|(j, q)| *q as f32 * o.h_s[j / 32][0]).collect();
-    let wd: Vec<Vec<f32>> = ids.iter().map(|&e| Case::expert(&c.down, e, p.hidden, p.inter)).collect();
+    let h_deq: Vec<f32> = o
+        .h_q
+        .iter()
+        .enumerate()
+        .map(|(j, q)| *q as f32 * o.h_s[j / 32][0])
+        .collect();
+    let wd: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|&e| Case::expert(&c.down, e, p.hidden, p.inter))
+        .collect();
     let wd_refs: Vec<&[f32]> = wd.iter().map(|v| v.as_slice()).collect();
     let hs: Vec<&[f32]> = h_deq.chunks(i).collect();
     let y = down_ref(&wd_refs, &hs, &w, h);
-    let base = if residual { c.residual.clone() } else { vec![0.0; h] };
+    let base = if residual {
+        c.residual.clone()
+    } else {
+        vec![0.0; h]
+    };
     let want: Vec<f32> = y.iter().zip(&base).map(|(a, b)| a + b).collect();
-    assert_close(&o.out, &want, 2e-5 * max_abs(&y), 1e-4, &format!("{what}: out"));
+    assert_close(
+        &o.out,
+        &want,
+        2e-5 * max_abs(&y),
+        1e-4,
+        &format!("{what}: out"),
+    );
 
     // Pure f32 chain: the error the int8 activations introduce.
     let hs32: Vec<&[f32]> = h_f32.chunks(i).collect();
@@ -169,7 +244,10 @@ fn check(ctx: &Context, c: &Case, routing: Routing, residual: bool, max_binding:
     let err = rel_l2(&got_y, &y32);
     let herr = rel_l2(&o.h, &h_f32);
     eprintln!("{what}: int8 activations vs pure f32: h rel L2 {herr:.2e}, y rel L2 {err:.2e}");
-    assert!(herr < 3e-2 && err < 3e-2, "{what}: int8 error vs f32 too large ({herr}, {err})");
+    assert!(
+        herr < 3e-2 && err < 3e-2,
+        "{what}: int8 error vs f32 too large ({herr}, {err})"
+    );
     err
 }
 
@@ -185,7 +263,9 @@ fn params(experts: u32, top_k: u32, hidden: u32, inter: u32, norm: bool) -> MoeP
 
 #[test]
 fn moe_tiny_e16_k4_both_routings() {
-    let Some(ctx) = gpu("moe_tiny_e16_k4_both_routings") else { return };
+    let Some(ctx) = gpu("moe_tiny_e16_k4_both_routings") else {
+        return;
+    };
     let c = Case::new(params(16, 4, 64, 64, true), 1);
     for routing in [Routing::Fused, Routing::Separate] {
         for residual in [true, false] {
@@ -196,7 +276,9 @@ fn moe_tiny_e16_k4_both_routings() {
 
 #[test]
 fn moe_e128_k8_i768() {
-    let Some(ctx) = gpu("moe_e128_k8_i768") else { return };
+    let Some(ctx) = gpu("moe_e128_k8_i768") else {
+        return;
+    };
     // The real E, K and I with a reduced hidden size (H = 2048 is covered below with E = 16).
     let c = Case::new(params(128, 8, 128, 768, true), 2);
     check(&ctx, &c, Routing::Fused, true, None);
@@ -205,14 +287,18 @@ fn moe_e128_k8_i768() {
 
 #[test]
 fn moe_h2048_reduced_experts() {
-    let Some(ctx) = gpu("moe_h2048_reduced_experts") else { return };
+    let Some(ctx) = gpu("moe_h2048_reduced_experts") else {
+        return;
+    };
     let c = Case::new(params(16, 8, 2048, 64, true), 3);
     check(&ctx, &c, Routing::Fused, true, None);
 }
 
 #[test]
 fn moe_odd_shapes_and_no_renormalise() {
-    let Some(ctx) = gpu("moe_odd_shapes_and_no_renormalise") else { return };
+    let Some(ctx) = gpu("moe_odd_shapes_and_no_renormalise") else {
+        return;
+    };
     // H = 96 (3 blocks for 8 lanes), I = 32 (one block), K = 1 and K = E, norm_topk_prob off.
     for (n, p) in [
         params(5, 1, 96, 32, false),
@@ -230,7 +316,9 @@ fn moe_odd_shapes_and_no_renormalise() {
 
 #[test]
 fn moe_ties_go_to_lower_index() {
-    let Some(ctx) = gpu("moe_ties_go_to_lower_index") else { return };
+    let Some(ctx) = gpu("moe_ties_go_to_lower_index") else {
+        return;
+    };
     let mut c = Case::new(params(16, 4, 64, 32, true), 20);
     let mut r = rng(21);
     // Experts 3, 7, 9, 12 share the top logit; 1 and 14 share the next one.
@@ -252,7 +340,9 @@ fn moe_ties_go_to_lower_index() {
 
 #[test]
 fn moe_weights_split_across_bindings() {
-    let Some(ctx) = gpu("moe_weights_split_across_bindings") else { return };
+    let Some(ctx) = gpu("moe_weights_split_across_bindings") else {
+        return;
+    };
     // 16 experts of 64 x 64: 64*2*16 = 2 KiB of nibbles per expert: parts of 3 experts each
     // (the last holds one), so selected experts land in different parts.
     let c = Case::new(params(16, 4, 64, 64, true), 30);
@@ -265,18 +355,29 @@ fn moe_weights_split_across_bindings() {
 
 #[test]
 fn moe_done_flag_skips_everything() {
-    let Some(ctx) = gpu("moe_done_flag_skips_everything") else { return };
+    let Some(ctx) = gpu("moe_done_flag_skips_everything") else {
+        return;
+    };
     let c = Case::new(params(16, 4, 64, 64, true), 40);
     let o = run(&ctx, &c, Routing::Fused, true, None, true);
     assert_eq!(o.out, c.residual, "residual changed although done");
-    assert!(o.route.iter().all(|v| *v == 0), "route written although done");
+    assert!(
+        o.route.iter().all(|v| *v == 0),
+        "route written although done"
+    );
     assert!(o.h.iter().all(|v| *v == 0.0), "h written although done");
 }
 
 #[test]
 fn moe_rejects_bad_shapes() {
-    let Some(ctx) = gpu("moe_rejects_bad_shapes") else { return };
-    for bad in [params(16, 0, 64, 64, true), params(4, 5, 64, 64, true), params(16, 4, 48, 64, true)] {
+    let Some(ctx) = gpu("moe_rejects_bad_shapes") else {
+        return;
+    };
+    for bad in [
+        params(16, 0, 64, 64, true),
+        params(4, 5, 64, 64, true),
+        params(16, 4, 48, 64, true),
+    ] {
         let e = MoeKernel::new(&ctx, bad).expect_err("bad shape accepted");
         assert!(matches!(e, GpuError::Shape(_)), "{bad:?}: {e}");
     }
@@ -285,7 +386,8 @@ fn moe_rejects_bad_shapes() {
     let c = Case::new(p, 50);
     let kern = MoeKernel::new(&ctx, p).unwrap();
     let gate = Q4Matrix::upload(&ctx, "gate", 16 * 64, 64, 64, &[&c.gate]).unwrap();
-    let wrong = Q4Matrix::upload(&ctx, "down", 8 * 64, 64, 64, &[&c.down[..c.down.len() / 2]]).unwrap();
+    let wrong =
+        Q4Matrix::upload(&ctx, "down", 8 * 64, 64, 64, &[&c.down[..c.down.len() / 2]]).unwrap();
     let buf = ctx.storage("buf", 4096).unwrap();
     let acts_h = QuantActs::new(&ctx, "x", 64).unwrap();
     let acts_k = QuantActs::new(&ctx, "h", 256).unwrap();
@@ -302,6 +404,8 @@ fn moe_rejects_bad_shapes() {
         out: &buf,
         residual: true,
     };
-    let e = kern.bind(&ctx, &bufs, Routing::Fused).expect_err("wrong down accepted");
+    let e = kern
+        .bind(&ctx, &bufs, Routing::Fused)
+        .expect_err("wrong down accepted");
     assert!(e.to_string().contains("down"), "{e}");
 }

@@ -14,6 +14,11 @@
 
 var<workgroup> ov: array<f32, D>;
 
+// Round half away from zero (like quantize.wgsl and tensor::quantize_acts_ref), clamp to +-127.
+fn q8(t: f32) -> i32 {
+    return i32(clamp(sign(t) * floor(abs(t) + 0.5), -127.0, 127.0));
+}
+
 // Combine query head qh into ov[] and out[].
 fn combine_head(qh: u32, li: u32) {
     let nc = (min(state.pos + 1u, CTX) + C - 1u) / C;
@@ -65,14 +70,14 @@ fn combine_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         let id = select(0.0, 1.0 / dq, dq > 0.0);
         var word = 0u;
         for (var k = 0u; k < 4u; k++) {
-            let q = i32(clamp(round(ov[w * 4u + k] * id), -127.0, 127.0));
+            let q = i32(q8(ov[w * 4u + k] * id));
             word |= (u32(q) & 0xFFu) << (8u * k);
         }
         out_q[qh * D / 4u + w] = word;
         if (w % 8u == 0u) {
             var sum = 0;
             for (var j = 0u; j < 32u; j++) {
-                sum += i32(clamp(round(ov[b0 + j] * id), -127.0, 127.0));
+                sum += i32(q8(ov[b0 + j] * id));
             }
             out_s[(qh * D + b0) / 32u] = vec2<f32>(dq, dq * f32(sum));
         }

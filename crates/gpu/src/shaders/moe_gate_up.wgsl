@@ -40,6 +40,11 @@ var<workgroup> red_u: array<f32, WG>;
 var<workgroup> hv: array<f32, R>;
 var<workgroup> slot_e: u32;
 
+// Round half away from zero (like quantize.wgsl and tensor::quantize_acts_ref), clamp to +-127.
+fn q8(t: f32) -> i32 {
+    return i32(clamp(sign(t) * floor(abs(t) + 0.5), -127.0, 127.0));
+}
+
 fn gscale(i: u32) -> f32 {
     let v = unpack2x16float(gate_sc[i >> 1u]);
     return select(v.x, v.y, (i & 1u) == 1u);
@@ -104,7 +109,7 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
         let id = select(0.0, 1.0 / d, d > 0.0);
         var word = 0u;
         for (var j = 0u; j < 4u; j++) {
-            let q = i32(clamp(round(hv[li * 4u + j] * id), -127.0, 127.0));
+            let q = i32(q8(hv[li * 4u + j] * id));
             word |= (u32(q) & 0xFFu) << (8u * j);
         }
         let base = k * I + bx * R;
@@ -112,7 +117,7 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
         if (li == 0u) {
             var sum = 0;
             for (var j = 0u; j < R; j++) {
-                sum += i32(clamp(round(hv[j] * id), -127.0, 127.0));
+                sum += i32(q8(hv[j] * id));
             }
             h_s[base / 32u] = vec2<f32>(d, d * f32(sum));
         }
