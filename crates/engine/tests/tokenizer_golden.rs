@@ -196,3 +196,18 @@ fn gguf_round_trip_encodes_and_decodes_identically() {
     // A vocabulary smaller than the tokenizer's ids cannot be exported.
     assert!(tok.to_gguf_metadata(151_668).is_err());
 }
+
+#[test]
+fn gguf_qwen2_regex_is_the_one_in_tokenizer_json() {
+    let Some(dir) = common::tokenizer_dir() else {
+        return;
+    };
+    let text = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let split = &json["pre_tokenizer"]["pretokenizers"][0];
+    assert_eq!(split["type"], "Split");
+    assert_eq!(
+        split["pattern"]["Regex"].as_str(),
+        Some(nibble_engine::tokenizer::QWEN2_PRETOKENIZER_REGEX)
+    );
+}

@@ -213,7 +213,7 @@ mod tests {
     fn stream_replaces_invalid_bytes_like_lossy_decode() {
         // 0xFF is never valid; [0xE4, 0xBD] followed by 'A' can no longer complete; the final
         // [0xF0, 0x9F] is incomplete at the end of the stream.
-        let pieces: &[&[u8]] = &[&[b'a', 0xFF], &[0xE4, 0xBD], &[b'A'], &[0xF0, 0x9F]];
+        let pieces: &[&[u8]] = &[&[b'a', 0xFF], &[0xE4, 0xBD], b"A", &[0xF0, 0x9F]];
         let table = table_of(pieces);
         let mut d = StreamDecoder::new(table);
         let mut out = String::new();
