@@ -123,7 +123,7 @@ impl Qwen3MoeConfig {
                 return Err(err(name, format!("{v} is implausibly large")));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(err(
                 "num_key_value_heads",
                 format!(
@@ -132,7 +132,7 @@ impl Qwen3MoeConfig {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(err(
                 "head_dim",
                 format!("{} is odd; RoPE rotates halves", self.head_dim),

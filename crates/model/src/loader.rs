@@ -5,7 +5,7 @@
 
 use crate::config::Qwen3MoeConfig;
 use crate::qwen3_moe::{GgufWeights, HfWeights};
-use crate::weights::{TensorKey, WeightSource};
+use crate::weights::{LayerTensor, TensorKey, WeightSource};
 use anyhow::{Context, Result};
 use nibble_formats::gguf::{GgufFile, MetaValue};
 use serde::Serialize;
@@ -196,16 +196,10 @@ impl LoadedModel {
             active += match k {
                 // Embedding: one row per token.
                 TensorKey::TokenEmbd => bytes / cfg.vocab_size as u64,
-                TensorKey::Layer(_, t)
-                    if matches!(
-                        t,
-                        crate::weights::LayerTensor::ExpGate
-                            | crate::weights::LayerTensor::ExpUp
-                            | crate::weights::LayerTensor::ExpDown
-                    ) =>
-                {
-                    bytes / cfg.num_experts as u64 * cfg.num_experts_per_tok as u64
-                }
+                TensorKey::Layer(
+                    _,
+                    LayerTensor::ExpGate | LayerTensor::ExpUp | LayerTensor::ExpDown,
+                ) => bytes / cfg.num_experts as u64 * cfg.num_experts_per_tok as u64,
                 _ => bytes,
             };
         }

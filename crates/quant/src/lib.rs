@@ -159,7 +159,7 @@ impl DType {
     /// Bytes taken by `elements` elements, checking block alignment and overflow.
     pub fn byte_size(self, elements: u64) -> Result<u64, QuantError> {
         let l = self.layout();
-        if elements % l.block_elems != 0 {
+        if !elements.is_multiple_of(l.block_elems) {
             return Err(QuantError::NotWholeBlocks {
                 dtype: self,
                 elements,
@@ -250,7 +250,7 @@ fn checked_scale(dtype: DType, block: usize, le: [u8; 2]) -> Result<f32, QuantEr
 /// Quantise `src` (a multiple of 32 long) to Q4_0 the way ggml's reference does: the scale is
 /// the signed value of largest magnitude divided by -8, so that value maps to nibble 0.
 pub fn quantize_q4_0(src: &[f32]) -> Vec<u8> {
-    assert!(src.len() % QK == 0, "Q4_0 needs whole blocks");
+    assert!(src.len().is_multiple_of(QK), "Q4_0 needs whole blocks");
     let mut out = Vec::with_capacity(src.len() / QK * 18);
     for blk in src.chunks_exact(QK) {
         let mut max = 0.0f32;
@@ -275,7 +275,7 @@ pub fn quantize_q4_0(src: &[f32]) -> Vec<u8> {
 
 /// Quantise `src` (a multiple of 32 long) to Q8_0 as ggml's reference does (`d = amax / 127`).
 pub fn quantize_q8_0(src: &[f32]) -> Vec<u8> {
-    assert!(src.len() % QK == 0, "Q8_0 needs whole blocks");
+    assert!(src.len().is_multiple_of(QK), "Q8_0 needs whole blocks");
     let mut out = Vec::with_capacity(src.len() / QK * 34);
     for blk in src.chunks_exact(QK) {
         let amax = blk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -340,8 +340,8 @@ mod tests {
         }
         let mut out = [0f32; 32];
         dequantize(DType::Q8_0, &bytes, &mut out).unwrap();
-        for j in 0..32 {
-            assert_eq!(out[j], (j as f32 - 16.0) * 2.0);
+        for (j, v) in out.iter().enumerate() {
+            assert_eq!(*v, (j as f32 - 16.0) * 2.0);
         }
     }
 
