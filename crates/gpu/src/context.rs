@@ -200,11 +200,7 @@ impl Context {
     /// A uniform buffer holding `data` (a `#[repr(C)]` params struct, 16-byte multiple).
     pub fn uniform(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
         let size = (data.len() as u64).max(16).div_ceil(16) * 16;
-        self.check_size(
-            label,
-            size,
-            self.limits.max_uniform_buffer_binding_size,
-        )?;
+        self.check_size(label, size, self.limits.max_uniform_buffer_binding_size)?;
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,

@@ -9,16 +9,26 @@
 //!   bindings, int8-quantised activations). The layouts are documented there.
 //! - [`kernels`]: one kernel family per file, each with a scalar CPU reference and tests.
 //! - [`testing`]: the shared GPU test harness (one serialised adapter, random inputs).
+//! - [`state`]: the run-state buffer (position, token, done, step) kernels read on the GPU.
+//! - [`weights`]: one-time upload of a model from a `WeightSource`.
+//! - [`plan`]: activations, KV cache, bind groups; recording one step / a run of N steps.
+//! - [`backend`]: [`GpuBackend`], the `nibble_backend::Backend` implementation.
 //!
 //! Kernel API convention: `XxxKernel::new(&ctx, params) -> Result<Self>` compiles the
 //! pipeline(s) once; `bind(&self, ctx, buffers...) -> XxxBinding` creates the bind groups once;
 //! `record(&self, pass, &binding)` records the dispatches with no host sync. Dynamic values
 //! (position, token, done flag) live in a GPU state buffer so bindings never change between steps.
 
+pub mod backend;
+#[cfg(test)]
+mod backend_tests;
 pub mod context;
 pub mod kernels;
+pub mod plan;
 pub mod state;
 pub mod tensor;
 pub mod testing;
+pub mod weights;
 
+pub use backend::{GpuBackend, GpuOptions};
 pub use context::{AdapterChoice, Context, GpuError};

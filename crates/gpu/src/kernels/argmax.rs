@@ -35,6 +35,36 @@ pub struct ArgmaxBinding {
     partial: wgpu::BindGroup,
     finish: wgpu::BindGroup,
     nparts: u32,
+    n: u32,
+    /// `{ n, nparts, neos, max_steps }`, rewritten per run by [`ArgmaxBinding::set_run`].
+    params: wgpu::Buffer,
+    eos: wgpu::Buffer,
+    eos_capacity: usize,
+    out_capacity: u32,
+}
+
+impl ArgmaxBinding {
+    /// Change the run length and EOS ids for the next submission (at most as many ids as the
+    /// binding was created with, and at most the `out_tokens` capacity in steps).
+    pub fn set_run(&self, ctx: &Context, max_steps: u32, eos: &[u32]) -> Result<()> {
+        if eos.len() > self.eos_capacity || max_steps > self.out_capacity {
+            return Err(GpuError::Shape(format!(
+                "argmax run: {} EOS ids (capacity {}), {max_steps} steps (capacity {})",
+                eos.len(),
+                self.eos_capacity,
+                self.out_capacity
+            )));
+        }
+        if !eos.is_empty() {
+            ctx.write(&self.eos, 0, bytemuck::cast_slice(eos));
+        }
+        ctx.write(
+            &self.params,
+            0,
+            bytemuck::cast_slice(&[self.n, self.nparts, eos.len() as u32, max_steps]),
+        );
+        Ok(())
+    }
 }
 
 impl ArgmaxKernel {
@@ -89,6 +119,9 @@ impl ArgmaxKernel {
         // `finish` no logits.
         let pick = |ix: &[usize]| ix.iter().map(|i| entries[*i].clone()).collect::<Vec<_>>();
         Ok(ArgmaxBinding {
+            n: a.n,
+            eos_capacity: eos_words.len(),
+            out_capacity: (a.out_tokens.size() / 4) as u32,
             partial: ctx.bind_group_at(
                 "argmax.partial",
                 &self.partial,
@@ -102,6 +135,8 @@ impl ArgmaxKernel {
                 &pick(&[1, 2, 3, 4, 5]),
             )?,
             nparts,
+            params: p,
+            eos,
         })
     }
 

@@ -17,6 +17,13 @@ pub struct EmbedBinding {
     groups: u32,
 }
 
+impl EmbedBinding {
+    /// Dispatches [`EmbedKernel::record`] issues (one per embedding part).
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches.len()
+    }
+}
+
 impl EmbedKernel {
     pub fn new(ctx: &Context) -> Result<EmbedKernel> {
         Ok(EmbedKernel {

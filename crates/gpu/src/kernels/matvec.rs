@@ -37,6 +37,13 @@ enum Which {
     F32,
 }
 
+impl MatvecBinding {
+    /// Dispatches [`MatvecKernel::record`] issues (one per matrix part).
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches.len()
+    }
+}
+
 /// Params uniform of every matvec shader: `{ rows, inner, row_start, gx }`.
 fn params(
     ctx: &Context,

@@ -1,0 +1,338 @@
+//! The decode plan: every activation buffer, the KV cache and every bind group of one sequence,
+//! created once, and the recording of decode steps into one compute pass.
+//!
+//! One step (token at `state.pos`) is, per layer:
+//! `rmsnorm(h) -> xq` · `qkv = Wqkv xq` · attention (rope + KV write, chunks, combine -> `att_q`)
+//! · `a = Wo att_q` · `rmsnorm(h += a) -> xn, xq` · `router = Wr xn` · MoE (`h += Σ w_k expert_k`);
+//! then `rmsnorm(h) -> xq` · `logits = Whead xq` · argmax (advances the state). That is
+//! 10 dispatches per layer + 6 (about 486 for 48 layers; fusing toward ~200 is future work).
+//!
+//! A run of N greedy steps is N such steps recorded back to back in ONE pass and ONE submit:
+//! each step reads the token the previous step's argmax wrote into the state buffer, and after
+//! EOS (or N steps) the state's `done` flag turns every later dispatch into a no-op. The host
+//! waits once and reads `out_tokens[..state.step]`. Single-step calls record the same step
+//! without argmax and read the logits back instead.
+//!
+//! Buffer lifetimes: everything here lives as long as the plan; the KV cache row `p` is written
+//! only by the attention kernel of the step at position `p`.
+
+use crate::context::{Context, Result};
+use crate::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
+use crate::kernels::attention::{
+    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
+};
+use crate::kernels::embed::{EmbedBinding, EmbedKernel};
+use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel};
+use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
+use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
+use crate::state::RunState;
+use crate::tensor::QuantActs;
+use crate::weights::{GpuWeights, HeadRef, Matrix};
+
+/// Choices fixed when the plan is built.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    /// KV-cache positions.
+    pub context_len: usize,
+    /// Most steps one folded run may record.
+    pub max_run: u32,
+    pub routing: Routing,
+    /// Most EOS ids a run may stop on.
+    pub max_eos: usize,
+    /// Feed the dense int4 matvecs (qkv, o, router, lm_head) f32 activations instead of int8:
+    /// slower, but isolates the int8 quantisation error in parity tests. The MoE experts always
+    /// take int8 input.
+    pub f32_acts: bool,
+}
+
+/// Activation buffers of one step (shapes with H hidden, Q = Hq*D, KV = Hkv*D).
+struct Acts {
+    state: wgpu::Buffer,
+    /// `[H]` residual stream.
+    h: wgpu::Buffer,
+    /// `[H]` normalised hidden (f32) and its int8 copy.
+    xn: wgpu::Buffer,
+    xq: QuantActs,
+    /// `[Q + 2 KV]`.
+    qkv: wgpu::Buffer,
+    /// `[Q]` attention output and its int8 copy.
+    att: wgpu::Buffer,
+    att_q: QuantActs,
+    /// `[H]` o-proj output.
+    a: wgpu::Buffer,
+    /// `[E]` router logits, `[2K]` route, `[K*I]` expert hidden (f32, int8).
+    router: wgpu::Buffer,
+    route: wgpu::Buffer,
+    moe_h: wgpu::Buffer,
+    moe_hq: QuantActs,
+    /// `[V]`.
+    logits: wgpu::Buffer,
+    /// `[max_run]`.
+    out_tokens: wgpu::Buffer,
+    /// Per layer `[ctx, Hkv, D]` f32.
+    k_cache: Vec<wgpu::Buffer>,
+    v_cache: Vec<wgpu::Buffer>,
+    scratch: AttentionScratch,
+}
+
+struct LayerBinding {
+    norm1: RmsNormBinding,
+    qkv: MatvecBinding,
+    attn: AttentionBinding,
+    o: MatvecBinding,
+    norm2: RmsNormBinding,
+    router: MatvecBinding,
+    moe: MoeBinding,
+}
+
+struct Kernels {
+    matvec: MatvecKernel,
+    norm: RmsNormKernel,
+    embed: EmbedKernel,
+    argmax: ArgmaxKernel,
+    attn: AttentionKernel,
+    moe: MoeKernel,
+}
+
+/// A model's weights plus everything needed to decode one sequence on the GPU.
+pub struct DecodePlan {
+    pub ctx: Context,
+    pub weights: GpuWeights,
+    pub opts: PlanOptions,
+    k: Kernels,
+    acts: Acts,
+    embed: EmbedBinding,
+    layers: Vec<LayerBinding>,
+    final_norm: RmsNormBinding,
+    head: MatvecBinding,
+    argmax: ArgmaxBinding,
+}
+
+/// Bind a matvec whatever the matrix form: Q4 reads the int8 input (or the f32 one with
+/// `f32_acts`), F32 the f32 one.
+#[allow(clippy::too_many_arguments)] // two views of one input, private helper
+fn bind_matrix(
+    ctx: &Context,
+    k: &MatvecKernel,
+    m: &Matrix,
+    xq: &QuantActs,
+    xf: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    f32_acts: bool,
+) -> Result<MatvecBinding> {
+    match m {
+        Matrix::Q4(m) if f32_acts => k.bind_q4(ctx, m, Act::F32(xf), y, state),
+        Matrix::Q4(m) => k.bind_q4(ctx, m, Act::Int8(xq), y, state),
+        Matrix::F32(m) => k.bind_f32(ctx, m, xf, y, state),
+    }
+}
+
+impl DecodePlan {
+    /// Allocate the activations and KV cache and create every bind group once.
+    pub fn new(
+        ctx: &Context,
+        weights: GpuWeights,
+        opts: PlanOptions,
+    ) -> anyhow::Result<DecodePlan> {
+        let cfg = weights.cfg.clone();
+        anyhow::ensure!(opts.max_run > 0, "a run needs at least one step");
+        let ap = AttentionParams::from_config(&cfg, opts.context_len)?;
+        let mp = MoeParams::from_config(&cfg)?;
+        let k = Kernels {
+            matvec: MatvecKernel::new(ctx)?,
+            norm: RmsNormKernel::new(ctx)?,
+            embed: EmbedKernel::new(ctx)?,
+            argmax: ArgmaxKernel::new(ctx)?,
+            attn: AttentionKernel::new(ctx, ap)?,
+            moe: MoeKernel::new(ctx, mp)?,
+        };
+        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let f32s = |label: &str, n: usize| ctx.storage(label, n as u64 * 4);
+        let cache_bytes = (opts.context_len * kv) as u64 * 4;
+        let acts = Acts {
+            state: RunState::default().buffer(ctx)?,
+            h: f32s("h", h)?,
+            xn: f32s("xn", h)?,
+            xq: QuantActs::new(ctx, "xq", h)?,
+            qkv: f32s("qkv", q + 2 * kv)?,
+            att: f32s("att", q)?,
+            att_q: QuantActs::new(ctx, "att_q", q)?,
+            a: f32s("a", h)?,
+            router: f32s("router", cfg.num_experts)?,
+            route: ctx.storage("route", 8 * cfg.num_experts_per_tok as u64)?,
+            moe_h: f32s("moe_h", cfg.num_experts_per_tok * cfg.moe_intermediate_size)?,
+            moe_hq: QuantActs::new(
+                ctx,
+                "moe_hq",
+                cfg.num_experts_per_tok * cfg.moe_intermediate_size,
+            )?,
+            logits: f32s("logits", cfg.vocab_size)?,
+            out_tokens: ctx.storage("out_tokens", opts.max_run as u64 * 4)?,
+            k_cache: (0..cfg.num_layers)
+                .map(|_| ctx.storage("k_cache", cache_bytes))
+                .collect::<Result<_>>()?,
+            v_cache: (0..cfg.num_layers)
+                .map(|_| ctx.storage("v_cache", cache_bytes))
+                .collect::<Result<_>>()?,
+            scratch: k.attn.scratch(ctx)?,
+        };
+        let a = &acts;
+        let st = &a.state;
+        let (n, eps) = (h as u32, cfg.rms_norm_eps);
+        let norm = |add: Option<&wgpu::Buffer>, w: &wgpu::Buffer| {
+            let args = RmsNormArgs {
+                h: &a.h,
+                add,
+                weight: w,
+                out: &a.xn,
+                quant: Some(&a.xq),
+                n,
+                eps,
+            };
+            k.norm.bind(ctx, &args, st)
+        };
+        let fa = opts.f32_acts;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (l, lw) in weights.layers.iter().enumerate() {
+            let attn_bufs = AttentionBuffers {
+                state: st,
+                qkv: &a.qkv,
+                q_norm: &lw.q_norm,
+                k_norm: &lw.k_norm,
+                k_cache: &a.k_cache[l],
+                v_cache: &a.v_cache[l],
+                out: &a.att,
+                out_q: Some(&a.att_q),
+            };
+            let moe_bufs = MoeBuffers {
+                state: st,
+                logits: &a.router,
+                route: &a.route,
+                x: &a.xq,
+                gate: &lw.gate,
+                up: &lw.up,
+                down: &lw.down,
+                h: &a.moe_h,
+                h_q: &a.moe_hq,
+                out: &a.h,
+                residual: true,
+            };
+            layers.push(LayerBinding {
+                norm1: norm(None, &lw.attn_norm)?,
+                qkv: bind_matrix(ctx, &k.matvec, &lw.qkv, &a.xq, &a.xn, &a.qkv, st, fa)?,
+                attn: k.attn.bind(ctx, &attn_bufs, &a.scratch)?,
+                o: bind_matrix(ctx, &k.matvec, &lw.o, &a.att_q, &a.att, &a.a, st, fa)?,
+                norm2: norm(Some(&a.a), &lw.ffn_norm)?,
+                router: bind_matrix(ctx, &k.matvec, &lw.router, &a.xq, &a.xn, &a.router, st, fa)?,
+                moe: k.moe.bind(ctx, &moe_bufs, opts.routing)?,
+            });
+        }
+        let embed = k.embed.bind(ctx, &weights.embed, &a.h, st)?;
+        let final_norm = norm(None, &weights.out_norm)?;
+        let head = match weights.head() {
+            HeadRef::Q4(m) if fa => k.matvec.bind_q4(ctx, m, Act::F32(&a.xn), &a.logits, st)?,
+            HeadRef::Q4(m) => k.matvec.bind_q4(ctx, m, Act::Int8(&a.xq), &a.logits, st)?,
+            HeadRef::F32(m) => k.matvec.bind_f32(ctx, m, &a.xn, &a.logits, st)?,
+        };
+        let placeholder_eos = vec![u32::MAX; opts.max_eos.max(1)];
+        let argmax = k.argmax.bind(
+            ctx,
+            &ArgmaxArgs {
+                logits: &a.logits,
+                n: cfg.vocab_size as u32,
+                state: st,
+                out_tokens: &a.out_tokens,
+                max_steps: opts.max_run,
+                eos: &placeholder_eos,
+            },
+        )?;
+        Ok(DecodePlan {
+            ctx: ctx.clone(),
+            weights,
+            opts,
+            k,
+            acts,
+            embed,
+            layers,
+            final_norm,
+            head,
+            argmax,
+        })
+    }
+
+    /// Record one step for a token at a position `<= pos_bound`; `argmax` adds the on-GPU
+    /// argmax + state advance.
+    fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
+        let k = &self.k;
+        k.embed.record(pass, &self.embed);
+        for lb in &self.layers {
+            k.norm.record(pass, &lb.norm1);
+            k.matvec.record(pass, &lb.qkv);
+            k.attn.record(pass, &lb.attn, pos_bound);
+            k.matvec.record(pass, &lb.o);
+            k.norm.record(pass, &lb.norm2);
+            k.matvec.record(pass, &lb.router);
+            k.moe.record(pass, &self.ctx, &lb.moe);
+        }
+        k.norm.record(pass, &self.final_norm);
+        k.matvec.record(pass, &self.head);
+        if argmax {
+            k.argmax.record(pass, &self.argmax);
+        }
+    }
+
+    fn set_state(&self, token: u32, pos: usize) {
+        let s = RunState {
+            pos: pos as u32,
+            token,
+            done: 0,
+            step: 0,
+        };
+        self.ctx.write(&self.acts.state, 0, bytemuck::bytes_of(&s));
+    }
+
+    /// Process `token` at `pos` (KV row `pos` is written) and return the logits `[V]`.
+    /// The caller guarantees `token < V` and `pos < context_len`.
+    pub fn step_logits(&self, token: u32, pos: usize) -> Result<Vec<f32>> {
+        self.set_state(token, pos);
+        self.ctx
+            .run_pass(|p| self.record_step(p, pos as u32, false))?;
+        self.ctx
+            .read_f32(&self.acts.logits, self.weights.cfg.vocab_size)
+    }
+
+    /// Greedy run of up to `n <= max_run` steps from `token` at `pos`, in one submission.
+    /// Returns the ids produced (stopping after the first EOS). The caller guarantees
+    /// `token < V` and `pos + n <= context_len`.
+    pub fn run_greedy(&self, token: u32, pos: usize, n: u32, eos: &[u32]) -> Result<Vec<u32>> {
+        self.argmax.set_run(&self.ctx, n, eos)?;
+        self.set_state(token, pos);
+        self.ctx.run_pass(|p| {
+            for s in 0..n {
+                self.record_step(p, pos as u32 + s, true);
+            }
+        })?;
+        let st = RunState::read(&self.ctx, &self.acts.state)?;
+        let mut ids = self.ctx.read_u32(&self.acts.out_tokens, n as usize)?;
+        ids.truncate(st.step.min(n) as usize);
+        Ok(ids)
+    }
+
+    /// Dispatches one recorded step issues (with argmax).
+    pub fn dispatches_per_step(&self) -> usize {
+        let count = |b: &MatvecBinding| b.dispatch_count();
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|lb| {
+                2 + count(&lb.qkv)
+                    + count(&lb.o)
+                    + count(&lb.router)
+                    + AttentionKernel::DISPATCHES as usize
+                    + MoeKernel::dispatches(self.opts.routing) as usize
+            })
+            .sum();
+        self.embed.dispatch_count() + per_layer + 1 + count(&self.head) + 2
+    }
+}

@@ -1,0 +1,217 @@
+//! Upload every tensor of a model from a [`WeightSource`] to the GPU once.
+//!
+//! Q4_0 matrices stay Q4_0 (repacked, see `tensor.rs`); any other matrix dtype (F32/F16/BF16/
+//! Q8_0) is decoded to f32 with the reference decoder, which is exact: nibble never
+//! re-quantises weights. Norm weights become f32 vectors. The embedding and the expert tensors
+//! must be Q4_0 (their kernels read only that layout); anything else is a clear error.
+//! q, k and v are fused into one `[Hq*D + 2*Hkv*D, H]` matrix so one matvec produces the
+//! attention kernel's `qkv` buffer.
+
+use crate::context::Context;
+use crate::tensor::{F32Matrix, Q4Matrix};
+use anyhow::{bail, ensure, Context as _, Result};
+use nibble_model::config::Qwen3MoeConfig;
+use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
+use nibble_quant::DType;
+
+/// A matrix in whichever GPU form its dtype allows.
+#[derive(Debug)]
+pub enum Matrix {
+    Q4(Q4Matrix),
+    F32(F32Matrix),
+}
+
+impl Matrix {
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Matrix::Q4(m) => m.bytes(),
+            Matrix::F32(m) => m.bytes(),
+        }
+    }
+}
+
+/// One decoder layer on the GPU.
+#[derive(Debug)]
+pub struct LayerWeights {
+    /// `[H]` f32.
+    pub attn_norm: wgpu::Buffer,
+    /// `[Hq*D + 2*Hkv*D, H]`: q, k, v rows stacked.
+    pub qkv: Matrix,
+    /// `[H, Hq*D]`.
+    pub o: Matrix,
+    /// `[D]` f32.
+    pub q_norm: wgpu::Buffer,
+    pub k_norm: wgpu::Buffer,
+    /// `[H]` f32.
+    pub ffn_norm: wgpu::Buffer,
+    /// `[E, H]`.
+    pub router: Matrix,
+    /// `[E*I, H]`, `[E*I, H]`, `[E*H, I]`, split on whole experts.
+    pub gate: Q4Matrix,
+    pub up: Q4Matrix,
+    pub down: Q4Matrix,
+}
+
+/// All weights of a model on the GPU.
+#[derive(Debug)]
+pub struct GpuWeights {
+    pub cfg: Qwen3MoeConfig,
+    /// `[V, H]`.
+    pub embed: Q4Matrix,
+    pub layers: Vec<LayerWeights>,
+    /// `[H]` f32.
+    pub out_norm: wgpu::Buffer,
+    /// `[V, H]`; `None` when tied to `embed`.
+    pub lm_head: Option<Matrix>,
+    /// Bytes resident on the GPU.
+    pub resident_bytes: u64,
+}
+
+/// Decode any dtype to f32 row by row with the reference decoder.
+fn to_f32(w: &Weight<'_>) -> Result<Vec<f32>> {
+    let cols = *w.shape.last().unwrap_or(&1);
+    let rows = w.elements() / cols.max(1);
+    let mut out = vec![0f32; w.elements()];
+    for r in 0..rows {
+        nibble_quant::dequantize(w.dtype, w.row(r), &mut out[r * cols..(r + 1) * cols])?;
+    }
+    Ok(out)
+}
+
+fn rows_cols(w: &Weight<'_>) -> (usize, usize) {
+    let cols = *w.shape.last().unwrap_or(&1);
+    (w.elements() / cols.max(1), cols)
+}
+
+/// Upload several weights with the same column count as one row-stacked matrix.
+fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>]) -> Result<Matrix> {
+    let cols = rows_cols(&ws[0]).1;
+    ensure!(
+        ws.iter().all(|w| rows_cols(w).1 == cols),
+        "{label}: stacked tensors differ in width"
+    );
+    let rows: usize = ws.iter().map(|w| rows_cols(w).0).sum();
+    if ws.iter().all(|w| w.dtype == DType::Q4_0) {
+        let parts: Vec<&[u8]> = ws.iter().flat_map(|w| w.parts.iter().copied()).collect();
+        return Ok(Matrix::Q4(Q4Matrix::upload(
+            ctx, label, rows, cols, 1, &parts,
+        )?));
+    }
+    let mut vals = Vec::with_capacity(rows * cols);
+    for w in ws {
+        vals.extend(to_f32(w)?);
+    }
+    Ok(Matrix::F32(F32Matrix::upload(
+        ctx, label, rows, cols, &vals,
+    )?))
+}
+
+fn q4(ctx: &Context, label: &str, w: &Weight<'_>, row_multiple: usize) -> Result<Q4Matrix> {
+    if w.dtype != DType::Q4_0 {
+        bail!(
+            "{label} is {}: the GPU backend needs Q4_0 here",
+            w.dtype.name()
+        );
+    }
+    let (rows, cols) = rows_cols(w);
+    Ok(Q4Matrix::upload(
+        ctx,
+        label,
+        rows,
+        cols,
+        row_multiple,
+        &w.parts,
+    )?)
+}
+
+fn vector(ctx: &Context, label: &str, w: &Weight<'_>) -> Result<wgpu::Buffer> {
+    let v = to_f32(w)?;
+    Ok(ctx.storage_init(label, bytemuck::cast_slice(&v))?)
+}
+
+impl GpuWeights {
+    /// Upload every tensor of `src` (shapes were checked by the source against its config).
+    pub fn upload(ctx: &Context, src: &dyn WeightSource) -> Result<GpuWeights> {
+        let cfg = src.config().clone();
+        cfg.validate()?;
+        let get = |k: TensorKey| src.weight(k).with_context(|| format!("loading {k:?}"));
+        let embed = q4(ctx, "token_embd", &get(TensorKey::TokenEmbd)?, 1)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let lw = |t: LayerTensor| get(TensorKey::Layer(l, t));
+            let name = |s: &str| format!("blk.{l}.{s}");
+            use LayerTensor as T;
+            layers.push(LayerWeights {
+                attn_norm: vector(ctx, &name("attn_norm"), &lw(T::AttnNorm)?)?,
+                qkv: matrix(
+                    ctx,
+                    &name("attn_qkv"),
+                    &[lw(T::AttnQ)?, lw(T::AttnK)?, lw(T::AttnV)?],
+                )?,
+                o: matrix(ctx, &name("attn_output"), &[lw(T::AttnOut)?])?,
+                q_norm: vector(ctx, &name("attn_q_norm"), &lw(T::QNorm)?)?,
+                k_norm: vector(ctx, &name("attn_k_norm"), &lw(T::KNorm)?)?,
+                ffn_norm: vector(ctx, &name("ffn_norm"), &lw(T::FfnNorm)?)?,
+                router: matrix(ctx, &name("ffn_gate_inp"), &[lw(T::Router)?])?,
+                gate: q4(
+                    ctx,
+                    &name("ffn_gate_exps"),
+                    &lw(T::ExpGate)?,
+                    cfg.moe_intermediate_size,
+                )?,
+                up: q4(
+                    ctx,
+                    &name("ffn_up_exps"),
+                    &lw(T::ExpUp)?,
+                    cfg.moe_intermediate_size,
+                )?,
+                down: q4(
+                    ctx,
+                    &name("ffn_down_exps"),
+                    &lw(T::ExpDown)?,
+                    cfg.hidden_size,
+                )?,
+            });
+        }
+        let out_norm = vector(ctx, "output_norm", &get(TensorKey::OutputNorm)?)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(matrix(ctx, "output", &[get(TensorKey::Output)?])?)
+        };
+        let vec_bytes = |b: &wgpu::Buffer| b.size();
+        let mut resident =
+            embed.bytes() + vec_bytes(&out_norm) + lm_head.as_ref().map_or(0, Matrix::bytes);
+        for lw in &layers {
+            resident += [&lw.attn_norm, &lw.q_norm, &lw.k_norm, &lw.ffn_norm]
+                .into_iter()
+                .map(vec_bytes)
+                .sum::<u64>();
+            resident += lw.qkv.bytes() + lw.o.bytes() + lw.router.bytes();
+            resident += lw.gate.bytes() + lw.up.bytes() + lw.down.bytes();
+        }
+        Ok(GpuWeights {
+            cfg,
+            embed,
+            layers,
+            out_norm,
+            lm_head,
+            resident_bytes: resident,
+        })
+    }
+
+    /// The lm_head matrix (the embedding when tied).
+    pub fn head(&self) -> HeadRef<'_> {
+        match &self.lm_head {
+            Some(Matrix::Q4(m)) => HeadRef::Q4(m),
+            Some(Matrix::F32(m)) => HeadRef::F32(m),
+            None => HeadRef::Q4(&self.embed),
+        }
+    }
+}
+
+/// A borrowed lm_head.
+pub enum HeadRef<'a> {
+    Q4(&'a Q4Matrix),
+    F32(&'a F32Matrix),
+}
