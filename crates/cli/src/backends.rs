@@ -3,11 +3,17 @@
 use anyhow::Result;
 use nibble_backend::reference::RefBackend;
 use nibble_backend::Backend;
+use nibble_gpu::backend::{GpuBackend, GpuOptions};
+use nibble_gpu::context::{AdapterChoice, Context};
 use nibble_model::weights::WeightSource;
 use std::sync::Arc;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
+    /// The GPU if a hardware adapter exists, else (with a message) the reference backend.
+    Auto,
+    /// wgpu + WGSL kernels (Metal, Vulkan; lavapipe counts as a GPU here).
+    Gpu,
     /// The plain reference forward pass on the CPU (the oracle).
     Ref,
 }
@@ -16,8 +22,14 @@ pub enum BackendKind {
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
     /// Which backend decodes.
-    #[arg(long, value_enum, default_value = "ref")]
+    #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendKind,
+    /// GPU: greedy tokens recorded into one command buffer per run.
+    #[arg(long, default_value_t = nibble_gpu::backend::GpuOptions::default().fold)]
+    pub fold: u32,
+    /// GPU: submit and wait every token, argmax on the host (the unfolded path, for comparison).
+    #[arg(long)]
+    pub per_token: bool,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -36,8 +48,48 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
             cfg.max_position_embeddings
         );
     }
-    let b: Box<dyn Backend> = match args.backend {
-        BackendKind::Ref => Box::new(RefBackend::new(weights, ctx)?),
+    let kind = match args.backend {
+        BackendKind::Auto => match Context::new(&AdapterChoice::Auto) {
+            Ok(c) if !c.is_cpu() => BackendKind::Gpu,
+            Ok(c) => {
+                eprintln!(
+                    "note: only a CPU Vulkan adapter ({}) was found; using the reference backend (--backend gpu forces it)",
+                    c.info.name
+                );
+                BackendKind::Ref
+            }
+            Err(e) => {
+                eprintln!("note: no GPU adapter ({e}); using the reference backend on the CPU");
+                BackendKind::Ref
+            }
+        },
+        k => k,
+    };
+    let b: Box<dyn Backend> = match kind {
+        BackendKind::Gpu => {
+            let opts = GpuOptions {
+                context_len: ctx,
+                fold: args.fold.max(1),
+                per_token: args.per_token,
+                ..GpuOptions::default()
+            };
+            let g = GpuBackend::new(weights.as_ref(), opts)?;
+            if args.verbose {
+                eprintln!(
+                    "gpu: {} dispatches per token, {:.3} GB resident, fold {}{}",
+                    g.dispatches_per_step(),
+                    g.resident_bytes() as f64 / 1e9,
+                    args.fold,
+                    if args.per_token {
+                        " (per-token path)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Box::new(g)
+        }
+        _ => Box::new(RefBackend::new(weights, ctx)?),
     };
     if args.verbose {
         eprintln!("backend: {} (context {ctx} tokens)", b.name());
