@@ -2,6 +2,7 @@
 //! logic lives here; each subcommand is one small module.
 
 mod backends;
+mod cmd_bench;
 mod cmd_chat;
 mod cmd_generate;
 mod cmd_inspect;
@@ -27,6 +28,8 @@ enum Command {
     Generate(cmd_generate::Args),
     /// Interactive multi-turn chat (one user message per stdin line); the KV cache is kept between turns.
     Chat(cmd_chat::Args),
+    /// Measure prompt-processing and generation speed (median and min-max over repetitions).
+    Bench(cmd_bench::Args),
     /// Describe a model file: architecture, dims, tensors, bytes per type, parameters.
     Inspect(cmd_inspect::Args),
 }
@@ -38,6 +41,7 @@ fn main() -> std::process::ExitCode {
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Generate(a) => cmd_generate::run(a),
         Command::Chat(a) => cmd_chat::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,149 @@
+//! `nibble bench`: prompt processing (pp) and generation (tg) speed, llama-bench style.
+//!
+//! Each measurement is repeated `--reps` times and reported as median and min-max. Warm-up is
+//! reported apart: the first generation run after loading (pipeline compilation, page faults,
+//! clocks ramping up) is timed and printed separately and never enters the statistics.
+
+use crate::backends::{self, BackendArgs, BackendKind};
+use anyhow::Result;
+use nibble_backend::{argmax, Backend};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf file or a Hugging Face directory.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Prompt tokens for the pp test (0 = skip).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    prompt: usize,
+    /// Generated tokens per tg repetition.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    gen: usize,
+    /// Repetitions per test.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Also measure the per-token (unfolded) GPU path in the same run.
+    #[arg(long)]
+    compare_per_token: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+#[derive(Serialize, Debug)]
+struct Stat {
+    test: String,
+    median_tps: f64,
+    min_tps: f64,
+    max_tps: f64,
+    reps: usize,
+}
+
+#[derive(Serialize, Debug)]
+struct Report {
+    model: String,
+    backend: String,
+    warmup_tps: f64,
+    warmup_tokens: usize,
+    stats: Vec<Stat>,
+}
+
+fn stat(test: String, mut tps: Vec<f64>) -> Stat {
+    tps.sort_by(f64::total_cmp);
+    Stat {
+        test,
+        median_tps: tps[tps.len() / 2],
+        min_tps: tps[0],
+        max_tps: tps[tps.len() - 1],
+        reps: tps.len(),
+    }
+}
+
+/// Deterministic pseudo-prompt of ordinary token ids (no EOS, below the byte-level vocab).
+fn prompt_ids(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 1000 + (i * 7919) % 100_000).collect()
+}
+
+/// Time `reps` greedy runs of `n` tokens from a fresh 1-token context; tokens/s of each.
+fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
+    let mut out = vec![];
+    for r in 0..reps {
+        b.truncate(0)?;
+        let first = argmax(&b.prefill(&[1000 + r as u32])?);
+        let t = Instant::now();
+        // No EOS: every run decodes exactly n tokens.
+        let ids = b.decode_greedy(first, n, &[])?;
+        out.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(out)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = nibble_model::loader::open(&a.model)?;
+    let reps = a.reps.max(1);
+    let mut stats = vec![];
+    let mut b = backends::make(&a.backend, model.weights.clone())?;
+    let name = b.name();
+    // Warm-up: one generation run, timed and reported apart.
+    let t = Instant::now();
+    b.truncate(0)?;
+    let first = argmax(&b.prefill(&[1000])?);
+    let w = b.decode_greedy(first, a.gen, &[])?;
+    let warmup_tps = w.len() as f64 / t.elapsed().as_secs_f64();
+    stats.push(stat(format!("tg{}", a.gen), tg(b.as_mut(), a.gen, reps)?));
+    if a.prompt > 0 {
+        let ids = prompt_ids(a.prompt);
+        let mut tps = vec![];
+        for _ in 0..reps {
+            b.truncate(0)?;
+            let t = Instant::now();
+            b.prefill(&ids)?;
+            tps.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+        }
+        stats.push(stat(format!("pp{}", a.prompt), tps));
+    }
+    drop(b);
+    if a.compare_per_token && a.backend.backend != BackendKind::Ref {
+        let mut args = a.backend.clone();
+        args.per_token = true;
+        let mut b = backends::make(&args, model.weights.clone())?;
+        tg(b.as_mut(), a.gen.min(32), 1)?; // warm-up, discarded
+        stats.push(stat(
+            format!("tg{} per-token", a.gen),
+            tg(b.as_mut(), a.gen, reps)?,
+        ));
+    }
+    let report = Report {
+        model: a.model.display().to_string(),
+        backend: name,
+        warmup_tps,
+        warmup_tokens: w.len(),
+        stats,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!("model   {}", report.model);
+    println!("backend {}", report.backend);
+    println!(
+        "warm-up {} tokens at {:.1} tok/s (first run after load; not in the statistics)",
+        report.warmup_tokens, report.warmup_tps
+    );
+    println!(
+        "{:<22} {:>12} {:>22} {:>5}",
+        "test", "median tok/s", "min-max", "reps"
+    );
+    for s in &report.stats {
+        println!(
+            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5}",
+            s.test, s.median_tps, s.min_tps, s.max_tps, s.reps
+        );
+    }
+    Ok(())
+}
