@@ -6,6 +6,7 @@ mod cmd_bench;
 mod cmd_chat;
 mod cmd_generate;
 mod cmd_inspect;
+mod cmd_parity;
 mod cmd_synth;
 mod sampling_args;
 mod tokenizer;
@@ -30,6 +31,8 @@ enum Command {
     Chat(cmd_chat::Args),
     /// Measure prompt-processing and generation speed (median and min-max over repetitions).
     Bench(cmd_bench::Args),
+    /// Compare a fast backend with the oracle: greedy sequences, logits cosine, first divergence.
+    Parity(cmd_parity::Args),
     /// Describe a model file: architecture, dims, tensors, bytes per type, parameters.
     Inspect(cmd_inspect::Args),
 }
@@ -42,6 +45,7 @@ fn main() -> std::process::ExitCode {
         Command::Generate(a) => cmd_generate::run(a),
         Command::Chat(a) => cmd_chat::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::Parity(a) => cmd_parity::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

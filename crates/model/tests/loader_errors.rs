@@ -1,0 +1,139 @@
+//! The loader checks every tensor against the config: a lying file is refused by name.
+
+use nibble_formats::gguf::{GgufWriter, TensorSpec};
+use nibble_model::config::Qwen3MoeConfig;
+use nibble_model::loader;
+use nibble_model::qwen3_moe::{gguf_metadata, gguf_name};
+use nibble_model::synth::{self, SynthParams};
+use nibble_model::weights::{LayerTensor, TensorKey};
+use nibble_quant::DType;
+
+fn cfg() -> Qwen3MoeConfig {
+    Qwen3MoeConfig {
+        vocab_size: 256,
+        num_layers: 2,
+        ..Qwen3MoeConfig::tiny()
+    }
+}
+
+/// Write a synthetic GGUF where `edit` may change each tensor's spec (or drop it with None).
+fn write(
+    edit: impl Fn(TensorKey, TensorSpec) -> Option<TensorSpec>,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let c = cfg();
+    let p = SynthParams::default();
+    let mut specs = vec![];
+    let mut keys = vec![];
+    for k in TensorKey::all(&c) {
+        let s = TensorSpec {
+            name: gguf_name(k),
+            dtype: synth::gguf_dtype(k),
+            shape: k.shape(&c).iter().map(|d| *d as u64).collect(),
+        };
+        if let Some(s) = edit(k, s) {
+            specs.push(s);
+            keys.push(k);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let f = std::fs::File::create(&path).unwrap();
+    let mut w = GgufWriter::new(f, gguf_metadata(&c, "t"), specs.clone()).unwrap();
+    for (k, s) in keys.iter().zip(&specs) {
+        let n: u64 = s.shape.iter().product();
+        let bytes = if s.dtype == synth::gguf_dtype(*k)
+            && s.shape == k.shape(&c).iter().map(|d| *d as u64).collect::<Vec<_>>()
+        {
+            synth::tensor_bytes(&c, &p, *k)
+        } else {
+            // A random-but-valid payload for the edited spec.
+            let vals: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.01)
+                .collect();
+            nibble_quant::encode_float(s.dtype, &vals)
+        };
+        w.write_tensor(&s.name, &bytes).unwrap();
+    }
+    w.finish().unwrap();
+    (dir, path)
+}
+
+fn err_of(path: &std::path::Path) -> String {
+    match loader::open(path) {
+        Ok(_) => panic!("a lying file was accepted"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn well_formed_file_opens() {
+    let (_d, p) = write(|_, s| Some(s));
+    loader::open(&p).unwrap();
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let (_d, p) = write(|k, s| (k != TensorKey::Layer(1, LayerTensor::AttnK)).then_some(s));
+    let e = err_of(&p);
+    assert!(
+        e.contains("missing tensor `blk.1.attn_k.weight`") && e.contains("m.gguf"),
+        "{e}"
+    );
+}
+
+#[test]
+fn wrong_shape_is_named() {
+    let (_d, p) = write(|k, mut s| {
+        if k == TensorKey::Layer(0, LayerTensor::ExpUp) {
+            s.shape[1] = 32; // I = 32 instead of 64
+        }
+        Some(s)
+    });
+    let e = err_of(&p);
+    assert!(
+        e.contains("blk.0.ffn_up_exps.weight")
+            && e.contains("shape [16, 32, 64]")
+            && e.contains("expected [16, 64, 64]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn quantised_norm_is_refused() {
+    let (_d, p) = write(|k, mut s| {
+        if k == TensorKey::Layer(0, LayerTensor::QNorm) {
+            s.dtype = DType::Q8_0;
+        }
+        Some(s)
+    });
+    let e = err_of(&p);
+    assert!(
+        e.contains("blk.0.attn_q_norm.weight") && e.contains("Q8_0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_config_metadata_is_named() {
+    // A GGUF claiming 3 kv heads for 4 query heads.
+    let c = cfg();
+    let mut meta = gguf_metadata(&c, "t");
+    for (k, v) in meta.iter_mut() {
+        if k == "qwen3moe.attention.head_count_kv" {
+            *v = nibble_formats::gguf::MetaValue::U32(3);
+        }
+    }
+    meta.push((
+        "qwen3moe.vocab_size".into(),
+        nibble_formats::gguf::MetaValue::U32(256),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let w = GgufWriter::new(std::fs::File::create(&path).unwrap(), meta, vec![]).unwrap();
+    w.finish().unwrap();
+    let e = err_of(&path);
+    assert!(
+        e.contains("num_key_value_heads") && e.contains("m.gguf"),
+        "{e}"
+    );
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (an H200 here): everything at once, results under $OUT.
+#   - the oracle-vs-transformers fixture (tiny synthetic safetensors model, made here);
+#   - the full-size synthetic qwen3-30b-a3b GGUF (~17 GB, generated here, never carried);
+#   - parity of the GPU backend against the oracle on it (3 prompts x 32 tokens);
+#   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
+# Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
+# carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
+# where steps is a comma list of: fixture,synth,parity,bench (default: all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:?set OUT}"
+STEPS="${1:-fixture,synth,parity,bench}"
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done
+ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export XDG_RUNTIME_DIR=/tmp
+N=target/release/nibble
+TOK=vendor/qwen3-tokenizer/tokenizer.json
+MODEL=/tmp/q30.gguf
+S="$OUT/summary.txt"
+say() { echo "== $*" | tee -a "$S"; }
+say "date $(date -u +%FT%TZ) commit $(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
+nproc | sed 's/^/cpus /' | tee -a "$S"
+
+if has fixture; then
+  say "oracle fixture"
+  $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
+  PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
+fi
+if has synth || has parity || has bench; then
+  say "synth qwen3-30b-a3b"
+  /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
+  $N inspect $MODEL 2>&1 | tee -a "$S"
+fi
+if has parity; then
+  say "parity gpu vs oracle (3 built-in prompts x 32 tokens)"
+  timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has bench; then
+  say "bench gpu"
+  timeout 240 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --compare-per-token --ctx 1024 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+say "done"
