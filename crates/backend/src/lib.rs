@@ -53,6 +53,33 @@ pub trait Backend: Send {
         }
         Ok(out)
     }
+
+    /// Streaming greedy decode: the ids of `decode_greedy(token, n, eos)`, handed to `on_ids` in
+    /// runs of up to `run` ids as soon as each run is known; `on_ids` returning `false` stops.
+    /// Returns how many ids were produced. Fast backends keep the next run queued on the device
+    /// while the host handles the previous one, so they may have appended (at most one run)
+    /// past an early stop: callers compare `position()` with what they kept and `truncate`.
+    fn decode_greedy_stream(
+        &mut self,
+        token: u32,
+        n: usize,
+        run: usize,
+        eos: &[u32],
+        on_ids: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> anyhow::Result<usize> {
+        let mut produced = 0;
+        let mut cur = token;
+        while produced < n {
+            let ids = self.decode_greedy(cur, run.max(1).min(n - produced), eos)?;
+            produced += ids.len();
+            let Some(&last) = ids.last() else { break };
+            if !on_ids(&ids) || eos.contains(&last) {
+                break;
+            }
+            cur = last;
+        }
+        Ok(produced)
+    }
 }
 
 /// First index of the largest value; NaN never wins. Returns 0 for an empty or all-NaN slice.

@@ -184,32 +184,43 @@ impl Session {
                 break FinishReason::ContextFull;
             }
             if greedy {
-                // Folded run: the backend appends `next` and the argmaxes that follow it.
+                // Folded runs streamed from the backend: it appends `next` and the argmaxes that
+                // follow, queueing run k+1 on the device while we handle run k here.
                 let room = (ctx - self.cached.len()).min(p.max_tokens - generated.len());
-                let n = p.greedy_run.max(1).min(room);
-                let ids = self.backend.decode_greedy(next, n, &eos_ids)?;
                 self.cached.push(next);
                 let mut out = None;
-                for (i, &id) in ids.iter().enumerate() {
-                    if let Some(r) = emit(id, &mut generated) {
-                        out = Some(r);
-                        // Ids the GPU produced past a stop string are discarded from the cache.
-                        self.cached.extend_from_slice(&ids[..i]);
-                        break;
-                    }
-                }
+                let cached = &mut self.cached;
+                let mut last = next;
+                self.backend.decode_greedy_stream(
+                    next,
+                    room,
+                    p.greedy_run.max(1),
+                    &eos_ids,
+                    &mut |ids| {
+                        for (i, &id) in ids.iter().enumerate() {
+                            if let Some(r) = emit(id, &mut generated) {
+                                out = Some(r);
+                                // Ids after the stopping one were never shown: keep the cache to what was.
+                                cached.extend_from_slice(&ids[..i]);
+                                return false;
+                            }
+                        }
+                        cached.extend_from_slice(ids);
+                        last = *ids.last().expect("runs are non-empty");
+                        true
+                    },
+                )?;
                 if let Some(r) = out {
                     break r;
                 }
-                let (last, appended) = ids
-                    .split_last()
-                    .expect("decode_greedy returns at least one id");
-                self.cached.extend_from_slice(appended);
-                next = *last;
+                // The last id of the final run was never fed back: it is not in the cache.
+                if self.cached.last() == Some(&last) && generated.last() == Some(&last) {
+                    self.cached.pop();
+                }
                 if generated.len() >= p.max_tokens {
                     break FinishReason::Length;
                 }
-                continue;
+                break FinishReason::ContextFull;
             }
             let logits = self.backend.step(next)?;
             self.cached.push(next);
