@@ -1,0 +1,436 @@
+//! Per-kernel GPU microbenchmark of nibble's decode step.
+//!
+//! `cargo run --release -p nibble-gpu --example kernel_bench -- [--shapes full|tiny] [--reps N]
+//! [--calls M] [--pos P] [--numerics f32|precise-int8|int8] [--adapter NAME] [--json]`
+//!
+//! Every kernel the decode plan records is built with the real Qwen3-30B-A3B shapes (`full`) or
+//! the tiny model's (`tiny`, for lavapipe) and random inputs, then one call of it is recorded M
+//! times back to back in ONE compute pass (dependent: each call writes the buffer the next one
+//! writes, so wgpu puts a barrier between them, as in the plan). Per-layer weights and KV caches
+//! rotate over `layers` copies so calls stream from memory (see `fixtures.rs`). Reported per
+//! call: GPU time (timestamps), wall time, host record time, bytes moved and GB/s; rows are
+//! sorted by time per token = time per call x calls per token in the plan (48 layers), with the
+//! sum compared against the whole step recorded the plan's way, the empty-dispatch chain and
+//! a plain 1 GiB read (reference lines). `--json` prints JSON on stdout, the table on stderr.
+
+#[path = "kernel_bench/cases.rs"]
+mod cases;
+#[path = "kernel_bench/fixtures.rs"]
+mod fixtures;
+#[path = "kernel_bench/timing.rs"]
+mod timing;
+
+use anyhow::{bail, Context as _};
+use cases::Bench;
+use fixtures::RefKernel;
+use nibble_gpu::context::{AdapterChoice, Context};
+use nibble_gpu::kernels::attention::AttentionKernel;
+use nibble_gpu::Numerics;
+use nibble_model::config::Qwen3MoeConfig;
+use std::time::Instant;
+use timing::{Row, Timer};
+
+/// Validated command line.
+struct Args {
+    full: bool,
+    reps: usize,
+    calls: usize,
+    pos: u32,
+    numerics: Numerics,
+    adapter: Option<String>,
+    json: bool,
+}
+
+impl Args {
+    fn parse() -> anyhow::Result<Args> {
+        let mut it = std::env::args().skip(1);
+        let (mut full, mut json, mut adapter) = (true, false, None);
+        let (mut reps, mut calls, mut pos, mut numerics) = (None, None, None, Numerics::DEFAULT);
+        while let Some(a) = it.next() {
+            let mut val = || it.next().with_context(|| format!("{a} needs a value"));
+            match a.as_str() {
+                "--shapes" => match val()?.as_str() {
+                    "full" => full = true,
+                    "tiny" => full = false,
+                    s => bail!("--shapes {s}: expected full or tiny"),
+                },
+                "--reps" => reps = Some(val()?.parse()?),
+                "--calls" => calls = Some(val()?.parse()?),
+                "--pos" => pos = Some(val()?.parse()?),
+                "--numerics" => numerics = val()?.parse().map_err(anyhow::Error::msg)?,
+                "--adapter" => adapter = Some(val()?),
+                "--json" => json = true,
+                _ => bail!("unknown argument {a} (see the doc comment of kernel_bench.rs)"),
+            }
+        }
+        let calls = calls.unwrap_or(if full { 200 } else { 20 });
+        let reps = reps.unwrap_or(if full { 5 } else { 3 });
+        anyhow::ensure!(calls >= 1 && reps >= 1, "--calls and --reps must be >= 1");
+        let pos = pos.unwrap_or(if full { 512 } else { 64 });
+        Ok(Args {
+            full,
+            reps,
+            calls,
+            pos,
+            numerics,
+            adapter,
+            json,
+        })
+    }
+}
+
+/// Bytes one Q4_0 `[rows, cols]` matrix holds (16 nibble bytes + an f16 scale per block).
+fn q4(rows: usize, cols: usize) -> u64 {
+    (rows * cols / 32 * 18) as u64
+}
+
+/// Bytes of `n` activations in the form `nm` (f32, or int8 parts + per-block scales).
+fn act(n: usize, nm: Numerics) -> u64 {
+    let n = n as u64;
+    match nm {
+        Numerics::F32 => 4 * n,
+        Numerics::Int8 => n + n / 32 * 8,
+        Numerics::PreciseInt8 => 2 * n + n / 32 * 16,
+    }
+}
+
+/// What a case is, for the report.
+struct Spec {
+    name: String,
+    disp: usize,
+    per_token: usize,
+    alt: bool,
+    bytes: u64,
+    /// The run-state position written before every rep.
+    pos: u32,
+}
+
+struct Runner<'a> {
+    timer: &'a Timer,
+    b: &'a Bench,
+    rows: Vec<Row>,
+}
+
+impl Runner<'_> {
+    /// Time `m` calls of `rec` and append the row (also printed at once, so a crash keeps them).
+    fn case(
+        &mut self,
+        s: Spec,
+        m: usize,
+        rec: &dyn Fn(&mut wgpu::ComputePass<'_>, usize),
+    ) -> anyhow::Result<()> {
+        let meas = self.timer.time(m, &|| self.b.set_state(s.pos), rec)?;
+        let row = Row {
+            name: s.name,
+            disp: s.disp,
+            per_token: s.per_token,
+            alt: s.alt,
+            bytes: s.bytes,
+            m: meas,
+        };
+        eprintln!(
+            "  {:<44} {:>9.2} us/call {:>8.1} GB/s",
+            row.name,
+            row.m.us(),
+            row.gbps()
+        );
+        self.rows.push(row);
+        Ok(())
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse()?;
+    let choice = args
+        .adapter
+        .clone()
+        .map_or(AdapterChoice::Auto, AdapterChoice::Named);
+    let ctx = Context::new(&choice)?;
+    // Working set per rotated dense matrix: 5x an H200's 50 MB L2, so calls stream from memory.
+    let (cfg, mut positions, read_target, working_set) = if args.full {
+        let full = Qwen3MoeConfig::qwen3_30b_a3b();
+        (full, vec![1, 512, 4096], 1u64 << 30, 256u64 << 20)
+    } else {
+        // The tiny model with a 4k vocabulary: lavapipe needs ~0.5 s per 152k-row lm_head call.
+        let tiny = Qwen3MoeConfig {
+            vocab_size: 4096,
+            ..Qwen3MoeConfig::tiny()
+        };
+        (tiny, vec![1, 64, 256], 16 << 20, 0)
+    };
+    if !positions.contains(&args.pos) {
+        positions.push(args.pos);
+    }
+    let (nm, m, l) = (args.numerics, args.calls, cfg.num_layers);
+    let m_step = (m / 20).max(2);
+    let ctx_len = *positions.iter().max().unwrap_or(&1) as usize + m_step + 1;
+    eprintln!(
+        "adapter '{}' ({:?}, {:?}); timestamps {}; max binding {} MiB",
+        ctx.info.name,
+        ctx.info.backend,
+        ctx.info.device_type,
+        ctx.features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        ctx.max_binding_bytes() >> 20
+    );
+    let t0 = Instant::now();
+    let mut rng = nibble_gpu::testing::rng(7);
+    let b = Bench::new(&ctx, &cfg, nm, (ctx_len, m as u32, working_set), &mut rng)?;
+    let read_bytes = read_target.min(ctx.max_binding_bytes() / (16 << 20) * (16 << 20));
+    let (empty, read) = (
+        RefKernel::empty(&ctx)?,
+        RefKernel::read(&ctx, &mut rng, read_bytes)?,
+    );
+    let timer = Timer::new(&ctx, args.reps)?;
+    eprintln!(
+        "setup {:.1} s; {m} calls per pass, {} reps; empty submit+wait {:.1} us",
+        t0.elapsed().as_secs_f64(),
+        args.reps,
+        timer.roundtrip_us()
+    );
+    let t1 = Instant::now();
+    let mut r = Runner {
+        timer: &timer,
+        b: &b,
+        rows: Vec::new(),
+    };
+    let (h, qd, kvd) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+    let (e, k, i, v) = (
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.moe_intermediate_size,
+        cfg.vocab_size,
+    );
+    let sp = |name: String, disp: usize, per_token: usize, alt: bool, bytes: u64| Spec {
+        name,
+        disp,
+        per_token,
+        alt,
+        bytes,
+        pos: args.pos,
+    };
+
+    // Reference lines.
+    r.case(
+        sp(
+            "ref: empty dispatch (dependent chain)".into(),
+            1,
+            0,
+            true,
+            0,
+        ),
+        m,
+        &|p, _| empty.record(p),
+    )?;
+    let count = ctx.read_u32(&empty.buf, 1)?[0];
+    let want = (m * (args.reps + 1)) as u32;
+    anyhow::ensure!(count == want, "empty chain ran {count} times, want {want}");
+    let name = format!("ref: read {} MiB (sum)", read_bytes >> 20);
+    r.case(sp(name, 1, 0, true, read_bytes), m.min(50), &|p, _| {
+        read.record(p)
+    })?;
+
+    // Embedding, norms, quantisation.
+    let bytes = q4(1, h) + 4 * h as u64;
+    let name = format!("embed [{h}] from Q4 [{v}x{h}]");
+    r.case(
+        sp(name, b.embed_b.dispatch_count(), 1, false, bytes),
+        m,
+        &|p, _| b.embed.record(p, &b.embed_b),
+    )?;
+    let (qn, qb) = if nm.quantized() {
+        (format!("+quant {nm}"), act(h, nm))
+    } else {
+        (String::new(), 0)
+    };
+    let h4 = 4 * h as u64;
+    for (j, name, per, bytes) in [
+        (0, format!("rmsnorm{qn} [{h}]"), l + 1, 3 * h4 + qb),
+        (1, format!("add+rmsnorm{qn} [{h}]"), l, 5 * h4 + qb),
+        (2, format!("rmsnorm (no quant) [{h}]"), l, 3 * h4),
+    ] {
+        let alt = j == 2;
+        r.case(sp(name, 1, per, alt, bytes), m, &|p, _| {
+            b.norm.record(p, &b.norm_b[j])
+        })?;
+    }
+    for (n, x) in [(h, &b.xn), (k * i, &b.moe_h)] {
+        let Some(qa) = x.quant(nm) else { continue };
+        let qbind = b.quantize.bind(&ctx, &x.f, qa, &b.state)?;
+        let name = format!("quantize {nm} [{n}] (not in plan)");
+        r.case(
+            sp(name, 1, 0, true, 4 * n as u64 + act(n, nm)),
+            m,
+            &|p, _| b.quantize.record(p, &qbind),
+        )?;
+    }
+
+    // Dense matvecs: the plan's numerics, then the others as alternatives.
+    for mv in std::iter::once(nm).chain(Numerics::ALL.into_iter().filter(|x| *x != nm)) {
+        let alt = mv != nm;
+        let bind = |w: &nibble_gpu::tensor::Q4Matrix, x: &cases::ActSet, y: &wgpu::Buffer| {
+            b.matvec.bind_q4(&ctx, w, x.act(mv), y, &b.state)
+        };
+        let qkv: Vec<_> = b
+            .qkv_w
+            .iter()
+            .map(|w| bind(w, &b.xn, &b.qkv_out))
+            .collect::<Result<_, _>>()?;
+        let o: Vec<_> = b
+            .o_w
+            .iter()
+            .map(|w| bind(w, &b.att, &b.a))
+            .collect::<Result<_, _>>()?;
+        let head = bind(&b.head_w, &b.xn, &b.logits)?;
+        let qr = qd + 2 * kvd;
+        for (name, binds, per, bytes) in [
+            (
+                format!("matvec qkv [{qr}x{h}] {mv}"),
+                &qkv[..],
+                l,
+                q4(qr, h) + act(h, mv) + 4 * qr as u64,
+            ),
+            (
+                format!("matvec o_proj [{h}x{qd}] {mv}"),
+                &o[..],
+                l,
+                q4(h, qd) + act(qd, mv) + h4,
+            ),
+            (
+                format!("matvec lm_head [{v}x{h}] {mv}"),
+                std::slice::from_ref(&head),
+                1,
+                q4(v, h) + act(h, mv) + 4 * v as u64,
+            ),
+        ] {
+            r.case(
+                sp(name, binds[0].dispatch_count(), per, alt, bytes),
+                m,
+                &|p, c| b.matvec.record(p, &binds[c % binds.len()]),
+            )?;
+        }
+    }
+    let name = format!("matvec router F32 [{e}x{h}]");
+    let bytes = (e * h * 4 + h * 4 + e * 4) as u64;
+    r.case(
+        sp(name, b.router_b[0].dispatch_count(), l, false, bytes),
+        m,
+        &|p, c| b.matvec.record(p, &b.router_b[c % b.router_b.len()]),
+    )?;
+
+    // Attention at several positions (rope + chunk + combine: the kernel records all three).
+    let ap = b.attn.params;
+    for &pos in &positions {
+        let nc = (pos / ap.chunk + 1) as u64;
+        let parts = ap.heads as u64 * nc * (ap.head_dim as u64 + 2) * 4;
+        let rope = (2 * qd + 4 * kvd + 2 * cfg.head_dim) as u64 * 4;
+        let chunk = (qd as u64 + 2 * (pos as u64 + 1) * kvd as u64) * 4 + parts;
+        let combine = parts + 4 * qd as u64 + if nm.quantized() { act(qd, nm) } else { 0 };
+        let s = Spec {
+            name: format!("attention rope+chunk+combine @pos {pos}"),
+            disp: AttentionKernel::DISPATCHES as usize,
+            per_token: l,
+            alt: pos != args.pos,
+            bytes: rope + chunk + combine,
+            pos,
+        };
+        r.case(s, m, &|p, c| b.attn.record(p, &b.attn_b[c % l], pos))?;
+    }
+
+    // MoE: gate/up and down alone when the kernel allows it, else together.
+    let moe_bytes = |mv: Numerics| {
+        let gu = 2 * k as u64 * q4(i, h) + act(h, mv) + 4 * (e + k * i) as u64 + act(k * i, mv);
+        (gu, k as u64 * q4(h, i) + act(k * i, mv) + 2 * h4)
+    };
+    for mv in std::iter::once(nm).chain(Numerics::ALL.into_iter().filter(|x| *x != nm)) {
+        let set = b.moe_set(mv);
+        let (gu, dn) = moe_bytes(mv);
+        if let Some((g, d)) = &set.split {
+            let name = format!("moe gate_up+silu K={k} [{i}x{h}] {mv}");
+            r.case(sp(name, 1, l, mv != nm, gu), m, &|p, c| {
+                set.kernel.record(p, &ctx, &g[c % l])
+            })?;
+            let name = format!("moe down+combine K={k} [{h}x{i}] {mv}");
+            r.case(sp(name, 1, l, mv != nm, dn), m, &|p, c| {
+                set.kernel.record(p, &ctx, &d[c % l])
+            })?;
+        }
+        let name = format!("moe gate_up+down (as plan) {mv}");
+        let alt = mv != nm || set.split.is_some();
+        r.case(sp(name, 2, l, alt, gu + dn), m, &|p, c| {
+            set.kernel.record(p, &ctx, &set.full[c % l])
+        })?;
+    }
+
+    let bytes = 4 * v as u64 + 8 * (v as u64).div_ceil(2048);
+    r.case(
+        sp(format!("argmax [{v}] (partial+finish)"), 2, 1, false, bytes),
+        m,
+        &|p, _| b.argmax.record(p, &b.argmax_b),
+    )?;
+
+    // The whole step as the plan records it: the sum of the rows above should match.
+    let plan: Vec<&Row> = r.rows.iter().filter(|x| !x.alt).collect();
+    let disp_token: usize = plan.iter().map(|x| x.disp * x.per_token).sum();
+    let bytes_token: u64 = plan.iter().map(|x| x.bytes * x.per_token as u64).sum();
+    let sum_us: f64 = plan.iter().map(|x| x.us_token()).sum();
+    let s = Spec {
+        name: format!("whole step @pos {}.. ({disp_token} dispatches)", args.pos),
+        disp: disp_token,
+        per_token: 1,
+        alt: true,
+        bytes: bytes_token,
+        pos: args.pos,
+    };
+    r.case(s, m_step, &|p, c| b.record_step(p, args.pos + c as u32))?;
+    let (step, step_cpu) = r.rows.last().map_or((0.0, 0.0), |x| (x.m.us(), x.m.cpu_us));
+    let (empty_us, read_gbps) = (r.rows[0].m.us(), r.rows[1].gbps());
+
+    let tok_s = |us: f64| if us > 0.0 { 1e6 / us } else { 0.0 };
+    let header = format!(
+        "nibble kernel_bench: '{}' {:?}, shapes {}, numerics {nm}, {} layers, plan pos {}, \
+         {m} calls/pass, {} reps, time column = {}",
+        ctx.info.name,
+        ctx.info.backend,
+        if args.full { "full" } else { "tiny" },
+        l,
+        args.pos,
+        args.reps,
+        if timer.has_timestamps() {
+            "gpu us"
+        } else {
+            "wall us"
+        }
+    );
+    let footer = format!(
+        "plan rows: {disp_token} dispatches/token, {:.1} MB/token, sum {sum_us:.1} us/token = {:.1} tok/s\n\
+         whole step measured: {step:.1} us/token = {:.1} tok/s on the GPU, plus {:.1} us/token \
+         of host recording (not overlapped with the GPU in a folded run)\n\
+         floors: dispatch {empty_us:.2} us x {disp_token} = {:.1} us; bytes at {read_gbps:.1} GB/s = {:.1} us\n\
+         bench time {:.1} s",
+        bytes_token as f64 / 1e6,
+        tok_s(sum_us),
+        tok_s(step),
+        step_cpu,
+        empty_us * disp_token as f64,
+        bytes_token as f64 / read_gbps.max(1e-9) / 1e3,
+        t1.elapsed().as_secs_f64()
+    );
+    let text = format!("{}{footer}", timing::table(&r.rows, &header));
+    if args.json {
+        eprintln!("{text}");
+        let meta = [
+            ("adapter", ctx.info.name.clone()),
+            (
+                "shapes",
+                if args.full { "full" } else { "tiny" }.to_string(),
+            ),
+            ("numerics", nm.to_string()),
+            ("pos", args.pos.to_string()),
+            ("timestamps", timer.has_timestamps().to_string()),
+        ];
+        println!("{}", timing::json(&r.rows, &meta));
+    } else {
+        println!("{text}");
+    }
+    Ok(())
+}

@@ -1,0 +1,397 @@
+//! The decode step's kernels, buffers and bindings built like `DecodePlan` builds them (same
+//! buffer chaining: qkv matvec -> attention -> o matvec -> add+norm -> router -> MoE -> h), but
+//! with per-layer weights and KV caches as `layers` GPU copies and one bind group per layer, so
+//! each kernel can be timed alone and the whole step can be recorded too.
+
+use crate::fixtures::{copies, f32_copies, no_parts, q4_copies, rand_buf};
+use nibble_gpu::context::{Context, Result};
+use nibble_gpu::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
+use nibble_gpu::kernels::attention::{
+    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
+};
+use nibble_gpu::kernels::embed::{EmbedBinding, EmbedKernel};
+use nibble_gpu::kernels::matvec::{Act, MatvecBinding, MatvecKernel, QuantizeKernel};
+use nibble_gpu::kernels::moe::{MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
+use nibble_gpu::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
+use nibble_gpu::state::RunState;
+use nibble_gpu::tensor::{Q4Matrix, QuantActs};
+use nibble_gpu::Numerics;
+use nibble_model::config::Qwen3MoeConfig;
+use rand::Rng;
+
+/// An f32 activation `[n]` and its quantised copy in every [`Numerics`] form (ALL order).
+pub struct ActSet {
+    pub f: wgpu::Buffer,
+    q: Vec<Option<QuantActs>>,
+}
+
+fn ix(n: Numerics) -> usize {
+    Numerics::ALL.iter().position(|m| *m == n).unwrap_or(0)
+}
+
+impl ActSet {
+    /// Random values in ±1, quantised on the GPU into every form.
+    fn new(
+        ctx: &Context,
+        quant: &QuantizeKernel,
+        rng: &mut impl Rng,
+        n: usize,
+        st: &wgpu::Buffer,
+    ) -> Result<ActSet> {
+        let f = rand_buf(ctx, "bench.act", rng, n, -1.0, 1.0)?;
+        let q = Numerics::ALL
+            .into_iter()
+            .map(|nm| QuantActs::for_numerics(ctx, "bench.act", n, nm))
+            .collect::<Result<Vec<_>>>()?;
+        for qa in q.iter().flatten() {
+            let b = quant.bind(ctx, &f, qa, st)?;
+            ctx.run_pass(|p| quant.record(p, &b))?;
+        }
+        Ok(ActSet { f, q })
+    }
+
+    pub fn act(&self, n: Numerics) -> Act<'_> {
+        match &self.q[ix(n)] {
+            Some(q) => Act::Int8(q),
+            None => Act::F32(&self.f),
+        }
+    }
+
+    pub fn quant(&self, n: Numerics) -> Option<&QuantActs> {
+        self.q[ix(n)].as_ref()
+    }
+}
+
+/// MoE bindings of one numerics form, one per routing slot.
+pub struct MoeSet {
+    pub kernel: MoeKernel,
+    /// gate/up + down, as the plan records them.
+    pub full: Vec<MoeBinding>,
+    /// gate/up alone and down alone (`None` if the kernel refuses a matrix without parts).
+    pub split: Option<(Vec<MoeBinding>, Vec<MoeBinding>)>,
+}
+
+/// Everything one decode step uses (shapes from `cfg`; `L` = `layers` copies).
+pub struct Bench {
+    pub ctx: Context,
+    pub numerics: Numerics,
+    pub layers: usize,
+    pub state: wgpu::Buffer,
+    pub matvec: MatvecKernel,
+    pub quantize: QuantizeKernel,
+    pub norm: RmsNormKernel,
+    pub embed: EmbedKernel,
+    pub argmax: ArgmaxKernel,
+    pub attn: AttentionKernel,
+    /// `[H]` normalised hidden (+ quantised), `[Q]` attention out, `[K*I]` expert hidden.
+    pub xn: ActSet,
+    pub att: ActSet,
+    pub moe_h: ActSet,
+    /// `[Q + 2 KV]`, `[H]`, `[V]` outputs.
+    pub qkv_out: wgpu::Buffer,
+    pub a: wgpu::Buffer,
+    pub logits: wgpu::Buffer,
+    /// Weights per layer (>= L copies) and shared (experts, head / embedding table).
+    pub qkv_w: Vec<Q4Matrix>,
+    pub o_w: Vec<Q4Matrix>,
+    pub head_w: Q4Matrix,
+    /// Bindings per layer in the plan's numerics.
+    pub qkv_b: Vec<MatvecBinding>,
+    pub o_b: Vec<MatvecBinding>,
+    pub router_b: Vec<MatvecBinding>,
+    pub attn_b: Vec<AttentionBinding>,
+    pub head_b: MatvecBinding,
+    /// rmsnorm(+quant), add+rmsnorm(+quant), plain rmsnorm.
+    pub norm_b: [RmsNormBinding; 3],
+    pub embed_b: EmbedBinding,
+    pub argmax_b: ArgmaxBinding,
+    /// One per numerics form (ALL order); routing slots with random logits.
+    pub moe: Vec<MoeSet>,
+    /// The plan's MoE binding reading the router output (for the whole step).
+    pub moe_step: MoeBinding,
+    _keep: Vec<wgpu::Buffer>,
+    _scratch: AttentionScratch,
+}
+
+impl Bench {
+    /// Build it all; `ctx_len` KV rows, `max_calls` the most argmax calls per pass. Dense
+    /// per-layer matrices get at least `layers` copies and enough to span `working_set` bytes
+    /// (small ones like the 1 MB router would otherwise stay in L2 across 48 copies).
+    pub fn new(
+        ctx: &Context,
+        cfg: &Qwen3MoeConfig,
+        numerics: Numerics,
+        (ctx_len, max_calls, working_set): (usize, u32, u64),
+        rng: &mut impl Rng,
+    ) -> anyhow::Result<Bench> {
+        let l = cfg.num_layers;
+        let n_copies = |bytes: usize| (working_set.div_ceil(bytes as u64) as usize).clamp(l, 1024);
+        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let (e, k, i, v) = (
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+            cfg.vocab_size,
+        );
+        let state = RunState::default().buffer(ctx)?;
+        let st = &state;
+        let quantize = QuantizeKernel::new(ctx)?;
+        let f32s = |label: &str, n: usize| ctx.storage(label, n as u64 * 4);
+        let hbuf = rand_buf(ctx, "h", rng, h, -1.0, 1.0)?;
+        let xn = ActSet::new(ctx, &quantize, rng, h, st)?;
+        let att = ActSet::new(ctx, &quantize, rng, q, st)?;
+        let moe_h = ActSet::new(ctx, &quantize, rng, k * i, st)?;
+        let (qkv_out, a) = (
+            rand_buf(ctx, "qkv", rng, q + 2 * kv, -1.0, 1.0)?,
+            f32s("a", h)?,
+        );
+        let (router_out, logits) = (f32s("router", e)?, f32s("logits", v)?);
+        let matvec = MatvecKernel::new(ctx)?;
+        let qkv_w = q4_copies(ctx, rng, (q + 2 * kv, h, 1), n_copies((q + 2 * kv) * h / 2))?;
+        let o_w = q4_copies(ctx, rng, (h, q, 1), n_copies(h * q / 2))?;
+        let router_w = f32_copies(ctx, rng, e, h, 0.05, n_copies(e * h * 4))?;
+        let head_w = q4_copies(ctx, rng, (v, h, 1), 1)?.remove(0);
+        let x = xn.act(numerics);
+        let qkv_b = qkv_w
+            .iter()
+            .map(|m| matvec.bind_q4(ctx, m, x, &qkv_out, st))
+            .collect::<Result<Vec<_>>>()?;
+        let o_b = o_w
+            .iter()
+            .map(|m| matvec.bind_q4(ctx, m, att.act(numerics), &a, st))
+            .collect::<Result<Vec<_>>>()?;
+        let router_b = router_w
+            .iter()
+            .map(|m| matvec.bind_f32(ctx, m, &xn.f, &router_out, st))
+            .collect::<Result<Vec<_>>>()?;
+        let head_b = matvec.bind_q4(ctx, &head_w, x, &logits, st)?;
+        // Run the head once so argmax sees real logits.
+        ctx.run_pass(|p| matvec.record(p, &head_b))?;
+
+        let attn = AttentionKernel::new(ctx, AttentionParams::from_config(cfg, ctx_len)?)?;
+        let scratch = attn.scratch(ctx)?;
+        let d = cfg.head_dim;
+        let (q_norm, k_norm) = (
+            rand_buf(ctx, "q_norm", rng, d, 0.5, 1.5)?,
+            rand_buf(ctx, "k_norm", rng, d, 0.5, 1.5)?,
+        );
+        let k_cache = copies(
+            ctx,
+            rand_buf(ctx, "k_cache", rng, ctx_len * kv, -1.0, 1.0)?,
+            l,
+        )?;
+        let v_cache = copies(
+            ctx,
+            rand_buf(ctx, "v_cache", rng, ctx_len * kv, -1.0, 1.0)?,
+            l,
+        )?;
+        let attn_b = (0..l)
+            .map(|j| {
+                let bufs = AttentionBuffers {
+                    state: st,
+                    qkv: &qkv_out,
+                    q_norm: &q_norm,
+                    k_norm: &k_norm,
+                    k_cache: &k_cache[j],
+                    v_cache: &v_cache[j],
+                    out: &att.f,
+                    out_q: att.quant(numerics),
+                };
+                attn.bind(ctx, &bufs, &scratch)
+            })
+            .collect::<Result<Vec<_>>>()?;
+
+        let norm = RmsNormKernel::new(ctx)?;
+        let w = rand_buf(ctx, "norm_w", rng, h, 0.5, 1.5)?;
+        let nb = |add: Option<&wgpu::Buffer>, quant: Option<&QuantActs>| {
+            let args = RmsNormArgs {
+                h: &hbuf,
+                add,
+                weight: &w,
+                out: &xn.f,
+                quant,
+                n: h as u32,
+                eps: cfg.rms_norm_eps,
+            };
+            norm.bind(ctx, &args, st)
+        };
+        let norm_b = [
+            nb(None, xn.quant(numerics))?,
+            nb(Some(&a), xn.quant(numerics))?,
+            nb(None, None)?,
+        ];
+        let embed = EmbedKernel::new(ctx)?;
+        let embed_b = embed.bind(ctx, &head_w, &hbuf, st)?;
+        let argmax = ArgmaxKernel::new(ctx)?;
+        let out_tokens = ctx.storage("out_tokens", max_calls as u64 * 4)?;
+        let argmax_b = argmax.bind(
+            ctx,
+            &ArgmaxArgs {
+                logits: &logits,
+                n: v as u32,
+                state: st,
+                out_tokens: &out_tokens,
+                max_steps: max_calls,
+                eos: &[],
+            },
+        )?;
+
+        // MoE: one copy of the experts, `l` routing slots (random logits and an initial route
+        // of distinct experts) so consecutive calls read different experts, as layers do.
+        let mp = MoeParams::from_config(cfg)?;
+        let gate = q4_copies(ctx, rng, (e * i, h, i), 1)?.remove(0);
+        let up = q4_copies(ctx, rng, (e * i, h, i), 1)?.remove(0);
+        let down = q4_copies(ctx, rng, (e * h, i, h), 1)?.remove(0);
+        let (none_gu, none_d) = (
+            no_parts((e * i) as u32, h as u32),
+            no_parts((e * h) as u32, i as u32),
+        );
+        let mut slots = Vec::new();
+        for _ in 0..l {
+            let lg = rand_buf(ctx, "moe.logits", rng, e, -2.0, 2.0)?;
+            let mut ids: Vec<u32> = (0..e as u32).collect();
+            for j in 0..k {
+                ids.swap(j, rng.random_range(j..e));
+            }
+            let mut route: Vec<u32> = ids[..k].to_vec();
+            route.extend((0..k).map(|_| (1.0 / k as f32).to_bits()));
+            slots.push((
+                lg,
+                ctx.storage_init("moe.route", bytemuck::cast_slice(&route))?,
+            ));
+        }
+        let route_step = ctx.storage("moe.route", 8 * k as u64)?;
+        let mut moe = Vec::new();
+        for nm in Numerics::ALL {
+            let kernel = MoeKernel::with_numerics(ctx, mp, nm)?;
+            let bind = |lg: &wgpu::Buffer,
+                        route: &wgpu::Buffer,
+                        g: &Q4Matrix,
+                        u: &Q4Matrix,
+                        dn: &Q4Matrix| {
+                let b = MoeBuffers {
+                    state: st,
+                    logits: lg,
+                    route,
+                    x: xn.act(nm),
+                    gate: g,
+                    up: u,
+                    down: dn,
+                    h: &moe_h.f,
+                    h_q: moe_h.quant(nm),
+                    out: &hbuf,
+                    residual: true,
+                };
+                kernel.bind(ctx, &b, Routing::Fused)
+            };
+            let full = slots
+                .iter()
+                .map(|(lg, r)| bind(lg, r, &gate, &up, &down))
+                .collect::<Result<Vec<_>>>()?;
+            let split = (|| -> Result<_> {
+                let gu = slots
+                    .iter()
+                    .map(|(lg, r)| bind(lg, r, &gate, &up, &none_d))
+                    .collect::<Result<Vec<_>>>()?;
+                let dn = slots
+                    .iter()
+                    .map(|(lg, r)| bind(lg, r, &none_gu, &none_gu, &down))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((gu, dn))
+            })()
+            .ok();
+            moe.push(MoeSet {
+                kernel,
+                full,
+                split,
+            });
+        }
+        let moe_step = {
+            let s = &moe[ix(numerics)];
+            let b = MoeBuffers {
+                state: st,
+                logits: &router_out,
+                route: &route_step,
+                x: xn.act(numerics),
+                gate: &gate,
+                up: &up,
+                down: &down,
+                h: &moe_h.f,
+                h_q: moe_h.quant(numerics),
+                out: &hbuf,
+                residual: true,
+            };
+            s.kernel.bind(ctx, &b, Routing::Fused)?
+        };
+        let mut keep = vec![q_norm, k_norm, w, out_tokens, route_step, hbuf, router_out];
+        keep.extend(k_cache);
+        keep.extend(v_cache);
+        keep.extend(slots.into_iter().flat_map(|(a, b)| [a, b]));
+        Ok(Bench {
+            ctx: ctx.clone(),
+            numerics,
+            layers: l,
+            state,
+            matvec,
+            quantize,
+            norm,
+            embed,
+            argmax,
+            attn,
+            xn,
+            att,
+            moe_h,
+            qkv_out,
+            a,
+            logits,
+            qkv_w,
+            o_w,
+            head_w,
+            qkv_b,
+            o_b,
+            router_b,
+            attn_b,
+            head_b,
+            norm_b,
+            embed_b,
+            argmax_b,
+            moe,
+            moe_step,
+            _keep: keep,
+            _scratch: scratch,
+        })
+    }
+
+    /// Queue a state write: run at `pos`, token 1, not done, step 0.
+    pub fn set_state(&self, pos: u32) {
+        let s = RunState {
+            pos,
+            token: 1,
+            done: 0,
+            step: 0,
+        };
+        self.ctx.write(&self.state, 0, bytemuck::bytes_of(&s));
+    }
+
+    /// Record one whole decode step at `pos` exactly as `DecodePlan::record_step` does.
+    pub fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos: u32) {
+        let moe = &self.moe[ix(self.numerics)].kernel;
+        self.embed.record(pass, &self.embed_b);
+        for j in 0..self.layers {
+            self.norm.record(pass, &self.norm_b[0]);
+            self.matvec.record(pass, &self.qkv_b[j]);
+            self.attn.record(pass, &self.attn_b[j], pos);
+            self.matvec.record(pass, &self.o_b[j]);
+            self.norm.record(pass, &self.norm_b[1]);
+            self.matvec.record(pass, &self.router_b[j]);
+            moe.record(pass, &self.ctx, &self.moe_step);
+        }
+        self.norm.record(pass, &self.norm_b[0]);
+        self.matvec.record(pass, &self.head_b);
+        self.argmax.record(pass, &self.argmax_b);
+    }
+
+    pub fn moe_set(&self, n: Numerics) -> &MoeSet {
+        &self.moe[ix(n)]
+    }
+}
