@@ -7,6 +7,7 @@ mod cmd_chat;
 mod cmd_generate;
 mod cmd_inspect;
 mod cmd_parity;
+mod cmd_serve;
 mod cmd_synth;
 mod sampling_args;
 mod tokenizer;
@@ -33,6 +34,8 @@ enum Command {
     Bench(cmd_bench::Args),
     /// Compare a fast backend with the oracle: greedy sequences, logits cosine, first divergence.
     Parity(cmd_parity::Args),
+    /// OpenAI-compatible HTTP server (chat/completions, SSE streaming, /metrics).
+    Serve(cmd_serve::Args),
     /// Describe a model file: architecture, dims, tensors, bytes per type, parameters.
     Inspect(cmd_inspect::Args),
 }
@@ -46,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(a) => cmd_chat::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Parity(a) => cmd_parity::run(a),
+        Command::Serve(a) => cmd_serve::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,71 @@
+//! `nibble serve`: the OpenAI-compatible HTTP server (see the `nibble-server` crate).
+//!
+//! Loads the model, tokenizer and backend like `generate`, binds (127.0.0.1 by default), prints
+//! `listening on http://ADDR` to stderr once the port is bound (port 0 picks a free one), and
+//! serves until Ctrl-C.
+
+use crate::backends::{self, BackendArgs};
+use anyhow::{anyhow, Context, Result};
+use nibble_server::ServerConfig;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a .gguf file or a Hugging Face directory.
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Address to bind; anything but loopback exposes the server to the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind (0 = any free port; the bound one is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests admitted at once; they run one after another until the backend is multi-stream.
+    #[arg(long, default_value_t = 4)]
+    max_streams: usize,
+    /// Requests that may wait beyond the admitted ones; more get 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Model id reported by /v1/models (default: the model file's name without extension).
+    #[arg(long)]
+    model_name: Option<String>,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let model = nibble_model::loader::open(&a.model)?;
+    let tok = crate::tokenizer::from_model(&model)?
+        .ok_or_else(|| anyhow!("{}: the model carries no tokenizer", a.model.display()))?;
+    let backend = backends::make(&a.backend, model.weights.clone())?;
+    let model_id = a.model_name.clone().unwrap_or_else(|| {
+        a.model
+            .file_stem()
+            .map_or("nibble".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let cfg = ServerConfig {
+        max_streams: a.max_streams,
+        queue: a.queue,
+        api_key: a.api_key.clone(),
+        model_id,
+    };
+    let router = nibble_server::app(backend, tok, model.chat_template.as_deref(), cfg)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("cannot bind {}:{}", a.host, a.port))?;
+        eprintln!("listening on http://{}", listener.local_addr()?);
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        nibble_server::serve(listener, router, shutdown).await?;
+        Ok(())
+    })
+}

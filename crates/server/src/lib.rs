@@ -1,0 +1,132 @@
+//! nibble-server: an OpenAI-compatible HTTP server (axum + tokio) over one engine [`Session`].
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`stream` true: Server-Sent Events
+//! in OpenAI's chunk format ending with `data: [DONE]`; false: one JSON answer), `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (Prometheus / OpenMetrics text). Errors are OpenAI-style JSON
+//! (`{"error": {"message", "type", "param", "code"}}`) for every status the server sends.
+//!
+//! Architecture: the backend decodes one sequence, so one worker thread ([`scheduler`]) owns the
+//! session and runs requests in arrival order; handlers validate and tokenize ([`params`]), then
+//! submit to a bounded queue (429 beyond it) and relay the worker's text to the client. A
+//! follow-up chat turn served right after the turn it extends reuses the cached prefix, reported
+//! as `usage.prompt_tokens_details.cached_tokens`. Sampling defaults are OpenAI's (temperature 1,
+//! top_p 1): send `temperature: 0` for greedy output. See [`params`] for every default and range.
+//!
+//! Modules: [`error`] (error body, JSON extractor), [`protocol`] (wire types), [`params`]
+//! (validation), [`scheduler`] (the worker), [`handlers`] (routes, auth), [`metrics`].
+
+pub mod error;
+pub mod handlers;
+pub mod metrics;
+pub mod params;
+pub mod protocol;
+pub mod scheduler;
+
+use anyhow::{Context, Result};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use handlers::AppState;
+use nibble_backend::Backend;
+use nibble_engine::session::Session;
+use nibble_engine::{ChatTemplate, Tokenizer};
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// Largest request body accepted (413 beyond): room for prompts far longer than any context.
+pub const BODY_LIMIT: usize = 8 << 20;
+
+/// How the server admits and authenticates requests.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Requests the engine admits at once (today they still decode one after another).
+    pub max_streams: usize,
+    /// Requests that may wait for admission; beyond them a request gets 429.
+    pub queue: usize,
+    /// When set, every route but `/health` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// The id `/v1/models` lists and responses carry.
+    pub model_id: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_streams: 4,
+            queue: 64,
+            api_key: None,
+            model_id: "nibble".into(),
+        }
+    }
+}
+
+/// Builds the router and starts the engine worker, which owns `backend` from now on. The worker
+/// stops when the router (and every clone of it) is dropped.
+pub fn app(
+    backend: Box<dyn Backend>,
+    tokenizer: Tokenizer,
+    chat_template: Option<&str>,
+    cfg: ServerConfig,
+) -> Result<Router> {
+    anyhow::ensure!(cfg.max_streams >= 1, "--max-streams must be at least 1");
+    anyhow::ensure!(cfg.queue >= 1, "--queue must be at least 1");
+    let template = chat_template
+        .map(ChatTemplate::new)
+        .transpose()
+        .context("the model's chat template does not compile")?;
+    let model = Arc::new(params::ModelInfo {
+        tokenizer: tokenizer.clone(),
+        template,
+        context_len: backend.context_len(),
+        vocab_size: backend.config().vocab_size,
+    });
+    let metrics = metrics::Metrics::new();
+    let (queue, _worker) = scheduler::spawn(
+        Session::new(backend),
+        tokenizer,
+        cfg.max_streams,
+        cfg.queue,
+        metrics.clone(),
+    )
+    .context("cannot start the engine thread")?;
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let state = Arc::new(AppState {
+        model,
+        queue,
+        metrics,
+        model_id: cfg.model_id,
+        api_key: cfg.api_key.filter(|k| !k.is_empty()),
+        started,
+        next_id: AtomicU64::new(0),
+    });
+    let s = state.clone();
+    Ok(Router::new()
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/models", get(handlers::models))
+        .route("/health", get(handlers::health))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(
+            s.clone(),
+            handlers::auth,
+        ))
+        .layer(axum::middleware::from_fn_with_state(s, handlers::count))
+        .with_state(state))
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

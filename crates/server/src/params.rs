@@ -1,0 +1,358 @@
+//! Request validation: turns a [`CompletionRequest`] into prompt ids and [`GenParams`], or a 400.
+//!
+//! Defaults follow OpenAI, not the CLI: a request that gives no `temperature` is sampled at
+//! temperature 1.0 with top_p 1.0 (send `temperature: 0` for greedy, deterministic output).
+//! `max_tokens` (or `max_completion_tokens`) defaults to the rest of the context for chat and to
+//! 16 for `/v1/completions`, as OpenAI's legacy completions endpoint does (capped by the context).
+//! Ranges are OpenAI's: temperature in [0, 2], top_p in (0, 1], presence and frequency penalties
+//! in [-2, 2], at most 4 stop strings, `n` must be 1; extensions: top_k (`<= 0` = off), min_p in
+//! [0, 1], repetition_penalty > 0. A prompt must leave room for one generated token, and
+//! prompt + max_tokens must fit the context (`context_length_exceeded`).
+
+use crate::error::ApiError;
+use crate::protocol::{ChatMessage, CompletionRequest, Kind};
+use nibble_engine::session::GenParams;
+use nibble_engine::{ChatTemplate, Message, SamplingParams, Tokenizer};
+use serde_json::Value;
+
+/// Default `max_tokens` of `/v1/completions` (OpenAI's legacy default).
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+/// OpenAI accepts at most 4 stop sequences.
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// What validation needs to know about the model.
+pub struct ModelInfo {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// KV-cache capacity in tokens.
+    pub context_len: usize,
+    /// Rows of the model's embedding; ids at or above it are rejected.
+    pub vocab_size: usize,
+}
+
+/// A validated request, ready for the engine.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub prompt: Vec<u32>,
+    pub gen: GenParams,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn in_range(
+    name: &str,
+    v: Option<f32>,
+    default: f32,
+    ok: impl Fn(f32) -> bool,
+    want: &str,
+) -> Result<f32, ApiError> {
+    let x = v.unwrap_or(default);
+    if x.is_finite() && ok(x) {
+        Ok(x)
+    } else {
+        Err(ApiError::invalid(
+            name,
+            format!("{name} = {x} is out of range: want {want}"),
+        ))
+    }
+}
+
+/// The sampling part of the request.
+fn sampling(r: &CompletionRequest) -> Result<SamplingParams, ApiError> {
+    let top_k = r.top_k.unwrap_or(0);
+    Ok(SamplingParams {
+        temperature: in_range(
+            "temperature",
+            r.temperature,
+            1.0,
+            |x| (0.0..=2.0).contains(&x),
+            "0 <= temperature <= 2",
+        )?,
+        top_p: in_range(
+            "top_p",
+            r.top_p,
+            1.0,
+            |x| x > 0.0 && x <= 1.0,
+            "0 < top_p <= 1",
+        )?,
+        top_k: usize::try_from(top_k.max(0)).unwrap_or(usize::MAX),
+        min_p: in_range(
+            "min_p",
+            r.min_p,
+            0.0,
+            |x| (0.0..=1.0).contains(&x),
+            "0 <= min_p <= 1",
+        )?,
+        repetition_penalty: in_range(
+            "repetition_penalty",
+            r.repetition_penalty,
+            1.0,
+            |x| x > 0.0,
+            "> 0",
+        )?,
+        presence_penalty: in_range(
+            "presence_penalty",
+            r.presence_penalty,
+            0.0,
+            |x| (-2.0..=2.0).contains(&x),
+            "-2 <= presence_penalty <= 2",
+        )?,
+        frequency_penalty: in_range(
+            "frequency_penalty",
+            r.frequency_penalty,
+            0.0,
+            |x| (-2.0..=2.0).contains(&x),
+            "-2 <= frequency_penalty <= 2",
+        )?,
+        // OpenAI seeds are signed; the bit pattern is the sampler's seed.
+        seed: r.seed.map(|s| s as u64),
+    })
+}
+
+/// `stop`: null, a string or a list of at most 4 strings.
+fn stop_strings(v: &Option<Value>) -> Result<Vec<String>, ApiError> {
+    let bad = || ApiError::invalid("stop", "stop must be a string or an array of strings");
+    let list = match v {
+        None | Some(Value::Null) => return Ok(vec![]),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|x| x.as_str().map(str::to_owned).ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    if list.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "at most {MAX_STOP_STRINGS} stop sequences are allowed, got {}",
+                list.len()
+            ),
+        ));
+    }
+    Ok(list)
+}
+
+/// Features this server does not implement: rejected rather than silently ignored.
+fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
+    if let Some(n) = r.n {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n = {n} is not supported: only one choice (n = 1) per request"),
+            ));
+        }
+    }
+    if !matches!(
+        r.logprobs,
+        None | Some(Value::Null) | Some(Value::Bool(false))
+    ) {
+        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
+    }
+    if r.echo == Some(true) {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    if r.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "best_of other than 1 is not supported",
+        ));
+    }
+    if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(
+            "suffix",
+            "suffix (insertion) is not supported",
+        ));
+    }
+    Ok(())
+}
+
+/// One message's text: a string, text parts, or null (assistant only).
+fn message_text(i: usize, m: &ChatMessage) -> Result<String, ApiError> {
+    let param = format!("messages[{i}].content");
+    match &m.content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null if m.role == "assistant" => Ok(String::new()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => return Err(ApiError::invalid(format!("{param}[{j}]"), "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")),
+                }
+            }
+            Ok(text)
+        }
+        Value::Null => Err(ApiError::invalid(
+            param,
+            format!("messages[{i}] ({}) has no content", m.role),
+        )),
+        _ => Err(ApiError::invalid(
+            param,
+            "content must be a string or an array of text parts",
+        )),
+    }
+}
+
+/// Renders the conversation with the model's template.
+fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String, ApiError> {
+    let msgs = r
+        .messages
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
+    if msgs.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages must hold at least one message",
+        ));
+    }
+    let mut out = Vec::with_capacity(msgs.len());
+    for (i, cm) in msgs.iter().enumerate() {
+        if !matches!(cm.role.as_str(), "system" | "user" | "assistant" | "tool") {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "unknown role {:?}: want system, user, assistant or tool",
+                    cm.role
+                ),
+            ));
+        }
+        let mut msg = Message::new(cm.role.clone(), message_text(i, cm)?);
+        msg.reasoning_content = cm.reasoning_content.clone();
+        msg.tool_calls = cm.tool_calls.clone();
+        out.push(msg);
+    }
+    if r.tools
+        .as_ref()
+        .is_some_and(|t| !t.is_array() && !t.is_null())
+    {
+        return Err(ApiError::invalid("tools", "tools must be an array"));
+    }
+    let tpl = m.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "the model has no chat template; use /v1/completions",
+        )
+    })?;
+    let thinking = r
+        .chat_template_kwargs
+        .as_ref()
+        .and_then(|k| k.enable_thinking);
+    let tools = r.tools.as_ref().filter(|t| t.is_array());
+    tpl.render(&out, true, thinking, tools)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))
+}
+
+/// Completions `prompt`: a string, `[string]`, or a list of token ids.
+fn text_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            "prompt must be a string, an array with one string, or an array of token ids",
+        )
+    };
+    let text = match &r.prompt {
+        None | Some(Value::Null) => return Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+            items[0].as_str().unwrap_or_default().to_owned()
+        }
+        Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
+            return items
+                .iter()
+                .map(|x| {
+                    let id = x.as_u64().unwrap_or(u64::MAX);
+                    u32::try_from(id)
+                        .ok()
+                        .filter(|&t| (t as usize) < m.vocab_size)
+                        .ok_or_else(|| {
+                            ApiError::invalid(
+                                "prompt",
+                                format!(
+                                    "token id {id} is outside the vocabulary of {}",
+                                    m.vocab_size
+                                ),
+                            )
+                        })
+                })
+                .collect();
+        }
+        Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "batched prompts ({} strings) are not supported: send one prompt per request",
+                    items.len()
+                ),
+            ));
+        }
+        Some(_) => return Err(bad()),
+    };
+    encode(&text, m)
+}
+
+fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    m.tokenizer
+        .encode(text)
+        .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+}
+
+/// Validates `r` for the route `kind` and tokenizes its prompt (CPU work: call off the runtime).
+pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepared, ApiError> {
+    unsupported(r)?;
+    let sampling = sampling(r)?;
+    let stop = stop_strings(&r.stop)?;
+    let prompt = match kind {
+        Kind::Chat => encode(&chat_prompt(r, m)?, m)?,
+        Kind::Text => text_prompt(r, m)?,
+    };
+    let param = if kind == Kind::Chat {
+        "messages"
+    } else {
+        "prompt"
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            param,
+            "the prompt is empty: nothing to condition on",
+        ));
+    }
+    let ctx = m.context_len;
+    if prompt.len() >= ctx {
+        return Err(ApiError::invalid(param, format!("the prompt has {} tokens but the context holds {ctx} and one must be left to generate", prompt.len())).with_code("context_length_exceeded"));
+    }
+    let room = ctx - prompt.len();
+    let (max_param, asked) = match (r.max_completion_tokens, r.max_tokens) {
+        (Some(v), _) => ("max_completion_tokens", Some(v)),
+        (None, v) => ("max_tokens", v),
+    };
+    let max_tokens = match asked {
+        None if kind == Kind::Text => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
+        None => room,
+        Some(v) if v < 1 => {
+            return Err(ApiError::invalid(
+                max_param,
+                format!("{max_param} = {v} must be at least 1"),
+            ))
+        }
+        Some(v) if v as u64 > room as u64 => {
+            return Err(ApiError::invalid(max_param, format!("this model's context is {ctx} tokens; the prompt uses {} and {max_param} asks for {v} more ({} at most)", prompt.len(), room)).with_code("context_length_exceeded"));
+        }
+        Some(v) => v as usize,
+    };
+    Ok(Prepared {
+        prompt,
+        gen: GenParams {
+            max_tokens,
+            sampling,
+            stop_strings: stop,
+            ..GenParams::default()
+        },
+        stream: r.stream.unwrap_or(false),
+        include_usage: r
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    })
+}

@@ -1,0 +1,241 @@
+//! The OpenAI wire format: the request body both completion routes accept, and the JSON of the
+//! responses and stream chunks they send.
+//!
+//! One request struct serves `/v1/chat/completions` (which reads `messages`) and
+//! `/v1/completions` (which reads `prompt`). Fields whose JSON type varies (`stop`, `prompt`,
+//! message `content`) are kept as raw JSON and checked in [`crate::params`], so a wrong type gets
+//! a specific message instead of serde's "did not match any variant". Unknown fields are ignored,
+//! as OpenAI-compatible servers do (clients send `user`, `metadata`, ...).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The body of a completion request (chat or plain).
+#[derive(Debug, Default, Deserialize)]
+pub struct CompletionRequest {
+    /// Echoed back only through our own model id; any value is accepted.
+    pub model: Option<String>,
+    /// Chat: the conversation.
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Completions: a string, a list with one string, or a list of token ids.
+    pub prompt: Option<Value>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Extension (llama.cpp, vLLM): `<= 0` disables.
+    pub top_k: Option<i64>,
+    /// Extension (llama.cpp, vLLM).
+    pub min_p: Option<f32>,
+    /// Extension (vLLM `repetition_penalty`, llama.cpp `repeat_penalty`).
+    #[serde(alias = "repeat_penalty")]
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    /// A string or a list of strings.
+    pub stop: Option<Value>,
+    pub seed: Option<i64>,
+    pub n: Option<i64>,
+    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    /// Tool schemas, passed to the chat template (tool calls in the output are not parsed).
+    pub tools: Option<Value>,
+    /// Unsupported: rejected unless absent/false/null.
+    pub logprobs: Option<Value>,
+    /// Completions: unsupported when true.
+    pub echo: Option<bool>,
+    /// Completions: unsupported above 1.
+    pub best_of: Option<i64>,
+    /// Completions: unsupported when non-empty.
+    pub suffix: Option<String>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send an extra chunk with `choices: []` and the usage, as OpenAI does.
+    pub include_usage: Option<bool>,
+}
+
+/// `chat_template_kwargs` (vLLM / llama.cpp extension); other keys are ignored.
+#[derive(Debug, Default, Deserialize)]
+pub struct ChatTemplateKwargs {
+    /// Qwen3: `false` renders the empty think block (no reasoning).
+    pub enable_thinking: Option<bool>,
+}
+
+/// One message of a chat request.
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    /// A string, a list of `{"type": "text", "text"}` parts, or null (assistant with tool calls).
+    #[serde(default)]
+    pub content: Value,
+    pub reasoning_content: Option<String>,
+    pub tool_calls: Option<Value>,
+}
+
+/// `usage`, with `prompt_tokens_details.cached_tokens` as OpenAI reports prefix-cache hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    pub fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
+
+/// Which route a response belongs to; it fixes the `object` names and the choice shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Text,
+}
+
+/// What every response and chunk of one request shares.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub kind: Kind,
+    /// `chatcmpl-…` or `cmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+}
+
+impl Envelope {
+    fn wrap(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+
+    /// The whole answer of a non-streaming request.
+    pub fn response(&self, text: &str, finish: &str, usage: Usage) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish,
+            }),
+            Kind::Text => json!({
+                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+            }),
+        };
+        let object = match self.kind {
+            Kind::Chat => "chat.completion",
+            Kind::Text => "text_completion",
+        };
+        let mut v = self.wrap(object, json!([choice]));
+        v["usage"] = usage.json();
+        v
+    }
+
+    fn chunk_object(&self) -> &'static str {
+        match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        }
+    }
+
+    /// A stream chunk. Chat: `delta` is `{"role": "assistant", "content": ""}` for the first
+    /// chunk (`role_first`), `{"content": text}` after, `{}` on the final one.
+    pub fn chunk(&self, piece: Option<&str>, role_first: bool, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let delta = match (role_first, piece) {
+                    (true, _) => json!({"role": "assistant", "content": ""}),
+                    (false, Some(t)) => json!({"content": t}),
+                    (false, None) => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Text => json!({
+                "index": 0, "text": piece.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+            }),
+        };
+        self.wrap(self.chunk_object(), json!([choice]))
+    }
+
+    /// The final chunk: empty delta, `finish_reason` and `usage` (llama.cpp and vLLM put it here).
+    pub fn final_chunk(&self, finish: &str, usage: Usage) -> Value {
+        let mut v = self.chunk(None, false, Some(finish));
+        v["usage"] = usage.json();
+        v
+    }
+
+    /// OpenAI's `stream_options.include_usage` chunk: no choices, just the usage.
+    pub fn usage_chunk(&self, usage: Usage) -> Value {
+        let mut v = self.wrap(self.chunk_object(), json!([]));
+        v["usage"] = usage.json();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(kind: Kind) -> Envelope {
+        Envelope {
+            kind,
+            id: "chatcmpl-7".into(),
+            created: 1_700_000_000,
+            model: "tiny".into(),
+        }
+    }
+
+    #[test]
+    fn chat_chunks_have_the_openai_shape() {
+        let e = env(Kind::Chat);
+        let first = e.chunk(None, true, None);
+        assert_eq!(first["object"], "chat.completion.chunk");
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+        assert!(first["choices"][0]["finish_reason"].is_null());
+        let piece = e.chunk(Some("hé"), false, None);
+        assert_eq!(piece["choices"][0]["delta"], json!({"content": "hé"}));
+        let u = Usage {
+            prompt_tokens: 5,
+            completion_tokens: 3,
+            cached_tokens: 2,
+        };
+        let last = e.final_chunk("length", u);
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(last["usage"]["total_tokens"], 8);
+        assert_eq!(last["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+        assert_eq!(e.usage_chunk(u)["choices"], json!([]));
+    }
+
+    #[test]
+    fn text_response_has_text_and_usage() {
+        let u = Usage {
+            prompt_tokens: 4,
+            completion_tokens: 16,
+            cached_tokens: 0,
+        };
+        let r = env(Kind::Text).response("abc", "stop", u);
+        assert_eq!(r["object"], "text_completion");
+        assert_eq!(r["choices"][0]["text"], "abc");
+        assert_eq!(r["usage"]["completion_tokens"], 16);
+        let c = env(Kind::Chat).response("abc", "stop", u);
+        assert_eq!(c["object"], "chat.completion");
+        assert_eq!(c["choices"][0]["message"]["content"], "abc");
+    }
+}
