@@ -129,7 +129,7 @@ impl Runner<'_> {
             m: meas,
         };
         eprintln!(
-            "  {:<44} {:>9.2} us/call {:>8.1} GB/s",
+            "  {:<48} {:>9.2} us/call {:>8.1} GB/s",
             row.name,
             row.m.us(),
             row.gbps()

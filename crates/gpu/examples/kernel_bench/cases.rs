@@ -288,6 +288,9 @@ impl Bench {
                 .iter()
                 .map(|(lg, r)| bind(lg, r, &gate, &up, &down))
                 .collect::<Result<Vec<_>>>()?;
+            // `MoeKernel::record` records gate/up and down together; binding the other side's
+            // matrices with no parts (0 dispatches) times each alone. Should `bind` start
+            // rejecting empty matrices, only the combined row is reported.
             let split = (|| -> Result<_> {
                 let gu = slots
                     .iter()

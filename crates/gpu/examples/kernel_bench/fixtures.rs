@@ -114,7 +114,7 @@ pub fn f32_copies(
 }
 
 /// A Q4 matrix shape with no parts: binding it records no dispatch. The MoE kernel records
-/// gate/up and down together; binding one side with this isolates the other (see `main`).
+/// gate/up and down together; binding one side with this isolates the other (see `cases.rs`).
 pub fn no_parts(rows: u32, cols: u32) -> Q4Matrix {
     Q4Matrix {
         rows,

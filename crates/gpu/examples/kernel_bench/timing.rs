@@ -179,7 +179,7 @@ pub fn table(rows: &[Row], header: &str) -> String {
     let total: f64 = rows.iter().filter(|r| !r.alt).map(Row::us_token).sum();
     let mut s = format!("{header}\n");
     s += &format!(
-        "{:<44} {:>4} {:>5} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>6}\n",
+        "{:<48} {:>4} {:>5} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>6}\n",
         "kernel (* = not in total)",
         "disp",
         "/tok",
@@ -199,7 +199,7 @@ pub fn table(rows: &[Row], header: &str) -> String {
             format!("{:.1}", 100.0 * r.us_token() / total)
         };
         s += &format!(
-            "{:<44} {:>4} {:>5} {:>10} {:>10.2} {:>8.2} {:>10.3} {:>8.1} {:>10.1} {:>6}\n",
+            "{:<48} {:>4} {:>5} {:>10} {:>10.2} {:>8.2} {:>10.3} {:>8.1} {:>10.1} {:>6}\n",
             format!("{}{}", if r.alt { "* " } else { "" }, r.name),
             r.disp,
             r.per_token,
