@@ -4,13 +4,18 @@
 //!   one command buffer, the argmax stays on the GPU and the host waits once per run. With
 //!   `per_token` set it instead submits and waits per token and takes the argmax on the host
 //!   (the comparison path; same kernels otherwise).
-//! - `step` / `prefill` return logits. `prefill` is, for now, a loop of single-token steps (one
-//!   submit + logits readback each); batching prompt tokens is future work.
+//! - `step` / `prefill` return logits. `prefill` records the prompt in chunks of
+//!   [`PREFILL_CHUNK`] tokens, one command buffer each, and reads back only the last token's
+//!   logits (each token is still its own set of matvecs: weight rows are not yet shared by the
+//!   tokens of a chunk).
+//! - [`GpuOptions::numerics`] picks the activation form of every int4 matvec; the default
+//!   ([`Numerics::DEFAULT`]) is the fastest that keeps the oracle-parity bar.
 //! - Position bookkeeping follows the trait: a failing call leaves `position()` unchanged.
 
 use crate::context::{AdapterChoice, Context};
 use crate::kernels::moe::Routing;
-use crate::plan::{DecodePlan, PlanOptions};
+use crate::numerics::Numerics;
+use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
 use crate::weights::GpuWeights;
 use anyhow::{bail, ensure, Result};
 use nibble_backend::{argmax, Backend};
@@ -28,8 +33,8 @@ pub struct GpuOptions {
     pub per_token: bool,
     pub routing: Routing,
     pub adapter: AdapterChoice,
-    /// Dense matvecs on f32 activations (parity mode, see `PlanOptions::f32_acts`).
-    pub f32_acts: bool,
+    /// Activation form of the int4 matvecs (see `numerics.rs`).
+    pub numerics: Numerics,
 }
 
 impl Default for GpuOptions {
@@ -40,7 +45,7 @@ impl Default for GpuOptions {
             per_token: false,
             routing: Routing::default(),
             adapter: AdapterChoice::Auto,
-            f32_acts: false,
+            numerics: Numerics::DEFAULT,
         }
     }
 }
@@ -89,7 +94,7 @@ impl GpuBackend {
                 max_run: opts.fold,
                 routing: opts.routing,
                 max_eos: MAX_EOS,
-                f32_acts: opts.f32_acts,
+                numerics: opts.numerics,
             },
         )?;
         Ok(GpuBackend {
@@ -107,6 +112,42 @@ impl GpuBackend {
     /// Dispatches recorded per greedy step.
     pub fn dispatches_per_step(&self) -> usize {
         self.plan.dispatches_per_step()
+    }
+
+    /// The plan (diagnostics and tests).
+    pub fn plan(&self) -> &DecodePlan {
+        &self.plan
+    }
+
+    /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
+    /// resident bytes, prefill chunk.
+    pub fn describe(&self) -> String {
+        let info = &self.plan.ctx.info;
+        let o = &self.plan.opts;
+        let mode = if self.per_token {
+            "per-token submits".to_string()
+        } else {
+            format!("{} tokens per submit", o.max_run)
+        };
+        format!(
+            "gpu adapter: {} ({:?}, {:?})\n\
+             numerics: {} (int4 weights x {} activations)\n\
+             decode: fold {} ({mode}), {} dispatches per token, routing {:?}\n\
+             prefill: {} tokens per command buffer\n\
+             resident weights: {} bytes ({:.1} MiB), context {} positions",
+            info.name,
+            info.device_type,
+            info.backend,
+            o.numerics,
+            o.numerics,
+            o.max_run,
+            self.dispatches_per_step(),
+            o.routing,
+            PREFILL_CHUNK,
+            self.resident_bytes(),
+            self.resident_bytes() as f64 / (1u64 << 20) as f64,
+            o.context_len,
+        )
     }
 
     fn check_token(&self, t: u32) -> Result<()> {
@@ -159,16 +200,8 @@ impl Backend for GpuBackend {
                 self.context_len()
             );
         }
-        let mut logits = Vec::new();
-        for (i, t) in tokens.iter().enumerate() {
-            match self.plan.step_logits(*t, start + i) {
-                Ok(l) => logits = l,
-                Err(e) => {
-                    self.pos = start;
-                    return Err(e.into());
-                }
-            }
-        }
+        // A failure leaves the position at `start` (the rows written are stale).
+        let logits = self.plan.prefill_logits(tokens, start)?;
         self.pos = start + tokens.len();
         Ok(logits)
     }

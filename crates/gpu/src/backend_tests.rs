@@ -2,6 +2,7 @@
 //! (tiny config, 512-token vocabulary, synth's Q4_0 matrices and F32 norms/router).
 
 use crate::backend::{GpuBackend, GpuOptions};
+use crate::numerics::Numerics;
 use crate::testing::{cosine, gpu};
 use nibble_backend::{Backend, RefBackend};
 use nibble_model::config::Qwen3MoeConfig;
@@ -11,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// An in-memory source holding synth's GGUF tensors (Q4_0 matrices, F32 norms and router).
-struct Mem {
+pub(crate) struct Mem {
     cfg: Qwen3MoeConfig,
     t: HashMap<TensorKey, Vec<u8>>,
 }
@@ -34,8 +35,13 @@ impl WeightSource for Mem {
 }
 
 fn model(seed: u64, tie: bool) -> Arc<Mem> {
+    model_with_vocab(seed, tie, 512)
+}
+
+/// synth's tiny model (`Qwen3MoeConfig::tiny`) with `vocab` tokens, in memory.
+pub(crate) fn model_with_vocab(seed: u64, tie: bool, vocab: usize) -> Arc<Mem> {
     let cfg = Qwen3MoeConfig {
-        vocab_size: 512,
+        vocab_size: vocab,
         tie_word_embeddings: tie,
         ..Qwen3MoeConfig::tiny()
     };
@@ -66,9 +72,9 @@ fn logits_match_oracle_per_step() {
     };
     for (seed, tie) in [(1, false), (2, true)] {
         let m = model(seed, tie);
-        for f32_acts in [false, true] {
+        for numerics in Numerics::ALL {
             let o = GpuOptions {
-                f32_acts,
+                numerics,
                 ..opts(true, 4)
             };
             let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
@@ -82,16 +88,15 @@ fn logits_match_oracle_per_step() {
                 worst = worst.min(c);
                 assert_eq!(gb.position(), i + 1);
             }
-            eprintln!(
-                "seed {seed} tie {tie} f32_acts {f32_acts}: worst per-step logits cosine {worst}"
-            );
-            // NOTE: the design target is 0.99999; int8 activations (always on for the MoE experts)
-            // measure 0.986..0.9998 per step on these models (see the report). A wiring bug
-            // (wrong layout, RoPE, KV row, routing) gives cosines far below this bound.
-            assert!(
-                worst >= 0.98,
-                "seed {seed} f32_acts {f32_acts}: worst cosine {worst}"
-            );
+            eprintln!("seed {seed} tie {tie} {numerics}: worst per-step logits cosine {worst}");
+            // Plain int8 is allowed its quantisation noise here (parity_tests.rs holds the
+            // exactness bar for the default); a wiring bug gives cosines far below this bound.
+            let bar = if numerics == Numerics::Int8 {
+                0.98
+            } else {
+                0.99999
+            };
+            assert!(worst >= bar, "seed {seed} {numerics}: worst cosine {worst}");
         }
     }
 }
@@ -129,8 +134,7 @@ fn greedy_folded_equals_per_token_and_oracle() {
             "folded vs per-token, prompt {p:?}"
         );
         let r = greedy(&mut oracle, p, 128, &[]);
-        let agree = f.iter().zip(&r).take_while(|(a, b)| a == b).count();
-        eprintln!("prompt {p:?}: GPU and oracle agree on the first {agree} of 128 ids");
+        assert_eq!(f, r, "default numerics vs the oracle, prompt {p:?}");
     }
 }
 

@@ -7,6 +7,7 @@
 //! - [`context`]: device setup and buffer / pipeline / bind-group helpers.
 //! - [`tensor`]: GPU layouts shared by all kernels (repacked Q4_0 matrices split across
 //!   bindings, int8-quantised activations). The layouts are documented there.
+//! - [`numerics`]: the activation variants of the int4 matvecs (f32 / precise int8 / int8).
 //! - [`kernels`]: one kernel family per file, each with a scalar CPU reference and tests.
 //! - [`testing`]: the shared GPU test harness (one serialised adapter, random inputs).
 //! - [`state`]: the run-state buffer (position, token, done, step) kernels read on the GPU.
@@ -24,6 +25,9 @@ pub mod backend;
 mod backend_tests;
 pub mod context;
 pub mod kernels;
+pub mod numerics;
+#[cfg(test)]
+mod parity_tests;
 pub mod plan;
 pub mod state;
 pub mod tensor;
@@ -32,3 +36,4 @@ pub mod weights;
 
 pub use backend::{GpuBackend, GpuOptions};
 pub use context::{AdapterChoice, Context, GpuError};
+pub use numerics::Numerics;

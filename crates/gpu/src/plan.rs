@@ -13,10 +13,20 @@
 //! waits once and reads `out_tokens[..state.step]`. Single-step calls record the same step
 //! without argmax and read the logits back instead.
 //!
+//! Prefill records the prompt in chunks of up to [`PREFILL_CHUNK`] tokens, each chunk ONE pass
+//! and ONE submit: the tokens' steps back to back (an `advance` dispatch between two tokens moves
+//! the state to the next prompt id), the lm_head only after the last prompt token, and one
+//! logits readback per prompt. Each token is still its own set of matvec dispatches (weights are
+//! read once per token, not once per chunk): a batched-matmul prefill is future work.
+//!
+//! Activation numerics ([`Numerics`]): the producers (rmsnorm, attention combine, MoE gate/up)
+//! always write f32 and, for the int8 forms, also the quantised copy the next Q4 matvec reads.
+//!
 //! Buffer lifetimes: everything here lives as long as the plan; the KV cache row `p` is written
 //! only by the attention kernel of the step at position `p`.
 
 use crate::context::{Context, Result};
+use crate::kernels::advance::{AdvanceBinding, AdvanceKernel};
 use crate::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
 use crate::kernels::attention::{
     AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
@@ -25,6 +35,7 @@ use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel};
 use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
+use crate::numerics::Numerics;
 use crate::state::RunState;
 use crate::tensor::QuantActs;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
@@ -39,36 +50,39 @@ pub struct PlanOptions {
     pub routing: Routing,
     /// Most EOS ids a run may stop on.
     pub max_eos: usize,
-    /// Feed the dense int4 matvecs (qkv, o, router, lm_head) f32 activations instead of int8:
-    /// slower, but isolates the int8 quantisation error in parity tests. The MoE experts always
-    /// take int8 input.
-    pub f32_acts: bool,
+    /// The activation form of every int4 matvec (dense and MoE).
+    pub numerics: Numerics,
 }
+
+/// Prompt tokens recorded per prefill command buffer.
+pub const PREFILL_CHUNK: usize = 64;
 
 /// Activation buffers of one step (shapes with H hidden, Q = Hq*D, KV = Hkv*D).
 struct Acts {
     state: wgpu::Buffer,
     /// `[H]` residual stream.
     h: wgpu::Buffer,
-    /// `[H]` normalised hidden (f32) and its int8 copy.
+    /// `[H]` normalised hidden (f32) and its int8 copy (none for f32 numerics).
     xn: wgpu::Buffer,
-    xq: QuantActs,
+    xq: Option<QuantActs>,
     /// `[Q + 2 KV]`.
     qkv: wgpu::Buffer,
     /// `[Q]` attention output and its int8 copy.
     att: wgpu::Buffer,
-    att_q: QuantActs,
+    att_q: Option<QuantActs>,
     /// `[H]` o-proj output.
     a: wgpu::Buffer,
     /// `[E]` router logits, `[2K]` route, `[K*I]` expert hidden (f32, int8).
     router: wgpu::Buffer,
     route: wgpu::Buffer,
     moe_h: wgpu::Buffer,
-    moe_hq: QuantActs,
+    moe_hq: Option<QuantActs>,
     /// `[V]`.
     logits: wgpu::Buffer,
     /// `[max_run]`.
     out_tokens: wgpu::Buffer,
+    /// `[PREFILL_CHUNK]` the prefill chunk's token ids.
+    prompt: wgpu::Buffer,
     /// Per layer `[ctx, Hkv, D]` f32.
     k_cache: Vec<wgpu::Buffer>,
     v_cache: Vec<wgpu::Buffer>,
@@ -92,7 +106,11 @@ struct Kernels {
     argmax: ArgmaxKernel,
     attn: AttentionKernel,
     moe: MoeKernel,
+    advance: AdvanceKernel,
 }
+
+/// One layer's diagnostics: `h [H]` after the layer and its expert ids `[K]`, best first.
+pub type LayerTrace = (Vec<f32>, Vec<u32>);
 
 /// A model's weights plus everything needed to decode one sequence on the GPU.
 pub struct DecodePlan {
@@ -106,25 +124,30 @@ pub struct DecodePlan {
     final_norm: RmsNormBinding,
     head: MatvecBinding,
     argmax: ArgmaxBinding,
+    advance: AdvanceBinding,
 }
 
-/// Bind a matvec whatever the matrix form: Q4 reads the int8 input (or the f32 one with
-/// `f32_acts`), F32 the f32 one.
-#[allow(clippy::too_many_arguments)] // two views of one input, private helper
+/// The form of an activation a Q4 matvec reads: the quantised copy when there is one.
+fn act<'a>(xq: &'a Option<QuantActs>, xf: &'a wgpu::Buffer) -> Act<'a> {
+    match xq {
+        Some(q) => Act::Int8(q),
+        None => Act::F32(xf),
+    }
+}
+
+/// Bind a matvec whatever the matrix form: Q4 reads the activation in the plan's numerics
+/// form, F32 the f32 one.
 fn bind_matrix(
     ctx: &Context,
     k: &MatvecKernel,
     m: &Matrix,
-    xq: &QuantActs,
-    xf: &wgpu::Buffer,
+    x: (&Option<QuantActs>, &wgpu::Buffer),
     y: &wgpu::Buffer,
     state: &wgpu::Buffer,
-    f32_acts: bool,
 ) -> Result<MatvecBinding> {
     match m {
-        Matrix::Q4(m) if f32_acts => k.bind_q4(ctx, m, Act::F32(xf), y, state),
-        Matrix::Q4(m) => k.bind_q4(ctx, m, Act::Int8(xq), y, state),
-        Matrix::F32(m) => k.bind_f32(ctx, m, xf, y, state),
+        Matrix::Q4(m) => k.bind_q4(ctx, m, act(x.0, x.1), y, state),
+        Matrix::F32(m) => k.bind_f32(ctx, m, x.1, y, state),
     }
 }
 
@@ -145,8 +168,11 @@ impl DecodePlan {
             embed: EmbedKernel::new(ctx)?,
             argmax: ArgmaxKernel::new(ctx)?,
             attn: AttentionKernel::new(ctx, ap)?,
-            moe: MoeKernel::new(ctx, mp)?,
+            moe: MoeKernel::with_numerics(ctx, mp, opts.numerics)?,
+            advance: AdvanceKernel::new(ctx)?,
         };
+        let nq = opts.numerics;
+        let quant = |label: &str, n: usize| QuantActs::for_numerics(ctx, label, n, nq);
         let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
         let f32s = |label: &str, n: usize| ctx.storage(label, n as u64 * 4);
         let cache_bytes = (opts.context_len * kv) as u64 * 4;
@@ -154,21 +180,21 @@ impl DecodePlan {
             state: RunState::default().buffer(ctx)?,
             h: f32s("h", h)?,
             xn: f32s("xn", h)?,
-            xq: QuantActs::new(ctx, "xq", h)?,
+            xq: quant("xq", h)?,
             qkv: f32s("qkv", q + 2 * kv)?,
             att: f32s("att", q)?,
-            att_q: QuantActs::new(ctx, "att_q", q)?,
+            att_q: quant("att_q", q)?,
             a: f32s("a", h)?,
             router: f32s("router", cfg.num_experts)?,
             route: ctx.storage("route", 8 * cfg.num_experts_per_tok as u64)?,
             moe_h: f32s("moe_h", cfg.num_experts_per_tok * cfg.moe_intermediate_size)?,
-            moe_hq: QuantActs::new(
-                ctx,
+            moe_hq: quant(
                 "moe_hq",
                 cfg.num_experts_per_tok * cfg.moe_intermediate_size,
             )?,
             logits: f32s("logits", cfg.vocab_size)?,
             out_tokens: ctx.storage("out_tokens", opts.max_run as u64 * 4)?,
+            prompt: ctx.storage("prompt", PREFILL_CHUNK as u64 * 4)?,
             k_cache: (0..cfg.num_layers)
                 .map(|_| ctx.storage("k_cache", cache_bytes))
                 .collect::<Result<_>>()?,
@@ -186,13 +212,12 @@ impl DecodePlan {
                 add,
                 weight: w,
                 out: &a.xn,
-                quant: Some(&a.xq),
+                quant: a.xq.as_ref(),
                 n,
                 eps,
             };
             k.norm.bind(ctx, &args, st)
         };
-        let fa = opts.f32_acts;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in weights.layers.iter().enumerate() {
             let attn_bufs = AttentionBuffers {
@@ -203,36 +228,35 @@ impl DecodePlan {
                 k_cache: &a.k_cache[l],
                 v_cache: &a.v_cache[l],
                 out: &a.att,
-                out_q: Some(&a.att_q),
+                out_q: a.att_q.as_ref(),
             };
             let moe_bufs = MoeBuffers {
                 state: st,
                 logits: &a.router,
                 route: &a.route,
-                x: &a.xq,
+                x: act(&a.xq, &a.xn),
                 gate: &lw.gate,
                 up: &lw.up,
                 down: &lw.down,
                 h: &a.moe_h,
-                h_q: &a.moe_hq,
+                h_q: a.moe_hq.as_ref(),
                 out: &a.h,
                 residual: true,
             };
             layers.push(LayerBinding {
                 norm1: norm(None, &lw.attn_norm)?,
-                qkv: bind_matrix(ctx, &k.matvec, &lw.qkv, &a.xq, &a.xn, &a.qkv, st, fa)?,
+                qkv: bind_matrix(ctx, &k.matvec, &lw.qkv, (&a.xq, &a.xn), &a.qkv, st)?,
                 attn: k.attn.bind(ctx, &attn_bufs, &a.scratch)?,
-                o: bind_matrix(ctx, &k.matvec, &lw.o, &a.att_q, &a.att, &a.a, st, fa)?,
+                o: bind_matrix(ctx, &k.matvec, &lw.o, (&a.att_q, &a.att), &a.a, st)?,
                 norm2: norm(Some(&a.a), &lw.ffn_norm)?,
-                router: bind_matrix(ctx, &k.matvec, &lw.router, &a.xq, &a.xn, &a.router, st, fa)?,
+                router: bind_matrix(ctx, &k.matvec, &lw.router, (&a.xq, &a.xn), &a.router, st)?,
                 moe: k.moe.bind(ctx, &moe_bufs, opts.routing)?,
             });
         }
         let embed = k.embed.bind(ctx, &weights.embed, &a.h, st)?;
         let final_norm = norm(None, &weights.out_norm)?;
         let head = match weights.head() {
-            HeadRef::Q4(m) if fa => k.matvec.bind_q4(ctx, m, Act::F32(&a.xn), &a.logits, st)?,
-            HeadRef::Q4(m) => k.matvec.bind_q4(ctx, m, Act::Int8(&a.xq), &a.logits, st)?,
+            HeadRef::Q4(m) => k.matvec.bind_q4(ctx, m, act(&a.xq, &a.xn), &a.logits, st)?,
             HeadRef::F32(m) => k.matvec.bind_f32(ctx, m, &a.xn, &a.logits, st)?,
         };
         let placeholder_eos = vec![u32::MAX; opts.max_eos.max(1)];
@@ -247,6 +271,7 @@ impl DecodePlan {
                 eos: &placeholder_eos,
             },
         )?;
+        let advance = k.advance.bind(ctx, st, &a.prompt)?;
         Ok(DecodePlan {
             ctx: ctx.clone(),
             weights,
@@ -258,27 +283,38 @@ impl DecodePlan {
             final_norm,
             head,
             argmax,
+            advance,
         })
     }
 
-    /// Record one step for a token at a position `<= pos_bound`; `argmax` adds the on-GPU
-    /// argmax + state advance.
-    fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
+    /// Record the embedding and every layer for a token at a position `<= pos_bound` (the KV
+    /// rows are written; `h` holds the last layer's output).
+    fn record_layers(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32) {
         let k = &self.k;
         k.embed.record(pass, &self.embed);
         for lb in &self.layers {
-            k.norm.record(pass, &lb.norm1);
-            k.matvec.record(pass, &lb.qkv);
-            k.attn.record(pass, &lb.attn, pos_bound);
-            k.matvec.record(pass, &lb.o);
-            k.norm.record(pass, &lb.norm2);
-            k.matvec.record(pass, &lb.router);
-            k.moe.record(pass, &self.ctx, &lb.moe);
+            self.record_layer(pass, lb, pos_bound);
         }
-        k.norm.record(pass, &self.final_norm);
-        k.matvec.record(pass, &self.head);
+    }
+
+    fn record_layer(&self, pass: &mut wgpu::ComputePass<'_>, lb: &LayerBinding, pos_bound: u32) {
+        let k = &self.k;
+        k.norm.record(pass, &lb.norm1);
+        k.matvec.record(pass, &lb.qkv);
+        k.attn.record(pass, &lb.attn, pos_bound);
+        k.matvec.record(pass, &lb.o);
+        k.norm.record(pass, &lb.norm2);
+        k.matvec.record(pass, &lb.router);
+        k.moe.record(pass, &self.ctx, &lb.moe);
+    }
+
+    /// Record one step; `argmax` adds the on-GPU argmax + state advance.
+    fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
+        self.record_layers(pass, pos_bound);
+        self.k.norm.record(pass, &self.final_norm);
+        self.k.matvec.record(pass, &self.head);
         if argmax {
-            k.argmax.record(pass, &self.argmax);
+            self.k.argmax.record(pass, &self.argmax);
         }
     }
 
@@ -300,6 +336,58 @@ impl DecodePlan {
             .run_pass(|p| self.record_step(p, pos as u32, false))?;
         self.ctx
             .read_f32(&self.acts.logits, self.weights.cfg.vocab_size)
+    }
+
+    /// Process `tokens` at positions `pos..pos + len` and return the last token's logits `[V]`:
+    /// one pass and one submit per [`PREFILL_CHUNK`] tokens, one logits readback. The caller
+    /// guarantees every token `< V`, `tokens` non-empty and `pos + len <= context_len`.
+    pub fn prefill_logits(&self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let p0 = pos + c * PREFILL_CHUNK;
+            let last_chunk = p0 + chunk.len() == pos + n;
+            self.ctx
+                .write(&self.acts.prompt, 0, bytemuck::cast_slice(chunk));
+            self.set_state(chunk[0], p0);
+            self.ctx.run_pass(|p| {
+                for i in 0..chunk.len() {
+                    if i > 0 {
+                        self.k.advance.record(p, &self.advance);
+                    }
+                    self.record_layers(p, (p0 + i) as u32);
+                }
+                if last_chunk {
+                    self.k.norm.record(p, &self.final_norm);
+                    self.k.matvec.record(p, &self.head);
+                }
+            })?;
+        }
+        self.ctx
+            .read_f32(&self.acts.logits, self.weights.cfg.vocab_size)
+    }
+
+    /// Diagnostics: process `token` at `pos` one layer per submit and return the residual
+    /// stream `h [H]` after the embedding and, per layer, `(h after the layer, the layer's
+    /// expert ids best first)` (compare with the oracle's `embd`, `l{n}.h`, `l{n}.moe_experts`
+    /// trace). Writes the KV rows like a step; no logits.
+    pub fn trace_hidden(&self, token: u32, pos: usize) -> Result<(Vec<f32>, Vec<LayerTrace>)> {
+        let (h, k) = (
+            self.weights.cfg.hidden_size,
+            self.weights.cfg.num_experts_per_tok,
+        );
+        self.set_state(token, pos);
+        self.ctx.run_pass(|p| self.k.embed.record(p, &self.embed))?;
+        let embd = self.ctx.read_f32(&self.acts.h, h)?;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for lb in &self.layers {
+            self.ctx
+                .run_pass(|p| self.record_layer(p, lb, pos as u32))?;
+            layers.push((
+                self.ctx.read_f32(&self.acts.h, h)?,
+                self.ctx.read_u32(&self.acts.route, k)?,
+            ));
+        }
+        Ok((embd, layers))
     }
 
     /// Greedy run of up to `n <= max_run` steps from `token` at `pos`, in one submission.

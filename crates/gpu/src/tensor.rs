@@ -154,29 +154,54 @@ pub fn repack_q4_0<'a>(
     Ok((qs, scales))
 }
 
-/// int8-quantised activations on the GPU (see module docs for the layout).
+/// int8-quantised activations on the GPU (see module docs for the layout; the precise
+/// two-part layout is documented in `numerics.rs`).
 #[derive(Debug)]
 pub struct QuantActs {
     /// Elements (a multiple of 32).
     pub n: u32,
-    /// `[n/4]` u32, four i8 per word.
+    /// Two int8 parts per block ([`crate::numerics::Numerics::PreciseInt8`]).
+    pub precise: bool,
+    /// `[n/4]` u32, four i8 per word (`[n/2]` when precise).
     pub q: wgpu::Buffer,
-    /// `[n/32]` vec2<f32> = (d, d * Σq).
+    /// `[n/32]` vec2<f32> = (d, d * Σq) (vec4 `(d1, Σhi, d2, Σlo)` when precise).
     pub s: wgpu::Buffer,
 }
 
 impl QuantActs {
-    /// Zeroed buffers for `n` activations.
+    /// Zeroed buffers for `n` plain int8 activations.
     pub fn new(ctx: &Context, label: &str, n: usize) -> Result<QuantActs> {
+        Self::with_layout(ctx, label, n, false)
+    }
+
+    /// Buffers in the form `numerics` reads, or `None` for f32 activations.
+    pub fn for_numerics(
+        ctx: &Context,
+        label: &str,
+        n: usize,
+        numerics: crate::numerics::Numerics,
+    ) -> Result<Option<QuantActs>> {
+        use crate::numerics::Numerics;
+        match numerics {
+            Numerics::F32 => Ok(None),
+            Numerics::Int8 => Self::with_layout(ctx, label, n, false).map(Some),
+            Numerics::PreciseInt8 => Self::with_layout(ctx, label, n, true).map(Some),
+        }
+    }
+
+    /// Zeroed buffers for `n` activations, two int8 parts per block when `precise`.
+    pub fn with_layout(ctx: &Context, label: &str, n: usize, precise: bool) -> Result<QuantActs> {
         if n == 0 || n % BLOCK != 0 {
             return Err(GpuError::Shape(format!(
                 "{label}: {n} activations is not a positive multiple of 32"
             )));
         }
+        let parts = if precise { 2 } else { 1 };
         Ok(QuantActs {
             n: n as u32,
-            q: ctx.storage(&format!("{label}.q"), n as u64)?,
-            s: ctx.storage(&format!("{label}.s"), (n / BLOCK) as u64 * 8)?,
+            precise,
+            q: ctx.storage(&format!("{label}.q"), n as u64 * parts)?,
+            s: ctx.storage(&format!("{label}.s"), (n / BLOCK) as u64 * 8 * parts)?,
         })
     }
 }

@@ -17,6 +17,7 @@
 //! can serve every layer. Every kernel returns at once when `state.done != 0`.
 
 use crate::context::{Context, GpuError, Result};
+use crate::numerics::{act_out_wgsl, Numerics};
 use crate::state::STATE_WGSL;
 use crate::tensor::QuantActs;
 
@@ -118,7 +119,8 @@ pub struct AttentionKernel {
     rope: wgpu::ComputePipeline,
     chunk: wgpu::ComputePipeline,
     combine: wgpu::ComputePipeline,
-    combine_q8: Option<wgpu::ComputePipeline>,
+    /// Quantised output: plain and precise int8 (`None` unless `D % 32 == 0`).
+    combine_q8: Option<[wgpu::ComputePipeline; 2]>,
     /// `[D/2]` f32.
     inv_freq: wgpu::Buffer,
 }
@@ -155,7 +157,8 @@ pub struct AttentionBinding {
     rope: wgpu::BindGroup,
     chunk: wgpu::BindGroup,
     combine: wgpu::BindGroup,
-    quantized: bool,
+    /// Index into `combine_q8` when the output is quantised.
+    quantized: Option<usize>,
 }
 
 fn u32_const(name: &str, v: u32) -> String {
@@ -213,15 +216,24 @@ impl AttentionKernel {
             ),
             "chunk",
         )?;
-        let combine_src = src(
-            COMBINE_WG,
-            "",
-            include_str!("../shaders/attention_combine.wgsl"),
-        );
-        let module = ctx.module("attention.combine", &combine_src)?;
+        let combine_src = |n: Numerics| {
+            src(
+                COMBINE_WG,
+                &act_out_wgsl(n, 4, 5),
+                include_str!("../shaders/attention_combine.wgsl"),
+            )
+        };
+        let module = ctx.module("attention.combine", &combine_src(Numerics::Int8))?;
         let combine = ctx.pipeline("attention.combine", &module, "combine")?;
         let combine_q8 = if d % 32 == 0 {
-            Some(ctx.pipeline("attention.combine_q8", &module, "combine_q8")?)
+            let precise = ctx.module(
+                "attention.combine.precise",
+                &combine_src(Numerics::PreciseInt8),
+            )?;
+            Some([
+                ctx.pipeline("attention.combine_q8", &module, "combine_q8")?,
+                ctx.pipeline("attention.combine_q8.precise", &precise, "combine_q8")?,
+            ])
         } else {
             None
         };
@@ -306,7 +318,8 @@ impl AttentionKernel {
         ];
         let pipe = match (b.out_q, &self.combine_q8) {
             (None, _) => &self.combine,
-            (Some(q), Some(pipe)) => {
+            (Some(q), Some(pipes)) => {
+                let pipe = &pipes[q.precise as usize];
                 if q.n as u64 != hq * d {
                     return Err(GpuError::Shape(format!(
                         "attention out_q holds {} activations, need {}",
@@ -329,7 +342,7 @@ impl AttentionKernel {
             rope,
             chunk,
             combine,
-            quantized: b.out_q.is_some(),
+            quantized: b.out_q.map(|q| q.precise as usize),
         })
     }
 
@@ -346,7 +359,7 @@ impl AttentionKernel {
         pass.set_bind_group(0, &b.chunk, &[]);
         pass.dispatch_workgroups(chunks, p.kv_heads, 1);
         match (&self.combine_q8, b.quantized) {
-            (Some(q8), true) => pass.set_pipeline(q8),
+            (Some(q8), Some(i)) => pass.set_pipeline(&q8[i]),
             _ => pass.set_pipeline(&self.combine),
         }
         pass.set_bind_group(0, &b.combine, &[]);

@@ -1,7 +1,7 @@
-//! Matrix-vector products: int4 (repacked Q4_0) weights with int8-quantised activations via
-//! `dot4I8Packed` (the fast path: ~2.4x the f32-activation variant on an H200), the same with
-//! f32 activations (kept for parity checks), a plain f32 matvec (router), and the activation
-//! quantiser.
+//! Matrix-vector products: int4 (repacked Q4_0) weights with activations in any
+//! [`Numerics`] form (int8 via `dot4I8Packed` is the fastest: ~2.4x the f32-activation variant on
+//! an H200; precise int8 is two int8 parts; f32), a plain f32 matvec (router), and the
+//! activation quantiser.
 //!
 //! Every matvec uses 256-thread workgroups of 8 rows x 32 lanes and a shared-memory tree
 //! reduction, so no subgroup size is assumed. A matrix split across bindings is one dispatch
@@ -9,20 +9,14 @@
 //! immediately when the run state says `done`.
 
 use crate::context::{Context, GpuError, Result};
+use crate::numerics::{act_in_wgsl, act_out_wgsl, Numerics};
 use crate::state::with_state;
 use crate::tensor::{F32Matrix, Q4Matrix, QuantActs, BLOCK};
 
+pub use crate::numerics::Act;
+
 /// Rows per matvec workgroup (must match `RPW` in the shaders).
 const ROWS_PER_WG: u32 = 8;
-
-/// The activation a Q4 matvec reads.
-#[derive(Clone, Copy)]
-pub enum Act<'a> {
-    /// int8 per block of 32 (fast path).
-    Int8(&'a QuantActs),
-    /// f32 `[cols]` (parity path).
-    F32(&'a wgpu::Buffer),
-}
 
 /// Bind groups (one per matrix part) of one matvec, ready to record.
 pub struct MatvecBinding {
@@ -32,8 +26,7 @@ pub struct MatvecBinding {
 
 #[derive(Clone, Copy)]
 enum Which {
-    Q4I8,
-    Q4F32,
+    Q4(Numerics),
     F32,
 }
 
@@ -72,25 +65,32 @@ fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
 
 /// The matvec pipelines (compiled once per context).
 pub struct MatvecKernel {
-    q4_i8: wgpu::ComputePipeline,
-    q4_f32: wgpu::ComputePipeline,
+    /// One Q4 pipeline per activation form, in [`Numerics::ALL`] order.
+    q4: Vec<wgpu::ComputePipeline>,
     f32: wgpu::ComputePipeline,
+}
+
+fn q4_index(n: Numerics) -> usize {
+    Numerics::ALL.iter().position(|m| *m == n).unwrap_or(0)
 }
 
 impl MatvecKernel {
     pub fn new(ctx: &Context) -> Result<MatvecKernel> {
         let src = |s: &str| with_state(s);
+        let body = include_str!("../shaders/matvec_q4.wgsl");
+        let q4 = Numerics::ALL
+            .into_iter()
+            .map(|n| {
+                let label = format!("matvec_q4.{n}");
+                ctx.compute(
+                    &label,
+                    &src(&format!("{}{body}", act_in_wgsl(n, 2, 3))),
+                    "main",
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(MatvecKernel {
-            q4_i8: ctx.compute(
-                "matvec_q4_i8",
-                &src(include_str!("../shaders/matvec_q4_i8.wgsl")),
-                "main",
-            )?,
-            q4_f32: ctx.compute(
-                "matvec_q4_f32",
-                &src(include_str!("../shaders/matvec_q4_f32.wgsl")),
-                "main",
-            )?,
+            q4,
             f32: ctx.compute(
                 "matvec_f32",
                 &src(include_str!("../shaders/matvec_f32.wgsl")),
@@ -109,62 +109,36 @@ impl MatvecKernel {
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
         check_out(y, m.rows, "matvec_q4")?;
+        let bad = match x {
+            Act::Int8(a) => a.n != m.cols,
+            Act::F32(_) => x.len() < m.cols as u64,
+        };
+        if bad {
+            return Err(GpuError::Shape(format!(
+                "matvec_q4: {} activations for {} columns",
+                x.len(),
+                m.cols
+            )));
+        }
         let bpr = m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
             let (p, grid) = params(ctx, part.rows, bpr, part.row_start)?;
-            let bg = match x {
-                Act::Int8(a) => {
-                    if a.n != m.cols {
-                        return Err(GpuError::Shape(format!(
-                            "matvec_q4: {} activations for {} columns",
-                            a.n, m.cols
-                        )));
-                    }
-                    ctx.bind_group(
-                        "matvec_q4_i8",
-                        &self.q4_i8,
-                        &[
-                            part.qs.as_entire_binding(),
-                            part.scales.as_entire_binding(),
-                            a.q.as_entire_binding(),
-                            a.s.as_entire_binding(),
-                            y.as_entire_binding(),
-                            p.as_entire_binding(),
-                            state.as_entire_binding(),
-                        ],
-                    )?
-                }
-                Act::F32(xb) => {
-                    if xb.size() < m.cols as u64 * 4 {
-                        return Err(GpuError::Shape(format!(
-                            "matvec_q4: x holds {} bytes for {} columns",
-                            xb.size(),
-                            m.cols
-                        )));
-                    }
-                    ctx.bind_group(
-                        "matvec_q4_f32",
-                        &self.q4_f32,
-                        &[
-                            part.qs.as_entire_binding(),
-                            part.scales.as_entire_binding(),
-                            xb.as_entire_binding(),
-                            y.as_entire_binding(),
-                            p.as_entire_binding(),
-                            state.as_entire_binding(),
-                        ],
-                    )?
-                }
-            };
+            let mut entries = vec![
+                (0, part.qs.as_entire_binding()),
+                (1, part.scales.as_entire_binding()),
+                (4, y.as_entire_binding()),
+                (5, p.as_entire_binding()),
+                (6, state.as_entire_binding()),
+            ];
+            entries.extend(x.entries(2, 3));
+            let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
+            let pipe = &self.q4[q4_index(x.numerics())];
+            let bg = ctx.bind_group_at("matvec_q4", pipe, &ids, &res)?;
             dispatches.push((bg, grid));
         }
-        let pipeline = match x {
-            Act::Int8(_) => Which::Q4I8,
-            Act::F32(_) => Which::Q4F32,
-        };
         Ok(MatvecBinding {
-            pipeline,
+            pipeline: Which::Q4(x.numerics()),
             dispatches,
         })
     }
@@ -211,8 +185,7 @@ impl MatvecKernel {
     /// Record the dispatches (one per matrix part).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &MatvecBinding) {
         pass.set_pipeline(match b.pipeline {
-            Which::Q4I8 => &self.q4_i8,
-            Which::Q4F32 => &self.q4_f32,
+            Which::Q4(n) => &self.q4[q4_index(n)],
             Which::F32 => &self.f32,
         });
         for (bg, (gx, gy)) in &b.dispatches {
@@ -224,23 +197,27 @@ impl MatvecKernel {
 
 /// The activation quantiser: f32 `x[n]` -> [`QuantActs`] (one thread per block of 32).
 pub struct QuantizeKernel {
-    pipeline: wgpu::ComputePipeline,
+    /// Plain and precise int8 outputs.
+    plain: wgpu::ComputePipeline,
+    precise: wgpu::ComputePipeline,
 }
 
 /// Bind group of one quantisation.
 pub struct QuantizeBinding {
+    precise: bool,
     bg: wgpu::BindGroup,
     grid: (u32, u32),
 }
 
 impl QuantizeKernel {
     pub fn new(ctx: &Context) -> Result<QuantizeKernel> {
+        let src = |n: Numerics| {
+            let body = include_str!("../shaders/quantize.wgsl");
+            with_state(&format!("{}{body}", act_out_wgsl(n, 1, 2)))
+        };
         Ok(QuantizeKernel {
-            pipeline: ctx.compute(
-                "quantize",
-                &with_state(include_str!("../shaders/quantize.wgsl")),
-                "main",
-            )?,
+            plain: ctx.compute("quantize", &src(Numerics::Int8), "main")?,
+            precise: ctx.compute("quantize.precise", &src(Numerics::PreciseInt8), "main")?,
         })
     }
 
@@ -265,9 +242,14 @@ impl QuantizeKernel {
             "quantize.params",
             bytemuck::cast_slice(&[blocks, grid.0, 0, 0]),
         )?;
+        let pipe = if out.precise {
+            &self.precise
+        } else {
+            &self.plain
+        };
         let bg = ctx.bind_group(
             "quantize",
-            &self.pipeline,
+            pipe,
             &[
                 x.as_entire_binding(),
                 out.q.as_entire_binding(),
@@ -276,11 +258,19 @@ impl QuantizeKernel {
                 state.as_entire_binding(),
             ],
         )?;
-        Ok(QuantizeBinding { bg, grid })
+        Ok(QuantizeBinding {
+            precise: out.precise,
+            bg,
+            grid,
+        })
     }
 
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &QuantizeBinding) {
-        pass.set_pipeline(&self.pipeline);
+        pass.set_pipeline(if b.precise {
+            &self.precise
+        } else {
+            &self.plain
+        });
         pass.set_bind_group(0, &b.bg, &[]);
         pass.dispatch_workgroups(b.grid.0, b.grid.1, 1);
     }

@@ -1,6 +1,7 @@
 //! WGSL kernels, one family per file. Every file holds the kernel, its scalar CPU reference and
 //! its lavapipe tests; the WGSL sources live in `src/shaders/`.
 
+pub mod advance;
 pub mod argmax;
 pub mod attention;
 pub mod embed;
@@ -9,5 +10,7 @@ pub mod matvec;
 mod matvec_tests;
 pub mod moe;
 pub mod norm;
+#[cfg(test)]
+mod numerics_tests;
 #[cfg(test)]
 mod step_tests;

@@ -9,15 +9,17 @@
 //!
 //! The expert ids never leave the GPU. Top-k ties go to the lower index; the route is sorted by
 //! descending weight; weights are renormalised over the K chosen iff `norm_topk_prob`.
-//! `gate_up` computes `h_k = silu(Wg[e_k] x) * (Wu[e_k] x)` with int8 `x` and writes `h` as f32
-//! `[K, I]` and int8 per block of 32 (tensor.rs layout); `down` computes
-//! `y = Σ_k w_k Wd[e_k] h_k` from the int8 `h` and adds it into (or writes) `out [H]`.
+//! `gate_up` computes `h_k = silu(Wg[e_k] x) * (Wu[e_k] x)` and writes `h` as f32 `[K, I]` and,
+//! for the int8 numerics, quantised per block of 32; `down` computes `y = Σ_k w_k Wd[e_k] h_k`
+//! and adds it into (or writes) `out [H]`. The activation form of `x` and `h` (f32, precise int8,
+//! int8) is the kernel's [`Numerics`], fixed when it is compiled (numerics.rs).
 //!
 //! Weights are [`Q4Matrix`] with `rows = E * out`; a tensor split over several bindings must
 //! split on whole experts (`row_multiple = out`): one dispatch per part, each part's workgroups
 //! skip the experts it does not hold. The route buffer is `[2K]` u32: ids, then weight bits.
 
 use crate::context::{Context, GpuError, Result};
+use crate::numerics::{act_in_wgsl, act_out_wgsl, Act, Numerics};
 use crate::state::STATE_WGSL;
 use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
 
@@ -92,6 +94,7 @@ pub enum Routing {
 #[derive(Debug)]
 pub struct MoeKernel {
     pub params: MoeParams,
+    pub numerics: Numerics,
     router: wgpu::ComputePipeline,
     gate_up: wgpu::ComputePipeline,
     gate_up_routed: wgpu::ComputePipeline,
@@ -107,16 +110,17 @@ pub struct MoeBuffers<'a> {
     pub logits: &'a wgpu::Buffer,
     /// `[2K]` u32 route (written here: ids, then f32 weight bits).
     pub route: &'a wgpu::Buffer,
-    /// `[H]` int8 input (post-attention RMSNorm output).
-    pub x: &'a QuantActs,
+    /// `[H]` input (post-attention RMSNorm output) in the kernel's numerics form.
+    pub x: Act<'a>,
     /// `[E*I, H]` gate and up, `[E*H, I]` down.
     pub gate: &'a Q4Matrix,
     pub up: &'a Q4Matrix,
     pub down: &'a Q4Matrix,
     /// `[K, I]` f32 SiLU(gate) * up (scratch, also read by tests).
     pub h: &'a wgpu::Buffer,
-    /// `[K*I]` the same, int8-quantised: the down kernel's input.
-    pub h_q: &'a QuantActs,
+    /// `[K*I]` the same, int8-quantised: the down kernel's input (`None` for f32 numerics,
+    /// where down reads `h`).
+    pub h_q: Option<&'a QuantActs>,
     /// `[H]` f32 output.
     pub out: &'a wgpu::Buffer,
     /// Add the MoE output into `out` (the residual stream) instead of overwriting it.
@@ -163,8 +167,14 @@ fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u
 }
 
 impl MoeKernel {
-    /// Compile the router, gate/up (both routings) and down pipelines for `params`.
+    /// Compile the router, gate/up (both routings) and down pipelines for `params` with plain
+    /// int8 activations.
     pub fn new(ctx: &Context, params: MoeParams) -> Result<Self> {
+        Self::with_numerics(ctx, params, Numerics::Int8)
+    }
+
+    /// As [`Self::new`] with activations in the form `numerics`.
+    pub fn with_numerics(ctx: &Context, params: MoeParams, numerics: Numerics) -> Result<Self> {
         params.validate()?;
         let p = &params;
         let shared = (p.experts + p.top_k + 2 * WG + 32) as u64 * 4;
@@ -182,21 +192,25 @@ impl MoeKernel {
         );
         let router = ctx.compute("moe.router", &router_src, "main")?;
         let gu_src = format!(
-            "{}{route}{}",
+            "{}{route}{}{}{}",
             consts(p, GATE_UP_T, p.hidden),
+            act_in_wgsl(numerics, 4, 5),
+            act_out_wgsl(numerics, 11, 12),
             include_str!("../shaders/moe_gate_up.wgsl")
         );
         let gu = ctx.module("moe.gate_up", &gu_src)?;
         let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
         let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
         let down_src = format!(
-            "{}{}",
+            "{}{}{}",
             consts(p, DOWN_T, p.inter),
+            act_in_wgsl(numerics, 3, 4),
             include_str!("../shaders/moe_down.wgsl")
         );
         let down = ctx.compute("moe.down", &down_src, "main")?;
         Ok(MoeKernel {
             params,
+            numerics,
             router,
             gate_up,
             gate_up_routed,
@@ -234,12 +248,22 @@ impl MoeKernel {
         need(b.route, 2 * k as u64 * 4, "route")?;
         need(b.h, (k * i) as u64 * 4, "h")?;
         need(b.out, h as u64 * 4, "out")?;
-        if b.x.n != h || b.h_q.n != k * i {
+        let hq_ok = match (self.numerics, b.h_q) {
+            (Numerics::F32, None) => true,
+            (n, Some(q)) => {
+                q.n == k * i && n.quantized() && q.precise == (n == Numerics::PreciseInt8)
+            }
+            _ => false,
+        };
+        if b.x.len() < h as u64 || b.x.numerics() != self.numerics || !hq_ok {
             return Err(GpuError::Shape(format!(
-                "MoE int8 buffers hold x {} / h {} activations, need {h} / {}",
-                b.x.n,
-                b.h_q.n,
-                k * i
+                "MoE ({}) activations: x holds {} ({}), h_q {:?}; need {h} and {} ({})",
+                self.numerics,
+                b.x.len(),
+                b.x.numerics(),
+                b.h_q.map(|q| (q.n, q.precise)),
+                k * i,
+                self.numerics
             )));
         }
         if b.gate.parts.len() != b.up.parts.len() {
@@ -267,54 +291,51 @@ impl MoeKernel {
                 "moe.gate_up.params",
                 bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, 0]),
             )?;
-            let mut res = vec![whole(b.state), whole(&params)];
+            let mut res = vec![(0, whole(b.state)), (1, whole(&params))];
             let pipe = match routing {
                 Routing::Fused => {
-                    res.push(whole(b.logits));
+                    res.push((2, whole(b.logits)));
                     &self.gate_up_routed
                 }
                 Routing::Separate => &self.gate_up,
             };
             res.extend([
-                whole(b.route),
-                whole(&b.x.q),
-                whole(&b.x.s),
-                whole(&g.qs),
-                whole(&g.scales),
-                whole(&u.qs),
-                whole(&u.scales),
-                whole(b.h),
-                whole(&b.h_q.q),
-                whole(&b.h_q.s),
+                (3, whole(b.route)),
+                (6, whole(&g.qs)),
+                (7, whole(&g.scales)),
+                (8, whole(&u.qs)),
+                (9, whole(&u.scales)),
+                (10, whole(b.h)),
             ]);
-            // The routed-from-buffer entry point has no `logits` binding: renumber by position.
-            gate_up.push(bind_sparse(
-                ctx,
-                "moe.gate_up",
-                pipe,
-                &res,
-                routing == Routing::Separate,
-            )?);
+            res.extend(b.x.entries(4, 5));
+            if let Some(q) = b.h_q {
+                res.extend([(11, whole(&q.q)), (12, whole(&q.s))]);
+            }
+            let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
+            gate_up.push(ctx.bind_group_at("moe.gate_up", pipe, &ids, &res)?);
         }
         let mut down = Vec::new();
         for (n, part) in b.down.parts.iter().enumerate() {
             let (lo, hi) = expert_range(part, h, "down")?;
             let acc = (b.residual || n > 0) as u32;
             let params = ctx.uniform("moe.down.params", bytemuck::cast_slice(&[lo, hi, acc, 0]))?;
-            down.push(ctx.bind_group(
-                "moe.down",
-                &self.down,
-                &[
-                    whole(b.state),
-                    whole(&params),
-                    whole(b.route),
-                    whole(&b.h_q.q),
-                    whole(&b.h_q.s),
-                    whole(&part.qs),
-                    whole(&part.scales),
-                    whole(b.out),
-                ],
-            )?);
+            let mut res = vec![
+                (0, whole(b.state)),
+                (1, whole(&params)),
+                (2, whole(b.route)),
+                (5, whole(&part.qs)),
+                (6, whole(&part.scales)),
+                (7, whole(b.out)),
+            ];
+            res.extend(
+                match b.h_q {
+                    Some(q) => Act::Int8(q),
+                    None => Act::F32(b.h),
+                }
+                .entries(3, 4),
+            );
+            let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
+            down.push(ctx.bind_group_at("moe.down", &self.down, &ids, &res)?);
         }
         Ok(MoeBinding {
             routing,
@@ -359,42 +380,6 @@ impl MoeKernel {
 
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
     buf.as_entire_binding()
-}
-
-/// Bind `res` to `pipe`; with `skip_logits`, `res` lacks binding 2 (`logits`), so entries from
-/// index 2 on sit at binding index + 1.
-fn bind_sparse(
-    ctx: &Context,
-    label: &str,
-    pipe: &wgpu::ComputePipeline,
-    res: &[wgpu::BindingResource<'_>],
-    skip_logits: bool,
-) -> Result<wgpu::BindGroup> {
-    if !skip_logits {
-        return ctx.bind_group(label, pipe, res);
-    }
-    let layout = pipe.get_bind_group_layout(0);
-    let entries: Vec<wgpu::BindGroupEntry<'_>> = res
-        .iter()
-        .enumerate()
-        .map(|(n, r)| wgpu::BindGroupEntry {
-            binding: if n < 2 { n as u32 } else { n as u32 + 1 },
-            resource: r.clone(),
-        })
-        .collect();
-    let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(label),
-        layout: &layout,
-        entries: &entries,
-    });
-    match pollster::block_on(scope.pop()) {
-        None => Ok(bg),
-        Some(e) => Err(GpuError::Validation {
-            what: label.to_string(),
-            msg: e.to_string(),
-        }),
-    }
 }
 
 /// Scalar reference of the router: (ids `[K]`, weights `[K]`) sorted by descending probability,

@@ -1,8 +1,9 @@
 //! RMSNorm of the residual stream with an optional fused residual add (`h += r`) and an optional
-//! fused int8 quantisation of the output for the next int4 matvec: one dispatch where a naive
+//! fused int8 (plain or precise) quantisation of the output for the next int4 matvec: one dispatch where a naive
 //! plan needs three. One 256-thread workgroup per vector (the vector is a few thousand floats).
 
 use crate::context::{Context, GpuError, Result};
+use crate::numerics::{act_out_wgsl, Numerics};
 use crate::state::with_state;
 use crate::tensor::{QuantActs, BLOCK};
 
@@ -11,7 +12,9 @@ const QUANT: u32 = 2;
 
 /// The rmsnorm pipeline plus dummy buffers bound in place of unused optional operands.
 pub struct RmsNormKernel {
+    /// Quantised output plain / precise (or none, by a runtime flag).
     pipeline: wgpu::ComputePipeline,
+    precise: wgpu::ComputePipeline,
     dummy_q: wgpu::Buffer,
     dummy_s: wgpu::Buffer,
 }
@@ -34,17 +37,19 @@ pub struct RmsNormArgs<'a> {
 
 /// Bind group of one rmsnorm.
 pub struct RmsNormBinding {
+    precise: bool,
     bg: wgpu::BindGroup,
 }
 
 impl RmsNormKernel {
     pub fn new(ctx: &Context) -> Result<RmsNormKernel> {
+        let src = |n: Numerics| {
+            let body = include_str!("../shaders/rmsnorm.wgsl");
+            with_state(&format!("{}{body}", act_out_wgsl(n, 4, 5)))
+        };
         Ok(RmsNormKernel {
-            pipeline: ctx.compute(
-                "rmsnorm",
-                &with_state(include_str!("../shaders/rmsnorm.wgsl")),
-                "main",
-            )?,
+            pipeline: ctx.compute("rmsnorm", &src(Numerics::Int8), "main")?,
+            precise: ctx.compute("rmsnorm.precise", &src(Numerics::PreciseInt8), "main")?,
             dummy_q: ctx.storage("rmsnorm.dummy_q", 16)?,
             dummy_s: ctx.storage("rmsnorm.dummy_s", 16)?,
         })
@@ -80,9 +85,14 @@ impl RmsNormKernel {
             "rmsnorm.params",
             bytemuck::cast_slice(&[a.n, a.eps.to_bits(), flags, 0]),
         )?;
+        let precise = a.quant.is_some_and(|q| q.precise);
         let bg = ctx.bind_group(
             "rmsnorm",
-            &self.pipeline,
+            if precise {
+                &self.precise
+            } else {
+                &self.pipeline
+            },
             &[
                 a.h.as_entire_binding(),
                 // Unused operands still need a binding; `weight` is read-only like `r`.
@@ -95,11 +105,15 @@ impl RmsNormKernel {
                 state.as_entire_binding(),
             ],
         )?;
-        Ok(RmsNormBinding { bg })
+        Ok(RmsNormBinding { precise, bg })
     }
 
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &RmsNormBinding) {
-        pass.set_pipeline(&self.pipeline);
+        pass.set_pipeline(if b.precise {
+            &self.precise
+        } else {
+            &self.pipeline
+        });
         pass.set_bind_group(0, &b.bg, &[]);
         pass.dispatch_workgroups(1, 1, 1);
     }

@@ -7,7 +7,8 @@
 // `out` (every part of the residual variant, and parts after the first otherwise).
 //
 // route  [2K] u32: ids then f32 weight bits (router or gate_up_routed output)
-// h_q    [K*I/4] u32 packed i8 (vec4 view), h_s [K*I/32] (d, d*Σq)
+// h      [K*I] activation at bindings 3 (4) in the form of the numerics snippet (numerics.rs):
+//        f32, int8 or precise int8; read through `act_dot`
 // qs, sc [(e_hi-e_lo)*H*NB] Q4_0 blocks of the part (tensor.rs layout)
 // out    [H] f32
 
@@ -16,13 +17,9 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 @group(0) @binding(0) var<storage, read> state: State;
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> route: array<u32>;
-@group(0) @binding(3) var<storage, read> h_q: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> h_s: array<vec2<f32>>;
 @group(0) @binding(5) var<storage, read> qs: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> sc: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
-
-const LO: u32 = 0x0F0F0F0Fu;
 
 var<workgroup> red: array<f32, WG>;
 var<workgroup> ids: array<u32, K>;
@@ -31,14 +28,6 @@ var<workgroup> wts: array<f32, K>;
 fn scale(i: u32) -> f32 {
     let v = unpack2x16float(sc[i >> 1u]);
     return select(v.x, v.y, (i & 1u) == 1u);
-}
-
-fn block_dot(w: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>) -> i32 {
-    let l = w & vec4<u32>(LO);
-    let hi = (w >> vec4<u32>(4u)) & vec4<u32>(LO);
-    return dot4I8Packed(l.x, q0.x) + dot4I8Packed(l.y, q0.y) + dot4I8Packed(l.z, q0.z)
-        + dot4I8Packed(l.w, q0.w) + dot4I8Packed(hi.x, q1.x) + dot4I8Packed(hi.y, q1.y)
-        + dot4I8Packed(hi.z, q1.z) + dot4I8Packed(hi.w, q1.w);
 }
 
 @compute @workgroup_size(WG)
@@ -67,10 +56,7 @@ fn main(
         let e = ids[k];
         if (e >= params.e_lo && e < params.e_hi) {
             let blk = ((e - params.e_lo) * H + crow) * NB + b;
-            let xb = k * NB + b;
-            let sx = h_s[xb];
-            let d = block_dot(qs[blk], h_q[2u * xb], h_q[2u * xb + 1u]);
-            acc += wts[k] * scale(blk) * (sx.x * f32(d) - 8.0 * sx.y);
+            acc += wts[k] * scale(blk) * act_dot(qs[blk], k * NB + b);
         }
     }
     red[li] = acc;

@@ -12,10 +12,12 @@
 // A weight tensor larger than one binding is split into parts of whole experts; the host records
 // one dispatch per part and `params` says which experts the bound part holds.
 //
-// x_q    [H/4] u32 packed i8 (viewed as vec4: block b = vec4s 2b, 2b+1), x_s [H/32] (d, d*Σq)
+// x      [H] activation at bindings 4 (5) in the form of the numerics snippet (numerics.rs):
+//        f32, int8 or precise int8; read through `act_dot2`
 // gate_qs, up_qs   [(e_hi-e_lo)*I*NB] vec4<u32> Q4_0 nibbles, *_sc f16 scale pairs (tensor.rs)
 // route  [2K] u32: ids then f32 weight bits
-// h      [K, I] f32 = silu(gate) * up; h_q [K*I/4] u32, h_s [K*I/32] (d, d*Σq): h int8-quantised
+// h      [K, I] f32 = silu(gate) * up; bindings 11, 12: h quantised by `act_store` (int8 forms
+//        only; the numerics snippet declares them)
 
 struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 
@@ -23,27 +25,16 @@ struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> route: array<u32>;
-@group(0) @binding(4) var<storage, read> x_q: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read> x_s: array<vec2<f32>>;
 @group(0) @binding(6) var<storage, read> gate_qs: array<vec4<u32>>;
 @group(0) @binding(7) var<storage, read> gate_sc: array<u32>;
 @group(0) @binding(8) var<storage, read> up_qs: array<vec4<u32>>;
 @group(0) @binding(9) var<storage, read> up_sc: array<u32>;
 @group(0) @binding(10) var<storage, read_write> h: array<f32>;
-@group(0) @binding(11) var<storage, read_write> h_q: array<u32>;
-@group(0) @binding(12) var<storage, read_write> h_s: array<vec2<f32>>;
-
-const LO: u32 = 0x0F0F0F0Fu;
 
 var<workgroup> red_g: array<f32, WG>;
 var<workgroup> red_u: array<f32, WG>;
 var<workgroup> hv: array<f32, R>;
 var<workgroup> slot_e: u32;
-
-// Round half away from zero (like quantize.wgsl and tensor::quantize_acts_ref), clamp to +-127.
-fn q8(t: f32) -> i32 {
-    return i32(clamp(sign(t) * floor(abs(t) + 0.5), -127.0, 127.0));
-}
 
 fn gscale(i: u32) -> f32 {
     let v = unpack2x16float(gate_sc[i >> 1u]);
@@ -52,15 +43,6 @@ fn gscale(i: u32) -> f32 {
 fn uscale(i: u32) -> f32 {
     let v = unpack2x16float(up_sc[i >> 1u]);
     return select(v.x, v.y, (i & 1u) == 1u);
-}
-
-// Σ over one block of (nibble) * (int8 x): low nibbles pair with x words 0-3, high with 4-7.
-fn block_dot(w: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>) -> i32 {
-    let l = w & vec4<u32>(LO);
-    let hi = (w >> vec4<u32>(4u)) & vec4<u32>(LO);
-    return dot4I8Packed(l.x, q0.x) + dot4I8Packed(l.y, q0.y) + dot4I8Packed(l.z, q0.z)
-        + dot4I8Packed(l.w, q0.w) + dot4I8Packed(hi.x, q1.x) + dot4I8Packed(hi.y, q1.y)
-        + dot4I8Packed(hi.z, q1.z) + dot4I8Packed(hi.w, q1.w);
 }
 
 // Rows [32 wid.x, +32) of expert e for slot k. `e` is workgroup-uniform.
@@ -76,11 +58,9 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
     var au = 0.0;
     for (var b = lane; b < NB; b += T) {
         let blk = wrow * NB + b;
-        let q0 = x_q[2u * b];
-        let q1 = x_q[2u * b + 1u];
-        let sx = x_s[b];
-        ag += gscale(blk) * (sx.x * f32(block_dot(gate_qs[blk], q0, q1)) - 8.0 * sx.y);
-        au += uscale(blk) * (sx.x * f32(block_dot(up_qs[blk], q0, q1)) - 8.0 * sx.y);
+        let gu = act_dot2(gate_qs[blk], up_qs[blk], b);
+        ag += gscale(blk) * gu.x;
+        au += uscale(blk) * gu.y;
     }
     red_g[li] = ag;
     red_u[li] = au;
@@ -99,28 +79,13 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
         hv[team] = v;
     }
     workgroupBarrier();
-    // Quantise the 32 outputs (one block): thread w < 8 packs elements 4w..4w+3.
-    if (li < 8u) {
-        var amax = 0.0;
+    // Quantise the 32 outputs (one block; a no-op for f32 numerics).
+    if (li == 0u) {
+        var v: array<f32, 32>;
         for (var j = 0u; j < R; j++) {
-            amax = max(amax, abs(hv[j]));
+            v[j] = hv[j];
         }
-        let d = amax / 127.0;
-        let id = select(0.0, 1.0 / d, d > 0.0);
-        var word = 0u;
-        for (var j = 0u; j < 4u; j++) {
-            let q = i32(q8(hv[li * 4u + j] * id));
-            word |= (u32(q) & 0xFFu) << (8u * j);
-        }
-        let base = k * I + bx * R;
-        h_q[base / 4u + li] = word;
-        if (li == 0u) {
-            var sum = 0;
-            for (var j = 0u; j < R; j++) {
-                sum += i32(q8(hv[j] * id));
-            }
-            h_s[base / 32u] = vec2<f32>(d, d * f32(sum));
-        }
+        act_store(v, (k * I + bx * R) / 32u);
     }
 }
 

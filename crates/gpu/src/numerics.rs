@@ -1,0 +1,394 @@
+//! Activation numerics of the int4 matvecs: which form of the input vector every Q4 kernel
+//! (dense matvec, MoE gate/up, MoE down) reads, the WGSL snippets that read and write each form,
+//! and scalar simulations of the quantisation for the kernel tests.
+//!
+//! Variants ([`Numerics`]), from most to least exact:
+//! - `F32`: the f32 activations themselves (`x: array<vec4<f32>>`); ~1.6 TB/s on an H200.
+//! - `PreciseInt8`: two int8 parts per block of 32, `hi = round(x / d1)`, `lo = round((x -
+//!   hi*d1) / d2)` with `d1 = amax / 127`, `d2 = amax(x - hi*d1) / 127`: two `dot4I8Packed` per
+//!   4 weights, ~1e-5 relative error (the residual of plain int8 shrunk ~250x).
+//! - `Int8`: one int8 part per block (`q = round(x / d)`), ~4e-3 relative error per matvec.
+//!
+//! GPU layouts ([`crate::tensor::QuantActs`], `n` elements, block `b` = elements `32b..32b+32`):
+//! - Int8: `q` `[n/4]` u32 (byte k of word i = element 4i+k), `s` `[n/32]` vec2 `(d, d*Σq)`.
+//! - PreciseInt8: `q` `[n/2]` u32, block b = words `16b..16b+8` (hi, as Int8) then
+//!   `16b+8..16b+16` (lo); `s` `[n/32]` vec4 `(d1, Σhi, d2, Σlo)` with the sums as exact small
+//!   integers in f32, so the Q4_0 offset of 8 is removed in integer arithmetic.
+//!
+//! Rounding is half away from zero then clamped to ±127 everywhere (GPU and simulations).
+
+use crate::tensor::{QuantActs, BLOCK};
+use std::fmt;
+use std::str::FromStr;
+
+/// Which activations the int4 matvecs read (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    F32,
+    PreciseInt8,
+    Int8,
+}
+
+impl Numerics {
+    pub const ALL: [Numerics; 3] = [Numerics::F32, Numerics::PreciseInt8, Numerics::Int8];
+
+    /// The default: the fastest variant that keeps the oracle-parity bar on lavapipe
+    /// (docs/BENCHMARKS.md, "GPU numerics variants").
+    pub const DEFAULT: Numerics = Numerics::PreciseInt8;
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::F32 => "f32",
+            Numerics::PreciseInt8 => "precise-int8",
+            Numerics::Int8 => "int8",
+        }
+    }
+
+    /// Whether the activations are quantised (the producers write a [`QuantActs`]).
+    pub fn quantized(self) -> bool {
+        self != Numerics::F32
+    }
+}
+
+impl Default for Numerics {
+    fn default() -> Self {
+        Numerics::DEFAULT
+    }
+}
+
+impl fmt::Display for Numerics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Numerics {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Numerics::ALL
+            .into_iter()
+            .find(|n| n.name() == s)
+            .ok_or_else(|| format!("unknown numerics '{s}': expected f32, precise-int8 or int8"))
+    }
+}
+
+/// The activation a Q4 kernel reads.
+#[derive(Clone, Copy, Debug)]
+pub enum Act<'a> {
+    /// f32 `[cols]` ([`Numerics::F32`]).
+    F32(&'a wgpu::Buffer),
+    /// Quantised ([`Numerics::Int8`] or [`Numerics::PreciseInt8`] per `QuantActs::precise`).
+    Int8(&'a QuantActs),
+}
+
+impl<'a> Act<'a> {
+    pub fn numerics(&self) -> Numerics {
+        match self {
+            Act::F32(_) => Numerics::F32,
+            Act::Int8(q) if q.precise => Numerics::PreciseInt8,
+            Act::Int8(_) => Numerics::Int8,
+        }
+    }
+
+    /// `(binding, resource)` entries for the snippet of [`act_in_wgsl`] at bindings `bq`, `bs`.
+    pub fn entries(&self, bq: u32, bs: u32) -> Vec<(u32, wgpu::BindingResource<'a>)> {
+        match self {
+            Act::F32(x) => vec![(bq, x.as_entire_binding())],
+            Act::Int8(a) => vec![(bq, a.q.as_entire_binding()), (bs, a.s.as_entire_binding())],
+        }
+    }
+
+    /// Elements the activation holds (f32: by buffer size).
+    pub fn len(&self) -> u64 {
+        match self {
+            Act::F32(x) => x.size() / 4,
+            Act::Int8(a) => a.n as u64,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+const NIB_DOT: &str = "
+const ACT_LO: u32 = 0x0F0F0F0Fu;
+// Σ over one block of nibble * int8: low nibbles pair with words q0, high nibbles with q1.
+fn act_nib_dot(w: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>) -> i32 {
+    let l = w & vec4<u32>(ACT_LO);
+    let h = (w >> vec4<u32>(4u)) & vec4<u32>(ACT_LO);
+    return dot4I8Packed(l.x, q0.x) + dot4I8Packed(l.y, q0.y) + dot4I8Packed(l.z, q0.z)
+        + dot4I8Packed(l.w, q0.w) + dot4I8Packed(h.x, q1.x) + dot4I8Packed(h.y, q1.y)
+        + dot4I8Packed(h.z, q1.z) + dot4I8Packed(h.w, q1.w);
+}
+";
+
+/// WGSL declaring the input activation at bindings `bq` (and `bs`) and
+/// `fn act_dot(w: vec4<u32>, b: u32) -> f32` = Σ_j (nibble_j - 8) · x_j over block `b` of the
+/// activation for one Q4_0 block `w` (the weight scale is applied by the caller), plus
+/// `act_dot2(w1, w2, b) -> vec2<f32>` for two weight blocks sharing one activation load.
+pub fn act_in_wgsl(n: Numerics, bq: u32, bs: u32) -> String {
+    match n {
+        Numerics::F32 => format!(
+            "@group(0) @binding({bq}) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
+fn act_lo4(v: u32) -> vec4<f32> {{ return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)); }}
+fn act_hi4(v: u32) -> vec4<f32> {{ return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u)); }}
+fn act_wdot(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
+            x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {{
+    return dot(act_lo4(w.x), x0) + dot(act_lo4(w.y), x1) + dot(act_lo4(w.z), x2) + dot(act_lo4(w.w), x3)
+         + dot(act_hi4(w.x), x4) + dot(act_hi4(w.y), x5) + dot(act_hi4(w.z), x6) + dot(act_hi4(w.w), x7);
+}}
+fn act_dot2(w1: vec4<u32>, w2: vec4<u32>, b: u32) -> vec2<f32> {{
+    let xb = b * 8u;
+    let x0 = act_x[xb]; let x1 = act_x[xb + 1u]; let x2 = act_x[xb + 2u]; let x3 = act_x[xb + 3u];
+    let x4 = act_x[xb + 4u]; let x5 = act_x[xb + 5u]; let x6 = act_x[xb + 6u]; let x7 = act_x[xb + 7u];
+    let s8 = 8.0 * dot((x0 + x1) + (x2 + x3) + (x4 + x5) + (x6 + x7), vec4<f32>(1.0));
+    return vec2<f32>(act_wdot(w1, x0, x1, x2, x3, x4, x5, x6, x7) - s8,
+                     act_wdot(w2, x0, x1, x2, x3, x4, x5, x6, x7) - s8);
+}}
+fn act_dot(w: vec4<u32>, b: u32) -> f32 {{
+    let xb = b * 8u;
+    let x0 = act_x[xb]; let x1 = act_x[xb + 1u]; let x2 = act_x[xb + 2u]; let x3 = act_x[xb + 3u];
+    let x4 = act_x[xb + 4u]; let x5 = act_x[xb + 5u]; let x6 = act_x[xb + 6u]; let x7 = act_x[xb + 7u];
+    let s8 = 8.0 * dot((x0 + x1) + (x2 + x3) + (x4 + x5) + (x6 + x7), vec4<f32>(1.0));
+    return act_wdot(w, x0, x1, x2, x3, x4, x5, x6, x7) - s8;
+}}
+"
+        ),
+        Numerics::Int8 => format!(
+            "@group(0) @binding({bq}) var<storage, read> act_q: array<vec4<u32>>; // [n/16]
+@group(0) @binding({bs}) var<storage, read> act_s: array<vec2<f32>>; // [n/32] (d, d*Σq)
+{NIB_DOT}
+fn act_dot(w: vec4<u32>, b: u32) -> f32 {{
+    let s = act_s[b];
+    return s.x * f32(act_nib_dot(w, act_q[2u * b], act_q[2u * b + 1u])) - 8.0 * s.y;
+}}
+fn act_dot2(w1: vec4<u32>, w2: vec4<u32>, b: u32) -> vec2<f32> {{
+    let s = act_s[b];
+    let q0 = act_q[2u * b];
+    let q1 = act_q[2u * b + 1u];
+    return vec2<f32>(s.x * f32(act_nib_dot(w1, q0, q1)) - 8.0 * s.y,
+                     s.x * f32(act_nib_dot(w2, q0, q1)) - 8.0 * s.y);
+}}
+"
+        ),
+        Numerics::PreciseInt8 => format!(
+            "@group(0) @binding({bq}) var<storage, read> act_q: array<vec4<u32>>; // [n/8]
+@group(0) @binding({bs}) var<storage, read> act_s: array<vec4<f32>>; // [n/32] (d1, Σhi, d2, Σlo)
+{NIB_DOT}
+// Offsets removed in integers: Σ(nib-8)q = Σ nib*q - 8Σq, exact (|.| < 2^17).
+fn act_dotq(w: vec4<u32>, s: vec4<f32>, h0: vec4<u32>, h1: vec4<u32>, l0: vec4<u32>, l1: vec4<u32>) -> f32 {{
+    let hi = act_nib_dot(w, h0, h1) - 8 * i32(s.y);
+    let lo = act_nib_dot(w, l0, l1) - 8 * i32(s.w);
+    return s.x * f32(hi) + s.z * f32(lo);
+}}
+fn act_dot(w: vec4<u32>, b: u32) -> f32 {{
+    return act_dotq(w, act_s[b], act_q[4u * b], act_q[4u * b + 1u], act_q[4u * b + 2u], act_q[4u * b + 3u]);
+}}
+fn act_dot2(w1: vec4<u32>, w2: vec4<u32>, b: u32) -> vec2<f32> {{
+    let s = act_s[b];
+    let h0 = act_q[4u * b]; let h1 = act_q[4u * b + 1u];
+    let l0 = act_q[4u * b + 2u]; let l1 = act_q[4u * b + 3u];
+    return vec2<f32>(act_dotq(w1, s, h0, h1, l0, l1), act_dotq(w2, s, h0, h1, l0, l1));
+}}
+"
+        ),
+    }
+}
+
+const Q8: &str = "
+// Round half away from zero, clamp to ±127 (as numerics::q8 on the host).
+fn act_q8(t: f32) -> i32 {
+    return i32(clamp(sign(t) * floor(abs(t) + 0.5), -127.0, 127.0));
+}
+";
+
+/// WGSL declaring the quantised output at bindings `bq`, `bs` and
+/// `fn act_store(v: array<f32, 32>, blk: u32)` writing block `blk` of it from the 32 values `v`.
+/// For [`Numerics::F32`] nothing is declared and `act_store` does nothing (producers always
+/// write their f32 output themselves).
+pub fn act_out_wgsl(n: Numerics, bq: u32, bs: u32) -> String {
+    match n {
+        Numerics::F32 => "fn act_store(v: array<f32, 32>, blk: u32) {}\n".to_string(),
+        Numerics::Int8 => format!(
+            "@group(0) @binding({bq}) var<storage, read_write> out_q: array<u32>; // [n/4]
+@group(0) @binding({bs}) var<storage, read_write> out_s: array<vec2<f32>>; // [n/32]
+{Q8}
+fn act_store(v: array<f32, 32>, blk: u32) {{
+    var a = v;
+    var amax = 0.0;
+    for (var j = 0u; j < 32u; j++) {{ amax = max(amax, abs(a[j])); }}
+    let d = amax / 127.0;
+    let id = select(0.0, 1.0 / d, d > 0.0);
+    var sum = 0;
+    for (var w = 0u; w < 8u; w++) {{
+        var word = 0u;
+        for (var k = 0u; k < 4u; k++) {{
+            let q = act_q8(a[4u * w + k] * id);
+            sum += q;
+            word |= (u32(q) & 0xFFu) << (8u * k);
+        }}
+        out_q[blk * 8u + w] = word;
+    }}
+    out_s[blk] = vec2<f32>(d, d * f32(sum));
+}}
+"
+        ),
+        Numerics::PreciseInt8 => format!(
+            "@group(0) @binding({bq}) var<storage, read_write> out_q: array<u32>; // [n/2]
+@group(0) @binding({bs}) var<storage, read_write> out_s: array<vec4<f32>>; // [n/32]
+{Q8}
+fn act_store(v: array<f32, 32>, blk: u32) {{
+    var a = v;
+    var amax = 0.0;
+    for (var j = 0u; j < 32u; j++) {{ amax = max(amax, abs(a[j])); }}
+    let d1 = amax / 127.0;
+    let id1 = select(0.0, 1.0 / d1, d1 > 0.0);
+    var hi: array<i32, 32>;
+    var amax2 = 0.0;
+    var s1 = 0;
+    for (var j = 0u; j < 32u; j++) {{
+        hi[j] = act_q8(a[j] * id1);
+        s1 += hi[j];
+        a[j] = a[j] - f32(hi[j]) * d1;   // the residual, |.| <= d1 / 2
+        amax2 = max(amax2, abs(a[j]));
+    }}
+    let d2 = amax2 / 127.0;
+    let id2 = select(0.0, 1.0 / d2, d2 > 0.0);
+    var s2 = 0;
+    for (var w = 0u; w < 8u; w++) {{
+        var wh = 0u;
+        var wl = 0u;
+        for (var k = 0u; k < 4u; k++) {{
+            let ql = act_q8(a[4u * w + k] * id2);
+            s2 += ql;
+            wh |= (u32(hi[4u * w + k]) & 0xFFu) << (8u * k);
+            wl |= (u32(ql) & 0xFFu) << (8u * k);
+        }}
+        out_q[blk * 16u + w] = wh;
+        out_q[blk * 16u + 8u + w] = wl;
+    }}
+    out_s[blk] = vec4<f32>(d1, f32(s1), d2, f32(s2));
+}}
+"
+        ),
+    }
+}
+
+/// Host copy of the GPU rounding: half away from zero, clamped to ±127.
+pub fn q8(t: f32) -> i8 {
+    (t.abs() + 0.5).floor().copysign(t).clamp(-127.0, 127.0) as i8
+}
+
+/// Scalar simulation of the precise-int8 quantisation: per block `(hi[32], lo[32], d1, d2)`.
+pub fn quantize_precise_ref(x: &[f32]) -> Vec<([i8; 32], [i8; 32], f32, f32)> {
+    x.chunks(BLOCK)
+        .map(|blk| {
+            let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d1 = amax / 127.0;
+            let id1 = if d1 > 0.0 { 1.0 / d1 } else { 0.0 };
+            let mut hi = [0i8; 32];
+            let mut r = [0f32; 32];
+            for (j, v) in blk.iter().enumerate() {
+                hi[j] = q8(v * id1);
+                r[j] = v - hi[j] as f32 * d1;
+            }
+            let amax2 = r.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d2 = amax2 / 127.0;
+            let id2 = if d2 > 0.0 { 1.0 / d2 } else { 0.0 };
+            let mut lo = [0i8; 32];
+            for j in 0..blk.len() {
+                lo[j] = q8(r[j] * id2);
+            }
+            (hi, lo, d1, d2)
+        })
+        .collect()
+}
+
+/// The activation values a kernel of variant `n` effectively multiplies with (x itself, or its
+/// dequantised int8 form), in f64 so that a reference matvec over them matches the kernel to
+/// f32 accumulation error.
+pub fn effective_acts(n: Numerics, x: &[f32]) -> Vec<f64> {
+    match n {
+        Numerics::F32 => x.iter().map(|v| *v as f64).collect(),
+        Numerics::Int8 => {
+            let (q, s) = crate::tensor::quantize_acts_ref(x);
+            q.iter()
+                .enumerate()
+                .map(|(j, q)| *q as f64 * s[j / BLOCK][0] as f64)
+                .collect()
+        }
+        Numerics::PreciseInt8 => quantize_precise_ref(x)
+            .into_iter()
+            .flat_map(|(hi, lo, d1, d2)| {
+                (0..32).map(move |j| hi[j] as f64 * d1 as f64 + lo[j] as f64 * d2 as f64)
+            })
+            .take(x.len())
+            .collect(),
+    }
+}
+
+/// Decode a [`QuantActs`] read back from the GPU (`q` words, `s` floats) to its effective
+/// values (what a kernel multiplies with), so tests can compare producers with
+/// [`effective_acts`] of their f32 output.
+pub fn dequant_acts(precise: bool, q: &[u32], s: &[f32]) -> Vec<f64> {
+    let byte = |w: u32, k: usize| (w >> (8 * k)) as u8 as i8 as f64;
+    let blocks = if precise { s.len() / 4 } else { s.len() / 2 };
+    let mut out = Vec::with_capacity(blocks * BLOCK);
+    for b in 0..blocks {
+        for j in 0..BLOCK {
+            let v = if precise {
+                let hi = byte(q[b * 16 + j / 4], j % 4);
+                let lo = byte(q[b * 16 + 8 + j / 4], j % 4);
+                hi * s[b * 4] as f64 + lo * s[b * 4 + 2] as f64
+            } else {
+                byte(q[b * 8 + j / 4], j % 4) * s[b * 2] as f64
+            };
+            out.push(v);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{rand_f32, rng};
+
+    #[test]
+    fn precise_quantisation_error_is_tiny_and_int8_is_not() {
+        let mut r = rng(7);
+        let mut x = rand_f32(&mut r, 32 * 64, -3.0, 3.0);
+        x[5] = 40.0; // an outlier block
+        let err = |n: Numerics| {
+            let e = effective_acts(n, &x);
+            x.chunks(32)
+                .zip(e.chunks(32))
+                .map(|(a, b)| {
+                    let amax = a.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                    a.iter()
+                        .zip(b)
+                        .map(|(u, v)| (*u as f64 - v).abs() / amax)
+                        .fold(0f64, f64::max)
+                })
+                .fold(0f64, f64::max)
+        };
+        let (e8, e16, ef) = (
+            err(Numerics::Int8),
+            err(Numerics::PreciseInt8),
+            err(Numerics::F32),
+        );
+        eprintln!("max error / block amax: int8 {e8:e}, precise {e16:e}, f32 {ef:e}");
+        assert!(e8 > 1e-3 && e8 <= 0.5 / 127.0 + 1e-6, "int8 {e8}");
+        assert!(e16 < 0.5 / 127.0 / 127.0 * 1.01, "precise {e16}");
+        assert_eq!(ef, 0.0);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for n in Numerics::ALL {
+            assert_eq!(n.name().parse::<Numerics>().unwrap(), n);
+        }
+        assert!("int4".parse::<Numerics>().is_err());
+    }
+}

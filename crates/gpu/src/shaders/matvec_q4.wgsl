@@ -1,0 +1,45 @@
+// int4 (repacked Q4_0, tensor.rs layout) x activations -> f32, one matrix part. The activation
+// form (f32, int8, precise int8) comes from the numerics snippet prepended by the host, which
+// declares bindings 2 (and 3) and `act_dot` (numerics.rs). Prepended too: state.wgsl.
+// 256 threads = 8 rows x 32 lanes; lanes stride over the row's blocks, then a shared-memory tree
+// reduction (no subgroup-size assumption).
+struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32 };
+@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;      // [rows * bpr] nibble blocks
+@group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;       // [row_start + rows ..]
+@group(0) @binding(5) var<uniform> p: Params;
+@group(0) @binding(6) var<storage, read> state: State;
+
+const T: u32 = 32u;
+const RPW: u32 = 8u;
+var<workgroup> red: array<f32, 256>;
+
+fn scale(i: u32) -> f32 {
+    let v = unpack2x16float(sc[i >> 1u]);
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    // Uniform across the dispatch, so no barrier is skipped by only part of a workgroup.
+    if (state.done != 0u) { return; }
+    let team = li / T;
+    let lane = li % T;
+    let row = (wid.x + wid.y * p.gx) * RPW + team;
+    var acc = 0.0;
+    if (row < p.rows) {
+        let base = row * p.bpr;
+        for (var b = lane; b < p.bpr; b += T) {
+            acc += scale(base + b) * act_dot(qs[base + b], b);
+        }
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var st = T / 2u; st > 0u; st >>= 1u) {
+        if (lane < st) { red[li] += red[li + st]; }
+        workgroupBarrier();
+    }
+    if (lane == 0u && row < p.rows) {
+        y[p.row_start + row] = red[li];
+    }
+}
