@@ -14,3 +14,5 @@ if ! ldconfig -p 2>/dev/null | grep -q libvulkan_lvp || ! ls /usr/share/vulkan/i
   fi
 fi
 bash scripts/fetch-tokenizer.sh >/dev/null
+# The official OpenAI Python client, for the server's client test (crates/server/tests/openai_client.rs).
+python3 -m pip install -q --root-user-action=ignore openai 2>/dev/null || python3 -m pip install -q --break-system-packages openai

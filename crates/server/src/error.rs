@@ -142,17 +142,29 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             "the request body is empty; send a JSON object",
         ));
     }
+    // serde would read a struct from a JSON array by position: insist on an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::invalid(
+            "",
+            "the request body must be a JSON object",
+        ));
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let what = if inner.is_syntax() || inner.is_eof() {
+        let syntax = inner.is_syntax() || inner.is_eof();
+        let what = if syntax {
             "malformed JSON"
         } else {
             "invalid request"
         };
-        // serde_path_to_error reports "." for the root.
-        let param = if path == "." { String::new() } else { path };
+        // serde_path_to_error reports "." for the root; a syntax error has no field to blame.
+        let param = if path == "." || syntax {
+            String::new()
+        } else {
+            path
+        };
         let message = if param.is_empty() {
             format!("{what}: {inner}")
         } else {

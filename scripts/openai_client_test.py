@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Drives a running `nibble serve` with the official `openai` Python client.
+
+Usage: openai_client_test.py BASE_URL API_KEY   (BASE_URL like http://127.0.0.1:8080/v1)
+
+Checks: models list; chat non-streaming and streaming (same greedy text, finish reason, usage in
+the final chunk and the include_usage chunk); completions both ways; a 400 (BadRequestError with
+the server's message) and a 401 (AuthenticationError). Exits non-zero on the first failure.
+"""
+import sys
+
+import openai
+
+
+def main() -> None:
+    base, key = sys.argv[1], sys.argv[2]
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60)
+
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    assert len(ids) == 1, ids
+    model = ids[0]
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
+    extra = {"chat_template_kwargs": {"enable_thinking": False}}
+    r = client.chat.completions.create(
+        model=model, messages=msgs, temperature=0, max_tokens=10, extra_body=extra
+    )
+    assert r.object == "chat.completion", r
+    text = r.choices[0].message.content
+    assert isinstance(text, str) and text, r
+    assert r.choices[0].finish_reason in ("stop", "length"), r
+    assert r.usage.completion_tokens >= 1 and r.usage.prompt_tokens > 5, r.usage
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+    pieces, finish, usage, roles = [], None, None, []
+    stream = client.chat.completions.create(
+        model=model, messages=msgs, temperature=0, max_tokens=10, stream=True,
+        stream_options={"include_usage": True}, extra_body=extra,
+    )
+    for chunk in stream:
+        assert chunk.object == "chat.completion.chunk", chunk
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        if c.delta.role:
+            roles.append(c.delta.role)
+        if c.delta.content:
+            pieces.append(c.delta.content)
+        if c.finish_reason:
+            finish = c.finish_reason
+    assert roles == ["assistant"], roles
+    assert "".join(pieces) == text, (pieces, text)
+    assert finish == r.choices[0].finish_reason, finish
+    assert usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage
+    # The repeat reused the cached prompt.
+    assert usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1, usage
+
+    c = client.completions.create(model=model, prompt="Once upon a time", temperature=0, max_tokens=8)
+    assert c.object == "text_completion", c
+    ctext = c.choices[0].text
+    assert ctext and c.usage.completion_tokens <= 8, c
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in client.completions.create(
+            model=model, prompt="Once upon a time", temperature=0, max_tokens=8, stream=True
+        )
+        if ch.choices
+    )
+    assert streamed == ctext, (streamed, ctext)
+
+    try:
+        client.chat.completions.create(model=model, messages=msgs, temperature=-1)
+        raise AssertionError("negative temperature was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert "temperature" in e.message, e.message
+        assert e.body["param"] == "temperature", e.body
+
+    bad = openai.OpenAI(base_url=base, api_key=key + "-wrong", max_retries=0, timeout=30)
+    try:
+        bad.models.list()
+        raise AssertionError("a wrong key was accepted")
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401
+
+    print(f"openai {openai.__version__} client test: ok (chat {text!r}, completion {ctext!r})")
+
+
+if __name__ == "__main__":
+    main()
