@@ -30,6 +30,10 @@ pub struct BackendArgs {
     /// GPU: submit and wait every token, argmax on the host (the unfolded path, for comparison).
     #[arg(long)]
     pub per_token: bool,
+    /// GPU: activation form of the int4 matvecs: f32, precise-int8 or int8 (default: the fastest
+    /// that keeps oracle parity).
+    #[arg(long, default_value_t = nibble_gpu::Numerics::DEFAULT)]
+    pub numerics: nibble_gpu::Numerics,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -71,14 +75,16 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
                 context_len: ctx,
                 fold: args.fold.max(1),
                 per_token: args.per_token,
+                numerics: args.numerics,
                 ..GpuOptions::default()
             };
             let g = GpuBackend::new(weights.as_ref(), opts)?;
             if args.verbose {
                 eprintln!(
-                    "gpu: {} dispatches per token, {:.3} GB resident, fold {}{}",
+                    "gpu: {} dispatches per token, {:.3} GB resident, numerics {}, fold {}{}",
                     g.dispatches_per_step(),
                     g.resident_bytes() as f64 / 1e9,
+                    args.numerics,
                     args.fold,
                     if args.per_token {
                         " (per-token path)"

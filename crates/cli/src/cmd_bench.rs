@@ -25,6 +25,9 @@ pub struct Args {
     /// Repetitions per test.
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Context depths (tokens already in the KV cache) at which to measure generation.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    depth: Vec<usize>,
     /// Also measure the per-token (unfolded) GPU path in the same run.
     #[arg(long)]
     compare_per_token: bool,
@@ -47,6 +50,8 @@ struct Stat {
 #[derive(Serialize, Debug)]
 struct Report {
     model: String,
+    /// Weight bytes one decoded token reads (attention, router, K experts, lm_head, one embedding row).
+    weight_bytes_per_token: u64,
     backend: String,
     warmup_tps: f64,
     warmup_tokens: usize,
@@ -69,11 +74,16 @@ fn prompt_ids(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| 1000 + (i * 7919) % 100_000).collect()
 }
 
-/// Time `reps` greedy runs of `n` tokens from a fresh 1-token context; tokens/s of each.
-fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
+/// Time `reps` greedy runs of `n` tokens after `depth` tokens of context; tokens/s of each.
+/// The context is prefilled once; each repetition truncates back to it.
+fn tg_at(b: &mut dyn Backend, depth: usize, n: usize, reps: usize) -> Result<Vec<f64>> {
+    b.truncate(0)?;
+    if depth > 0 {
+        b.prefill(&prompt_ids(depth))?;
+    }
     let mut out = vec![];
     for r in 0..reps {
-        b.truncate(0)?;
+        b.truncate(depth)?;
         let first = argmax(&b.prefill(&[1000 + r as u32])?);
         let t = Instant::now();
         // No EOS: every run decodes exactly n tokens.
@@ -81,6 +91,10 @@ fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
         out.push(ids.len() as f64 / t.elapsed().as_secs_f64());
     }
     Ok(out)
+}
+
+fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
+    tg_at(b, 0, n, reps)
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -95,7 +109,21 @@ pub fn run(a: Args) -> Result<()> {
     let first = argmax(&b.prefill(&[1000])?);
     let w = b.decode_greedy(first, a.gen, &[])?;
     let warmup_tps = w.len() as f64 / t.elapsed().as_secs_f64();
-    stats.push(stat(format!("tg{}", a.gen), tg(b.as_mut(), a.gen, reps)?));
+    for &d in &a.depth {
+        if d + a.gen + 1 > b.context_len() {
+            anyhow::bail!(
+                "depth {d} + {} generated tokens exceed the context of {} (raise --ctx)",
+                a.gen,
+                b.context_len()
+            );
+        }
+        let name = if d == 0 {
+            format!("tg{}", a.gen)
+        } else {
+            format!("tg{} @ d{d}", a.gen)
+        };
+        stats.push(stat(name, tg_at(b.as_mut(), d, a.gen, reps)?));
+    }
     if a.prompt > 0 {
         let ids = prompt_ids(a.prompt);
         let mut tps = vec![];
@@ -119,6 +147,7 @@ pub fn run(a: Args) -> Result<()> {
         ));
     }
     let report = Report {
+        weight_bytes_per_token: model.info()?.active_bytes_per_token,
         model: a.model.display().to_string(),
         backend: name,
         warmup_tps,
