@@ -165,13 +165,20 @@ pub fn run(a: Args) -> Result<()> {
         report.warmup_tokens, report.warmup_tps
     );
     println!(
-        "{:<22} {:>12} {:>22} {:>5}",
-        "test", "median tok/s", "min-max", "reps"
+        "weights read per token {:.3} GB",
+        report.weight_bytes_per_token as f64 / 1e9
+    );
+    println!(
+        "{:<22} {:>12} {:>22} {:>5} {:>13}",
+        "test", "median tok/s", "min-max", "reps", "implied GB/s"
     );
     for s in &report.stats {
+        // Each generated token reads every active weight once; a prompt token reads them too
+        // while prefill is token by token, so the same product applies to pp.
+        let gbs = s.median_tps * report.weight_bytes_per_token as f64 / 1e9;
         println!(
-            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5}",
-            s.test, s.median_tps, s.min_tps, s.max_tps, s.reps
+            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13.0}",
+            s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs
         );
     }
     Ok(())
