@@ -6,11 +6,12 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,parity,bench (default: all).
+# where steps is a comma list of: fixture,synth,kernels,parity,bench,numerics,depth16k (default: all).
+# `kernels` needs target/release/examples/kernel_bench carried too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:?set OUT}"
-STEPS="${1:-fixture,synth,parity,bench}"
+STEPS="${1:-fixture,synth,kernels,parity,bench,numerics,depth16k}"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done
 ldconfig
@@ -39,8 +40,25 @@ if has parity; then
   say "parity gpu vs oracle (3 built-in prompts x 32 tokens)"
   timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
+if has kernels; then
+  say "kernel microbenchmark (precise-int8, pos 512)"
+  timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
 if has bench; then
-  say "bench gpu"
-  timeout 240 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --compare-per-token --ctx 1024 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, folded vs per-token"
+  timeout 300 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --compare-per-token --ctx 4300 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has numerics; then
+  for num in f32 int8; do
+    say "bench gpu --numerics $num: tg128"
+    timeout 150 $N bench -m $MODEL --backend gpu --numerics $num -p 0 -n 128 --reps 5 --ctx 256 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+    say "parity --numerics $num (first prompt, 32 tokens)"
+    echo "The capital of France is" > /tmp/p1.txt
+    timeout 120 $N parity -m $MODEL --backend gpu --numerics $num --prompts /tmp/p1.txt -n 32 --ctx 256 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
+fi
+if has depth16k; then
+  say "bench gpu: tg128 at depth 16384"
+  timeout 240 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 3 --depth 16384 --ctx 16600 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 say "done"
