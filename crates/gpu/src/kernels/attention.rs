@@ -5,9 +5,14 @@
 //!    RoPE (pairs `i`, `i + D/2`), queries roped in place in the fused `qkv` buffer, the roped k
 //!    and the raw v written to cache row `pos`. Grid `Hq + Hkv`.
 //! 2. `chunk`: flash-decoding split of the single-query GQA attention over positions `0..=pos`
-//!    in chunks of `C` positions; one workgroup per (chunk, kv head) serves the `G = Hq/Hkv`
-//!    query heads of that kv head, so every K/V row is read once. Grid `(chunks, Hkv)`.
-//! 3. `combine`: per query head, rescale the chunk partials by `exp(m_c - M)` and normalise.
+//!    in chunks; one workgroup per (chunk, kv head) serves the `G = Hq/Hkv` query heads of that
+//!    kv head, so every K/V row is read once. Grid `(chunks, Hkv)`. The chunk length is chosen
+//!    from the position on the GPU ([`Split`]): `params.chunk` positions while that gives at most
+//!    ~[`TARGET_WORKGROUPS`] workgroups, longer chunks after (up to a cap), so short contexts
+//!    still fill a big GPU and long ones do not flood the combine. K and V pass through
+//!    coalesced shared-memory tiles; no thread walks a long serial chain of global loads.
+//! 3. `combine`: per query head, rescale the chunk partials by `exp(m_c - M)` and normalise,
+//!    every thread of the workgroup taking a slice of the chunks.
 //!    `combine_q8` additionally writes the output int8-quantised (tensor.rs layout) for the
 //!    o-proj int4 matvec. Grid `Hq`.
 //!
@@ -24,9 +29,76 @@ use crate::tensor::QuantActs;
 /// Workgroup size of the rope kernel (a power of two for its tree reduction).
 const ROPE_WG: u32 = 64;
 /// Workgroup size of the chunk kernel (a power of two).
-const CHUNK_WG: u32 = 128;
-/// Workgroup size of the combine kernel.
-const COMBINE_WG: u32 = 128;
+const CHUNK_WG: u32 = 256;
+/// Workgroup size of the combine kernel (a power of two, >= D/4 for every valid D).
+const COMBINE_WG: u32 = 256;
+/// Chunk workgroups (chunks x kv heads) the split aims for once the context is long: a few per
+/// SM of a big GPU (132 on an H200), while the combine stays a short reduction.
+const TARGET_WORKGROUPS: u32 = 512;
+/// Preferred cap on the chunk length (the score buffer of a chunk lives in shared memory).
+const CHUNK_CAP: u32 = 256;
+/// Cap on the positions of one shared-memory tile.
+const TILE_CAP: u32 = 64;
+
+/// How the sequence is split, fixed per kernel: chunk length `chunk_len(n)` for `n` positions is
+/// `min` while `ceil(n / target) <= min`, else `ceil(n / target)` rounded up to whole tiles,
+/// capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Split {
+    /// Chunks per kv head aimed at.
+    pub target: u32,
+    /// Minimum chunk length (`params.chunk`).
+    pub min: u32,
+    /// Maximum chunk length (>= min).
+    pub max: u32,
+    /// Positions per shared-memory tile.
+    pub tile: u32,
+    /// Cache rows.
+    pub ctx: u32,
+}
+
+impl Split {
+    /// Chunk length used for `n >= 1` positions (mirrors `chunk_len` in the WGSL prelude).
+    pub fn chunk_len(&self, n: u32) -> u32 {
+        let x = n.div_ceil(self.target);
+        if x <= self.min {
+            return self.min;
+        }
+        (x.div_ceil(self.tile) * self.tile).min(self.max)
+    }
+
+    /// Chunks used for `n >= 1` positions.
+    pub fn chunks(&self, n: u32) -> u32 {
+        n.div_ceil(self.chunk_len(n))
+    }
+
+    /// An upper bound of [`Self::chunks`] over every `n <= nb`: chunks never exceed
+    /// `ceil(n / min)`, nor `target` while the length is below the cap, nor `ceil(n / max)` at it.
+    pub fn chunks_bound(&self, nb: u32) -> u32 {
+        nb.div_ceil(self.min)
+            .min(self.target.max(nb.div_ceil(self.max)))
+    }
+
+    /// Partial slots per query head (the most chunks any position of the cache uses).
+    pub fn slots(&self) -> u32 {
+        self.chunks_bound(self.ctx).max(1)
+    }
+
+    fn wgsl(&self) -> String {
+        format!(
+            "fn chunk_len(n: u32) -> u32 {{
+    let x = (n + {t}u - 1u) / {t}u;
+    if (x <= {lo}u) {{ return {lo}u; }}
+    return min((x + {p}u - 1u) / {p}u * {p}u, {hi}u);
+}}
+",
+            t = self.target,
+            p = self.tile,
+            lo = self.min,
+            hi = self.max
+        )
+    }
+}
 
 /// Shapes and constants of one model's attention.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,14 +111,16 @@ pub struct AttentionParams {
     pub head_dim: u32,
     /// Cache rows (maximum positions).
     pub ctx: u32,
-    /// Positions per attention chunk (the unit of sequence parallelism).
+    /// Minimum positions per attention chunk (the unit of sequence parallelism); longer
+    /// contexts use longer chunks (see [`Split`]).
     pub chunk: u32,
     pub rope_theta: f32,
     pub eps: f32,
 }
 
 impl AttentionParams {
-    /// The attention of `cfg` with a cache of `ctx` positions and the default chunk of 64.
+    /// The attention of `cfg` with a cache of `ctx` positions and the default minimum chunk of 16
+    /// (one tile at D = 128: at position 512 that is 33 x Hkv workgroups).
     pub fn from_config(cfg: &nibble_model::config::Qwen3MoeConfig, ctx: usize) -> Result<Self> {
         let u = |v: usize, what: &str| {
             u32::try_from(v).map_err(|_| GpuError::Shape(format!("{what} {v} does not fit u32")))
@@ -56,7 +130,7 @@ impl AttentionParams {
             kv_heads: u(cfg.num_kv_heads, "num_kv_heads")?,
             head_dim: u(cfg.head_dim, "head_dim")?,
             ctx: u(ctx, "ctx")?,
-            chunk: 64,
+            chunk: 16,
             rope_theta: cfg.rope_theta,
             eps: cfg.rms_norm_eps,
         };
@@ -123,6 +197,7 @@ pub struct AttentionKernel {
     combine_q8: Option<[wgpu::ComputePipeline; 2]>,
     /// `[D/2]` f32.
     inv_freq: wgpu::Buffer,
+    split: Split,
 }
 
 /// The buffers one layer's attention reads and writes (see the module docs for shapes).
@@ -144,7 +219,8 @@ pub struct AttentionBuffers<'a> {
     pub out_q: Option<&'a QuantActs>,
 }
 
-/// Chunk partials, reusable by every layer: `part_o [Hq, NC, D]`, `part_ml [Hq, NC] (m, l)`.
+/// Chunk partials, reusable by every layer: `part_o [Hq, NC, D]`, `part_ml [Hq, NC] (m, l)` with
+/// `NC` = [`Split::slots`].
 #[derive(Debug)]
 pub struct AttentionScratch {
     part_o: wgpu::Buffer,
@@ -174,14 +250,45 @@ fn f32_const(name: &str, v: f32) -> String {
 impl AttentionKernel {
     /// Compile the pipelines for `params` and upload the RoPE table.
     pub fn new(ctx: &Context, params: AttentionParams) -> Result<Self> {
+        Self::with_split(ctx, params, None)
+    }
+
+    /// [`Self::new`] with the split's target chunks per kv head and chunk cap overridden (tests
+    /// reach the long-context geometry with small caches this way).
+    pub(crate) fn with_split(
+        ctx: &Context,
+        params: AttentionParams,
+        over: Option<(u32, u32)>,
+    ) -> Result<Self> {
         params.validate()?;
         let p = &params;
         let (d, g) = (p.head_dim, p.group());
-        let shared = (g * d + g * p.chunk + CHUNK_WG + 2 * g) as u64 * 4;
+        let d4 = d / 4;
+        let tile = (2 * CHUNK_WG / d4).clamp(1, TILE_CAP);
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
-        if shared > limit {
+        // Chunk kernel shared memory: qs + tile + red + stat, plus 4*G bytes per chunk position.
+        let fixed = (g * d4 * 16 + tile * (d4 + 1) * 16 + CHUNK_WG * 4 + g * 8) as u64;
+        let fit = (limit.saturating_sub(fixed) / (4 * g as u64)).min(u32::MAX as u64) as u32;
+        if p.chunk > fit {
             return Err(GpuError::Shape(format!(
-                "attention chunk needs {shared} bytes of workgroup memory, device allows {limit}: lower the chunk"
+                "attention chunk of {} needs {} bytes of workgroup memory, device allows {limit}: lower the chunk",
+                p.chunk,
+                fixed + 4 * g as u64 * p.chunk as u64
+            )));
+        }
+        let (target, cap) = over.unwrap_or(((TARGET_WORKGROUPS / p.kv_heads).max(1), CHUNK_CAP));
+        let split = Split {
+            target: target.max(1),
+            min: p.chunk,
+            max: (cap.min(fit) / tile * tile).max(p.chunk),
+            tile,
+            ctx: p.ctx,
+        };
+        let nw = split.slots();
+        let combine_shared = (d * 4 + nw * 4 + COMBINE_WG * 24) as u64;
+        if combine_shared > limit || nw as u64 * p.heads as u64 * d as u64 >= 1 << 31 {
+            return Err(GpuError::Shape(format!(
+                "attention combine over {nw} chunks needs {combine_shared} bytes of workgroup memory, device allows {limit}"
             )));
         }
         let dims = [
@@ -192,9 +299,15 @@ impl AttentionKernel {
             u32_const("G", g),
             u32_const("CTX", p.ctx),
             u32_const("C", p.chunk),
-            u32_const("NC", p.max_chunks()),
+            u32_const("NC", nw),
+            u32_const("NW", nw),
+            u32_const("P", tile),
+            u32_const("DP", d4 + 1),
+            u32_const("CMAX", split.max),
+            u32_const("OPT", (g * d4).div_ceil(CHUNK_WG)),
             f32_const("EPS", p.eps),
             f32_const("SCALE", 1.0 / (d as f32).sqrt()),
+            split.wgsl(),
         ]
         .concat();
         let src = |wg: u32, extra: &str, body: &str| {
@@ -246,13 +359,19 @@ impl AttentionKernel {
             combine,
             combine_q8,
             inv_freq,
+            split,
         })
+    }
+
+    /// The sequence split this kernel uses.
+    pub(crate) fn split(&self) -> Split {
+        self.split
     }
 
     /// Partial buffers sized for the whole cache.
     pub fn scratch(&self, ctx: &Context) -> Result<AttentionScratch> {
         let p = &self.params;
-        let n = p.heads as u64 * p.max_chunks() as u64;
+        let n = p.heads as u64 * self.split.slots() as u64;
         Ok(AttentionScratch {
             part_o: ctx.storage("attention.part_o", n * p.head_dim as u64 * 4)?,
             part_ml: ctx.storage("attention.part_ml", n * 8)?,
@@ -354,7 +473,7 @@ impl AttentionKernel {
         pass.set_pipeline(&self.rope);
         pass.set_bind_group(0, &b.rope, &[]);
         pass.dispatch_workgroups(p.heads + p.kv_heads, 1, 1);
-        let chunks = (pos_bound.min(p.ctx - 1) / p.chunk) + 1;
+        let chunks = self.split.chunks_bound(pos_bound.min(p.ctx - 1) + 1);
         pass.set_pipeline(&self.chunk);
         pass.set_bind_group(0, &b.chunk, &[]);
         pass.dispatch_workgroups(chunks, p.kv_heads, 1);

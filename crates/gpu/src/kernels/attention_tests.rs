@@ -12,6 +12,8 @@ struct Case {
     k_norm: Vec<f32>,
     k_cache: Vec<f32>,
     v_cache: Vec<f32>,
+    /// Split override (target chunks per kv head, chunk cap) for [`AttentionKernel::with_split`].
+    split: Option<(u32, u32)>,
 }
 
 impl Case {
@@ -27,6 +29,7 @@ impl Case {
             k_norm: rand_f32(&mut r, d, 0.5, 1.5),
             k_cache: rand_f32(&mut r, cache, -1.5, 1.5),
             v_cache: rand_f32(&mut r, cache, -1.0, 1.0),
+            split: None,
         }
     }
 }
@@ -42,7 +45,7 @@ struct Outputs {
 
 /// Upload `c`, run one step at `pos` (optionally with the done flag set), read everything back.
 fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: bool) -> Outputs {
-    let k = AttentionKernel::new(ctx, c.p).expect("kernel");
+    let k = AttentionKernel::with_split(ctx, c.p, c.split).expect("kernel");
     let f = |label: &str, v: &[f32]| {
         ctx.storage_init(label, bytemuck::cast_slice(v))
             .expect("buffer")
@@ -98,7 +101,20 @@ fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32, chunk: u32) -> Att
 /// Full step at `pos`: q roped in place, k/v cache rows, attention output; error vs the f64
 /// references. Tolerance: f32 kernels vs f64 references, 2e-5 absolute + 1e-4 relative.
 fn check_step(ctx: &Context, p: AttentionParams, pos: u32, pos_bound: u32, seed: u64) {
-    let c = Case::new(p, seed);
+    check_step_split(ctx, p, None, pos, pos_bound, seed);
+}
+
+/// [`check_step`] with the split's (target chunks per kv head, chunk cap) overridden.
+fn check_step_split(
+    ctx: &Context,
+    p: AttentionParams,
+    split: Option<(u32, u32)>,
+    pos: u32,
+    pos_bound: u32,
+    seed: u64,
+) {
+    let mut c = Case::new(p, seed);
+    c.split = split;
     let o = run(ctx, &c, pos, pos_bound, false, false);
     let what = format!("{p:?} pos {pos}");
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
@@ -199,6 +215,102 @@ fn attention_long_context_many_chunks() {
     // 2048 positions in 32 chunks of 64 with the real GQA ratio (reduced head count).
     let p = params(8, 1, 128, 2048, 64);
     check_step(&ctx, p, 2047, 2047, 50);
+}
+
+/// The split's host-side arithmetic: every position's chunks cover it exactly once, fit the
+/// partial slots, and never exceed the dispatch bound of any larger position bound.
+#[test]
+fn attention_split_bounds_hold_for_every_position() {
+    for split in [
+        Split {
+            target: 8,
+            min: 4,
+            max: 128,
+            tile: 64,
+            ctx: 1100,
+        },
+        Split {
+            target: 128,
+            min: 16,
+            max: 256,
+            tile: 16,
+            ctx: 40960,
+        },
+        Split {
+            target: 3,
+            min: 7,
+            max: 56,
+            tile: 56,
+            ctx: 500,
+        },
+        Split {
+            target: 1,
+            min: 5,
+            max: 5,
+            tile: 4,
+            ctx: 33,
+        },
+    ] {
+        let slots = split.slots();
+        for n in 1..=split.ctx {
+            let (len, nc) = (split.chunk_len(n), split.chunks(n));
+            assert!(
+                len >= split.min && len <= split.max,
+                "{split:?} n {n}: len {len}"
+            );
+            assert!(
+                (nc - 1) * len < n && nc * len >= n,
+                "{split:?} n {n}: {nc} x {len}"
+            );
+            assert!(nc <= slots, "{split:?} n {n}: {nc} chunks > {slots} slots");
+            for nb in [n, n + 1, n + 17, split.ctx] {
+                let b = split.chunks_bound(nb.min(split.ctx));
+                assert!(nc <= b, "{split:?} n {n} bound {nb}: {nc} > {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_split_geometry_edges() {
+    let Some(ctx) = gpu("attention_split_geometry_edges") else {
+        return;
+    };
+    // G = 4, D = 32: tiles of 64 rows. Target 8 chunks per kv head, cap 128: chunks of 4 up to
+    // n = 32, one chunk of 64 at n = 33, 8 x 64 at n = 512, 128-long (two tiles) from n = 513,
+    // past the target (capped, 9 chunks) at n = 1025, a partial last tile at n = 1100.
+    let p = params(8, 2, 32, 1100, 4);
+    let k = AttentionKernel::with_split(&ctx, p, Some((8, 128))).expect("kernel");
+    let s = k.split();
+    assert_eq!(
+        [31u32, 32, 33, 511, 512, 513, 1024, 1025, 1100].map(|n| (s.chunk_len(n), s.chunks(n))),
+        [
+            (4, 8),
+            (4, 8),
+            (64, 1),
+            (64, 8),
+            (64, 8),
+            (128, 5),
+            (128, 8),
+            (128, 9),
+            (128, 9)
+        ]
+    );
+    for (i, pos) in [30u32, 31, 32, 511, 512, 1024, 1099]
+        .into_iter()
+        .enumerate()
+    {
+        check_step_split(&ctx, p, Some((8, 128)), pos, pos, 80 + i as u64);
+    }
+    // A loose bound dispatches more chunks than the position uses; the rest must exit.
+    check_step_split(&ctx, p, Some((8, 128)), 40, 1099, 90);
+    // Qwen3 head dim with G = 16: two outputs per thread in the V sum, tiles of 16, chunks of
+    // 16 / 32 / 64 (cap) and the default split too.
+    let p = params(16, 1, 128, 400, 16);
+    for (i, pos) in [63u32, 64, 250, 399].into_iter().enumerate() {
+        check_step_split(&ctx, p, Some((4, 64)), pos, pos, 100 + i as u64);
+    }
+    check_step(&ctx, p, 399, 399, 110);
 }
 
 #[test]

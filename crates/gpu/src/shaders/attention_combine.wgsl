@@ -1,5 +1,6 @@
 // Combine of the chunked attention (see attention.wgsl for the partial layouts).
-// Prepended by the host: consts D, D4, HQ, C, CTX, NC, WG and the `State` struct.
+// Prepended by the host: consts D, D4, HQ, C, CTX, NC, NW, WG (power of two, >= D4), the `State`
+// struct and `chunk_len(n)` (attention.rs).
 // Grid: HQ workgroups, one per query head:
 //   M = max_c m_c,  L = Σ_c l_c e^(m_c - M),  out[d] = Σ_c e^(m_c - M) part_o[c][d] / L.
 // `combine` writes out [HQ*D] f32; `combine_q8` also writes it int8-quantised per block of 32
@@ -7,33 +8,68 @@
 // host, numerics.rs).
 
 @group(0) @binding(0) var<storage, read> state: State;
-@group(0) @binding(1) var<storage, read> part_o: array<f32>;
+@group(0) @binding(1) var<storage, read> part_o: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> part_ml: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 var<workgroup> ov: array<f32, D>;
+// Chunk weights e^(m_c - M) (NW >= the most chunks any position uses).
+var<workgroup> wts: array<f32, NW>;
+var<workgroup> red: array<vec2<f32>, WG>;
+var<workgroup> acc4: array<vec4<f32>, WG>;
 
-// Combine query head qh into ov[] and out[].
+// Merge two (max, sum) softmax partials.
+fn merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let m = max(a.x, b.x);
+    return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
+}
+
+// Combine query head qh into ov[] and out[]. All threads take part: (M, L) by a tree reduction
+// over the chunks, then S = WG / D4 slices of the chunks per vec4 of D, summed in shared memory,
+// so no thread walks all chunks serially.
 fn combine_head(qh: u32, li: u32) {
-    let nc = (min(state.pos + 1u, CTX) + C - 1u) / C;
-    var mx = -3.4028235e38;
-    for (var c = 0u; c < nc; c++) {
-        mx = max(mx, part_ml[qh * NC + c].x);
+    let n = min(state.pos + 1u, CTX);
+    let cl = chunk_len(n);
+    let nc = (n + cl - 1u) / cl;
+    var ml = vec2<f32>(-3.4028235e38, 0.0);
+    for (var c = li; c < nc; c += WG) {
+        ml = merge(ml, part_ml[qh * NC + c]);
     }
-    var l = 0.0;
-    for (var c = 0u; c < nc; c++) {
-        let ml = part_ml[qh * NC + c];
-        l += ml.y * exp(ml.x - mx);
-    }
-    let inv_l = 1.0 / l;
-    for (var d = li; d < D; d += WG) {
-        var acc = 0.0;
-        for (var c = 0u; c < nc; c++) {
-            acc += exp(part_ml[qh * NC + c].x - mx) * part_o[(qh * NC + c) * D + d];
+    red[li] = ml;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+        if (li < st) {
+            red[li] = merge(red[li], red[li + st]);
         }
-        let v = acc * inv_l;
-        ov[d] = v;
-        out[qh * D + d] = v;
+        workgroupBarrier();
+    }
+    let mx = red[0].x;
+    let inv_l = 1.0 / red[0].y;
+    for (var c = li; c < nc; c += WG) {
+        wts[c] = exp(part_ml[qh * NC + c].x - mx);
+    }
+    workgroupBarrier();
+    let S = WG / D4;
+    let s = li / D4;
+    let d4 = li % D4;
+    var a = vec4<f32>(0.0);
+    if (s < S) {
+        for (var c = s; c < nc; c += S) {
+            a += wts[c] * part_o[(qh * NC + c) * D4 + d4];
+        }
+    }
+    acc4[li] = a;
+    workgroupBarrier();
+    for (var d = li; d < D4; d += WG) {
+        var v = vec4<f32>(0.0);
+        for (var k = 0u; k < S; k++) {
+            v += acc4[k * D4 + d];
+        }
+        v *= inv_l;
+        for (var e = 0u; e < 4u; e++) {
+            ov[4u * d + e] = v[e];
+            out[qh * D + 4u * d + e] = v[e];
+        }
     }
 }
 
