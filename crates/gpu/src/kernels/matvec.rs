@@ -3,8 +3,9 @@
 //! an H200; precise int8 is two int8 parts; f32), a plain f32 matvec (router), and the
 //! activation quantiser.
 //!
-//! Every matvec uses 256-thread workgroups of 8 rows x 32 lanes and a shared-memory tree
-//! reduction, so no subgroup size is assumed. A matrix split across bindings is one dispatch
+//! Every matvec uses 256-thread workgroups and a shared-memory tree reduction, so no subgroup
+//! size is assumed: 8 rows x 32 lanes for int4, one row x 256 lanes for f32 (the router has only
+//! 128 rows, and 8 rows per workgroup left a big GPU with 16 workgroups). A matrix split across bindings is one dispatch
 //! per part, each writing its rows at `row_start` of the one output vector. All kernels return
 //! immediately when the run state says `done`.
 
@@ -15,8 +16,10 @@ use crate::tensor::{F32Matrix, Q4Matrix, QuantActs, BLOCK};
 
 pub use crate::numerics::Act;
 
-/// Rows per matvec workgroup (must match `RPW` in the shaders).
+/// Rows per int4 matvec workgroup (must match `RPW` in the shaders).
 const ROWS_PER_WG: u32 = 8;
+/// Rows per f32 matvec workgroup (matvec_f32.wgsl).
+const F32_ROWS_PER_WG: u32 = 1;
 
 /// Bind groups (one per matrix part) of one matvec, ready to record.
 pub struct MatvecBinding {
@@ -43,8 +46,9 @@ fn params(
     rows: u32,
     inner: u32,
     row_start: u32,
+    rows_per_wg: u32,
 ) -> Result<(wgpu::Buffer, (u32, u32))> {
-    let grid = ctx.grid(rows.div_ceil(ROWS_PER_WG));
+    let grid = ctx.grid(rows.div_ceil(rows_per_wg));
     let buf = ctx.uniform(
         "matvec.params",
         bytemuck::cast_slice(&[rows, inner, row_start, grid.0]),
@@ -123,7 +127,7 @@ impl MatvecKernel {
         let bpr = m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
-            let (p, grid) = params(ctx, part.rows, bpr, part.row_start)?;
+            let (p, grid) = params(ctx, part.rows, bpr, part.row_start, ROWS_PER_WG)?;
             let mut entries = vec![
                 (0, part.qs.as_entire_binding()),
                 (1, part.scales.as_entire_binding()),
@@ -162,7 +166,7 @@ impl MatvecKernel {
         }
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
-            let (p, grid) = params(ctx, part.rows, m.cols / 4, part.row_start)?;
+            let (p, grid) = params(ctx, part.rows, m.cols / 4, part.row_start, F32_ROWS_PER_WG)?;
             let bg = ctx.bind_group(
                 "matvec_f32",
                 &self.f32,

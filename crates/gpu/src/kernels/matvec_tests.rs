@@ -146,7 +146,16 @@ fn f32_matvec_matches_reference_and_splits() {
     let mut r = rng(5);
     let k = MatvecKernel::new(&ctx).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
-    for (i, &(rows, cols)) in [(1, 4), (5, 36), (128, 256), (77, 100)].iter().enumerate() {
+    // (128, 2048): the router; (3, 4100): 1025 vec4 per row, an odd tail past the 2 x 256 stride.
+    let shapes = [
+        (1, 4),
+        (5, 36),
+        (128, 256),
+        (77, 100),
+        (128, 2048),
+        (3, 4100),
+    ];
+    for (i, &(rows, cols)) in shapes.iter().enumerate() {
         // The last case runs with 3 rows per binding.
         let c = if i == 3 {
             ctx.with_max_binding_bytes(3 * 400)
