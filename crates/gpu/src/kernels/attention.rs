@@ -58,7 +58,9 @@ pub(crate) struct Split {
 }
 
 impl Split {
-    /// Chunk length used for `n >= 1` positions (mirrors `chunk_len` in the WGSL prelude).
+    /// Chunk length used for `n >= 1` positions (mirrors `chunk_len` in the WGSL prelude; the
+    /// GPU computes it, the host only in tests).
+    #[cfg(test)]
     pub fn chunk_len(&self, n: u32) -> u32 {
         let x = n.div_ceil(self.target);
         if x <= self.min {
@@ -68,6 +70,7 @@ impl Split {
     }
 
     /// Chunks used for `n >= 1` positions.
+    #[cfg(test)]
     pub fn chunks(&self, n: u32) -> u32 {
         n.div_ceil(self.chunk_len(n))
     }
@@ -364,6 +367,7 @@ impl AttentionKernel {
     }
 
     /// The sequence split this kernel uses.
+    #[cfg(test)]
     pub(crate) fn split(&self) -> Split {
         self.split
     }
