@@ -25,7 +25,7 @@ use nibble_engine::session::{FinishReason, GenParams, GenStats, Session};
 use nibble_engine::Tokenizer;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Sequences the backend decodes in one run: 1 until the backend is multi-stream.
@@ -113,10 +113,8 @@ impl Scheduler {
             let next = if self.running.is_empty() {
                 self.rx.recv().ok()
             } else {
-                match self.rx.try_recv() {
-                    Ok(j) => Some(j),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
-                }
+                // Empty or closed: run what is admitted.
+                self.rx.try_recv().ok()
             };
             match next {
                 Some(job) => self.admit(job),

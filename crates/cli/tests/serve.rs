@@ -1,0 +1,118 @@
+//! Smoke test of `nibble serve`: the real binary on a loopback port (port 0, the bound address
+//! read from its "listening on" line) with the reference backend on the tiny synthetic GGUF;
+//! one raw HTTP/1.1 exchange per route checked. The server crate's own tests cover the API.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn nibble() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nibble"))
+}
+
+fn tokenizer_json() -> Option<PathBuf> {
+    let dir = std::env::var_os("NIBBLE_TOKENIZER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../vendor/qwen3-tokenizer")
+        });
+    let p = dir.join("tokenizer.json");
+    if p.is_file() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI: tokenizer missing at {}",
+        p.display()
+    );
+    eprintln!(
+        "SKIP: no tokenizer at {} (run scripts/fetch-tokenizer.sh)",
+        p.display()
+    );
+    None
+}
+
+/// Sends one request with `Connection: close`; returns the status code and the body.
+fn exchange(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
+
+#[test]
+fn serve_answers_health_models_and_a_completion() {
+    let Some(tok) = tokenizer_json() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let out = nibble()
+        .args(["synth", "--preset", "tiny", "--seed", "1", "--quiet", "-o"])
+        .arg(&model)
+        .arg("--tokenizer")
+        .arg(&tok)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut child = nibble()
+        .args([
+            "serve",
+            "--backend",
+            "ref",
+            "--port",
+            "0",
+            "--ctx",
+            "512",
+            "-m",
+        ])
+        .arg(&model)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("serve exited before listening");
+        };
+        if let Some(a) = line.strip_prefix("listening on http://") {
+            break a.to_owned();
+        }
+    };
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    let (st, body) = exchange(&addr, "GET", "/health", "");
+    assert_eq!((st, body.as_str()), (200, r#"{"status":"ok"}"#));
+    let (st, body) = exchange(&addr, "GET", "/v1/models", "");
+    assert_eq!(st, 200);
+    assert!(body.contains(r#""id":"tiny""#), "{body}");
+    let (st, body) = exchange(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}"#,
+    );
+    assert_eq!(st, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+    let (st, body) = exchange(&addr, "POST", "/v1/completions", r#"{"prompt": 5}"#);
+    assert_eq!(st, 400, "{body}");
+    assert!(body.contains("prompt must be a string"), "{body}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
