@@ -275,6 +275,106 @@ fn act_store(v: array<f32, 32>, blk: u32) {{
     }
 }
 
+const Q8V: &str = "
+// act_q8 on four values at once (the same rounding, componentwise).
+fn act_q8v(t: vec4<f32>) -> vec4<i32> {
+    return vec4<i32>(clamp(sign(t) * floor(abs(t) + 0.5), vec4<f32>(-127.0), vec4<f32>(127.0)));
+}
+fn act_pack(q: vec4<i32>) -> u32 {
+    let b = vec4<u32>(q) & vec4<u32>(0xFFu);
+    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
+fn act_max8(v0: vec4<f32>, v1: vec4<f32>) -> f32 {
+    let m = max(abs(v0), abs(v1));
+    return max(max(m.x, m.y), max(m.z, m.w));
+}
+fn act_sum8(a: vec4<i32>, b: vec4<i32>) -> i32 {
+    let s = a + b;
+    return (s.x + s.y) + (s.z + s.w);
+}
+";
+
+/// WGSL (appended after [`act_out_wgsl`] of the same `n`) declaring
+/// `fn act_store8(v0: vec4<f32>, v1: vec4<f32>, c: u32, on: bool, li: u32)`: the workgroup-parallel
+/// form of `act_store`. Thread `li` quantises chunk `c` (elements `8c..8c+8` = `v0`, `v1`) of the
+/// output; the four threads `li = 4g..4g+3` must hold the four chunks of one block (`c % 4 ==
+/// li % 4`), so a block's amax and sums are reduced through workgroup memory (`act_sh`, one slot
+/// per thread: workgroups of at most 256 threads) and each thread writes its own words. `on` is
+/// false for a whole group without a block. Contains barriers: call it from uniform control flow
+/// with the whole workgroup. The results equal `act_store` exactly (max and the integer sums do
+/// not depend on the order).
+pub fn act_store8_wgsl(n: Numerics) -> String {
+    let head = format!("{Q8V}var<workgroup> act_sh: array<vec4<f32>, 256>;\n");
+    match n {
+        Numerics::F32 => {
+            "fn act_store8(v0: vec4<f32>, v1: vec4<f32>, c: u32, on: bool, li: u32) {}\n".into()
+        }
+        Numerics::Int8 => format!(
+            "{head}
+fn act_store8(v0: vec4<f32>, v1: vec4<f32>, c: u32, on: bool, li: u32) {{
+    let g = li & ~3u;
+    act_sh[li].x = act_max8(v0, v1);
+    workgroupBarrier();
+    let amax = max(max(act_sh[g].x, act_sh[g + 1u].x), max(act_sh[g + 2u].x, act_sh[g + 3u].x));
+    let d = amax / 127.0;
+    let id = select(0.0, 1.0 / d, d > 0.0);
+    let q0 = act_q8v(v0 * id);
+    let q1 = act_q8v(v1 * id);
+    act_sh[li].y = f32(act_sum8(q0, q1));
+    if (on) {{
+        out_q[2u * c] = act_pack(q0);
+        out_q[2u * c + 1u] = act_pack(q1);
+    }}
+    workgroupBarrier();
+    if (on && (li & 3u) == 0u) {{
+        let sum = (act_sh[g].y + act_sh[g + 1u].y) + (act_sh[g + 2u].y + act_sh[g + 3u].y);
+        out_s[c / 4u] = vec2<f32>(d, d * sum);
+    }}
+}}
+"
+        ),
+        Numerics::PreciseInt8 => format!(
+            "{head}
+fn act_store8(v0: vec4<f32>, v1: vec4<f32>, c: u32, on: bool, li: u32) {{
+    let g = li & ~3u;
+    act_sh[li].x = act_max8(v0, v1);
+    workgroupBarrier();
+    let amax = max(max(act_sh[g].x, act_sh[g + 1u].x), max(act_sh[g + 2u].x, act_sh[g + 3u].x));
+    let d1 = amax / 127.0;
+    let id1 = select(0.0, 1.0 / d1, d1 > 0.0);
+    let h0 = act_q8v(v0 * id1);
+    let h1 = act_q8v(v1 * id1);
+    let r0 = v0 - vec4<f32>(h0) * d1;   // the residual, |.| <= d1 / 2
+    let r1 = v1 - vec4<f32>(h1) * d1;
+    act_sh[li].y = act_max8(r0, r1);
+    act_sh[li].z = f32(act_sum8(h0, h1));
+    workgroupBarrier();
+    let amax2 = max(max(act_sh[g].y, act_sh[g + 1u].y), max(act_sh[g + 2u].y, act_sh[g + 3u].y));
+    let d2 = amax2 / 127.0;
+    let id2 = select(0.0, 1.0 / d2, d2 > 0.0);
+    let l0 = act_q8v(r0 * id2);
+    let l1 = act_q8v(r1 * id2);
+    act_sh[li].w = f32(act_sum8(l0, l1));
+    let blk = c / 4u;
+    let w = blk * 16u + 2u * (c & 3u);
+    if (on) {{
+        out_q[w] = act_pack(h0);
+        out_q[w + 1u] = act_pack(h1);
+        out_q[w + 8u] = act_pack(l0);
+        out_q[w + 9u] = act_pack(l1);
+    }}
+    workgroupBarrier();
+    if (on && (li & 3u) == 0u) {{
+        let s1 = (act_sh[g].z + act_sh[g + 1u].z) + (act_sh[g + 2u].z + act_sh[g + 3u].z);
+        let s2 = (act_sh[g].w + act_sh[g + 1u].w) + (act_sh[g + 2u].w + act_sh[g + 3u].w);
+        out_s[blk] = vec4<f32>(d1, s1, d2, s2);
+    }}
+}}
+"
+        ),
+    }
+}
+
 /// Host copy of the GPU rounding: half away from zero, clamped to ±127.
 pub fn q8(t: f32) -> i8 {
     (t.abs() + 0.5).floor().copysign(t).clamp(-127.0, 127.0) as i8

@@ -1,9 +1,10 @@
 //! RMSNorm of the residual stream with an optional fused residual add (`h += r`) and an optional
 //! fused int8 (plain or precise) quantisation of the output for the next int4 matvec: one dispatch where a naive
-//! plan needs three. One 256-thread workgroup per vector (the vector is a few thousand floats).
+//! plan needs three. One 256-thread workgroup per vector (the vector is a few thousand floats);
+//! the quantisation uses the whole workgroup (four threads per block of 32, `act_store8`).
 
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_out_wgsl, Numerics};
+use crate::numerics::{act_out_wgsl, act_store8_wgsl, Numerics};
 use crate::state::with_state;
 use crate::tensor::{QuantActs, BLOCK};
 
@@ -45,7 +46,11 @@ impl RmsNormKernel {
     pub fn new(ctx: &Context) -> Result<RmsNormKernel> {
         let src = |n: Numerics| {
             let body = include_str!("../shaders/rmsnorm.wgsl");
-            with_state(&format!("{}{body}", act_out_wgsl(n, 4, 5)))
+            with_state(&format!(
+                "{}{}{body}",
+                act_out_wgsl(n, 4, 5),
+                act_store8_wgsl(n)
+            ))
         };
         Ok(RmsNormKernel {
             pipeline: ctx.compute("rmsnorm", &src(Numerics::Int8), "main")?,

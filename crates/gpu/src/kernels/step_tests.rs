@@ -3,6 +3,7 @@
 use super::argmax::*;
 use super::embed::*;
 use super::norm::*;
+use crate::numerics::quantize_precise_ref;
 use crate::state::RunState;
 use crate::tensor::{quantize_acts_ref, Q4Matrix, QuantActs};
 use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
@@ -72,6 +73,71 @@ fn rmsnorm_variants_match_reference() {
                         (g[0] - w[0]).abs() <= 1e-6 * w[0],
                         "{what}: d {g:?} vs {w:?}"
                     );
+                }
+            }
+        }
+    }
+}
+
+/// Precise int8 output of the fused kernel (four threads per block): the GPU's hi/lo parts and
+/// scales equal the host simulation of quantising the GPU's own y (lo may differ by one step at
+/// an exact rounding tie), with outlier blocks and an all-zero block.
+#[test]
+fn rmsnorm_precise_quantisation_matches_simulation() {
+    let Some(ctx) = gpu("rmsnorm_precise_quantisation_matches_simulation") else {
+        return;
+    };
+    let mut r = rng(11);
+    let k = RmsNormKernel::new(&ctx).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    for n in [32usize, 96, 2048, 2080, 4096 + 32] {
+        for add in [false, true] {
+            let mut h0 = rand_f32(&mut r, n, -2.0, 2.0);
+            h0[n / 3] = 60.0; // an outlier block
+            let res = rand_f32(&mut r, n, -1.0, 1.0);
+            let mut w = rand_f32(&mut r, n, 0.5, 1.5);
+            if n >= 64 {
+                w[32..64].iter_mut().for_each(|v| *v = 0.0); // a zero block: d = 0
+            }
+            let hb = ctx.storage_init("h", bytemuck::cast_slice(&h0)).unwrap();
+            let rb = ctx.storage_init("r", bytemuck::cast_slice(&res)).unwrap();
+            let wb = ctx.storage_init("w", bytemuck::cast_slice(&w)).unwrap();
+            let out = ctx.storage("y", n as u64 * 4).unwrap();
+            let qa = QuantActs::with_layout(&ctx, "yq", n, true).unwrap();
+            let args = RmsNormArgs {
+                h: &hb,
+                add: add.then_some(&rb),
+                weight: &wb,
+                out: &out,
+                quant: Some(&qa),
+                n: n as u32,
+                eps: 1e-6,
+            };
+            let b = k.bind(&ctx, &args, &state).unwrap();
+            ctx.run_pass(|p| k.record(p, &b)).unwrap();
+            let what = format!("precise n={n} add={add}");
+            let (want_h, want_y) = rmsnorm_ref(&h0, add.then_some(&res[..]), &w, 1e-6);
+            assert_close(&ctx.read_f32(&hb, n).unwrap(), &want_h, 0.0, 0.0, &what);
+            let y = ctx.read_f32(&out, n).unwrap();
+            assert_close(&y, &want_y, 1e-5, 1e-5, &what);
+            let q = ctx.read_u32(&qa.q, n / 2).unwrap();
+            let s = ctx.read_f32(&qa.s, n / 8).unwrap();
+            let byte = |w: u32, j: usize| (w >> (8 * (j % 4))) as u8 as i8;
+            for (bi, (hi, lo, d1, d2)) in quantize_precise_ref(&y).into_iter().enumerate() {
+                let (ghi, glo) = (&q[bi * 16..bi * 16 + 8], &q[bi * 16 + 8..bi * 16 + 16]);
+                for j in 0..32 {
+                    assert_eq!(byte(ghi[j / 4], j), hi[j], "{what}: block {bi} hi[{j}]");
+                    let dl = byte(glo[j / 4], j) as i32 - lo[j] as i32;
+                    assert!(dl.abs() <= 1, "{what}: block {bi} lo[{j}]");
+                }
+                let sb = &s[bi * 4..bi * 4 + 4];
+                assert_eq!(sb[0], d1, "{what}: block {bi} d1");
+                assert_eq!(sb[2], d2, "{what}: block {bi} d2");
+                let sum = |ws: &[u32]| (0..32).map(|j| byte(ws[j / 4], j) as i32).sum::<i32>();
+                assert_eq!(sb[1], sum(ghi) as f32, "{what}: block {bi} sum hi");
+                assert_eq!(sb[3], sum(glo) as f32, "{what}: block {bi} sum lo");
+                if n >= 64 && bi == 1 {
+                    assert_eq!((sb[0], sb[1], sb[2]), (0.0, 0.0, 0.0), "{what}: zero block");
                 }
             }
         }

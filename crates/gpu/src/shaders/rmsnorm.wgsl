@@ -1,10 +1,12 @@
 // RMSNorm of one vector with optional fused residual add and fused int8 quantisation of the
 // output, in one workgroup (the vector is a few thousand elements: the dispatch, not the math,
-// is the cost). Prepended: state.wgsl.
+// is the cost). Prepended: state.wgsl and the numerics snippets (`act_store8`, numerics.rs).
 //   if ADD:   h += r   (h is the residual stream, updated in place)
 //   y = h / sqrt(mean(h^2) + eps) * w
-//   if QUANT: y int8-quantised per block of 32 into bindings 4, 5 by `act_store` (the numerics
-//             snippet prepended by the host picks plain or precise int8, numerics.rs)
+//   if QUANT: y int8-quantised per block of 32 into bindings 4, 5 by `act_store8` (plain or
+//             precise int8 per the snippet); the host guarantees n % 32 == 0 then.
+// Thread li owns the chunks c = li + 256j of 8 consecutive elements in every phase, so it only
+// ever reads back its own writes to h, and four consecutive threads hold one quantisation block.
 struct Params { n: u32, eps: f32, flags: u32, pad: u32 };
 const ADD: u32 = 1u;
 const QUANT: u32 = 2u;
@@ -17,37 +19,69 @@ const QUANT: u32 = 2u;
 
 const WG: u32 = 256u;
 var<workgroup> red: array<f32, 256>;
+var<workgroup> red16: array<f32, 16>;
+
+// h[i] (+ r[i], written back when `add`); 0 past n.
+fn load_h(i: u32, add: bool) -> f32 {
+    if (i >= p.n) { return 0.0; }
+    var v = h[i];
+    if (add) {
+        v += r[i];
+        h[i] = v;
+    }
+    return v;
+}
+fn load4(i: u32, add: bool) -> vec4<f32> {
+    return vec4<f32>(load_h(i, add), load_h(i + 1u, add), load_h(i + 2u, add), load_h(i + 3u, add));
+}
+fn load_w(i: u32) -> f32 {
+    if (i >= p.n) { return 0.0; }
+    return w[i];
+}
+fn w4(i: u32) -> vec4<f32> {
+    return vec4<f32>(load_w(i), load_w(i + 1u), load_w(i + 2u), load_w(i + 3u));
+}
+fn store4(i: u32, v: vec4<f32>) {
+    for (var t = 0u; t < 4u; t++) {
+        if (i + t < p.n) { y[i + t] = v[t]; }
+    }
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32) {
     if (state.done != 0u) { return; }
     let add = (p.flags & ADD) != 0u;
+    let chunks = (p.n + 7u) / 8u;
     var ss = 0.0;
-    for (var i = li; i < p.n; i += WG) {
-        var v = h[i];
-        if (add) {
-            v += r[i];
-            h[i] = v;
-        }
-        ss += v * v;
+    for (var c = li; c < chunks; c += WG) {
+        let a = load4(8u * c, add);
+        let b = load4(8u * c + 4u, add);
+        ss += dot(a, a) + dot(b, b);
     }
+    // Two-level sum (2 barriers instead of a log2(256)-step tree); every thread then adds the
+    // 16 partials in the same order, so all see the same total.
     red[li] = ss;
     workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
-        if (li < st) { red[li] += red[li + st]; }
-        workgroupBarrier();
+    if (li < 16u) {
+        var s = 0.0;
+        for (var j = 0u; j < 16u; j++) { s += red[16u * li + j]; }
+        red16[li] = s;
     }
-    let inv = inverseSqrt(red[0] / f32(p.n) + p.eps);
-    // Each thread rescales the elements it summed, so it reads back only its own writes to h.
-    for (var i = li; i < p.n; i += WG) {
-        y[i] = h[i] * inv * w[i];
-    }
-    if ((p.flags & QUANT) == 0u) { return; }
-    // Blocks are quantised by one thread each from y, written by other threads above.
-    storageBarrier();
-    for (var b = li; b < p.n / 32u; b += WG) {
-        var v: array<f32, 32>;
-        for (var j = 0u; j < 32u; j++) { v[j] = y[b * 32u + j]; }
-        act_store(v, b);
+    workgroupBarrier();
+    var tot = 0.0;
+    for (var j = 0u; j < 16u; j++) { tot += red16[j]; }
+    let inv = inverseSqrt(tot / f32(p.n) + p.eps);
+    let quant = (p.flags & QUANT) != 0u;
+    // Uniform loop (bounds from the uniform buffer): act_store8 has barriers.
+    for (var base = 0u; base < chunks; base += WG) {
+        let c = base + li;
+        let i = 8u * c;
+        let y0 = load4(i, false) * inv * w4(i);
+        let y1 = load4(i + 4u, false) * inv * w4(i + 4u);
+        store4(i, y0);
+        store4(i + 4u, y1);
+        if (quant) {
+            act_store8(y0, y1, c, c < chunks, li);
+        }
     }
 }
