@@ -133,6 +133,16 @@ fn prefill_equals_token_by_token_and_continues_identically() {
     let mut batched = GpuBackend::with_context(&ctx, m.as_ref(), opts(Numerics::DEFAULT)).unwrap();
     let mut single = GpuBackend::with_context(&ctx, m.as_ref(), opts(Numerics::DEFAULT)).unwrap();
     let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
+    let d = batched.describe();
+    eprintln!("{d}");
+    for part in [
+        format!("numerics: {}", Numerics::DEFAULT),
+        format!("{} dispatches per token", batched.dispatches_per_step()),
+        format!("resident weights: {} bytes", batched.resident_bytes()),
+        format!("gpu adapter: {}", ctx.info.name),
+    ] {
+        assert!(d.contains(&part), "describe() lacks '{part}':\n{d}");
+    }
     batched.prefill(a).unwrap();
     let lb = batched.prefill(b).unwrap();
     assert_eq!(batched.position(), prompt.len());

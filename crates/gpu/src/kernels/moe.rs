@@ -19,7 +19,7 @@
 //! skip the experts it does not hold. The route buffer is `[2K]` u32: ids, then weight bits.
 
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_in_wgsl, act_out_wgsl, Act, Numerics};
+use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics};
 use crate::state::STATE_WGSL;
 use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
 
@@ -177,7 +177,8 @@ impl MoeKernel {
     pub fn with_numerics(ctx: &Context, params: MoeParams, numerics: Numerics) -> Result<Self> {
         params.validate()?;
         let p = &params;
-        let shared = (p.experts + p.top_k + 2 * WG + 32) as u64 * 4;
+        // lg, top_e, red_g, red_u, hv, act_sh (256 vec4).
+        let shared = (p.experts + p.top_k + 2 * WG + 32 + 4 * 256) as u64 * 4;
         if shared > ctx.limits.max_compute_workgroup_storage_size as u64 {
             return Err(GpuError::Shape(format!(
                 "MoE with {} experts needs {shared} bytes of workgroup memory",
@@ -192,10 +193,11 @@ impl MoeKernel {
         );
         let router = ctx.compute("moe.router", &router_src, "main")?;
         let gu_src = format!(
-            "{}{route}{}{}{}",
+            "{}{route}{}{}{}{}",
             consts(p, GATE_UP_T, p.hidden),
             act_in_wgsl(numerics, 4, 5),
             act_out_wgsl(numerics, 11, 12),
+            act_store8_wgsl(numerics),
             include_str!("../shaders/moe_gate_up.wgsl")
         );
         let gu = ctx.module("moe.gate_up", &gu_src)?;

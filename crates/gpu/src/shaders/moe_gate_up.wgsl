@@ -45,48 +45,53 @@ fn uscale(i: u32) -> f32 {
     return select(v.x, v.y, (i & 1u) == 1u);
 }
 
-// Rows [32 wid.x, +32) of expert e for slot k. `e` is workgroup-uniform.
+// One weight block b of row `wrow` for gate and up, scaled: (gate, up) partial sums.
+fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
+    let blk = wrow * NB + b;
+    let gu = act_dot2(gate_qs[blk], up_qs[blk], b);
+    return vec2<f32>(gscale(blk) * gu.x, uscale(blk) * gu.y);
+}
+
+// Rows [32 wid.x, +32) of expert e for slot k. `e` is workgroup-uniform; every thread calls it
+// (it has barriers), a part that does not hold e computes nothing.
 fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
-    if (e < params.e_lo || e >= params.e_hi) {
-        return;
-    }
+    let held = e >= params.e_lo && e < params.e_hi;
     let team = li / T;
     let lane = li % T;
     let row = bx * R + team;
-    let wrow = (e - params.e_lo) * I + row;
-    var ag = 0.0;
-    var au = 0.0;
-    for (var b = lane; b < NB; b += T) {
-        let blk = wrow * NB + b;
-        let gu = act_dot2(gate_qs[blk], up_qs[blk], b);
-        ag += gscale(blk) * gu.x;
-        au += uscale(blk) * gu.y;
-    }
-    red_g[li] = ag;
-    red_u[li] = au;
-    workgroupBarrier();
-    for (var st = T / 2u; st > 0u; st >>= 1u) {
-        if (lane < st) {
-            red_g[li] += red_g[li + st];
-            red_u[li] += red_u[li + st];
+    let wrow = (select(params.e_lo, e, held) - params.e_lo) * I + row;
+    var acc = vec2<f32>(0.0);
+    if (held) {
+        // A constant trip count (NB / T) lets the compiler unroll and issue every weight load
+        // of the lane at once: with only K * I / 32 workgroups, latency, not bandwidth, limits.
+        for (var j = 0u; j < NB / T; j++) {
+            acc += gu_block(wrow, lane + j * T);
         }
-        workgroupBarrier();
+        if (lane < NB % T) {
+            acc += gu_block(wrow, lane + (NB / T) * T);
+        }
     }
-    if (lane == 0u) {
-        let g = red_g[li];
-        let v = g / (1.0 + exp(-g)) * red_u[li];
+    red_g[li] = acc.x;
+    red_u[li] = acc.y;
+    workgroupBarrier();
+    // One barrier: lane 0 of each team adds its T partials (T is small).
+    if (held && lane == 0u) {
+        var g = 0.0;
+        var u = 0.0;
+        for (var j = 0u; j < T; j++) {
+            g += red_g[li + j];
+            u += red_u[li + j];
+        }
+        let v = g / (1.0 + exp(-g)) * u;
         h[k * I + row] = v;
         hv[team] = v;
     }
     workgroupBarrier();
-    // Quantise the 32 outputs (one block; a no-op for f32 numerics).
-    if (li == 0u) {
-        var v: array<f32, 32>;
-        for (var j = 0u; j < R; j++) {
-            v[j] = hv[j];
-        }
-        act_store(v, (k * I + bx * R) / 32u);
-    }
+    // Quantise the 32 outputs (one block) with four threads of 8 (a no-op for f32 numerics).
+    let q = min(li, 3u);
+    let v0 = vec4<f32>(hv[8u * q], hv[8u * q + 1u], hv[8u * q + 2u], hv[8u * q + 3u]);
+    let v1 = vec4<f32>(hv[8u * q + 4u], hv[8u * q + 5u], hv[8u * q + 6u], hv[8u * q + 7u]);
+    act_store8(v0, v1, (k * I + bx * R) / 8u + q, held && li < 4u, li);
 }
 
 @compute @workgroup_size(WG)
