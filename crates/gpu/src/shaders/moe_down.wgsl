@@ -30,6 +30,18 @@ fn scale(i: u32) -> f32 {
     return select(v.x, v.y, (i & 1u) == 1u);
 }
 
+// Item `it` = (slot k, block b) of row `crow`: w_k * scale * (block · h_k block b).
+fn item(it: u32, crow: u32) -> f32 {
+    let k = it / NB;
+    let b = it % NB;
+    let e = ids[k];
+    if (e < params.e_lo || e >= params.e_hi) {
+        return 0.0;
+    }
+    let blk = ((e - params.e_lo) * H + crow) * NB + b;
+    return wts[k] * scale(blk) * act_dot(qs[blk], k * NB + b);
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -49,29 +61,29 @@ fn main(
     let row = (wid.x + wid.y * nwg.x) * R + team;
     // Rows past H (last workgroup) compute on row 0 and are not written: keeps barriers uniform.
     let crow = select(0u, row, row < H);
+    // Lane `lane` takes items it = lane + j*T of the K*NB (slot, block) pairs; a constant trip
+    // count lets the compiler unroll and issue the lane's weight loads together.
     var acc = 0.0;
-    for (var it = lane; it < K * NB; it += T) {
-        let k = it / NB;
-        let b = it % NB;
-        let e = ids[k];
-        if (e >= params.e_lo && e < params.e_hi) {
-            let blk = ((e - params.e_lo) * H + crow) * NB + b;
-            acc += wts[k] * scale(blk) * act_dot(qs[blk], k * NB + b);
-        }
+    for (var j = 0u; j < (K * NB) / T; j++) {
+        acc += item(lane + j * T, crow);
+    }
+    if (lane < (K * NB) % T) {
+        acc += item(lane + ((K * NB) / T) * T, crow);
     }
     red[li] = acc;
     workgroupBarrier();
-    for (var st = T / 2u; st > 0u; st >>= 1u) {
-        if (lane < st) {
-            red[li] += red[li + st];
+    // One barrier: lane 0 of each team adds the team's T partials.
+    var tot = 0.0;
+    if (lane == 0u) {
+        for (var j = 0u; j < T; j++) {
+            tot += red[li + j];
         }
-        workgroupBarrier();
     }
     if (lane == 0u && row < H) {
         if (params.accumulate != 0u) {
-            out[row] += red[li];
+            out[row] += tot;
         } else {
-            out[row] = red[li];
+            out[row] = tot;
         }
     }
 }
