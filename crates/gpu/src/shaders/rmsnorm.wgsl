@@ -52,8 +52,14 @@ fn main(@builtin(local_invocation_index) li: u32) {
     if (state.done != 0u) { return; }
     let add = (p.flags & ADD) != 0u;
     let chunks = (p.n + 7u) / 8u;
-    var ss = 0.0;
-    for (var c = li; c < chunks; c += WG) {
+    // Each thread's first chunk (every chunk when n <= 2048) stays in registers for the second phase, with
+    // its weights loaded now: the second phase then waits on no memory.
+    let a0 = load4(8u * li, add);
+    let b0 = load4(8u * li + 4u, add);
+    let wa0 = w4(8u * li);
+    let wb0 = w4(8u * li + 4u);
+    var ss = dot(a0, a0) + dot(b0, b0);
+    for (var c = li + WG; c < chunks; c += WG) {
         let a = load4(8u * c, add);
         let b = load4(8u * c + 4u, add);
         ss += dot(a, a) + dot(b, b);
@@ -76,8 +82,12 @@ fn main(@builtin(local_invocation_index) li: u32) {
     for (var base = 0u; base < chunks; base += WG) {
         let c = base + li;
         let i = 8u * c;
-        let y0 = load4(i, false) * inv * w4(i);
-        let y1 = load4(i + 4u, false) * inv * w4(i + 4u);
+        var y0 = a0 * inv * wa0;
+        var y1 = b0 * inv * wb0;
+        if (base > 0u) {
+            y0 = load4(i, false) * inv * w4(i);
+            y1 = load4(i + 4u, false) * inv * w4(i + 4u);
+        }
         store4(i, y0);
         store4(i + 4u, y1);
         if (quant) {
