@@ -22,10 +22,14 @@ fn route_select(li: u32) {
     workgroupBarrier();
     for (var e = li; e < E; e += WG) {
         let v = lg[e];
+        // Split at e so each comparison is one op: below e ties count (u >= v), above they
+        // do not (u > v); the same predicate as (u > v || (u == v && j < e)), NaN included.
         var rank = 0u;
-        for (var j = 0u; j < E; j++) {
-            let u = lg[j];
-            rank += u32(u > v || (u == v && j < e));
+        for (var j = 0u; j < e; j++) {
+            rank += u32(lg[j] >= v);
+        }
+        for (var j = e + 1u; j < E; j++) {
+            rank += u32(lg[j] > v);
         }
         if (rank < K) {
             top_e[rank] = e;
