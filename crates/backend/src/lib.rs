@@ -17,6 +17,10 @@ pub mod reference;
 pub use nibble_model::config::Qwen3MoeConfig;
 pub use reference::RefBackend;
 
+/// Named intermediates of one step, in the order they were produced: `(name, values)` with the
+/// oracle's trace names ([`reference::TRACE_NAMES`], per-layer ones as `l{layer}.{name}`).
+pub type StepTrace = Vec<(String, Vec<f32>)>;
+
 /// A decoding backend: chosen once at start-up (`--backend ref|gpu`); the engine knows only this trait.
 pub trait Backend: Send {
     /// Short name, e.g. `"ref"`.
@@ -36,6 +40,15 @@ pub trait Backend: Send {
     fn step(&mut self, token: u32) -> anyhow::Result<Vec<f32>> {
         self.prefill(&[token])
     }
+    /// Diagnostics: append `token` like [`Backend::step`] and return the named intermediates of
+    /// that step (a backend exposes the subset it can read back, under the oracle's names), so
+    /// a parity tool can name the first op where two backends diverge. The slow path. The
+    /// default, `Ok(None)`, means tracing is not supported and nothing was appended.
+    fn trace_step(&mut self, token: u32) -> anyhow::Result<Option<StepTrace>> {
+        let _ = token;
+        Ok(None)
+    }
+
     /// Greedy run: append `token`, then repeatedly append the argmax, producing up to `n` new ids;
     /// stops after (and including) the first id in `eos`. The last returned id is *not* appended
     /// (it has no logits to compute yet), so the position advances by the number of ids returned.

@@ -16,7 +16,7 @@ pub mod kv;
 pub mod moe;
 pub mod ops;
 
-use crate::Backend;
+use crate::{Backend, StepTrace};
 use anyhow::{bail, ensure, Context};
 use attention::{attention, AttnDims};
 use kv::KvCache;
@@ -24,7 +24,7 @@ use moe::{moe_combine, route_logits, ExpertWeights};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use ops::{matvec, rmsnorm, rmsnorm_heads, rope_heads, rope_inv_freq};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Trace hook: `(position, name, values)` for every named intermediate of every token.
 pub type TraceFn = Box<dyn FnMut(usize, &str, &[f32]) + Send>;
@@ -308,5 +308,27 @@ impl Backend for RefBackend {
             self.pos = start + i + 1;
         }
         Ok(logits)
+    }
+
+    /// Every intermediate the trace hook sees for this token (all of [`TRACE_NAMES`]; the
+    /// lm_head ones included). An installed hook is suspended for the call.
+    fn trace_step(&mut self, token: u32) -> anyhow::Result<Option<StepTrace>> {
+        let sink: Arc<Mutex<StepTrace>> = Arc::default();
+        let s = Arc::clone(&sink);
+        let user = self.trace.replace(Box::new(move |_, name, v| {
+            // A poisoned sink only happens after a panic in this very closure; drop the value.
+            if let Ok(mut g) = s.lock() {
+                g.push((name.to_string(), v.to_vec()));
+            }
+        }));
+        let r = self.step(token);
+        self.trace = user;
+        r?;
+        let out = std::mem::take(
+            &mut *sink
+                .lock()
+                .map_err(|_| anyhow::anyhow!("trace sink poisoned"))?,
+        );
+        Ok(Some(out))
     }
 }

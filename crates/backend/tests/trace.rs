@@ -298,3 +298,46 @@ fn gqa_with_more_kv_heads() {
     };
     check_model(&cfg, 23);
 }
+
+/// `trace_step` appends like `step` (same logits, same continuation), returns every name of
+/// [`TRACE_NAMES`] once per layer in the hook's order with the hook's values, and leaves an
+/// installed hook in place (suspended for the call).
+#[test]
+fn trace_step_returns_the_hooks_intermediates_and_appends_like_step() {
+    let cfg = tiny_cfg();
+    let tokens = [5u32, 9, 2];
+    let mut plain = RefBackend::new(Arc::new(random_model(&cfg, 23)), 16).unwrap();
+    let mut traced = RefBackend::new(Arc::new(random_model(&cfg, 23)), 16).unwrap();
+    let log: Log = Arc::default();
+    let sink = Arc::clone(&log);
+    traced.set_trace(Some(Box::new(move |p, n, v| {
+        sink.lock().unwrap().push((p, n.to_string(), v.to_vec()))
+    })));
+    plain.prefill(&tokens[..2]).unwrap();
+    traced.prefill(&tokens[..2]).unwrap();
+    let hook_len = log.lock().unwrap().len();
+    assert!(hook_len > 0);
+    let want = plain.step(tokens[2]).unwrap();
+    let got = traced
+        .trace_step(tokens[2])
+        .unwrap()
+        .expect("the oracle traces");
+    assert_eq!(traced.position(), 3);
+    assert_eq!(log.lock().unwrap().len(), hook_len, "the hook is suspended");
+    // Names: embd, then TRACE_NAMES' per-layer ones per layer, then final_norm and logits.
+    let per_layer = &TRACE_NAMES[1..TRACE_NAMES.len() - 2];
+    let mut names = vec!["embd".to_string()];
+    for l in 0..cfg.num_layers {
+        names.extend(per_layer.iter().map(|n| format!("l{l}.{n}")));
+    }
+    names.extend(["final_norm".to_string(), "logits".to_string()]);
+    let got_names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(got_names, names);
+    assert_eq!(got.last().unwrap().1, want, "traced logits == step logits");
+    // The hook is back: the next step is seen, and both backends continue identically.
+    let next = plain.step(7).unwrap();
+    assert_eq!(traced.step(7).unwrap(), next);
+    let log = log.lock().unwrap();
+    assert!(log.len() > hook_len);
+    assert!(log[hook_len..].iter().all(|(p, _, _)| *p == 3));
+}
