@@ -10,8 +10,10 @@
 //! - Bad input (token id >= V, overflowing the context, an empty prefill) is an error, never a panic.
 //!
 //! [`reference`] holds [`RefBackend`], the oracle: a plain scalar forward pass that every fast
-//! backend is judged against.
+//! backend is judged against; [`divergence`] names the first intermediate where two backends'
+//! [`Backend::trace_step`]s part.
 
+pub mod divergence;
 pub mod reference;
 
 pub use nibble_model::config::Qwen3MoeConfig;

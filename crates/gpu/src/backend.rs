@@ -18,7 +18,7 @@ use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
 use crate::weights::GpuWeights;
 use anyhow::{bail, ensure, Result};
-use nibble_backend::{argmax, Backend};
+use nibble_backend::{argmax, Backend, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::WeightSource;
 
@@ -119,6 +119,12 @@ impl GpuBackend {
         &self.plan
     }
 
+    /// Corrupt one tensor of `layer` in the GPU copy of the weights (testing the parity
+    /// localiser; see [`crate::plant`]).
+    pub fn plant_error(&mut self, layer: usize, target: crate::plant::PlantTarget) -> Result<()> {
+        crate::plant::plant_error(&self.plan, layer, target)
+    }
+
     /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
     /// resident bytes, prefill chunk.
     pub fn describe(&self) -> String {
@@ -204,6 +210,19 @@ impl Backend for GpuBackend {
         let logits = self.plan.prefill_logits(tokens, start)?;
         self.pos = start + tokens.len();
         Ok(logits)
+    }
+
+    /// One op per submit with a readback each ([`DecodePlan::trace_step`]).
+    fn trace_step(&mut self, token: u32) -> Result<Option<StepTrace>> {
+        self.check_token(token)?;
+        ensure!(
+            self.pos < self.context_len(),
+            "the context of {} positions is full",
+            self.context_len()
+        );
+        let t = self.plan.trace_step(token, self.pos)?;
+        self.pos += 1;
+        Ok(Some(t))
     }
 
     fn decode_greedy(&mut self, token: u32, n: usize, eos: &[u32]) -> Result<Vec<u32>> {

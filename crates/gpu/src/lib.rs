@@ -13,6 +13,7 @@
 //! - [`state`]: the run-state buffer (position, token, done, step) kernels read on the GPU.
 //! - [`weights`]: one-time upload of a model from a `WeightSource`.
 //! - [`plan`]: activations, KV cache, bind groups; recording one step / a run of N steps.
+//! - [`plant`]: deliberate weight corruption, to test the parity localiser.
 //! - [`backend`]: [`GpuBackend`], the `nibble_backend::Backend` implementation.
 //!
 //! Kernel API convention: `XxxKernel::new(&ctx, params) -> Result<Self>` compiles the
@@ -29,9 +30,12 @@ pub mod numerics;
 #[cfg(test)]
 mod parity_tests;
 pub mod plan;
+pub mod plant;
 pub mod state;
 pub mod tensor;
 pub mod testing;
+#[cfg(test)]
+mod trace_tests;
 pub mod weights;
 
 pub use backend::{GpuBackend, GpuOptions};

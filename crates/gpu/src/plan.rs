@@ -390,6 +390,66 @@ impl DecodePlan {
         Ok((embd, layers))
     }
 
+    /// Diagnostics: process `token` at `pos` one op per submit and return the step's
+    /// intermediates under the oracle's trace names: `embd`; per layer `l{n}.` + `attn_norm`,
+    /// `q`, `k`, `v` (before QK-norm, from `qkv`), `attn`, `attn_out`, `h_attn`, `ffn_norm`,
+    /// `router_logits`, `moe_experts` (ids as f32, best first), `moe_weights`, `moe_out` (the
+    /// MoE's residual update, computed on the host as h after minus h before) and `h`; then
+    /// `final_norm` and `logits`. Writes the KV row like a step. The slow path (a submit and a
+    /// readback per op); the fast path's recording is unchanged.
+    pub fn trace_step(&self, token: u32, pos: usize) -> Result<Vec<(String, Vec<f32>)>> {
+        let cfg = &self.weights.cfg;
+        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
+        let (a, ctx, pb) = (&self.acts, &self.ctx, pos as u32);
+        let mut out = Vec::with_capacity(2 + 13 * self.layers.len() + 2);
+        self.set_state(token, pos);
+        ctx.run_pass(|p| self.k.embed.record(p, &self.embed))?;
+        out.push(("embd".to_string(), ctx.read_f32(&a.h, h)?));
+        for (l, lb) in self.layers.iter().enumerate() {
+            let name = |s: &str| format!("l{l}.{s}");
+            ctx.run_pass(|p| self.k.norm.record(p, &lb.norm1))?;
+            out.push((name("attn_norm"), ctx.read_f32(&a.xn, h)?));
+            ctx.run_pass(|p| self.k.matvec.record(p, &lb.qkv))?;
+            let qkv = ctx.read_f32(&a.qkv, q + 2 * kv)?; // [Q + 2 KV]
+            out.push((name("q"), qkv[..q].to_vec()));
+            out.push((name("k"), qkv[q..q + kv].to_vec()));
+            out.push((name("v"), qkv[q + kv..].to_vec()));
+            ctx.run_pass(|p| self.k.attn.record(p, &lb.attn, pb))?;
+            out.push((name("attn"), ctx.read_f32(&a.att, q)?));
+            ctx.run_pass(|p| self.k.matvec.record(p, &lb.o))?;
+            out.push((name("attn_out"), ctx.read_f32(&a.a, h)?));
+            ctx.run_pass(|p| self.k.norm.record(p, &lb.norm2))?;
+            let h_attn = ctx.read_f32(&a.h, h)?;
+            out.push((name("h_attn"), h_attn.clone()));
+            out.push((name("ffn_norm"), ctx.read_f32(&a.xn, h)?));
+            ctx.run_pass(|p| self.k.matvec.record(p, &lb.router))?;
+            out.push((name("router_logits"), ctx.read_f32(&a.router, e)?));
+            ctx.run_pass(|p| self.k.moe.record(p, ctx, &lb.moe))?;
+            let route = ctx.read_u32(&a.route, 2 * k)?; // [2K]: ids, then f32 weight bits
+            out.push((
+                name("moe_experts"),
+                route[..k].iter().map(|i| *i as f32).collect(),
+            ));
+            out.push((
+                name("moe_weights"),
+                route[k..].iter().map(|b| f32::from_bits(*b)).collect(),
+            ));
+            let h_out = ctx.read_f32(&a.h, h)?;
+            let moe: Vec<f32> = h_out.iter().zip(&h_attn).map(|(x, y)| x - y).collect();
+            out.push((name("moe_out"), moe));
+            out.push((name("h"), h_out));
+        }
+        ctx.run_pass(|p| self.k.norm.record(p, &self.final_norm))?;
+        out.push(("final_norm".to_string(), ctx.read_f32(&a.xn, h)?));
+        ctx.run_pass(|p| self.k.matvec.record(p, &self.head))?;
+        out.push((
+            "logits".to_string(),
+            ctx.read_f32(&a.logits, cfg.vocab_size)?,
+        ));
+        Ok(out)
+    }
+
     /// Greedy run of up to `n <= max_run` steps from `token` at `pos`, in one submission.
     /// Returns the ids produced (stopping after the first EOS). The caller guarantees
     /// `token < V` and `pos + n <= context_len`.
