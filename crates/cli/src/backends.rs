@@ -42,6 +42,33 @@ pub struct BackendArgs {
     pub verbose: bool,
 }
 
+/// The GPU backend with `args`' options and a KV cache of `ctx` positions.
+pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> Result<GpuBackend> {
+    let opts = GpuOptions {
+        context_len: ctx,
+        fold: args.fold.max(1),
+        per_token: args.per_token,
+        numerics: args.numerics,
+        ..GpuOptions::default()
+    };
+    let g = GpuBackend::new(weights, opts)?;
+    if args.verbose {
+        eprintln!(
+            "gpu: {} dispatches per token, {:.3} GB resident, numerics {}, fold {}{}",
+            g.dispatches_per_step(),
+            g.resident_bytes() as f64 / 1e9,
+            args.numerics,
+            args.fold,
+            if args.per_token {
+                " (per-token path)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(g)
+}
+
 /// Build the chosen backend over `weights`.
 pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dyn Backend>> {
     let cfg = weights.config().clone();
@@ -70,31 +97,7 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
         k => k,
     };
     let b: Box<dyn Backend> = match kind {
-        BackendKind::Gpu => {
-            let opts = GpuOptions {
-                context_len: ctx,
-                fold: args.fold.max(1),
-                per_token: args.per_token,
-                numerics: args.numerics,
-                ..GpuOptions::default()
-            };
-            let g = GpuBackend::new(weights.as_ref(), opts)?;
-            if args.verbose {
-                eprintln!(
-                    "gpu: {} dispatches per token, {:.3} GB resident, numerics {}, fold {}{}",
-                    g.dispatches_per_step(),
-                    g.resident_bytes() as f64 / 1e9,
-                    args.numerics,
-                    args.fold,
-                    if args.per_token {
-                        " (per-token path)"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            Box::new(g)
-        }
+        BackendKind::Gpu => Box::new(make_gpu(args, weights.as_ref(), ctx)?),
         _ => Box::new(RefBackend::new(weights, ctx)?),
     };
     if args.verbose {

@@ -4,11 +4,19 @@
 //! the first divergence with the oracle's top-1/top-2 margin there, and the min/mean cosine and
 //! max |delta| of per-step logits, the fast backend being teacher-forced along the oracle's
 //! sequence so every step compares the same context. Exit status is non-zero on failure.
+//!
+//! Localisation: at the first step that fails (logits cosine below the bar, or where the greedy
+//! sequences part), both backends re-run that step with [`Backend::trace_step`] and the report
+//! names the first intermediate (oracle order, e.g. `l2.attn_out`) whose relative L2 error
+//! exceeds `--trace-tol`. `--plant-error LAYER:TENSOR` (hidden) corrupts one GPU weight first,
+//! to check that this localisation works.
 
 use crate::backends::{self, BackendArgs, BackendKind};
 use anyhow::{bail, Result};
+use nibble_backend::divergence::first_divergence;
 use nibble_backend::reference::RefBackend;
 use nibble_backend::{argmax, Backend};
+use nibble_gpu::plant::PlantTarget;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -26,8 +34,15 @@ pub struct Args {
     /// Minimum per-step cosine to pass.
     #[arg(long, default_value_t = 0.99999)]
     min_cosine: f64,
+    /// Relative L2 error beyond which a traced intermediate counts as divergent.
+    #[arg(long, default_value_t = 1e-3)]
+    trace_tol: f64,
     #[arg(long)]
     json: bool,
+    /// Testing the localiser: corrupt one tensor of the GPU copy first, `LAYER:TENSOR` with
+    /// TENSOR one of qkv, o, router, gate, up, down (e.g. `2:o`).
+    #[arg(long, hide = true)]
+    plant_error: Option<String>,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -49,6 +64,27 @@ pub struct PromptReport {
     pub min_cosine: f64,
     pub mean_cosine: f64,
     pub max_abs_delta: f32,
+    /// The oracle's greedy ids and the fast backend's own (folded) greedy ids.
+    pub oracle_tokens: Vec<u32>,
+    pub fast_tokens: Vec<u32>,
+    /// The generated-token index of the first failing step, re-run with tracing.
+    pub traced_step: Option<usize>,
+    /// The first traced intermediate beyond `--trace-tol` there (None: none was, or the fast
+    /// backend cannot trace).
+    pub first_divergence_op: Option<OpReport>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct OpReport {
+    pub name: String,
+    pub rel_err: f64,
+}
+
+/// Thresholds of a comparison.
+#[derive(Debug, Clone, Copy)]
+pub struct Bars {
+    pub min_cosine: f64,
+    pub trace_tol: f64,
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -79,6 +115,7 @@ pub fn compare(
     fast: &mut dyn Backend,
     prompt: &[u32],
     n: usize,
+    bars: Bars,
 ) -> Result<PromptReport> {
     oracle.truncate(0)?;
     fast.truncate(0)?;
@@ -107,6 +144,16 @@ pub fn compare(
     let mut fast_seq = vec![first];
     fast_seq.extend(fast.decode_greedy(first, n - 1, &[])?);
     let div = seq.iter().zip(&fast_seq).position(|(a, b)| a != b);
+    // The first failing step: low cosine (NaN counts) or the greedy parting.
+    let low = cos.iter().position(|c| c.is_nan() || *c < bars.min_cosine);
+    let traced_step = match (low, div) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let first_divergence_op = match traced_step {
+        Some(s) => localise(oracle, fast, prompt, &seq, s, bars.trace_tol)?,
+        None => None,
+    };
     Ok(PromptReport {
         prompt: String::new(),
         prompt_tokens: prompt.len(),
@@ -116,7 +163,59 @@ pub fn compare(
         min_cosine: cos.iter().copied().fold(1.0, f64::min),
         mean_cosine: cos.iter().sum::<f64>() / cos.len() as f64,
         max_abs_delta,
+        oracle_tokens: seq,
+        fast_tokens: fast_seq,
+        traced_step,
+        first_divergence_op,
     })
+}
+
+/// Re-run generated step `s` (its input is the token at position `prompt.len() - 1 + s` of
+/// prompt + `seq`) on both backends with tracing and name the first intermediate beyond `tol`.
+/// Both are re-fed the teacher-forced context first (the fast one's cache may hold its own
+/// greedy path).
+fn localise(
+    oracle: &mut dyn Backend,
+    fast: &mut dyn Backend,
+    prompt: &[u32],
+    seq: &[u32],
+    s: usize,
+    tol: f64,
+) -> Result<Option<OpReport>> {
+    let full: Vec<u32> = prompt.iter().chain(seq).copied().collect();
+    let p = prompt.len() - 1 + s;
+    let mut traces = vec![];
+    let backends: [&mut dyn Backend; 2] = [oracle, fast];
+    for b in backends {
+        b.truncate(0)?;
+        if p > 0 {
+            b.prefill(&full[..p])?;
+        }
+        match b.trace_step(full[p])? {
+            Some(t) => traces.push(t),
+            None => return Ok(None),
+        }
+    }
+    Ok(
+        first_divergence(&traces[0], &traces[1], tol).map(|d| OpReport {
+            name: d.name,
+            rel_err: d.rel_err,
+        }),
+    )
+}
+
+/// Parse `LAYER:TENSOR` of `--plant-error`.
+fn parse_plant(spec: &str) -> Result<(usize, PlantTarget)> {
+    let Some((l, t)) = spec.split_once(':') else {
+        bail!("--plant-error wants LAYER:TENSOR (e.g. 2:o), got '{spec}'");
+    };
+    let layer = l
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--plant-error: '{l}' is not a layer number"))?;
+    let target = t
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--plant-error: {e}"))?;
+    Ok((layer, target))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -125,6 +224,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.tokens == 0 {
         bail!("-n must be at least 1");
+    }
+    if !(a.trace_tol.is_finite() && a.trace_tol >= 0.0) {
+        bail!("--trace-tol must be a non-negative number");
     }
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::from_model(&model)?;
@@ -142,7 +244,24 @@ pub fn run(a: Args) -> Result<()> {
         .unwrap_or(4096)
         .min(model.weights.config().max_position_embeddings);
     let mut oracle = RefBackend::new(model.weights.clone(), ctx)?;
-    let mut fast = backends::make(&a.backend, model.weights.clone())?;
+    let mut fast = match &a.plant_error {
+        None => backends::make(&a.backend, model.weights.clone())?,
+        Some(spec) => {
+            let (layer, target) = parse_plant(spec)?;
+            if a.backend.backend != BackendKind::Gpu {
+                bail!("--plant-error corrupts a GPU weight: use --backend gpu");
+            }
+            let mut g = backends::make_gpu(&a.backend, model.weights.as_ref(), ctx)?;
+            g.plant_error(layer, target)?;
+            eprintln!("planted an error in {target} of layer {layer} (GPU copy only)");
+            Box::new(g)
+        }
+    };
+    let bars = Bars {
+        min_cosine: a.min_cosine,
+        trace_tol: a.trace_tol,
+    };
+
     let mut reports = vec![];
     for (i, text) in texts.iter().enumerate() {
         let ids = match &tok {
@@ -152,7 +271,7 @@ pub fn run(a: Args) -> Result<()> {
                 .map(|j| (j * 131 + i as u32 * 17) % 1000)
                 .collect(),
         };
-        let mut r = compare(&mut oracle, fast.as_mut(), &ids, a.tokens)?;
+        let mut r = compare(&mut oracle, fast.as_mut(), &ids, a.tokens, bars)?;
         r.prompt = text.chars().take(40).collect();
         reports.push(r);
     }
@@ -173,16 +292,28 @@ pub fn run(a: Args) -> Result<()> {
             a.tokens
         );
         println!(
-            "{:<42} {:>6} {:>9} {:>10} {:>12} {:>12} {:>10}",
-            "prompt", "tokens", "identical", "diverge@", "min cos", "mean cos", "max|d|"
+            "{:<42} {:>6} {:>9} {:>10} {:>12} {:>12} {:>10}  first op > {:.0e}",
+            "prompt",
+            "tokens",
+            "identical",
+            "diverge@",
+            "min cos",
+            "mean cos",
+            "max|d|",
+            a.trace_tol
         );
         for r in &reports {
             let div = match (r.first_divergence, r.oracle_margin_at_divergence) {
                 (Some(i), Some(m)) => format!("{i} (m {m:.3})"),
                 _ => "-".into(),
             };
+            let op = match (&r.first_divergence_op, r.traced_step) {
+                (Some(o), Some(s)) => format!("{} (rel {:.2e}, step {s})", o.name, o.rel_err),
+                (None, Some(s)) => format!("none (step {s} traced)"),
+                _ => "-".into(),
+            };
             println!(
-                "{:<42} {:>6} {:>9} {:>10} {:>12.7} {:>12.7} {:>10.2e}",
+                "{:<42} {:>6} {:>9} {:>10} {:>12.7} {:>12.7} {:>10.2e}  {op}",
                 format!("{:?}", r.prompt),
                 r.prompt_tokens,
                 r.identical,

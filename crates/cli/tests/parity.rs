@@ -1,0 +1,163 @@
+//! `nibble parity` end to end, oracle vs GPU (lavapipe in CI), on synth's tiny model with the
+//! real 151936-token vocabulary: the unplanted model passes with identical greedy sequences,
+//! and with one weight of layer 2 corrupted in the GPU copy (`--plant-error`) parity fails and
+//! the report names layer 2 and the op family of the planted tensor.
+//!
+//! No Vulkan adapter: the tests fail when env `CI` is set, otherwise they print a loud SKIP.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn nibble() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nibble"))
+}
+
+/// Whether a wgpu adapter exists (`--backend gpu` takes any, lavapipe included).
+fn have_gpu(test: &str) -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    let have = *HAVE.get_or_init(|| {
+        nibble_gpu::Context::new(&nibble_gpu::AdapterChoice::Auto)
+            .map_err(|e| eprintln!("no GPU context: {e}"))
+            .is_ok()
+    });
+    if !have {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: no wgpu adapter and CI is set: the parity tests must run in CI"
+        );
+        eprintln!("!!!!!!!! SKIP {test}: no wgpu adapter (install mesa-vulkan-drivers) !!!!!!!!");
+    }
+    have
+}
+
+/// The tiny model (with the Qwen3 tokenizer when it is vendored; required in CI), made once.
+fn model() -> &'static Path {
+    static MODEL: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, p) = MODEL.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let tok = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../vendor/qwen3-tokenizer/tokenizer.json");
+        let mut c = nibble();
+        c.args(["synth", "--preset", "tiny", "--seed", "1", "--quiet", "-o"])
+            .arg(&path);
+        if tok.is_file() {
+            c.arg("--tokenizer").arg(&tok);
+        } else {
+            assert!(std::env::var_os("CI").is_none(), "CI: tokenizer missing");
+            eprintln!("note: no tokenizer (scripts/fetch-tokenizer.sh): id prompts are used");
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "synth failed: {}", text(&out.stderr));
+        (dir, path)
+    });
+    p
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn parity(extra: &[&str]) -> (Output, Value) {
+    let out = nibble()
+        .args(["parity", "--backend", "gpu", "--json", "-m"])
+        .arg(model())
+        .args(extra)
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "parity printed no JSON ({e}): stdout {} stderr {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    (out, json)
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("an id array")
+        .iter()
+        .map(|x| x.as_u64().expect("an id"))
+        .collect()
+}
+
+#[test]
+fn parity_passes_oracle_vs_gpu_on_the_tiny_model() {
+    if !have_gpu("parity_passes_oracle_vs_gpu_on_the_tiny_model") {
+        return;
+    }
+    let (out, j) = parity(&["-n", "16"]);
+    assert!(
+        out.status.success(),
+        "parity failed: {j:#}\n{}",
+        text(&out.stderr)
+    );
+    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
+    let prompts = j["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 3, "the built-in prompts");
+    for p in prompts {
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!(o.len(), 16, "{p:#}");
+        assert_eq!(o, f, "greedy sequences differ: {p:#}");
+        // A real sequence, not a constant one.
+        assert!(o.iter().any(|t| *t != o[0]), "{p:#}");
+        assert_eq!(p["identical"], Value::Bool(true));
+        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
+        assert!(p["traced_step"].is_null() && p["first_divergence_op"].is_null());
+    }
+}
+
+/// Plant `spec` (layer 2) and check that parity fails and names `want`.
+fn planted(spec: &str, want: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, "The capital of France is\n").unwrap();
+    let (out, j) = parity(&[
+        "-n",
+        "4",
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--plant-error",
+        spec,
+    ]);
+    assert!(!out.status.success(), "a planted error must fail: {j:#}");
+    assert!(text(&out.stderr).contains("parity failed"));
+    assert_eq!(j["pass"], Value::Bool(false));
+    let p = &j["prompts"][0];
+    let op = &p["first_divergence_op"];
+    assert_eq!(op["name"].as_str(), Some(want), "{spec}: {p:#}");
+    assert!(op["rel_err"].as_f64().unwrap() > 1e-2, "{spec}: {p:#}");
+    assert!(p["traced_step"].as_u64().is_some());
+}
+
+#[test]
+fn planted_error_fails_parity_and_names_layer_2() {
+    if !have_gpu("planted_error_fails_parity_and_names_layer_2") {
+        return;
+    }
+    planted("2:o", "l2.attn_out");
+    planted("2:down", "l2.moe_out");
+}
+
+#[test]
+fn bad_plant_spec_is_a_clear_error() {
+    for (spec, msg) in [
+        ("2", "LAYER:TENSOR"),
+        ("x:o", "not a layer"),
+        ("2:zz", "unknown tensor"),
+    ] {
+        let out = nibble()
+            .args(["parity", "--backend", "gpu", "-m"])
+            .arg(model())
+            .args(["--plant-error", spec])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(err.contains(msg), "{spec}: {err}");
+    }
+}
