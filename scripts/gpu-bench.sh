@@ -41,7 +41,7 @@ if has parity; then
   timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has kernels; then
-  say "kernel microbenchmark (precise-int8, pos 512)"
+  say "kernel microbenchmark (pos 512)"
   timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has bench; then
@@ -49,7 +49,7 @@ if has bench; then
   timeout 300 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --compare-per-token --ctx 4300 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has numerics; then
-  for num in f32 int8; do
+  for num in precise-int8 int8; do
     say "bench gpu --numerics $num: tg128"
     timeout 150 $N bench -m $MODEL --backend gpu --numerics $num -p 0 -n 128 --reps 5 --ctx 256 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
     say "parity --numerics $num (first prompt, 32 tokens)"
