@@ -28,10 +28,11 @@ use crate::tensor::QuantActs;
 
 /// Workgroup size of the rope kernel (a power of two for its tree reduction).
 const ROPE_WG: u32 = 64;
-/// Workgroup size of the chunk kernel (a power of two).
+/// Largest workgroup of the chunk and combine kernels (a power of two, >= D/4 for every valid
+/// D). Both are sized from the shape (`G * D/4` outputs, `D/4` lanes x 8 chunk slices) between
+/// 64 and this: 256 at Qwen3 shapes; small shapes stay small, which lavapipe (a CPU, paying for
+/// every invocation at every barrier) needs.
 const CHUNK_WG: u32 = 256;
-/// Workgroup size of the combine kernel (a power of two, >= D/4 for every valid D).
-const COMBINE_WG: u32 = 256;
 /// Chunk workgroups (chunks x kv heads) the split aims for once the context is long: a few per
 /// SM of a big GPU (132 on an H200), while the combine stays a short reduction.
 const TARGET_WORKGROUPS: u32 = 512;
@@ -267,10 +268,12 @@ impl AttentionKernel {
         let p = &params;
         let (d, g) = (p.head_dim, p.group());
         let d4 = d / 4;
-        let tile = (2 * CHUNK_WG / d4).clamp(1, TILE_CAP);
+        let wg = (g * d4).next_power_of_two().clamp(64, CHUNK_WG);
+        let cwg = (8 * d4).next_power_of_two().clamp(64, CHUNK_WG);
+        let tile = (2 * wg / d4).clamp(1, TILE_CAP);
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
         // Chunk kernel shared memory: qs + tile + red + stat, plus 4*G bytes per chunk position.
-        let fixed = (g * d4 * 16 + tile * (d4 + 1) * 16 + CHUNK_WG * 4 + g * 8) as u64;
+        let fixed = (g * d4 * 16 + tile * (d4 + 1) * 16 + wg * 4 + g * 8) as u64;
         let fit = (limit.saturating_sub(fixed) / (4 * g as u64)).min(u32::MAX as u64) as u32;
         if p.chunk > fit {
             return Err(GpuError::Shape(format!(
@@ -288,7 +291,7 @@ impl AttentionKernel {
             ctx: p.ctx,
         };
         let nw = split.slots();
-        let combine_shared = (d * 4 + nw * 4 + COMBINE_WG * 24) as u64;
+        let combine_shared = (d * 4 + nw * 4 + cwg * 24) as u64;
         if combine_shared > limit || nw as u64 * p.heads as u64 * d as u64 >= 1 << 31 {
             return Err(GpuError::Shape(format!(
                 "attention combine over {nw} chunks needs {combine_shared} bytes of workgroup memory, device allows {limit}"
@@ -307,7 +310,7 @@ impl AttentionKernel {
             u32_const("P", tile),
             u32_const("DP", d4 + 1),
             u32_const("CMAX", split.max),
-            u32_const("OPT", (g * d4).div_ceil(CHUNK_WG)),
+            u32_const("OPT", (g * d4).div_ceil(wg)),
             f32_const("EPS", p.eps),
             f32_const("SCALE", 1.0 / (d as f32).sqrt()),
             split.wgsl(),
@@ -317,7 +320,7 @@ impl AttentionKernel {
             format!("{STATE_WGSL}{dims}{}{extra}{body}", u32_const("WG", wg))
         };
         // Largest power of two <= WG / G lanes per query head in the softmax reductions.
-        let lg = 1u32 << (CHUNK_WG / g).ilog2();
+        let lg = 1u32 << (wg / g).ilog2();
         let rope = ctx.compute(
             "attention.rope",
             &src(ROPE_WG, "", include_str!("../shaders/attention_rope.wgsl")),
@@ -326,7 +329,7 @@ impl AttentionKernel {
         let chunk = ctx.compute(
             "attention.chunk",
             &src(
-                CHUNK_WG,
+                wg,
                 &u32_const("LG", lg),
                 include_str!("../shaders/attention.wgsl"),
             ),
@@ -334,7 +337,7 @@ impl AttentionKernel {
         )?;
         let combine_src = |n: Numerics| {
             src(
-                COMBINE_WG,
+                cwg,
                 &act_out_wgsl(n, 4, 5),
                 include_str!("../shaders/attention_combine.wgsl"),
             )

@@ -276,9 +276,10 @@ fn attention_split_geometry_edges() {
     let Some(ctx) = gpu("attention_split_geometry_edges") else {
         return;
     };
-    // G = 4, D = 32: tiles of 64 rows. Target 8 chunks per kv head, cap 128: chunks of 4 up to
-    // n = 32, one chunk of 64 at n = 33, 8 x 64 at n = 512, 128-long (two tiles) from n = 513,
-    // past the target (capped, 9 chunks) at n = 1025, a partial last tile at n = 1100.
+    // G = 4, D = 32: 64-thread workgroups, tiles of 16 rows. Target 8 chunks per kv head, cap
+    // 128: chunks of 4 up to n = 32, 3 x 16 at n = 33, 8 x 64 at n = 512, 80-long (5 tiles) at
+    // n = 513, 8 x 128 at n = 1024, past the target (capped, 9 chunks) at n = 1025, a partial
+    // last tile at n = 1100.
     let p = params(8, 2, 32, 1100, 4);
     let k = AttentionKernel::with_split(&ctx, p, Some((8, 128))).expect("kernel");
     let s = k.split();
@@ -287,10 +288,10 @@ fn attention_split_geometry_edges() {
         [
             (4, 8),
             (4, 8),
-            (64, 1),
+            (16, 3),
             (64, 8),
             (64, 8),
-            (128, 5),
+            (80, 7),
             (128, 8),
             (128, 9),
             (128, 9)

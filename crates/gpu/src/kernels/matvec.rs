@@ -4,8 +4,9 @@
 //! activation quantiser.
 //!
 //! Every matvec uses 256-thread workgroups and a shared-memory tree reduction, so no subgroup
-//! size is assumed: 8 rows x 32 lanes for int4, one row x 256 lanes for f32 (the router has only
-//! 128 rows, and 8 rows per workgroup left a big GPU with 16 workgroups). A matrix split across bindings is one dispatch
+//! size is assumed: 8 rows x 32 lanes for int4; for f32, one row x 256 lanes when rows have at
+//! least `F32_WIDE_COLS` (2048) columns (the router has only 128 rows, and 8 rows per workgroup left a
+//! big GPU with 16 workgroups), else 8 rows x 32 lanes. A matrix split across bindings is one dispatch
 //! per part, each writing its rows at `row_start` of the one output vector. All kernels return
 //! immediately when the run state says `done`.
 
@@ -18,8 +19,10 @@ pub use crate::numerics::Act;
 
 /// Rows per int4 matvec workgroup (must match `RPW` in the shaders).
 const ROWS_PER_WG: u32 = 8;
-/// Rows per f32 matvec workgroup (matvec_f32.wgsl).
-const F32_ROWS_PER_WG: u32 = 1;
+/// Columns from which the f32 matvec gives each row a whole 256-lane workgroup (two vec4 per
+/// lane at least); narrower rows use 8 rows x 32 lanes, which keeps small matrices from idling
+/// most lanes (lavapipe, a CPU, pays for every one).
+const F32_WIDE_COLS: u32 = 2048;
 
 /// Bind groups (one per matrix part) of one matvec, ready to record.
 pub struct MatvecBinding {
@@ -30,7 +33,8 @@ pub struct MatvecBinding {
 #[derive(Clone, Copy)]
 enum Which {
     Q4(Numerics),
-    F32,
+    /// f32, wide (one row per workgroup) or not.
+    F32(bool),
 }
 
 impl MatvecBinding {
@@ -71,7 +75,8 @@ fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
 pub struct MatvecKernel {
     /// One Q4 pipeline per activation form, in [`Numerics::ALL`] order.
     q4: Vec<wgpu::ComputePipeline>,
-    f32: wgpu::ComputePipeline,
+    /// f32: 8 rows x 32 lanes, and one row x 256 lanes.
+    f32: [wgpu::ComputePipeline; 2],
 }
 
 fn q4_index(n: Numerics) -> usize {
@@ -93,13 +98,20 @@ impl MatvecKernel {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
+        let f32 = |rpw: u32| {
+            let consts = format!("const RPW: u32 = {rpw}u;\nconst T: u32 = {}u;\n", 256 / rpw);
+            ctx.compute(
+                "matvec_f32",
+                &src(&format!(
+                    "{consts}{}",
+                    include_str!("../shaders/matvec_f32.wgsl")
+                )),
+                "main",
+            )
+        };
         Ok(MatvecKernel {
             q4,
-            f32: ctx.compute(
-                "matvec_f32",
-                &src(include_str!("../shaders/matvec_f32.wgsl")),
-                "main",
-            )?,
+            f32: [f32(8)?, f32(1)?],
         })
     }
 
@@ -164,12 +176,14 @@ impl MatvecKernel {
                 m.cols
             )));
         }
+        let wide = m.cols >= F32_WIDE_COLS;
+        let rpw = if wide { 1 } else { 8 };
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
-            let (p, grid) = params(ctx, part.rows, m.cols / 4, part.row_start, F32_ROWS_PER_WG)?;
+            let (p, grid) = params(ctx, part.rows, m.cols / 4, part.row_start, rpw)?;
             let bg = ctx.bind_group(
                 "matvec_f32",
-                &self.f32,
+                &self.f32[wide as usize],
                 &[
                     part.w.as_entire_binding(),
                     x.as_entire_binding(),
@@ -181,7 +195,7 @@ impl MatvecKernel {
             dispatches.push((bg, grid));
         }
         Ok(MatvecBinding {
-            pipeline: Which::F32,
+            pipeline: Which::F32(wide),
             dispatches,
         })
     }
@@ -190,7 +204,7 @@ impl MatvecKernel {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &MatvecBinding) {
         pass.set_pipeline(match b.pipeline {
             Which::Q4(n) => &self.q4[q4_index(n)],
-            Which::F32 => &self.f32,
+            Which::F32(wide) => &self.f32[wide as usize],
         });
         for (bg, (gx, gy)) in &b.dispatches {
             pass.set_bind_group(0, bg, &[]);

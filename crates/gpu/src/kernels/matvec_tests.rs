@@ -146,7 +146,9 @@ fn f32_matvec_matches_reference_and_splits() {
     let mut r = rng(5);
     let k = MatvecKernel::new(&ctx).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
-    // (128, 2048): the router; (3, 4100): 1025 vec4 per row, an odd tail past the 2 x 256 stride.
+    // Narrow kernel (8 rows x 32 lanes) below 2048 columns, (7, 1000): lanes ending on both
+    // sides of the 2 x 32 stride; wide (a row per workgroup) from 2048: (128, 2048) the router,
+    // (3, 4100) 1025 vec4 per row, an odd tail past the 2 x 256 stride.
     let shapes = [
         (1, 4),
         (5, 36),
@@ -154,9 +156,10 @@ fn f32_matvec_matches_reference_and_splits() {
         (77, 100),
         (128, 2048),
         (3, 4100),
+        (7, 1000),
     ];
     for (i, &(rows, cols)) in shapes.iter().enumerate() {
-        // The last case runs with 3 rows per binding.
+        // The fourth case runs with 3 rows per binding.
         let c = if i == 3 {
             ctx.with_max_binding_bytes(3 * 400)
         } else {

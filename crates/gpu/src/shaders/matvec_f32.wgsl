@@ -1,8 +1,9 @@
 // Plain f32 matrix x f32 vector (the router, or any non-quantised matrix), one matrix part.
-// One row per 256-thread workgroup (the router's 128 rows fill 128 SMs instead of 16 workgroups),
-// lanes striding the row by vec4 (coalesced), two independent accumulators so a lane keeps two
-// loads in flight, then a shared-memory tree reduction (no subgroup size assumed).
-// Grid: rows workgroups folded into (gx, gy). Prepended: state.wgsl.
+// 256-thread workgroups of RPW rows x T lanes (prepended consts, RPW * T = 256): wide rows use one
+// row per workgroup (the router's 128 rows fill 128 SMs instead of 16 workgroups), narrow ones 8
+// rows x 32 lanes. Lanes stride the row by vec4 (coalesced) with two independent accumulators so
+// a lane keeps two loads in flight, then a shared-memory tree reduction per row (no subgroup size
+// assumed). Grid: ceil(rows / RPW) workgroups folded into (gx, gy). Prepended: state.wgsl.
 struct Params { rows: u32, c4: u32, row_start: u32, gx: u32 };
 @group(0) @binding(0) var<storage, read> w: array<vec4<f32>>;       // [rows * c4]
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;       // [c4]
@@ -10,18 +11,19 @@ struct Params { rows: u32, c4: u32, row_start: u32, gx: u32 };
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<storage, read> state: State;
 
-const T: u32 = 256u;
-var<workgroup> red: array<f32, T>;
+var<workgroup> red: array<f32, 256>;
 
-@compute @workgroup_size(T)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     if (state.done != 0u) { return; }
-    let row = wid.x + wid.y * p.gx;
+    let team = li / T;
+    let lane = li % T;
+    let row = (wid.x + wid.y * p.gx) * RPW + team;
     var acc = 0.0;
     if (row < p.rows) {
         let base = row * p.c4;
         var acc1 = 0.0;
-        var c = li;
+        var c = lane;
         for (; c + T < p.c4; c += 2u * T) {
             acc += dot(w[base + c], x[c]);
             acc1 += dot(w[base + c + T], x[c + T]);
@@ -34,10 +36,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     red[li] = acc;
     workgroupBarrier();
     for (var st = T / 2u; st > 0u; st >>= 1u) {
-        if (li < st) { red[li] += red[li + st]; }
+        if (lane < st) { red[li] += red[li + st]; }
         workgroupBarrier();
     }
-    if (li == 0u && row < p.rows) {
-        y[p.row_start + row] = red[0];
+    if (lane == 0u && row < p.rows) {
+        y[p.row_start + row] = red[li];
     }
 }
