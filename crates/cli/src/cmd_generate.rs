@@ -37,8 +37,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let params = a.sampling.params(a.max_tokens)?;
     let model = nibble_model::loader::open(&a.model)?;
-    let tok = crate::tokenizer::from_model(&model)?
-        .ok_or_else(|| anyhow!("{}: the model carries no tokenizer", a.model.display()))?;
+    let tok = crate::tokenizer::required(&model)?;
     let text = if a.chat {
         let tpl = model.chat_template.as_deref().ok_or_else(|| {
             anyhow!(

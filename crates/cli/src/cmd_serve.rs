@@ -5,7 +5,7 @@
 //! serves until Ctrl-C.
 
 use crate::backends::{self, BackendArgs};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use nibble_server::ServerConfig;
 use std::path::PathBuf;
 
@@ -38,8 +38,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let model = nibble_model::loader::open(&a.model)?;
-    let tok = crate::tokenizer::from_model(&model)?
-        .ok_or_else(|| anyhow!("{}: the model carries no tokenizer", a.model.display()))?;
+    let tok = crate::tokenizer::required(&model)?;
     let backend = backends::make(&a.backend, model.weights.clone())?;
     let model_id = a.model_name.clone().unwrap_or_else(|| {
         a.model

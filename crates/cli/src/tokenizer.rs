@@ -40,6 +40,11 @@ pub fn from_model(m: &LoadedModel) -> Result<Option<Tokenizer>> {
     })
 }
 
+/// The tokenizer of a loaded model; commands that turn text into ids cannot run without one.
+pub fn required(m: &LoadedModel) -> Result<Tokenizer> {
+    from_model(m)?.ok_or_else(|| anyhow!("{}: the model carries no tokenizer", m.path.display()))
+}
+
 /// GGUF tokenizer metadata for `synth` from a Hugging Face `tokenizer.json` (its
 /// `tokenizer_config.json` sibling, if present, supplies the chat template and EOS).
 pub fn gguf_meta(tokenizer_json: &Path, vocab_size: usize) -> Result<synth::GgufTokenizerMeta> {
