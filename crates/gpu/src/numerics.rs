@@ -112,6 +112,41 @@ impl<'a> Act<'a> {
     }
 }
 
+/// WGSL: int4 -> f32 without integer-to-float conversions (a quarter-rate instruction on NVIDIA,
+/// the bottleneck of the f32 matvec). OR-ing a nibble that sits at bit `s` (`s + 4 <= 23`) into the
+/// mantissa of 2^23 gives exactly `2^23 + 2^s q`; subtracting `2^23 + 8 * 2^s` leaves `2^s (q - 8)`
+/// exactly, and the `2^s` is undone once per block (a power of two: no rounding). Word `i` of a
+/// Q4_0 block holds element `4i+k` at bit `8k` and `4i+16+k` at bit `8k+4`; the nibbles at bits
+/// 20..31 are taken from `w >> 12`. `dq_block(w, x)` = Σ_j (q_j - 8) x_j over one block, `x` the
+/// block's 32 activations as 8 vec4.
+pub const F32_DEQ: &str = "
+const DQ_MAG: u32 = 0x4B000000u;
+// Lanes: elements (4i, 4i+16, 4i+1, 4i+17) of word i, times 2^(0, 4, 8, 12).
+fn dq_lo(w: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>((vec4<u32>(w) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u)) | vec4<u32>(DQ_MAG))
+        - vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);
+}
+// Lanes: elements (4i+2, 4i+18, 4i+3, 4i+19) of word i, times 2^(16, 8, 12, 16).
+fn dq_hi(w: u32) -> vec4<f32> {
+    let s = w >> 12u;
+    return bitcast<vec4<f32>>((vec4<u32>(w, s, s, s) & vec4<u32>(0xF0000u, 0xF00u, 0xF000u, 0xF0000u)) | vec4<u32>(DQ_MAG))
+        - vec4<f32>(8912896.0, 8390656.0, 8421376.0, 8912896.0);
+}
+const DQ_SLO = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+const DQ_SHI = vec4<f32>(0.0000152587890625, 0.00390625, 0.000244140625, 0.0000152587890625);
+fn dq_block(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
+    var lo = dq_lo(w.x) * vec4<f32>(x[0].x, x[4].x, x[0].y, x[4].y);
+    var hi = dq_hi(w.x) * vec4<f32>(x[0].z, x[4].z, x[0].w, x[4].w);
+    lo = fma(dq_lo(w.y), vec4<f32>(x[1].x, x[5].x, x[1].y, x[5].y), lo);
+    hi = fma(dq_hi(w.y), vec4<f32>(x[1].z, x[5].z, x[1].w, x[5].w), hi);
+    lo = fma(dq_lo(w.z), vec4<f32>(x[2].x, x[6].x, x[2].y, x[6].y), lo);
+    hi = fma(dq_hi(w.z), vec4<f32>(x[2].z, x[6].z, x[2].w, x[6].w), hi);
+    lo = fma(dq_lo(w.w), vec4<f32>(x[3].x, x[7].x, x[3].y, x[7].y), lo);
+    hi = fma(dq_hi(w.w), vec4<f32>(x[3].z, x[7].z, x[3].w, x[7].w), hi);
+    return dot(lo, DQ_SLO) + dot(hi, DQ_SHI);
+}
+";
+
 const NIB_DOT: &str = "
 const ACT_LO: u32 = 0x0F0F0F0Fu;
 // Σ over one block of nibble * int8: low nibbles pair with words q0, high nibbles with q1.
@@ -132,27 +167,18 @@ pub fn act_in_wgsl(n: Numerics, bq: u32, bs: u32) -> String {
     match n {
         Numerics::F32 => format!(
             "@group(0) @binding({bq}) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
-fn act_lo4(v: u32) -> vec4<f32> {{ return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)); }}
-fn act_hi4(v: u32) -> vec4<f32> {{ return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u)); }}
-fn act_wdot(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
-            x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {{
-    return dot(act_lo4(w.x), x0) + dot(act_lo4(w.y), x1) + dot(act_lo4(w.z), x2) + dot(act_lo4(w.w), x3)
-         + dot(act_hi4(w.x), x4) + dot(act_hi4(w.y), x5) + dot(act_hi4(w.z), x6) + dot(act_hi4(w.w), x7);
+{F32_DEQ}
+fn act_xblock(b: u32) -> array<vec4<f32>, 8> {{
+    let xb = b * 8u;
+    return array<vec4<f32>, 8>(act_x[xb], act_x[xb + 1u], act_x[xb + 2u], act_x[xb + 3u],
+                               act_x[xb + 4u], act_x[xb + 5u], act_x[xb + 6u], act_x[xb + 7u]);
 }}
 fn act_dot2(w1: vec4<u32>, w2: vec4<u32>, b: u32) -> vec2<f32> {{
-    let xb = b * 8u;
-    let x0 = act_x[xb]; let x1 = act_x[xb + 1u]; let x2 = act_x[xb + 2u]; let x3 = act_x[xb + 3u];
-    let x4 = act_x[xb + 4u]; let x5 = act_x[xb + 5u]; let x6 = act_x[xb + 6u]; let x7 = act_x[xb + 7u];
-    let s8 = 8.0 * dot((x0 + x1) + (x2 + x3) + (x4 + x5) + (x6 + x7), vec4<f32>(1.0));
-    return vec2<f32>(act_wdot(w1, x0, x1, x2, x3, x4, x5, x6, x7) - s8,
-                     act_wdot(w2, x0, x1, x2, x3, x4, x5, x6, x7) - s8);
+    let x = act_xblock(b);
+    return vec2<f32>(dq_block(w1, x), dq_block(w2, x));
 }}
 fn act_dot(w: vec4<u32>, b: u32) -> f32 {{
-    let xb = b * 8u;
-    let x0 = act_x[xb]; let x1 = act_x[xb + 1u]; let x2 = act_x[xb + 2u]; let x3 = act_x[xb + 3u];
-    let x4 = act_x[xb + 4u]; let x5 = act_x[xb + 5u]; let x6 = act_x[xb + 6u]; let x7 = act_x[xb + 7u];
-    let s8 = 8.0 * dot((x0 + x1) + (x2 + x3) + (x4 + x5) + (x6 + x7), vec4<f32>(1.0));
-    return act_wdot(w, x0, x1, x2, x3, x4, x5, x6, x7) - s8;
+    return dq_block(w, act_xblock(b));
 }}
 "
         ),

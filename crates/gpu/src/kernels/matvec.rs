@@ -3,8 +3,9 @@
 //! an H200; precise int8 is two int8 parts; f32), a plain f32 matvec (router), and the
 //! activation quantiser.
 //!
-//! Every matvec uses 256-thread workgroups and a shared-memory tree reduction, so no subgroup
-//! size is assumed: 8 rows x 32 lanes for int4; for f32, one row x 256 lanes when rows have at
+//! Every matvec uses 256-thread workgroups and a shared-memory reduction, so no subgroup
+//! size is assumed: 8 rows x 32 lanes for int4 x int8; 8 teams x 32 lanes of 1, 2 or 4 rows each
+//! for int4 x f32 (matvec_q4f.wgsl, conversion-free dequantisation, [`f32_rows_per_team`]); for f32, one row x 256 lanes when rows have at
 //! least `F32_WIDE_COLS` (2048) columns (the router has only 128 rows, and 8 rows per workgroup left a
 //! big GPU with 16 workgroups), else 8 rows x 32 lanes. A matrix split across bindings is one dispatch
 //! per part, each writing its rows at `row_start` of the one output vector. All kernels return
@@ -17,8 +18,23 @@ use crate::tensor::{F32Matrix, Q4Matrix, QuantActs, BLOCK};
 
 pub use crate::numerics::Act;
 
-/// Rows per int4 matvec workgroup (must match `RPW` in the shaders).
+/// Rows per int4 x int8 matvec workgroup (must match `RPW` in the shader).
 const ROWS_PER_WG: u32 = 8;
+/// Rows per team of the int4 x f32 matvec (`R` in matvec_q4f.wgsl; 8 teams per workgroup).
+pub const F32_ROWS_PER_TEAM: [u32; 3] = [1, 2, 4];
+
+/// Rows per team for an int4 x f32 matrix of `rows` rows: more rows per team share each
+/// activation load (the lm_head: ~3x on an H200 in the wgpu probe), fewer keep enough
+/// workgroups in flight for the small projections.
+pub fn f32_rows_per_team(rows: u32) -> u32 {
+    if rows >= 32768 {
+        4
+    } else if rows >= 8192 {
+        2
+    } else {
+        1
+    }
+}
 /// Columns from which the f32 matvec gives each row a whole 256-lane workgroup (two vec4 per
 /// lane at least); narrower rows use 8 rows x 32 lanes, which keeps small matrices from idling
 /// most lanes (lavapipe, a CPU, pays for every one).
@@ -32,7 +48,10 @@ pub struct MatvecBinding {
 
 #[derive(Clone, Copy)]
 enum Which {
+    /// int4 x quantised activations.
     Q4(Numerics),
+    /// int4 x f32 activations, index into [`F32_ROWS_PER_TEAM`].
+    Q4F(usize),
     /// f32, wide (one row per workgroup) or not.
     F32(bool),
 }
@@ -73,8 +92,11 @@ fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
 
 /// The matvec pipelines (compiled once per context).
 pub struct MatvecKernel {
-    /// One Q4 pipeline per activation form, in [`Numerics::ALL`] order.
+    /// One Q4 pipeline per activation form, in [`Numerics::ALL`] order (the f32 entry unused:
+    /// f32 activations take `q4f`).
     q4: Vec<wgpu::ComputePipeline>,
+    /// int4 x f32, one per [`F32_ROWS_PER_TEAM`].
+    q4f: Vec<wgpu::ComputePipeline>,
     /// f32: 8 rows x 32 lanes, and one row x 256 lanes.
     f32: [wgpu::ComputePipeline; 2],
 }
@@ -109,8 +131,23 @@ impl MatvecKernel {
                 "main",
             )
         };
+        let q4f = F32_ROWS_PER_TEAM
+            .iter()
+            .map(|r| {
+                ctx.compute(
+                    &format!("matvec_q4f.r{r}"),
+                    &src(&format!(
+                        "{}const R: u32 = {r}u;\n{}",
+                        act_in_wgsl(Numerics::F32, 2, 3),
+                        include_str!("../shaders/matvec_q4f.wgsl")
+                    )),
+                    "main",
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(MatvecKernel {
             q4,
+            q4f,
             f32: [f32(8)?, f32(1)?],
         })
     }
@@ -124,6 +161,36 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
+        self.bind_q4_with(ctx, m, x, y, state, f32_rows_per_team(m.rows))
+    }
+
+    /// [`Self::bind_q4`] with the f32 form's rows per team chosen (one of
+    /// [`F32_ROWS_PER_TEAM`]; ignored for quantised activations). For tests and benchmarks.
+    pub fn bind_q4_with(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        x: Act<'_>,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        rows_per_team: u32,
+    ) -> Result<MatvecBinding> {
+        let ri = F32_ROWS_PER_TEAM
+            .iter()
+            .position(|r| *r == rows_per_team)
+            .ok_or_else(|| {
+                GpuError::Shape(format!(
+                    "matvec_q4: {rows_per_team} rows per team (expected one of {F32_ROWS_PER_TEAM:?})"
+                ))
+            })?;
+        let which = match x.numerics() {
+            Numerics::F32 => Which::Q4F(ri),
+            n => Which::Q4(n),
+        };
+        let rows_per_wg = match which {
+            Which::Q4F(_) => 8 * rows_per_team,
+            _ => ROWS_PER_WG,
+        };
         check_out(y, m.rows, "matvec_q4")?;
         let bad = match x {
             Act::Int8(a) => a.n != m.cols,
@@ -139,7 +206,7 @@ impl MatvecKernel {
         let bpr = m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
-            let (p, grid) = params(ctx, part.rows, bpr, part.row_start, ROWS_PER_WG)?;
+            let (p, grid) = params(ctx, part.rows, bpr, part.row_start, rows_per_wg)?;
             let mut entries = vec![
                 (0, part.qs.as_entire_binding()),
                 (1, part.scales.as_entire_binding()),
@@ -149,12 +216,11 @@ impl MatvecKernel {
             ];
             entries.extend(x.entries(2, 3));
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let pipe = &self.q4[q4_index(x.numerics())];
-            let bg = ctx.bind_group_at("matvec_q4", pipe, &ids, &res)?;
+            let bg = ctx.bind_group_at("matvec_q4", self.pipeline(which), &ids, &res)?;
             dispatches.push((bg, grid));
         }
         Ok(MatvecBinding {
-            pipeline: Which::Q4(x.numerics()),
+            pipeline: which,
             dispatches,
         })
     }
@@ -200,12 +266,17 @@ impl MatvecKernel {
         })
     }
 
+    fn pipeline(&self, w: Which) -> &wgpu::ComputePipeline {
+        match w {
+            Which::Q4(n) => &self.q4[q4_index(n)],
+            Which::Q4F(ri) => &self.q4f[ri],
+            Which::F32(wide) => &self.f32[wide as usize],
+        }
+    }
+
     /// Record the dispatches (one per matrix part).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &MatvecBinding) {
-        pass.set_pipeline(match b.pipeline {
-            Which::Q4(n) => &self.q4[q4_index(n)],
-            Which::F32(wide) => &self.f32[wide as usize],
-        });
+        pass.set_pipeline(self.pipeline(b.pipeline));
         for (bg, (gx, gy)) in &b.dispatches {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, *gy, 1);

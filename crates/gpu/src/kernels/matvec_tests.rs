@@ -26,12 +26,16 @@ fn upload_acts(ctx: &Context, x: &[f32]) -> (QuantActs, Vec<i8>, Vec<[f32; 2]>) 
 }
 
 fn run_q4(ctx: &Context, w: &Q4Matrix, x: Act<'_>, rows: usize) -> Vec<f32> {
+    run_q4_r(ctx, w, x, rows, f32_rows_per_team(rows as u32))
+}
+
+fn run_q4_r(ctx: &Context, w: &Q4Matrix, x: Act<'_>, rows: usize, rpt: u32) -> Vec<f32> {
     let k = MatvecKernel::new(ctx).unwrap();
     let state = RunState::default().buffer(ctx).unwrap();
     let y = ctx.storage("y", rows as u64 * 4).unwrap();
     // NaN-fill so a row the kernel forgets to write fails the comparison.
     ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-    let b = k.bind_q4(ctx, w, x, &y, &state).unwrap();
+    let b = k.bind_q4_with(ctx, w, x, &y, &state, rpt).unwrap();
     ctx.run_pass(|p| k.record(p, &b)).unwrap();
     ctx.read_f32(&y, rows).unwrap()
 }
@@ -71,12 +75,37 @@ fn q4_f32_matches_reference() {
     let mut r = rng(2);
     for &(rows, cols) in SHAPES {
         let wb = rand_q4_0(&mut r, rows, cols);
-        let x = rand_f32(&mut r, cols, -1.0, 1.0);
+        // Activations of mixed magnitudes (1e-3..1e3) so every nibble position and lane scale of
+        // the conversion-free dequantisation is exercised far from 1.0.
+        let x: Vec<f32> = rand_f32(&mut r, cols, -1.0, 1.0)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 10f32.powi((i % 7) as i32 - 3))
+            .collect();
         let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
         let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
-        let got = run_q4(&ctx, &w, Act::F32(&xb), rows);
-        let want = matvec_f32_ref(&dequant_q4_0(&wb, rows, cols), rows, cols, &x);
-        assert_close(&got, &want, 1e-4, 1e-4, &format!("q4 f32 [{rows}, {cols}]"));
+        let deq = dequant_q4_0(&wb, rows, cols);
+        let want = matvec_f32_ref(&deq, rows, cols, &x);
+        // f32 rounding only: bound by the row's Σ|w x| (not the result, which may cancel).
+        let mag = matvec_f32_ref(
+            &deq.iter().map(|v| v.abs()).collect::<Vec<_>>(),
+            rows,
+            cols,
+            &x.iter().map(|v| v.abs()).collect::<Vec<_>>(),
+        );
+        for rpt in F32_ROWS_PER_TEAM {
+            let got = run_q4_r(&ctx, &w, Act::F32(&xb), rows, rpt);
+            for i in 0..rows {
+                let err = (got[i] - want[i]).abs();
+                assert!(
+                    err <= 1e-6 * mag[i],
+                    "q4 f32 [{rows}, {cols}] r{rpt} row {i}: got {}, want {}, |w||x| {}",
+                    got[i],
+                    want[i],
+                    mag[i]
+                );
+            }
+        }
     }
 }
 
