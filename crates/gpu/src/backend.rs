@@ -1,9 +1,13 @@
 //! [`GpuBackend`]: `nibble_backend::Backend` on the GPU decode plan.
 //!
-//! - `decode_greedy` is folded: runs of up to `fold` steps (default 16) are each recorded into
-//!   one command buffer, the argmax stays on the GPU and the host waits once per run. With
-//!   `per_token` set it instead submits and waits per token and takes the argmax on the host
+//! - `decode_greedy` and `decode_greedy_stream` are folded: the run state is written once per
+//!   request, runs of `fold` (resp. the caller's `run`) steps are each recorded into one command
+//!   buffer, the argmax and the token chain stay on the GPU, and run k+1 is submitted before the
+//!   host waits for run k (at most two in flight, [`crate::plan::GreedyStream`]). With
+//!   `per_token` set they instead submit and wait per token and take the argmax on the host
 //!   (the comparison path; same kernels otherwise).
+//! - An early stop of the stream (`on_ids` returning false) lets the queued run finish:
+//!   `position()` then counts the steps the GPU really took, and the caller truncates.
 //! - `step` / `prefill` return logits. `prefill` records the prompt in chunks of
 //!   [`PREFILL_CHUNK`] tokens, one command buffer each, and reads back only the last token's
 //!   logits (each token is still its own set of matvecs: weight rows are not yet shared by the
@@ -163,6 +167,98 @@ impl GpuBackend {
         }
         Ok(())
     }
+
+    /// Validate a greedy request of `n` steps from `token` at the current position.
+    fn check_greedy(&self, token: u32, n: usize, eos: &[u32]) -> Result<()> {
+        self.check_token(token)?;
+        ensure!(
+            eos.len() <= MAX_EOS,
+            "at most {MAX_EOS} EOS ids are supported, got {}",
+            eos.len()
+        );
+        if n > self.context_len() - self.pos {
+            bail!(
+                "{n} greedy steps at position {} exceed the context of {}",
+                self.pos,
+                self.context_len()
+            );
+        }
+        Ok(())
+    }
+
+    /// The folded greedy request (checked by the caller, `n >= 1`, `run >= 1`): runs of `run`
+    /// steps handed to `on_ids` as each completes, the next run already queued on the GPU.
+    /// Returns the ids handed out; the position advances by the steps the GPU really took
+    /// (more than handed out when `on_ids` stopped early), or stays put on an error.
+    fn stream_folded(
+        &mut self,
+        token: u32,
+        n: usize,
+        run: usize,
+        eos: &[u32],
+        on_ids: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<usize> {
+        let start = self.pos;
+        let mut produced = 0;
+        // Runs longer than the request are one run; the state's step counter is u32.
+        let (n32, run32) = (u32::try_from(n)?, run.min(n) as u32);
+        let steps = (|| -> Result<u32> {
+            let mut s = self.plan.begin_greedy(token, start, n32, run32, eos)?;
+            while let Some(out) = s.next_run()? {
+                ensure!(!out.ids.is_empty(), "the GPU run produced no token");
+                produced += out.ids.len();
+                let more = on_ids(&out.ids);
+                if out.state.done != 0 {
+                    // EOS or the last step: any run still queued is a no-op.
+                    return Ok(out.state.step);
+                }
+                if !more {
+                    // The next run is already queued and will execute: wait for it so the
+                    // position counts the KV rows it writes.
+                    let last = s.drain()?;
+                    return Ok(last.map_or(out.state.step, |st| st.step));
+                }
+            }
+            bail!("the GPU request ended without its done flag")
+        })();
+        match steps {
+            Ok(steps) if (produced..=n).contains(&(steps as usize)) => {
+                self.pos = start + steps as usize;
+                Ok(produced)
+            }
+            Ok(steps) => {
+                self.pos = start;
+                bail!("the GPU reports {steps} steps after handing out {produced} of {n}")
+            }
+            Err(e) => {
+                self.pos = start;
+                Err(e)
+            }
+        }
+    }
+
+    /// The per-token path in runs: `decode_greedy` (one submit and wait per token) per run.
+    fn stream_per_token(
+        &mut self,
+        token: u32,
+        n: usize,
+        run: usize,
+        eos: &[u32],
+        on_ids: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<usize> {
+        let mut produced = 0;
+        let mut cur = token;
+        while produced < n {
+            let ids = self.decode_greedy(cur, run.min(n - produced), eos)?;
+            produced += ids.len();
+            let Some(&last) = ids.last() else { break };
+            if !on_ids(&ids) || eos.contains(&last) {
+                break;
+            }
+            cur = last;
+        }
+        Ok(produced)
+    }
 }
 
 impl Backend for GpuBackend {
@@ -226,46 +322,29 @@ impl Backend for GpuBackend {
     }
 
     fn decode_greedy(&mut self, token: u32, n: usize, eos: &[u32]) -> Result<Vec<u32>> {
-        self.check_token(token)?;
-        ensure!(
-            eos.len() <= MAX_EOS,
-            "at most {MAX_EOS} EOS ids are supported, got {}",
-            eos.len()
-        );
+        self.check_greedy(token, n, eos)?;
         if n == 0 {
             return Ok(Vec::new());
         }
-        let start = self.pos;
-        if n > self.context_len() - start {
-            bail!(
-                "{n} greedy steps at position {start} exceed the context of {}",
-                self.context_len()
-            );
-        }
         let mut out = Vec::with_capacity(n);
+        if !self.per_token {
+            let fold = self.plan.opts.max_run as usize;
+            self.stream_folded(token, n, fold, eos, &mut |ids| {
+                out.extend_from_slice(ids);
+                true
+            })?;
+            return Ok(out);
+        }
+        let start = self.pos;
         let mut cur = token;
         let result = (|| -> Result<()> {
             while out.len() < n {
-                if self.per_token {
-                    let next = argmax(&self.plan.step_logits(cur, start + out.len())?);
-                    out.push(next);
-                    if eos.contains(&next) {
-                        break;
-                    }
-                    cur = next;
-                    continue;
-                }
-                let run = (n - out.len()).min(self.plan.opts.max_run as usize) as u32;
-                let ids = self.plan.run_greedy(cur, start + out.len(), run, eos)?;
-                let stopped = ids.last().is_some_and(|t| eos.contains(t));
-                let Some(&last) = ids.last() else {
-                    bail!("the GPU run produced no token");
-                };
-                out.extend_from_slice(&ids);
-                if stopped {
+                let next = argmax(&self.plan.step_logits(cur, start + out.len())?);
+                out.push(next);
+                if eos.contains(&next) {
                     break;
                 }
-                cur = last;
+                cur = next;
             }
             Ok(())
         })();
@@ -279,5 +358,25 @@ impl Backend for GpuBackend {
                 Err(e)
             }
         }
+    }
+
+    /// Folded: one state write for all `n` steps, runs of `run` steps each in its own command
+    /// buffer, run k+1 queued before the host waits for run k (see the module docs).
+    fn decode_greedy_stream(
+        &mut self,
+        token: u32,
+        n: usize,
+        run: usize,
+        eos: &[u32],
+        on_ids: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<usize> {
+        self.check_greedy(token, n, eos)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        if self.per_token {
+            return self.stream_per_token(token, n, run.max(1), eos, on_ids);
+        }
+        self.stream_folded(token, n, run.max(1), eos, on_ids)
     }
 }

@@ -427,6 +427,55 @@ impl Context {
         self.wait()
     }
 
+    /// Submit one finished command buffer without waiting; the index lets the caller wait for
+    /// exactly this submission later ([`Context::wait_for`]) while later ones keep running.
+    pub fn submit(&self, enc: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
+        self.queue.submit([enc.finish()])
+    }
+
+    /// A host-mappable buffer of `bytes` bytes (rounded up to 4) that copies land in for a
+    /// later [`Context::map_read`].
+    pub fn readback_buffer(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(4).div_ceil(4) * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Block until submission `index` (and everything submitted before it) is done, but not
+    /// for later submissions; fail if wgpu logged an error meanwhile.
+    pub fn wait_for(&self, index: wgpu::SubmissionIndex) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| GpuError::Poll(e.to_string()))?;
+        self.take_errors("submitted work")
+    }
+
+    /// Read the whole of `buf` (a [`Context::readback_buffer`] whose last writer is submission
+    /// `index`): waits for that submission only, then maps and copies the bytes out.
+    pub fn map_read(&self, buf: &wgpu::Buffer, index: wgpu::SubmissionIndex) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        buf.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        // The map callback runs inside this poll once `index` has completed.
+        self.wait_for(index)?;
+        rx.recv()
+            .map_err(|e| GpuError::Map(e.to_string()))?
+            .map_err(|e| GpuError::Map(e.to_string()))?;
+        let out = buf
+            .get_mapped_range(..)
+            .map_err(|e| GpuError::Map(format!("{e:?}")))?
+            .to_vec();
+        buf.unmap();
+        Ok(out)
+    }
+
     /// Spread `groups` workgroups over x and y so that no dimension exceeds the device limit;
     /// kernels recover the linear id as `wid.x + wid.y * num_workgroups.x` and skip ids >= groups.
     pub fn grid(&self, groups: u32) -> (u32, u32) {

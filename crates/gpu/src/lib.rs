@@ -32,6 +32,8 @@ mod parity_tests;
 pub mod plan;
 pub mod plant;
 pub mod state;
+#[cfg(test)]
+mod stream_tests;
 pub mod tensor;
 pub mod testing;
 #[cfg(test)]
