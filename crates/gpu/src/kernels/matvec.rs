@@ -12,7 +12,7 @@
 //! immediately when the run state says `done`.
 
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_in_wgsl, act_out_wgsl, Numerics};
+use crate::numerics::{act_in_wgsl, act_out_wgsl, Numerics, F32_DEQ};
 use crate::state::with_state;
 use crate::tensor::{F32Matrix, Q4Matrix, QuantActs, BLOCK};
 
@@ -46,14 +46,32 @@ pub struct MatvecBinding {
     dispatches: Vec<(wgpu::BindGroup, (u32, u32))>,
 }
 
+/// What an int4 x f32 matvec does around the product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fused {
+    /// `y = m · x`.
+    Plain,
+    /// `y = m · rmsnorm(h)`: the RMSNorm before the matvec, recomputed by every workgroup.
+    Norm,
+    /// `y += m · x`: the residual add after the matvec.
+    Acc,
+}
+
+impl Fused {
+    const ALL: [Fused; 3] = [Fused::Plain, Fused::Norm, Fused::Acc];
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Which {
     /// int4 x quantised activations.
     Q4(Numerics),
-    /// int4 x f32 activations, index into [`F32_ROWS_PER_TEAM`].
-    Q4F(usize),
-    /// f32, wide (one row per workgroup) or not.
-    F32(bool),
+    /// int4 x f32 activations: index into [`F32_ROWS_PER_TEAM`], fused op.
+    Q4F(usize, Fused),
+    /// f32 matrix: wide (one row per workgroup) or not, norm-on-load or not.
+    F32(bool, bool),
 }
 
 impl MatvecBinding {
@@ -63,19 +81,19 @@ impl MatvecBinding {
     }
 }
 
-/// Params uniform of every matvec shader: `{ rows, inner, row_start, gx }`.
+/// Params uniform of every matvec shader: `{ rows, inner, row_start, gx, eps, pad x3 }` (the
+/// int8 shader reads the first four).
 fn params(
     ctx: &Context,
     rows: u32,
     inner: u32,
     row_start: u32,
     rows_per_wg: u32,
+    eps: f32,
 ) -> Result<(wgpu::Buffer, (u32, u32))> {
     let grid = ctx.grid(rows.div_ceil(rows_per_wg));
-    let buf = ctx.uniform(
-        "matvec.params",
-        bytemuck::cast_slice(&[rows, inner, row_start, grid.0]),
-    )?;
+    let words = [rows, inner, row_start, grid.0, eps.to_bits(), 0, 0, 0];
+    let buf = ctx.uniform("matvec.params", bytemuck::cast_slice(&words))?;
     Ok((buf, grid))
 }
 
@@ -90,19 +108,114 @@ fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Most elements a norm-on-load input may have (its normalised copy lives in shared memory).
+pub const NORM_ON_LOAD_MAX: u32 = 4096;
+
+/// WGSL of the norm-on-load input (`nol_h` = residual stream, `nol_w` = RMSNorm weight, both
+/// `array<vec4<f32>>` declared by the includer): `nol_stage(li, n4, eps)` (256 threads, every
+/// thread calls it) leaves `h / sqrt(mean(h^2) + eps) * w` in `nol_xs`. Two-level sum (two
+/// barriers), every thread adding the 16 partials in the same order; every workgroup of a
+/// dispatch computes the same value.
+const NORM_ON_LOAD: &str = "
+var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4], n <= 4096
+var<workgroup> nol_red: array<f32, 256>;
+var<workgroup> nol_red16: array<f32, 16>;
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    var ss = 0.0;
+    for (var i = li; i < n4; i += 256u) {
+        let v = nol_h[i];
+        ss += dot(v, v);
+    }
+    nol_red[li] = ss;
+    workgroupBarrier();
+    if (li < 16u) {
+        var s = 0.0;
+        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
+        nol_red16[li] = s;
+    }
+    workgroupBarrier();
+    var tot = 0.0;
+    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
+    let inv = inverseSqrt(tot / f32(4u * n4) + eps);
+    for (var i = li; i < n4; i += 256u) {
+        nol_xs[i] = nol_h[i] * inv * nol_w[i];
+    }
+    workgroupBarrier();
+}
+";
+
+/// Input snippet of matvec_q4f.wgsl for `f`.
+fn q4f_input(f: Fused) -> String {
+    match f {
+        Fused::Norm => format!(
+            "@group(0) @binding(2) var<storage, read> nol_h: array<vec4<f32>>; // [n/4] residual stream
+@group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>; // [n/4] RMSNorm weight
+{NORM_ON_LOAD}{F32_DEQ}
+fn act_xblock(b: u32) -> array<vec4<f32>, 8> {{
+    let xb = b * 8u;
+    return array<vec4<f32>, 8>(nol_xs[xb], nol_xs[xb + 1u], nol_xs[xb + 2u], nol_xs[xb + 3u],
+                               nol_xs[xb + 4u], nol_xs[xb + 5u], nol_xs[xb + 6u], nol_xs[xb + 7u]);
+}}
+const ACC: bool = false;
+"
+        ),
+        _ => format!(
+            "{}fn nol_stage(li: u32, n4: u32, eps: f32) {{}}\nconst ACC: bool = {};\n",
+            act_in_wgsl(Numerics::F32, 2, 3),
+            f == Fused::Acc
+        ),
+    }
+}
+
+/// Input snippet of matvec_f32.wgsl, norm-on-load or not.
+fn f32_input(norm: bool) -> String {
+    if norm {
+        format!(
+            "@group(0) @binding(1) var<storage, read> nol_h: array<vec4<f32>>; // [c4] residual stream
+@group(0) @binding(5) var<storage, read> nol_w: array<vec4<f32>>; // [c4] RMSNorm weight
+@group(0) @binding(6) var<storage, read_write> nol_out: array<vec4<f32>>; // [c4] normalised
+{NORM_ON_LOAD}
+fn xv(c: u32) -> vec4<f32> {{ return nol_xs[c]; }}
+fn nol_publish(wg: u32, li: u32, n4: u32) {{
+    if (wg == 0u) {{
+        for (var i = li; i < n4; i += 256u) {{ nol_out[i] = nol_xs[i]; }}
+    }}
+}}
+"
+        )
+    } else {
+        "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>; // [c4]
+fn xv(c: u32) -> vec4<f32> { return x[c]; }
+fn nol_stage(li: u32, n4: u32, eps: f32) {}
+fn nol_publish(wg: u32, li: u32, n4: u32) {}
+"
+        .to_string()
+    }
+}
+
 /// The matvec pipelines (compiled once per context).
 pub struct MatvecKernel {
-    /// One Q4 pipeline per activation form, in [`Numerics::ALL`] order (the f32 entry unused:
-    /// f32 activations take `q4f`).
-    q4: Vec<wgpu::ComputePipeline>,
-    /// int4 x f32, one per [`F32_ROWS_PER_TEAM`].
+    /// One int4 x int8 pipeline per quantised activation form, in [`Numerics::ALL`] order (the
+    /// f32 slot unused: f32 activations take `q4f`).
+    q4: Vec<Option<wgpu::ComputePipeline>>,
+    /// int4 x f32, `[fused.index() * 3 + rows-per-team index]`.
     q4f: Vec<wgpu::ComputePipeline>,
-    /// f32: 8 rows x 32 lanes, and one row x 256 lanes.
-    f32: [wgpu::ComputePipeline; 2],
+    /// f32 matrix: `[wide as usize * 2 + norm as usize]` (8 rows x 32 lanes, or one row x 256).
+    f32: Vec<wgpu::ComputePipeline>,
 }
 
 fn q4_index(n: Numerics) -> usize {
     Numerics::ALL.iter().position(|m| *m == n).unwrap_or(0)
+}
+
+/// The f32 norm-on-load inputs of a fused matvec.
+#[derive(Clone, Copy)]
+pub struct NormInput<'a> {
+    /// `[cols]` the residual stream.
+    pub h: &'a wgpu::Buffer,
+    /// `[cols]` the RMSNorm weight.
+    pub weight: &'a wgpu::Buffer,
+    pub eps: f32,
 }
 
 impl MatvecKernel {
@@ -112,44 +225,48 @@ impl MatvecKernel {
         let q4 = Numerics::ALL
             .into_iter()
             .map(|n| {
+                if !n.quantized() {
+                    return Ok(None);
+                }
                 let label = format!("matvec_q4.{n}");
                 ctx.compute(
                     &label,
                     &src(&format!("{}{body}", act_in_wgsl(n, 2, 3))),
                     "main",
                 )
+                .map(Some)
             })
             .collect::<Result<Vec<_>>>()?;
-        let f32 = |rpw: u32| {
-            let consts = format!("const RPW: u32 = {rpw}u;\nconst T: u32 = {}u;\n", 256 / rpw);
-            ctx.compute(
-                "matvec_f32",
-                &src(&format!(
-                    "{consts}{}",
-                    include_str!("../shaders/matvec_f32.wgsl")
-                )),
-                "main",
-            )
-        };
-        let q4f = F32_ROWS_PER_TEAM
-            .iter()
-            .map(|r| {
-                ctx.compute(
-                    &format!("matvec_q4f.r{r}"),
+        let mut f32 = Vec::with_capacity(4);
+        for rpw in [8u32, 1] {
+            for norm in [false, true] {
+                let consts = format!("const RPW: u32 = {rpw}u;\nconst T: u32 = {}u;\n", 256 / rpw);
+                f32.push(ctx.compute(
+                    "matvec_f32",
+                    &src(&format!(
+                        "{consts}{}{}",
+                        f32_input(norm),
+                        include_str!("../shaders/matvec_f32.wgsl")
+                    )),
+                    "main",
+                )?);
+            }
+        }
+        let mut q4f = Vec::with_capacity(9);
+        for f in Fused::ALL {
+            for r in F32_ROWS_PER_TEAM {
+                q4f.push(ctx.compute(
+                    &format!("matvec_q4f.r{r}.{f:?}"),
                     &src(&format!(
                         "{}const R: u32 = {r}u;\n{}",
-                        act_in_wgsl(Numerics::F32, 2, 3),
+                        q4f_input(f),
                         include_str!("../shaders/matvec_q4f.wgsl")
                     )),
                     "main",
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(MatvecKernel {
-            q4,
-            q4f,
-            f32: [f32(8)?, f32(1)?],
-        })
+                )?);
+            }
+        }
+        Ok(MatvecKernel { q4, q4f, f32 })
     }
 
     /// `y[0..rows] = m · x` for a Q4 matrix `[rows, cols]` and `x` of `cols` elements.
@@ -175,23 +292,6 @@ impl MatvecKernel {
         state: &wgpu::Buffer,
         rows_per_team: u32,
     ) -> Result<MatvecBinding> {
-        let ri = F32_ROWS_PER_TEAM
-            .iter()
-            .position(|r| *r == rows_per_team)
-            .ok_or_else(|| {
-                GpuError::Shape(format!(
-                    "matvec_q4: {rows_per_team} rows per team (expected one of {F32_ROWS_PER_TEAM:?})"
-                ))
-            })?;
-        let which = match x.numerics() {
-            Numerics::F32 => Which::Q4F(ri),
-            n => Which::Q4(n),
-        };
-        let rows_per_wg = match which {
-            Which::Q4F(_) => 8 * rows_per_team,
-            _ => ROWS_PER_WG,
-        };
-        check_out(y, m.rows, "matvec_q4")?;
         let bad = match x {
             Act::Int8(a) => a.n != m.cols,
             Act::F32(_) => x.len() < m.cols as u64,
@@ -203,10 +303,78 @@ impl MatvecKernel {
                 m.cols
             )));
         }
+        let (which, entries) = match x {
+            Act::F32(xb) => (
+                Which::Q4F(rows_index(rows_per_team)?, Fused::Plain),
+                vec![(2, xb.as_entire_binding())],
+            ),
+            Act::Int8(_) => (Which::Q4(x.numerics()), x.entries(2, 3)),
+        };
+        self.bind_q4_parts(ctx, m, which, entries, y, state, rows_per_team, 0.0)
+    }
+
+    /// `y[0..rows] += m · x` (f32 `x[cols]`): the matvec with the residual add after it.
+    pub fn bind_q4_acc(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+    ) -> Result<MatvecBinding> {
+        if x.size() < m.cols as u64 * 4 {
+            return Err(GpuError::Shape(format!(
+                "matvec_q4 (+=): x holds {} bytes for {} columns",
+                x.size(),
+                m.cols
+            )));
+        }
+        let rpt = f32_rows_per_team(m.rows);
+        let which = Which::Q4F(rows_index(rpt)?, Fused::Acc);
+        let entries = vec![(2, x.as_entire_binding())];
+        self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, 0.0)
+    }
+
+    /// `y[0..rows] = m · rmsnorm(h)`: the RMSNorm before the matvec fused into it.
+    pub fn bind_q4_norm(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        x: NormInput<'_>,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+    ) -> Result<MatvecBinding> {
+        check_norm_input(&x, m.cols, "matvec_q4 (norm)")?;
+        let rpt = f32_rows_per_team(m.rows);
+        let which = Which::Q4F(rows_index(rpt)?, Fused::Norm);
+        let entries = vec![
+            (2, x.h.as_entire_binding()),
+            (3, x.weight.as_entire_binding()),
+        ];
+        self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, x.eps)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bind_q4_parts(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        which: Which,
+        x_entries: Vec<(u32, wgpu::BindingResource<'_>)>,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        rows_per_team: u32,
+        eps: f32,
+    ) -> Result<MatvecBinding> {
+        check_out(y, m.rows, "matvec_q4")?;
+        let rows_per_wg = match which {
+            Which::Q4F(..) => 8 * rows_per_team,
+            _ => ROWS_PER_WG,
+        };
         let bpr = m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
-            let (p, grid) = params(ctx, part.rows, bpr, part.row_start, rows_per_wg)?;
+            let (p, grid) = params(ctx, part.rows, bpr, part.row_start, rows_per_wg, eps)?;
             let mut entries = vec![
                 (0, part.qs.as_entire_binding()),
                 (1, part.scales.as_entire_binding()),
@@ -214,7 +382,7 @@ impl MatvecKernel {
                 (5, p.as_entire_binding()),
                 (6, state.as_entire_binding()),
             ];
-            entries.extend(x.entries(2, 3));
+            entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
             let bg = ctx.bind_group_at("matvec_q4", self.pipeline(which), &ids, &res)?;
             dispatches.push((bg, grid));
@@ -234,7 +402,6 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
-        check_out(y, m.rows, "matvec_f32")?;
         if x.size() < m.cols as u64 * 4 {
             return Err(GpuError::Shape(format!(
                 "matvec_f32: x holds {} bytes for {} columns",
@@ -242,35 +409,92 @@ impl MatvecKernel {
                 m.cols
             )));
         }
+        self.bind_f32_parts(
+            ctx,
+            m,
+            vec![(1, x.as_entire_binding())],
+            false,
+            0.0,
+            y,
+            state,
+        )
+    }
+
+    /// `y[0..rows] = m · rmsnorm(h)` for an f32 matrix, the normalised vector also written to
+    /// `xn_out [cols]` (by one workgroup) for the kernels after this one.
+    pub fn bind_f32_norm(
+        &self,
+        ctx: &Context,
+        m: &F32Matrix,
+        x: NormInput<'_>,
+        xn_out: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+    ) -> Result<MatvecBinding> {
+        check_norm_input(&x, m.cols, "matvec_f32 (norm)")?;
+        if xn_out.size() < m.cols as u64 * 4 {
+            return Err(GpuError::Shape(format!(
+                "matvec_f32 (norm): normalised output holds {} bytes for {} columns",
+                xn_out.size(),
+                m.cols
+            )));
+        }
+        let entries = vec![
+            (1, x.h.as_entire_binding()),
+            (5, x.weight.as_entire_binding()),
+            (6, xn_out.as_entire_binding()),
+        ];
+        self.bind_f32_parts(ctx, m, entries, true, x.eps, y, state)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bind_f32_parts(
+        &self,
+        ctx: &Context,
+        m: &F32Matrix,
+        x_entries: Vec<(u32, wgpu::BindingResource<'_>)>,
+        norm: bool,
+        eps: f32,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+    ) -> Result<MatvecBinding> {
+        check_out(y, m.rows, "matvec_f32")?;
+        if norm && m.parts.len() > 1 {
+            // Workgroup 0 of the one dispatch publishes the normalised vector.
+            return Err(GpuError::Shape(
+                "matvec_f32 (norm): a split matrix cannot publish its input".into(),
+            ));
+        }
         let wide = m.cols >= F32_WIDE_COLS;
         let rpw = if wide { 1 } else { 8 };
+        let which = Which::F32(wide, norm);
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
-            let (p, grid) = params(ctx, part.rows, m.cols / 4, part.row_start, rpw)?;
-            let bg = ctx.bind_group(
-                "matvec_f32",
-                &self.f32[wide as usize],
-                &[
-                    part.w.as_entire_binding(),
-                    x.as_entire_binding(),
-                    y.as_entire_binding(),
-                    p.as_entire_binding(),
-                    state.as_entire_binding(),
-                ],
-            )?;
+            let (p, grid) = params(ctx, part.rows, m.cols / 4, part.row_start, rpw, eps)?;
+            let mut entries = vec![
+                (0, part.w.as_entire_binding()),
+                (2, y.as_entire_binding()),
+                (3, p.as_entire_binding()),
+                (4, state.as_entire_binding()),
+            ];
+            entries.extend(x_entries.iter().cloned());
+            let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
+            let bg = ctx.bind_group_at("matvec_f32", self.pipeline(which), &ids, &res)?;
             dispatches.push((bg, grid));
         }
         Ok(MatvecBinding {
-            pipeline: Which::F32(wide),
+            pipeline: which,
             dispatches,
         })
     }
 
     fn pipeline(&self, w: Which) -> &wgpu::ComputePipeline {
         match w {
-            Which::Q4(n) => &self.q4[q4_index(n)],
-            Which::Q4F(ri) => &self.q4f[ri],
-            Which::F32(wide) => &self.f32[wide as usize],
+            Which::Q4(n) => self.q4[q4_index(n)]
+                .as_ref()
+                .expect("int8 pipelines exist for every quantised numerics"),
+            Which::Q4F(ri, f) => &self.q4f[f.index() * F32_ROWS_PER_TEAM.len() + ri],
+            Which::F32(wide, norm) => &self.f32[wide as usize * 2 + norm as usize],
         }
     }
 
@@ -282,6 +506,39 @@ impl MatvecKernel {
             pass.dispatch_workgroups(*gx, *gy, 1);
         }
     }
+}
+
+fn rows_index(rows_per_team: u32) -> Result<usize> {
+    F32_ROWS_PER_TEAM
+        .iter()
+        .position(|r| *r == rows_per_team)
+        .ok_or_else(|| {
+            GpuError::Shape(format!(
+                "matvec_q4: {rows_per_team} rows per team (expected one of {F32_ROWS_PER_TEAM:?})"
+            ))
+        })
+}
+
+fn check_norm_input(x: &NormInput<'_>, cols: u32, what: &str) -> Result<()> {
+    if cols > NORM_ON_LOAD_MAX || cols % 4 != 0 {
+        return Err(GpuError::Shape(format!(
+            "{what}: {cols} columns (norm-on-load needs a multiple of 4 up to {NORM_ON_LOAD_MAX})"
+        )));
+    }
+    if x.h.size() < cols as u64 * 4 || x.weight.size() < cols as u64 * 4 {
+        return Err(GpuError::Shape(format!(
+            "{what}: h holds {} and the norm weight {} bytes for {cols} columns",
+            x.h.size(),
+            x.weight.size()
+        )));
+    }
+    if !x.eps.is_finite() || x.eps < 0.0 {
+        return Err(GpuError::Shape(format!(
+            "{what}: eps {} is not a finite >= 0",
+            x.eps
+        )));
+    }
+    Ok(())
 }
 
 /// The activation quantiser: f32 `x[n]` -> [`QuantActs`] (one thread per block of 32).

@@ -293,3 +293,152 @@ fn done_state_makes_matvec_a_no_op() {
     ctx.run_pass(|p| k.record(p, &b)).unwrap();
     assert_eq!(ctx.read_f32(&y, 16).unwrap(), vec![7.5f32; 16]);
 }
+
+/// `|error| <= tol * Σ|w||x|` per row: f32 rounding bounded by the row's magnitude, not by a
+/// result that may cancel.
+fn assert_rows(got: &[f32], want: &[f32], deq: &[f32], x: &[f32], tol: f32, what: &str) {
+    let cols = x.len();
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let mag: f32 = deq[i * cols..(i + 1) * cols]
+            .iter()
+            .zip(x)
+            .map(|(a, b)| (a * b).abs())
+            .sum();
+        assert!(
+            (g - w).abs() <= tol * mag + 1e-30,
+            "{what}: row {i}: got {g}, want {w}, |w||x| {mag}"
+        );
+    }
+}
+
+#[test]
+fn q4_norm_on_load_and_residual_add_match_reference() {
+    let Some(ctx) = gpu("q4_norm_on_load_and_residual_add_match_reference") else {
+        return;
+    };
+    let mut r = rng(12);
+    let k = MatvecKernel::new(&ctx).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    // cols up to the 4096 shared-memory limit; rows hitting 1, 2 and 4 rows per team.
+    for &(rows, cols) in &[
+        (3, 32),
+        (13, 96),
+        (300, 2048),
+        (9000, 64),
+        (33000, 32),
+        (5, 4096),
+    ] {
+        let wb = rand_q4_0(&mut r, rows, cols);
+        let deq = dequant_q4_0(&wb, rows, cols);
+        let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        // A residual stream far from unit scale (the norm must bring it back).
+        let h: Vec<f32> = rand_f32(&mut r, cols, -30.0, 30.0);
+        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
+        let eps = 1e-6;
+        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, eps);
+        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+        let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+        let y = ctx.storage("y", rows as u64 * 4).unwrap();
+        ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+        let input = NormInput {
+            h: &hb,
+            weight: &wbuf,
+            eps,
+        };
+        let b = k.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        let want = matvec_f32_ref(&deq, rows, cols, &xn);
+        assert_rows(
+            &got,
+            &want,
+            &deq,
+            &xn,
+            2e-6,
+            &format!("norm [{rows}, {cols}]"),
+        );
+
+        // y += m · x on top of a random y.
+        let x = rand_f32(&mut r, cols, -1.0, 1.0);
+        let y0 = rand_f32(&mut r, rows, -5.0, 5.0);
+        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+        ctx.write(&y, 0, bytemuck::cast_slice(&y0));
+        let b = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        let mv = matvec_f32_ref(&deq, rows, cols, &x);
+        let want: Vec<f32> = mv.iter().zip(&y0).map(|(a, b)| a + b).collect();
+        for i in 0..rows {
+            let tol = 1e-6 * (y0[i].abs() + mv[i].abs() + 1.0);
+            assert!(
+                (got[i] - want[i]).abs() <= tol.max(2e-6 * cols as f32 / 32.0),
+                "acc [{rows}, {cols}] row {i}: got {}, want {}",
+                got[i],
+                want[i]
+            );
+        }
+    }
+    // Past the shared-memory copy: a clear error, no dispatch.
+    let wb = rand_q4_0(&mut r, 1, 4128);
+    let w = Q4Matrix::upload(&ctx, "w", 1, 4128, 1, &[&wb]).unwrap();
+    let hb = ctx.storage("h", 4128 * 4).unwrap();
+    let y = ctx.storage("y", 4).unwrap();
+    let input = NormInput {
+        h: &hb,
+        weight: &hb,
+        eps: 1e-6,
+    };
+    let e = k.bind_q4_norm(&ctx, &w, input, &y, &state).err().unwrap();
+    assert!(e.to_string().contains("4096"), "{e}");
+}
+
+#[test]
+fn f32_norm_on_load_matches_reference_and_publishes_the_norm() {
+    let Some(ctx) = gpu("f32_norm_on_load_matches_reference_and_publishes_the_norm") else {
+        return;
+    };
+    let mut r = rng(13);
+    let k = MatvecKernel::new(&ctx).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    // Narrow (8 rows x 32 lanes) and wide (a row per workgroup, the router) forms.
+    for &(rows, cols) in &[(16, 64), (7, 100), (128, 2048), (3, 4096)] {
+        let wm = rand_f32(&mut r, rows * cols, -0.5, 0.5);
+        let m = F32Matrix::upload(&ctx, "router", rows, cols, &wm).unwrap();
+        let h = rand_f32(&mut r, cols, -8.0, 8.0);
+        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
+        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
+        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+        let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+        let xn_out = ctx.storage("xn", cols as u64 * 4).unwrap();
+        let y = ctx.storage("y", rows as u64 * 4).unwrap();
+        ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+        ctx.write(&xn_out, 0, &vec![0xFF; cols * 4]);
+        let input = NormInput {
+            h: &hb,
+            weight: &wbuf,
+            eps: 1e-6,
+        };
+        let b = k
+            .bind_f32_norm(&ctx, &m, input, &xn_out, &y, &state)
+            .unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        let want = matvec_f32_ref(&wm, rows, cols, &xn);
+        assert_rows(
+            &got,
+            &want,
+            &wm,
+            &xn,
+            2e-6,
+            &format!("f32 norm [{rows}, {cols}]"),
+        );
+        let pub_xn = ctx.read_f32(&xn_out, cols).unwrap();
+        assert_close(
+            &pub_xn,
+            &xn,
+            1e-6,
+            1e-5,
+            &format!("published norm [{cols}]"),
+        );
+    }
+}

@@ -1,12 +1,16 @@
 // int4 (repacked Q4_0, tensor.rs layout) x f32 activations -> f32, one matrix part, R rows per
-// team. Prepended by the host: state.wgsl, the f32 numerics snippet (numerics.rs: `act_x` at
-// binding 2, `act_xblock`, `dq_block`) and `const R: u32`.
+// team. Prepended by the host: state.wgsl, `dq_block` (numerics.rs F32_DEQ), `const R: u32`,
+// `const ACC: bool` (add into y: the o-proj's residual add) and the input form: either the plain
+// f32 vector (`act_x` at binding 2 read from global memory, `nol_stage` a no-op) or the
+// norm-on-load form (matvec.rs NORM_ON_LOAD: binding 2 is the residual stream h, binding 3 the
+// RMSNorm weight, and `nol_stage` writes h / rms(h) * w into shared memory first: the RMSNorm
+// dispatch before this matvec is gone, every workgroup recomputes the 2-8 KiB reduction).
 // 256 threads = 8 teams x 32 lanes; team t owns rows [R t, R t + R) of the workgroup's 8R rows.
 // A lane strides over the row's blocks and loads each block's 32 activations ONCE for its R rows:
 // the activation loads, not the weights, limit the one-row form (8 vec4 per 16-byte weight block).
 // Partials meet in shared memory; one barrier, then one thread per row adds its team's 32 lanes
 // (no subgroup-size assumption).
-struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32 };
+struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
 @group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;      // [rows * bpr] nibble blocks
 @group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;       // [row_start + rows ..]
@@ -25,6 +29,7 @@ fn scale(i: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     // Uniform across the dispatch, so no barrier is skipped by only part of a workgroup.
     if (state.done != 0u) { return; }
+    nol_stage(li, p.bpr * 8u, p.eps);
     let team = li / T;
     let lane = li % T;
     let row0 = (wid.x + wid.y * p.gx) * (8u * R) + team * R;
@@ -49,7 +54,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let row = (wid.x + wid.y * p.gx) * (8u * R) + li;
         if (row < p.rows) {
-            y[p.row_start + row] = s;
+            if (ACC) {
+                y[p.row_start + row] += s;
+            } else {
+                y[p.row_start + row] = s;
+            }
         }
     }
 }
