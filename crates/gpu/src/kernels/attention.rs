@@ -1,22 +1,30 @@
 //! Attention kernels (formats-spec §1.4 steps 3-6, §1.5, §1.6) and their scalar references.
 //!
-//! Three dispatches per layer, all reading the position from the run-state buffer:
-//! 1. `rope`: per-head RMSNorm of q and k (weight `[D]` shared by the heads) + NeoX rotate-half
-//!    RoPE (pairs `i`, `i + D/2`), queries roped in place in the fused `qkv` buffer, the roped k
-//!    and the raw v written to cache row `pos`. Grid `Hq + Hkv`.
-//! 2. `chunk`: flash-decoding split of the single-query GQA attention over positions `0..=pos`
+//! One or two dispatches per layer, all reading the position from the run-state buffer:
+//! 1. `chunk`: flash-decoding split of the single-query GQA attention over positions `0..=pos`
 //!    in chunks; one workgroup per (chunk, kv head) serves the `G = Hq/Hkv` query heads of that
-//!    kv head, so every K/V row is read once. Grid `(chunks, Hkv)`. The chunk length is chosen
+//!    kv head, so every K/V row is read once. Grid `(chunks, Hkv)`. Each workgroup first applies
+//!    the per-head RMSNorm (weight `[D]` shared by the heads) + NeoX rotate-half RoPE (pairs `i`,
+//!    `i + D/2`) to its G query heads itself (G*D values: cheaper than a dispatch); the workgroup
+//!    whose chunk holds `pos` (one per kv head) also norms and ropes k, writes the roped k and
+//!    the raw v to cache row `pos`, and uses those values for that row rather than the cache
+//!    (writes within a dispatch are not visible to other loads). The chunk length is chosen
 //!    from the position on the GPU ([`Split`]): `params.chunk` positions while that gives at most
 //!    ~[`TARGET_WORKGROUPS`] workgroups, longer chunks after (up to a cap), so short contexts
 //!    still fill a big GPU and long ones do not flood the combine. K and V pass through
 //!    coalesced shared-memory tiles; no thread walks a long serial chain of global loads.
-//! 3. `combine`: per query head, rescale the chunk partials by `exp(m_c - M)` and normalise,
+//! 2. `combine`: per query head, rescale the chunk partials by `exp(m_c - M)` and normalise,
 //!    every thread of the workgroup taking a slice of the chunks.
 //!    `combine_q8` additionally writes the output int8-quantised (tensor.rs layout) for the
 //!    o-proj int4 matvec. Grid `Hq`.
 //!
-//! Invariants: KV cache `[ctx, Hkv, D]` f32, row `pos` written only by `rope` of the same step;
+//! When the host's position bound guarantees one chunk (`pos_bound + 1 <= ` the minimum chunk
+//! length, or more generally [`Split::chunks_bound`] of 1) and the output is f32 only, the
+//! `single` variant of `chunk` normalises and writes the output itself: one dispatch per layer.
+//! [`AttentionKernel::dispatches`] says which.
+//!
+//! Invariants: KV cache `[ctx, Hkv, D]` f32, row `pos` written only by the chunk kernel of the
+//! same step (the owning workgroup); `qkv` is read only, so the raw q/k/v stay for tracing.
 //! `pos < ctx` is the host's job (the kernels clamp reads to the cache and skip an out-of-range
 //! write). The partial buffers ([`AttentionScratch`]) are per dispatch sequence, so one scratch
 //! can serve every layer. Every kernel returns at once when `state.done != 0`.
@@ -26,8 +34,6 @@ use crate::numerics::{act_out_wgsl, Numerics};
 use crate::state::STATE_WGSL;
 use crate::tensor::QuantActs;
 
-/// Workgroup size of the rope kernel (a power of two for its tree reduction).
-const ROPE_WG: u32 = 64;
 /// Largest workgroup of the chunk and combine kernels (a power of two, >= D/4 for every valid
 /// D). Both are sized from the shape (`G * D/4` outputs, `D/4` lanes x 8 chunk slices) between
 /// 64 and this: 256 at Qwen3 shapes; small shapes stay small, which lavapipe (a CPU, paying for
@@ -194,8 +200,9 @@ pub fn inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
 #[derive(Debug)]
 pub struct AttentionKernel {
     pub params: AttentionParams,
-    rope: wgpu::ComputePipeline,
     chunk: wgpu::ComputePipeline,
+    /// `chunk` for a one-chunk grid, writing the final f32 output (no combine).
+    single: wgpu::ComputePipeline,
     combine: wgpu::ComputePipeline,
     /// Quantised output: plain and precise int8 (`None` unless `D % 32 == 0`).
     combine_q8: Option<[wgpu::ComputePipeline; 2]>,
@@ -209,7 +216,7 @@ pub struct AttentionKernel {
 pub struct AttentionBuffers<'a> {
     /// Run state (`State` in shaders/state.wgsl).
     pub state: &'a wgpu::Buffer,
-    /// `[Hq*D | Hkv*D | Hkv*D]` f32: fused q|k|v projection output; q is roped in place.
+    /// `[Hq*D | Hkv*D | Hkv*D]` f32: fused q|k|v projection output (read only).
     pub qkv: &'a wgpu::Buffer,
     /// `[D]` f32 q_norm / k_norm weights.
     pub q_norm: &'a wgpu::Buffer,
@@ -234,8 +241,9 @@ pub struct AttentionScratch {
 /// Bind groups of one layer, created once.
 #[derive(Debug)]
 pub struct AttentionBinding {
-    rope: wgpu::BindGroup,
     chunk: wgpu::BindGroup,
+    /// For the `single` pipeline; `None` when the output is quantised (that needs the combine).
+    single: Option<wgpu::BindGroup>,
     combine: wgpu::BindGroup,
     /// Index into `combine_q8` when the output is quantised.
     quantized: Option<usize>,
@@ -272,8 +280,10 @@ impl AttentionKernel {
         let cwg = (8 * d4).next_power_of_two().clamp(64, CHUNK_WG);
         let tile = (2 * wg / d4).clamp(1, TILE_CAP);
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
-        // Chunk kernel shared memory: qs + tile + red + stat, plus 4*G bytes per chunk position.
-        let fixed = (g * d4 * 16 + tile * (d4 + 1) * 16 + wg * 4 + g * 8) as u64;
+        // Chunk kernel shared memory: qs + tile + red + stat + kown + cst + rms, plus 4*G bytes
+        // per chunk position.
+        let fixed =
+            (g * d4 * 16 + tile * (d4 + 1) * 16 + wg * 4 + g * 8 + d * 8 + (g + 1) * 4) as u64;
         let fit = (limit.saturating_sub(fixed) / (4 * g as u64)).min(u32::MAX as u64) as u32;
         if p.chunk > fit {
             return Err(GpuError::Shape(format!(
@@ -319,22 +329,22 @@ impl AttentionKernel {
         let src = |wg: u32, extra: &str, body: &str| {
             format!("{STATE_WGSL}{dims}{}{extra}{body}", u32_const("WG", wg))
         };
-        // Largest power of two <= WG / G lanes per query head in the softmax reductions.
+        // Largest power of two <= WG / G lanes per query head in the softmax reductions, and
+        // <= WG / (G + 1) (at least 1) per head vector in the q/k norm reduction.
         let lg = 1u32 << (wg / g).ilog2();
-        let rope = ctx.compute(
-            "attention.rope",
-            &src(ROPE_WG, "", include_str!("../shaders/attention_rope.wgsl")),
-            "main",
-        )?;
-        let chunk = ctx.compute(
-            "attention.chunk",
-            &src(
-                wg,
-                &u32_const("LG", lg),
+        let lr = 1u32 << (wg / (g + 1)).max(1).ilog2();
+        let chunk_src = src(
+            wg,
+            &[u32_const("LG", lg), u32_const("LR", lr)].concat(),
+            &[
                 include_str!("../shaders/attention.wgsl"),
-            ),
-            "chunk",
-        )?;
+                include_str!("../shaders/attention_rope.wgsl"),
+            ]
+            .concat(),
+        );
+        let module = ctx.module("attention.chunk", &chunk_src)?;
+        let chunk = ctx.pipeline("attention.chunk", &module, "chunk")?;
+        let single = ctx.pipeline("attention.single", &module, "single")?;
         let combine_src = |n: Numerics| {
             src(
                 cwg,
@@ -360,8 +370,8 @@ impl AttentionKernel {
         let inv_freq = ctx.storage_init("attention.inv_freq", bytemuck::cast_slice(&table))?;
         Ok(AttentionKernel {
             params,
-            rope,
             chunk,
+            single,
             combine,
             combine_q8,
             inv_freq,
@@ -411,31 +421,24 @@ impl AttentionKernel {
         need(b.k_cache, p.ctx as u64 * hkv * d, "k_cache")?;
         need(b.v_cache, p.ctx as u64 * hkv * d, "v_cache")?;
         need(b.out, hq * d, "out")?;
-        let rope = ctx.bind_group(
-            "attention.rope",
-            &self.rope,
-            &[
-                whole(b.state),
-                whole(b.qkv),
-                whole(b.q_norm),
-                whole(b.k_norm),
-                whole(&self.inv_freq),
-                whole(b.k_cache),
-                whole(b.v_cache),
-            ],
-        )?;
-        let chunk = ctx.bind_group(
-            "attention.chunk",
-            &self.chunk,
-            &[
-                whole(b.state),
-                whole(b.qkv),
-                whole(b.k_cache),
-                whole(b.v_cache),
-                whole(&scratch.part_o),
-                whole(&scratch.part_ml),
-            ],
-        )?;
+        // Both entry points share one body, so both layouts hold every binding.
+        let chunk_res = [
+            whole(b.state),
+            whole(b.qkv),
+            whole(b.q_norm),
+            whole(b.k_norm),
+            whole(&self.inv_freq),
+            whole(b.k_cache),
+            whole(b.v_cache),
+            whole(&scratch.part_o),
+            whole(&scratch.part_ml),
+            whole(b.out),
+        ];
+        let chunk = ctx.bind_group("attention.chunk", &self.chunk, &chunk_res)?;
+        let single = match b.out_q {
+            None => Some(ctx.bind_group("attention.single", &self.single, &chunk_res)?),
+            Some(_) => None,
+        };
         let mut res = vec![
             whole(b.state),
             whole(&scratch.part_o),
@@ -465,22 +468,42 @@ impl AttentionKernel {
         };
         let combine = ctx.bind_group("attention.combine", pipe, &res)?;
         Ok(AttentionBinding {
-            rope,
             chunk,
+            single,
             combine,
             quantized: b.out_q.map(|q| q.precise as usize),
         })
     }
 
-    /// Record the three dispatches. `pos_bound` is an upper bound of the position this step runs
-    /// at (the host knows it: start + step); chunks past the real position exit at once, so any
-    /// bound >= pos is correct and `ctx - 1` always is.
+    /// The bind group of the one-dispatch `single` variant when it serves `pos_bound`: the
+    /// bound guarantees one chunk and the output is f32 only.
+    fn single_for<'b>(
+        &self,
+        b: &'b AttentionBinding,
+        pos_bound: u32,
+    ) -> Option<&'b wgpu::BindGroup> {
+        let one = self.split.chunks_bound(self.positions_bound(pos_bound)) == 1;
+        b.single.as_ref().filter(|_| one)
+    }
+
+    /// Positions an attention step at position `<= pos_bound` covers, at most (the cache).
+    fn positions_bound(&self, pos_bound: u32) -> u32 {
+        pos_bound.min(self.params.ctx - 1) + 1
+    }
+
+    /// Record one layer's attention: `single` alone when [`Self::dispatches`] is 1, else `chunk`
+    /// then `combine`. `pos_bound` is an upper bound of the position this step runs at (the host
+    /// knows it: start + step); chunks past the real position exit at once, so any bound >= pos
+    /// is correct and `ctx - 1` always is.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &AttentionBinding, pos_bound: u32) {
         let p = &self.params;
-        pass.set_pipeline(&self.rope);
-        pass.set_bind_group(0, &b.rope, &[]);
-        pass.dispatch_workgroups(p.heads + p.kv_heads, 1, 1);
-        let chunks = self.split.chunks_bound(pos_bound.min(p.ctx - 1) + 1);
+        if let Some(single) = self.single_for(b, pos_bound) {
+            pass.set_pipeline(&self.single);
+            pass.set_bind_group(0, single, &[]);
+            pass.dispatch_workgroups(1, p.kv_heads, 1);
+            return;
+        }
+        let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
         pass.set_pipeline(&self.chunk);
         pass.set_bind_group(0, &b.chunk, &[]);
         pass.dispatch_workgroups(chunks, p.kv_heads, 1);
@@ -492,11 +515,18 @@ impl AttentionKernel {
         pass.dispatch_workgroups(p.heads, 1, 1);
     }
 
-    /// Dispatches [`Self::record`] issues per layer.
-    pub const DISPATCHES: u32 = 3;
+    /// Dispatches [`Self::record`] issues for binding `b` at `pos_bound`: 1 while one chunk
+    /// covers every position up to the bound and the output is f32 only, else 2.
+    pub fn dispatches(&self, b: &AttentionBinding, pos_bound: u32) -> u32 {
+        if self.single_for(b, pos_bound).is_some() {
+            1
+        } else {
+            2
+        }
+    }
 }
 
-/// Scalar reference of the `rope` kernel: returns (roped q `[Hq*D]`, roped k `[Hkv*D]`) from the
+/// Scalar reference of the q/k norm + RoPE done inside the chunk kernel: returns (roped q `[Hq*D]`, roped k `[Hkv*D]`) from the
 /// raw fused `qkv`. Norm in f64; angle `f32(pos) * inv_freq` rounded in f32 as HF does, then
 /// cos/sin in f64.
 pub fn rope_ref(

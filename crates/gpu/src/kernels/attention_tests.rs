@@ -41,6 +41,8 @@ struct Outputs {
     out: Vec<f32>,
     /// (packed i8 words, (d, d*Σq) per block) when the int8 output was requested.
     out_q: Option<(Vec<u32>, Vec<[f32; 2]>)>,
+    /// Dispatches the step recorded ([`AttentionKernel::dispatches`]).
+    dispatches: u32,
 }
 
 /// Upload `c`, run one step at `pos` (optionally with the done flag set), read everything back.
@@ -71,6 +73,7 @@ fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: boo
         out_q: out_q.as_ref(),
     };
     let b = k.bind(ctx, &bufs, &scratch).expect("bind");
+    let dispatches = k.dispatches(&b, pos_bound);
     ctx.run_pass(|pass| k.record(pass, &b, pos_bound))
         .expect("run");
     Outputs {
@@ -83,6 +86,7 @@ fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: boo
             let s: Vec<f32> = ctx.read_f32(&q.s, n_out / 16).unwrap();
             (words, s.chunks(2).map(|c| [c[0], c[1]]).collect())
         }),
+        dispatches,
     }
 }
 
@@ -98,10 +102,11 @@ fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32, chunk: u32) -> Att
     }
 }
 
-/// Full step at `pos`: q roped in place, k/v cache rows, attention output; error vs the f64
+/// Full step at `pos`: qkv untouched, k/v cache rows, attention output; error vs the f64
 /// references. Tolerance: f32 kernels vs f64 references, 2e-5 absolute + 1e-4 relative.
-fn check_step(ctx: &Context, p: AttentionParams, pos: u32, pos_bound: u32, seed: u64) {
-    check_step_split(ctx, p, None, pos, pos_bound, seed);
+/// Returns the dispatches the step took.
+fn check_step(ctx: &Context, p: AttentionParams, pos: u32, pos_bound: u32, seed: u64) -> u32 {
+    check_step_split(ctx, p, None, pos, pos_bound, seed)
 }
 
 /// [`check_step`] with the split's (target chunks per kv head, chunk cap) overridden.
@@ -112,26 +117,15 @@ fn check_step_split(
     pos: u32,
     pos_bound: u32,
     seed: u64,
-) {
+) -> u32 {
     let mut c = Case::new(p, seed);
     c.split = split;
     let o = run(ctx, &c, pos, pos_bound, false, false);
     let what = format!("{p:?} pos {pos}");
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
     let (q_want, k_want) = rope_ref(&p, &c.qkv, &c.q_norm, &c.k_norm, pos);
-    assert_close(
-        &o.qkv[..hq * d],
-        &q_want,
-        2e-5,
-        1e-4,
-        &format!("{what}: roped q"),
-    );
-    // k and v parts of qkv are left untouched.
-    assert_eq!(
-        o.qkv[hq * d..],
-        c.qkv[hq * d..],
-        "{what}: k|v of qkv changed"
-    );
+    // The kernels norm and rope in workgroup memory: qkv stays raw (the trace reads it).
+    assert_eq!(o.qkv, c.qkv, "{what}: qkv changed");
     let row = pos as usize * hkv * d..(pos as usize + 1) * hkv * d;
     assert_close(
         &o.k_cache[row.clone()],
@@ -158,8 +152,9 @@ fn check_step_split(
             "{what}: {name} rows after pos"
         );
     }
-    // Attention over the GPU's own roped q and cache isolates the attention kernels.
-    let want = attention_ref(&p, &o.qkv[..hq * d], &o.k_cache, &o.v_cache, pos);
+    // Attention over the reference q and the GPU's cache (row pos checked above) pins the
+    // in-kernel q norm + RoPE and the attention itself.
+    let want = attention_ref(&p, &q_want, &o.k_cache, &o.v_cache, pos);
     assert_close(&o.out, &want, 2e-5, 1e-4, &format!("{what}: attention out"));
     // And the chain from raw inputs matches the reference chain (q/k from the rope reference).
     let mut kc = c.k_cache.clone();
@@ -168,6 +163,7 @@ fn check_step_split(
     vc[row].copy_from_slice(&c.qkv[(hq + hkv) * d..]);
     let chain = attention_ref(&p, &q_want, &kc, &vc, pos);
     assert_close(&o.out, &chain, 5e-5, 2e-4, &format!("{what}: chained out"));
+    o.dispatches
 }
 
 #[test]
@@ -179,6 +175,40 @@ fn attention_small_gqa_4_2_d32_chunk16() {
     // 0 and 1: first chunk; 15/16: chunk boundary; 37, 300: several chunks.
     for (i, pos) in [0u32, 1, 15, 16, 37, 300].into_iter().enumerate() {
         check_step(&ctx, p, pos, pos, 10 + i as u64);
+    }
+}
+
+/// The one-dispatch `single` variant (bound within the minimum chunk) and the chunk + combine
+/// pair, at positions 0, 1, chunk - 1, chunk and several chunks + 1: G = 3 with odd head counts
+/// and D/2 not a multiple of 4, G = 5 with one kv head, G = 1, G = 3 at D = 64, and G = 64 > WG/2
+/// (the q/k norm reduction takes two passes of heads).
+#[test]
+fn attention_single_and_chunked_positions() {
+    let Some(ctx) = gpu("attention_single_and_chunked_positions") else {
+        return;
+    };
+    // (heads, kv_heads, head_dim, ctx, chunk)
+    let shapes = [
+        (6, 2, 36, 100, 7),
+        (5, 1, 20, 64, 5),
+        (3, 3, 8, 40, 4),
+        (12, 4, 64, 96, 16),
+        (64, 1, 4, 40, 4),
+    ];
+    for (i, (hq, hkv, d, n, chunk)) in shapes.into_iter().enumerate() {
+        let p = params(hq, hkv, d, n, chunk);
+        for (j, pos) in [0, 1, chunk - 1, chunk, 3 * chunk + 1]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 200 + 20 * i as u64 + 2 * j as u64;
+            let tight = check_step(&ctx, p, pos, pos, seed);
+            let want = if pos < chunk { 1 } else { 2 };
+            assert_eq!(tight, want, "{p:?} pos {pos}: dispatches");
+            // A loose bound takes the chunk + combine pair even when pos is in the first chunk.
+            let loose = check_step(&ctx, p, pos, n - 1, seed + 1);
+            assert_eq!(loose, 2, "{p:?} pos {pos} bound {}: dispatches", n - 1);
+        }
     }
 }
 
@@ -320,8 +350,25 @@ fn attention_int8_output() {
         return;
     };
     let p = params(32, 4, 128, 384, 64);
-    let c = Case::new(p, 60);
-    let o = run(&ctx, &c, 300, 300, false, true);
+    // Position 0 would take the one-dispatch variant for an f32 output; the int8 copy needs the
+    // combine, so both positions take two dispatches.
+    for (pos, seed) in [(0u32, 60u64), (300, 61)] {
+        check_int8_step(&ctx, p, pos, seed);
+    }
+}
+
+/// One step with the int8 output: the f32 output matches the reference, the int8 copy matches
+/// the quantisation reference of that output.
+fn check_int8_step(ctx: &Context, p: AttentionParams, pos: u32, seed: u64) {
+    let c = Case::new(p, seed);
+    let o = run(ctx, &c, pos, pos, false, true);
+    assert_eq!(
+        o.dispatches, 2,
+        "pos {pos}: int8 output without the combine"
+    );
+    let (q_roped, _) = rope_ref(&p, &c.qkv, &c.q_norm, &c.k_norm, pos);
+    let want = attention_ref(&p, &q_roped, &o.k_cache, &o.v_cache, pos);
+    assert_close(&o.out, &want, 2e-5, 1e-4, &format!("pos {pos}: f32 out"));
     let (words, scales) = o.out_q.expect("int8 output");
     let (q_want, s_want) = quantize_acts_ref(&o.out);
     for (b, (got, want)) in scales.iter().zip(&s_want).enumerate() {
@@ -362,14 +409,18 @@ fn attention_done_flag_skips_everything() {
     };
     let p = params(4, 2, 32, 64, 16);
     let c = Case::new(p, 70);
-    let o = run(&ctx, &c, 5, 5, true, false);
-    assert_eq!(o.qkv, c.qkv, "qkv changed although done");
-    assert_eq!(o.k_cache, c.k_cache, "k cache changed although done");
-    assert_eq!(o.v_cache, c.v_cache, "v cache changed although done");
-    assert!(
-        o.out.iter().all(|v| *v == 0.0),
-        "output written although done"
-    );
+    // Bound 5: the single variant; bound 63: chunk + combine (pos 40 spans three chunks).
+    for (pos, bound, dispatches) in [(5, 5, 1), (5, 63, 2), (40, 40, 2)] {
+        let o = run(&ctx, &c, pos, bound, true, false);
+        assert_eq!(o.dispatches, dispatches, "pos {pos} bound {bound}");
+        assert_eq!(o.qkv, c.qkv, "qkv changed although done");
+        assert_eq!(o.k_cache, c.k_cache, "k cache changed although done");
+        assert_eq!(o.v_cache, c.v_cache, "v cache changed although done");
+        assert!(
+            o.out.iter().all(|v| *v == 0.0),
+            "output written although done (pos {pos} bound {bound})"
+        );
+    }
 }
 
 #[test]

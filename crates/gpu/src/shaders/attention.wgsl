@@ -1,31 +1,47 @@
-// Single-query GQA attention over the KV cache, split over the sequence (flash-decoding style).
+// Single-query GQA attention over the KV cache, split over the sequence (flash-decoding style),
+// with the q/k RMSNorm + RoPE and the KV-cache write of the step folded in (attention_rope.wgsl,
+// appended by the host).
 // Prepended by the host: consts D, D4 (= D/4), HQ, HKV, G (= HQ/HKV), C (minimum chunk length),
-// CTX (cache rows), NC (= ceil(CTX / C), the partial stride), WG (power of two), LG (power-of-two
-// lanes per query head in the softmax reductions, LG * G <= WG), P (positions per tile,
-// P * D4 <= 2 * WG), DP (= D4 + 1, padded tile row), CMAX (maximum chunk length), OPT (=
-// ceil(G * D4 / WG) outputs per thread), SCALE (= 1/sqrt(D)), the `State` struct and
-// `chunk_len(n)` (the chunk length used for n positions, shared with the combine).
+// CTX (cache rows), NC (the partial stride: the most chunks any position uses), WG (power of
+// two), LG (power-of-two lanes per query head in the softmax reductions, LG * G <= WG), LR (lanes
+// per head in the norm reduction), P (positions per tile, P * D4 <= 2 * WG), DP (= D4 + 1, padded
+// tile row), CMAX (maximum chunk length), OPT (= ceil(G * D4 / WG) outputs per thread), SCALE
+// (= 1/sqrt(D)), EPS, the `State` struct and `chunk_len(n)` (the chunk length used for n
+// positions, shared with the combine).
 //
-// Pass 1 `chunk`: grid (chunks, HKV). Workgroup (c, h) handles positions [c*L, min((c+1)*L, pos+1))
-//   with L = chunk_len(pos+1) for the G query heads sharing kv head h, so each K/V row is read
-//   once for all G heads. K and V come through shared-memory tiles of P rows loaded coalesced
-//   (at most two loads in flight per thread, no long serial chains); scores are one thread per
-//   (head, position). It writes the chunk's unnormalised output and its (max, sum).
-// Pass 2 `combine`: grid (HQ). Rescales and sums the chunk partials of one query head.
+// Grid (chunks, HKV). Workgroup (c, h) handles positions [c*L, min((c+1)*L, pos+1)) with
+// L = chunk_len(pos+1) for the G query heads sharing kv head h, so each K/V row is read once for
+// all G heads. It first norms and ropes its G query heads itself (G*D values, cheap). The one
+// workgroup per kv head whose chunk holds `pos` (the last one) also norms and ropes k of head h,
+// writes it and the raw v to cache row `pos`, and uses these values for that row instead of
+// reading the cache (writes of the same dispatch are not guaranteed visible to loads). K and V
+// come through shared-memory tiles of P rows loaded coalesced (at most two loads in flight per
+// thread, no long serial chains); scores are one thread per (head, position).
+// Entry points:
+//   `chunk`  writes the chunk's unnormalised output and its (max, sum); `combine`
+//            (attention_combine.wgsl) merges the chunks.
+//   `single` for a grid of one chunk per kv head (the host guarantees pos + 1 <= chunk_len):
+//            normalises and writes the final f32 output itself.
 //
-// q        qkv[0 .. HQ*D] f32 (roped queries, head j at j*D)
-// k/v      [CTX, HKV, D] f32 viewed as vec4
+// qkv      [HQ*D | HKV*D | HKV*D] f32 viewed as vec4: raw q|k|v projection (read only)
+// q_norm, k_norm [D] f32; inv_freq [D/2] f32: theta^(-2i/D) from the host (f64, rounded)
+// k/v      [CTX, HKV, D] f32 viewed as vec4; row pos receives the roped k and the raw v
 // part_o   [HQ, NC, D] f32 viewed as vec4: Σ_t exp(s_t - m_c) v_t over the chunk
 // part_ml  [HQ, NC] vec2<f32>: (m_c, l_c) = (max_t s_t, Σ_t exp(s_t - m_c))
-// out      [HQ*D] f32; `combine_q8` also writes it int8-quantised per block of 32 (tensor.rs layout).
+// out      [HQ*D] f32 viewed as vec4 (`single` only)
 
 @group(0) @binding(0) var<storage, read> state: State;
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> part_o: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(3) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(4) var<storage, read> inv_freq: array<f32>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> part_o: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> part_ml: array<vec2<f32>>;
+@group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
 
+// Roped queries of the G heads, pre-scaled by 1/sqrt(D): [G, D4].
 var<workgroup> qs: array<vec4<f32>, G * D4>;
 // One tile of P cache rows (K, then V), row stride DP vec4 so the score loop's rows hit
 // different banks.
@@ -34,10 +50,13 @@ var<workgroup> tile: array<vec4<f32>, P * DP>;
 var<workgroup> sc: array<f32, G * CMAX>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> stat: array<vec2<f32>, G>;
+// Roped k of this step's row `pos` (owning workgroup only): [D4].
+var<workgroup> kown: array<vec4<f32>, D4>;
 
 // Stage `rows` cache rows starting at position t0 of kv head h into `tile`: element e < rows * D4
-// is row e / D4, vec4 e % D4. Both loads are issued before either store.
-fn stage(is_v: bool, t0: u32, h: u32, rows: u32, li: u32) {
+// is row e / D4, vec4 e % D4. Position `own` (or none: 0xffffffff) comes from this workgroup's
+// own k (`kown`) and raw v (qkv) rather than the cache. Both loads are issued before either store.
+fn stage(is_v: bool, t0: u32, h: u32, rows: u32, li: u32, own: u32) {
     let n = rows * D4;
     let e0 = li;
     let e1 = li + WG;
@@ -47,12 +66,22 @@ fn stage(is_v: bool, t0: u32, h: u32, rows: u32, li: u32) {
     let s1 = ((t0 + r1) * HKV + h) * D4 + e1 % D4;
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
+    // vec4 index of kv head h's raw v in qkv.
+    let vb = (HQ + HKV + h) * D4;
     if (is_v) {
-        if (e0 < n) { a = v_cache[s0]; }
-        if (e1 < n) { b = v_cache[s1]; }
+        if (e0 < n) {
+            if (t0 + r0 == own) { a = qkv[vb + e0 % D4]; } else { a = v_cache[s0]; }
+        }
+        if (e1 < n) {
+            if (t0 + r1 == own) { b = qkv[vb + e1 % D4]; } else { b = v_cache[s1]; }
+        }
     } else {
-        if (e0 < n) { a = k_cache[s0]; }
-        if (e1 < n) { b = k_cache[s1]; }
+        if (e0 < n) {
+            if (t0 + r0 == own) { a = kown[e0 % D4]; } else { a = k_cache[s0]; }
+        }
+        if (e1 < n) {
+            if (t0 + r1 == own) { b = kown[e1 % D4]; } else { b = k_cache[s1]; }
+        }
     }
     if (e0 < n) {
         tile[r0 * DP + e0 % D4] = a;
@@ -62,13 +91,14 @@ fn stage(is_v: bool, t0: u32, h: u32, rows: u32, li: u32) {
     }
 }
 
-@compute @workgroup_size(WG)
-fn chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+// The whole kernel; `single` (a constant per entry point) picks the output.
+fn attend(wid: vec3<u32>, li: u32, single: bool) {
     if (state.done != 0u) {
         return;
     }
+    let pos = state.pos;
     // Positions beyond the cache cannot have been written: clamp (the host keeps pos < CTX).
-    let n = min(state.pos + 1u, CTX);
+    let n = min(pos + 1u, CTX);
     let cl = chunk_len(n);
     let c = wid.x;
     let h = wid.y;
@@ -77,17 +107,33 @@ fn chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         return;
     }
     let len = min(cl, n - t0);
+    // t0 <= pos here, so this is "the chunk holds pos" (the last chunk), with pos in the cache.
+    let owner = pos < CTX && pos - t0 < len;
+    var own = 0xffffffffu;
+    if (owner) {
+        own = pos;
+    }
 
-    // Queries of the G heads of this group, pre-scaled by 1/sqrt(D).
-    for (var i = li; i < G * D4; i += WG) {
-        qs[i] = qkv[h * G * D4 + i] * SCALE;
+    rope_prepare(h, pos, li);
+    for (var o = li; o < G * D4; o += WG) {
+        qs[o] = roped4(h, o / D4, o % D4) * SCALE;
+    }
+    if (owner) {
+        let row = (pos * HKV + h) * D4;
+        let vb = (HQ + HKV + h) * D4;
+        for (var d = li; d < D4; d += WG) {
+            let k = roped4(h, G, d);
+            kown[d] = k;
+            k_cache[row + d] = k;
+            v_cache[row + d] = qkv[vb + d];
+        }
     }
 
     // Scores, one tile of P positions at a time: thread (g, t) dots query g with tile row t.
     for (var tt = 0u; tt < len; tt += P) {
         let rows = min(P, len - tt);
         workgroupBarrier();
-        stage(false, t0 + tt, h, rows, li);
+        stage(false, t0 + tt, h, rows, li, own);
         workgroupBarrier();
         for (var i = li; i < G * P; i += WG) {
             let g = i / P;
@@ -150,7 +196,7 @@ fn chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     for (var tt = 0u; tt < len; tt += P) {
         let rows = min(P, len - tt);
         workgroupBarrier();
-        stage(true, t0 + tt, h, rows, li);
+        stage(true, t0 + tt, h, rows, li, own);
         workgroupBarrier();
         for (var j = 0u; j < OPT; j++) {
             let o = li + j * WG;
@@ -165,6 +211,16 @@ fn chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             }
         }
     }
+    if (single) {
+        // One chunk: (m, l) are final; scale by 1/l as the combine does with a single partial.
+        for (var j = 0u; j < OPT; j++) {
+            let o = li + j * WG;
+            if (o < G * D4) {
+                out[h * G * D4 + o] = acc[j] * (1.0 / stat[o / D4].y);
+            }
+        }
+        return;
+    }
     for (var j = 0u; j < OPT; j++) {
         let o = li + j * WG;
         if (o < G * D4) {
@@ -176,4 +232,14 @@ fn chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (li < G) {
         part_ml[(h * G + li) * NC + c] = stat[li];
     }
+}
+
+@compute @workgroup_size(WG)
+fn chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    attend(wid, li, false);
+}
+
+@compute @workgroup_size(WG)
+fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    attend(wid, li, true);
 }

@@ -1,27 +1,25 @@
-// Fused per-head q/k RMSNorm + NeoX (rotate-half) RoPE + KV-cache write (formats-spec §1.4-1.6).
-// Prepended by the host: consts D, HQ, HKV, CTX, WG, EPS and the `State` struct.
-// Grid: HQ + HKV workgroups; workgroup j < HQ handles query head j, the others kv head j - HQ.
+// Per-head q/k RMSNorm + NeoX (rotate-half) RoPE (formats-spec §1.4-1.6), computed inside each
+// attention chunk workgroup (attention.wgsl) instead of in a dispatch of its own.
+// Appended by the host to attention.wgsl, whose bindings it uses: qkv, q_norm, k_norm, inv_freq.
+// Needs consts D, D4, HQ, G, WG, LR (lanes per head in the norm reduction: the largest power of
+// two <= max(WG / (G + 1), 1)), EPS and the workgroup array `red` (WG f32).
 //
-// qkv      [HQ*D | HKV*D | HKV*D] f32: the fused q|k|v projection output. Query heads are roped
-//          in place (the attention kernel reads them there); k and v are left as they are.
-// inv_freq [D/2] f32: theta^(-2i/D), computed once on the host in f64 and rounded.
-// k_cache, v_cache [CTX, HKV, D] f32: row `pos` receives the roped k and the raw v.
-
-@group(0) @binding(0) var<storage, read> state: State;
-@group(0) @binding(1) var<storage, read_write> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> q_norm: array<f32>;
-@group(0) @binding(3) var<storage, read> k_norm: array<f32>;
-@group(0) @binding(4) var<storage, read> inv_freq: array<f32>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
+// A workgroup of kv head h handles NH = G + 1 head vectors: e < G is query head h*G + e, e = G
+// is kv head h's k. The math matches the former stand-alone rope kernel and `rope_ref`:
+// rms = inverseSqrt(Σx²/D + EPS), a = x_i * rms * w_i, b = x_{i+D/2} * rms * w_{i+D/2},
+// (a, b) -> (a cos - b sin, b cos + a sin) with the angle f32(pos) * inv_freq[i].
 
 const HALF: u32 = D / 2u;
+const NH: u32 = G + 1u;
 // 2*pi split so that k * TWO_PI_HI is exact for k < 2^16 (Cody-Waite range reduction).
 const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.0019353071795864769;
 const INV_TWO_PI: f32 = 0.15915494309189535;
 
-var<workgroup> red: array<f32, WG>;
+// (cos, sin) of the angle of frequency i at this step's position: [D/2].
+var<workgroup> cst: array<vec2<f32>, HALF>;
+// 1/rms of the NH head vectors.
+var<workgroup> rms: array<f32, NH>;
 
 // cos/sin of a possibly large angle: GPU sin/cos are only accurate near [-pi, pi], and positions
 // reach 1e5 radians, so reduce the angle first.
@@ -31,66 +29,79 @@ fn cos_sin(a: f32) -> vec2<f32> {
     return vec2<f32>(cos(r), sin(r));
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    if (state.done != 0u) {
-        return;
-    }
-    let pos = state.pos;
-    let head = wid.x;
-    let is_q = head < HQ;
-    // Element offset of this head in qkv.
-    let base = head * D;
+fn qkv_at(i: u32) -> f32 {
+    return qkv[i / 4u][i % 4u];
+}
 
-    // Sum of squares of the head vector (each thread owns pairs (i, i + D/2)).
-    var ss = 0.0;
-    for (var i = li; i < HALF; i += WG) {
-        let a = qkv[base + i];
-        let b = qkv[base + i + HALF];
-        ss += a * a + b * b;
+// Element offset in qkv of head vector e of kv head h.
+fn head_base(h: u32, e: u32) -> u32 {
+    if (e < G) {
+        return (h * G + e) * D;
     }
-    red[li] = ss;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
-        if (li < st) {
-            red[li] += red[li + st];
-        }
-        workgroupBarrier();
+    return (HQ + h) * D;
+}
+
+fn norm_w(e: u32, i: u32) -> f32 {
+    if (e < G) {
+        return q_norm[i];
     }
-    let rms = inverseSqrt(red[0] / f32(D) + EPS);
+    return k_norm[i];
+}
+
+// Fill `cst` and `rms` for kv head h at position pos. Called in uniform control flow; ends with a
+// barrier so both arrays are visible to the whole workgroup. LR lanes per head, WG / LR heads per
+// pass of tree reductions over `red`.
+fn rope_prepare(h: u32, pos: u32, li: u32) {
     let p = f32(pos);
-    // Cache row of this kv head at `pos` (only used by kv workgroups; pos < CTX checked below).
-    let kvh = head - HQ;
-    let row = (pos * HKV + kvh) * D;
-    let in_ctx = pos < CTX;
     for (var i = li; i < HALF; i += WG) {
-        var w0: f32;
-        var w1: f32;
-        if (is_q) {
-            w0 = q_norm[i];
-            w1 = q_norm[i + HALF];
+        cst[i] = cos_sin(p * inv_freq[i]);
+    }
+    let lane = li % LR;
+    for (var e0 = 0u; e0 < NH; e0 += WG / LR) {
+        let e = e0 + li / LR;
+        var ss = 0.0;
+        if (e < NH) {
+            let base = head_base(h, e);
+            for (var i = lane; i < HALF; i += LR) {
+                let a = qkv_at(base + i);
+                let b = qkv_at(base + i + HALF);
+                ss += a * a + b * b;
+            }
+        }
+        // The previous pass (or the caller) may still read `red`.
+        workgroupBarrier();
+        red[li] = ss;
+        workgroupBarrier();
+        for (var st = LR / 2u; st > 0u; st >>= 1u) {
+            if (lane < st) {
+                red[li] += red[li + st];
+            }
+            workgroupBarrier();
+        }
+        if (e < NH && lane == 0u) {
+            rms[e] = inverseSqrt(red[li] / f32(D) + EPS);
+        }
+    }
+    workgroupBarrier();
+}
+
+// Elements 4*d4 .. 4*d4+3 of head vector e (kv head h) normed and roped. Each element recomputes
+// its pair partner, so one thread owns a whole vec4 (no two threads write parts of one vector).
+fn roped4(h: u32, e: u32, d4: u32) -> vec4<f32> {
+    let base = head_base(h, e);
+    let r = rms[e];
+    var v: vec4<f32>;
+    for (var j = 0u; j < 4u; j++) {
+        let k = 4u * d4 + j;
+        let i = k % HALF;
+        let a = qkv_at(base + i) * r * norm_w(e, i);
+        let b = qkv_at(base + i + HALF) * r * norm_w(e, i + HALF);
+        let cs = cst[i];
+        if (k < HALF) {
+            v[j] = a * cs.x - b * cs.y;
         } else {
-            w0 = k_norm[i];
-            w1 = k_norm[i + HALF];
-        }
-        let a = qkv[base + i] * rms * w0;
-        let b = qkv[base + i + HALF] * rms * w1;
-        let cs = cos_sin(p * inv_freq[i]);
-        let ra = a * cs.x - b * cs.y;
-        let rb = b * cs.x + a * cs.y;
-        if (is_q) {
-            qkv[base + i] = ra;
-            qkv[base + i + HALF] = rb;
-        } else if (in_ctx) {
-            k_cache[row + i] = ra;
-            k_cache[row + i + HALF] = rb;
+            v[j] = b * cs.x + a * cs.y;
         }
     }
-    if (!is_q && in_ctx) {
-        // v heads follow the k heads in qkv.
-        let vbase = (HQ + HKV + kvh) * D;
-        for (var i = li; i < D; i += WG) {
-            v_cache[row + i] = qkv[vbase + i];
-        }
-    }
+    return v;
 }
