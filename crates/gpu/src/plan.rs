@@ -499,7 +499,8 @@ impl DecodePlan {
         })
     }
 
-    /// Dispatches one recorded step issues (with argmax).
+    /// Dispatches one recorded step issues (with argmax), at position 0 (attention takes one
+    /// dispatch per layer while a chunk covers the context, two after).
     pub fn dispatches_per_step(&self) -> usize {
         let count = |b: &MatvecBinding| b.dispatch_count();
         let per_layer: usize = self
@@ -509,7 +510,7 @@ impl DecodePlan {
                 2 + count(&lb.qkv)
                     + count(&lb.o)
                     + count(&lb.router)
-                    + AttentionKernel::DISPATCHES as usize
+                    + self.k.attn.dispatches(&lb.attn, 0) as usize
                     + MoeKernel::dispatches(self.opts.routing) as usize
             })
             .sum();
