@@ -24,7 +24,6 @@ use anyhow::{bail, Context as _};
 use cases::Bench;
 use fixtures::RefKernel;
 use nibble_gpu::context::{AdapterChoice, Context};
-use nibble_gpu::kernels::attention::AttentionKernel;
 use nibble_gpu::Numerics;
 use nibble_model::config::Qwen3MoeConfig;
 use std::time::Instant;
@@ -317,20 +316,23 @@ fn main() -> anyhow::Result<()> {
         &|p, c| b.matvec.record(p, &b.router_b[c % b.router_b.len()]),
     )?;
 
-    // Attention at several positions (rope + chunk + combine: the kernel records all three).
+    // Attention at several positions (chunk kernel with the q/k norm + rope + KV write folded
+    // in, then the combine unless one chunk covers the position: the kernel records both).
     let ap = b.attn.params;
     for &pos in &positions {
+        let disp = b.attn.dispatches(&b.attn_b[0], pos);
         let nc = (pos / ap.chunk + 1) as u64;
         let parts = ap.heads as u64 * nc * (ap.head_dim as u64 + 2) * 4;
-        let rope = (2 * qd + 4 * kvd + 2 * cfg.head_dim) as u64 * 4;
-        let chunk = (qd as u64 + 2 * (pos as u64 + 1) * kvd as u64) * 4 + parts;
-        let combine = parts + 4 * qd as u64 + if nm.quantized() { act(qd, nm) } else { 0 };
+        // q read by every chunk, the new k/v row read and written, the older cache rows.
+        let chunk = (nc * qd as u64 + 4 * kvd as u64 + 2 * pos as u64 * kvd as u64) * 4;
+        let out = 4 * qd as u64 + if nm.quantized() { act(qd, nm) } else { 0 };
+        let rest = if disp == 1 { out } else { 2 * parts + out };
         let s = Spec {
-            name: format!("attention rope+chunk+combine @pos {pos}"),
-            disp: AttentionKernel::DISPATCHES as usize,
+            name: format!("attention chunk(+rope)+combine @pos {pos}"),
+            disp: disp as usize,
             per_token: l,
             alt: pos != args.pos,
-            bytes: rope + chunk + combine,
+            bytes: chunk + rest,
             pos,
         };
         r.case(s, m, &|p, c| b.attn.record(p, &b.attn_b[c % l], pos))?;
