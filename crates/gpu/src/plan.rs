@@ -1,11 +1,14 @@
 //! The decode plan: every activation buffer, the KV cache and every bind group of one sequence,
 //! created once, and the recording of decode steps into one compute pass.
 //!
-//! One step (token at `state.pos`) is, per layer:
-//! `rmsnorm(h) -> xq` · `qkv = Wqkv xq` · attention (rope + KV write, chunks, combine -> `att_q`)
-//! · `a = Wo att_q` · `rmsnorm(h += a) -> xn, xq` · `router = Wr xn` · MoE (`h += Σ w_k expert_k`);
-//! then `rmsnorm(h) -> xq` · `logits = Whead xq` · argmax (advances the state). That is
-//! 10 dispatches per layer + 6 (about 486 for 48 layers; fusing toward ~200 is future work).
+//! One step (token at `state.pos`) is, per layer, in the fused plan (f32 activations, the
+//! default): `qkv = Wqkv rmsnorm(h)` (the norm computed on load by every workgroup) · attention
+//! (q/k norm + rope + KV write + chunks, and a combine once there are several chunks -> `att`) ·
+//! `h += Wo att` · `router = Wr rmsnorm(h)` (also publishing `xn = rmsnorm(h)`) · MoE (routing
+//! fused into gate/up; `h += Σ w_k expert_k`); then `logits = Whead rmsnorm(h)` · argmax
+//! (advances the state). That is 6-7 dispatches per layer + 4 ([`DecodePlan::dispatches_per_step`]).
+//! The int8 numerics keep the unfused form (their norms also quantise): `rmsnorm(h) -> xq` ·
+//! qkv · attention · `a = Wo att_q` · `rmsnorm(h += a) -> xn, xq` · router · MoE, and a final norm.
 //!
 //! A run of N greedy steps is N such steps recorded back to back in ONE pass and ONE submit:
 //! each step reads the token the previous step's argmax wrote into the state buffer, and after
@@ -38,7 +41,7 @@ use crate::kernels::attention::{
     AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
-use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel};
+use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX};
 use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
 use crate::numerics::Numerics;
@@ -97,14 +100,20 @@ struct Acts {
     scratch: AttentionScratch,
 }
 
+/// One layer's bindings. Fused plan (f32 numerics, the default): `qkv` normalises `h` on load
+/// (no `norm1` dispatch), `o` adds into `h` (the residual), `router` normalises `h` on load and
+/// publishes `xn` for the MoE (no `norm2` dispatch). Unfused (int8 numerics, whose producers
+/// also quantise): norm1 · qkv · attention · o -> `a` · norm2 (h += a) · router · MoE.
 struct LayerBinding {
-    norm1: RmsNormBinding,
+    norm1: Option<RmsNormBinding>,
     qkv: MatvecBinding,
     attn: AttentionBinding,
     o: MatvecBinding,
-    norm2: RmsNormBinding,
+    norm2: Option<RmsNormBinding>,
     router: MatvecBinding,
     moe: MoeBinding,
+    /// Diagnostics only (the fused plan's trace): the standalone `rmsnorm(h) -> xn`.
+    trace_norm1: RmsNormBinding,
 }
 
 struct Kernels {
@@ -129,7 +138,10 @@ pub struct DecodePlan {
     acts: Acts,
     embed: EmbedBinding,
     layers: Vec<LayerBinding>,
+    /// `rmsnorm(h) -> xn` before the head: recorded only by the unfused plan (the fused head
+    /// normalises on load); the trace uses it in both.
     final_norm: RmsNormBinding,
+    fused: bool,
     head: MatvecBinding,
     argmax: ArgmaxBinding,
     advance: AdvanceBinding,
@@ -229,6 +241,18 @@ impl DecodePlan {
             };
             k.norm.bind(ctx, &args, st)
         };
+        // Norms fused into their consumers where every consumer reads f32 (see LayerBinding).
+        let fused = !nq.quantized()
+            && cfg.hidden_size as u32 <= NORM_ON_LOAD_MAX
+            && weights.layers.iter().all(|lw| {
+                matches!(lw.qkv, Matrix::Q4(_))
+                    && matches!(lw.o, Matrix::Q4(_))
+                    && matches!(&lw.router, Matrix::F32(m) if m.parts.len() == 1)
+            })
+            && matches!(weights.head(), HeadRef::Q4(_));
+        fn nol<'b>(h: &'b wgpu::Buffer, weight: &'b wgpu::Buffer, eps: f32) -> NormInput<'b> {
+            NormInput { h, weight, eps }
+        }
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in weights.layers.iter().enumerate() {
             let attn_bufs = AttentionBuffers {
@@ -254,19 +278,52 @@ impl DecodePlan {
                 out: &a.h,
                 residual: true,
             };
-            layers.push(LayerBinding {
-                norm1: norm(None, &lw.attn_norm)?,
-                qkv: bind_matrix(ctx, &k.matvec, &lw.qkv, (&a.xq, &a.xn), &a.qkv, st)?,
-                attn: k.attn.bind(ctx, &attn_bufs, &a.scratch)?,
-                o: bind_matrix(ctx, &k.matvec, &lw.o, (&a.att_q, &a.att), &a.a, st)?,
-                norm2: norm(Some(&a.a), &lw.ffn_norm)?,
-                router: bind_matrix(ctx, &k.matvec, &lw.router, (&a.xq, &a.xn), &a.router, st)?,
-                moe: k.moe.bind(ctx, &moe_bufs, opts.routing)?,
+            let attn = k.attn.bind(ctx, &attn_bufs, &a.scratch)?;
+            let moe = k.moe.bind(ctx, &moe_bufs, opts.routing)?;
+            let trace_norm1 = norm(None, &lw.attn_norm)?;
+            layers.push(match (fused, &lw.qkv, &lw.o, &lw.router) {
+                (true, Matrix::Q4(qkv), Matrix::Q4(o), Matrix::F32(router)) => LayerBinding {
+                    norm1: None,
+                    qkv: k.matvec.bind_q4_norm(
+                        ctx,
+                        qkv,
+                        nol(&a.h, &lw.attn_norm, eps),
+                        &a.qkv,
+                        st,
+                    )?,
+                    attn,
+                    o: k.matvec.bind_q4_acc(ctx, o, &a.att, &a.h, st)?,
+                    norm2: None,
+                    router: k.matvec.bind_f32_norm(
+                        ctx,
+                        router,
+                        nol(&a.h, &lw.ffn_norm, eps),
+                        &a.xn,
+                        &a.router,
+                        st,
+                    )?,
+                    moe,
+                    trace_norm1,
+                },
+                _ => LayerBinding {
+                    norm1: Some(norm(None, &lw.attn_norm)?),
+                    qkv: bind_matrix(ctx, &k.matvec, &lw.qkv, (&a.xq, &a.xn), &a.qkv, st)?,
+                    attn,
+                    o: bind_matrix(ctx, &k.matvec, &lw.o, (&a.att_q, &a.att), &a.a, st)?,
+                    norm2: Some(norm(Some(&a.a), &lw.ffn_norm)?),
+                    router: bind_matrix(ctx, &k.matvec, &lw.router, (&a.xq, &a.xn), &a.router, st)?,
+                    moe,
+                    trace_norm1,
+                },
             });
         }
         let embed = k.embed.bind(ctx, &weights.embed, &a.h, st)?;
         let final_norm = norm(None, &weights.out_norm)?;
         let head = match weights.head() {
+            HeadRef::Q4(m) if fused => {
+                k.matvec
+                    .bind_q4_norm(ctx, m, nol(&a.h, &weights.out_norm, eps), &a.logits, st)?
+            }
             HeadRef::Q4(m) => k.matvec.bind_q4(ctx, m, act(&a.xq, &a.xn), &a.logits, st)?,
             HeadRef::F32(m) => k.matvec.bind_f32(ctx, m, &a.xn, &a.logits, st)?,
         };
@@ -292,6 +349,7 @@ impl DecodePlan {
             embed,
             layers,
             final_norm,
+            fused,
             head,
             argmax,
             advance,
@@ -310,11 +368,15 @@ impl DecodePlan {
 
     fn record_layer(&self, pass: &mut wgpu::ComputePass<'_>, lb: &LayerBinding, pos_bound: u32) {
         let k = &self.k;
-        k.norm.record(pass, &lb.norm1);
+        if let Some(n) = &lb.norm1 {
+            k.norm.record(pass, n);
+        }
         k.matvec.record(pass, &lb.qkv);
         k.attn.record(pass, &lb.attn, pos_bound);
         k.matvec.record(pass, &lb.o);
-        k.norm.record(pass, &lb.norm2);
+        if let Some(n) = &lb.norm2 {
+            k.norm.record(pass, n);
+        }
         k.matvec.record(pass, &lb.router);
         k.moe.record(pass, &self.ctx, &lb.moe);
     }
@@ -322,7 +384,9 @@ impl DecodePlan {
     /// Record one step; `argmax` adds the on-GPU argmax + state advance.
     fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
         self.record_layers(pass, pos_bound);
-        self.k.norm.record(pass, &self.final_norm);
+        if !self.fused {
+            self.k.norm.record(pass, &self.final_norm);
+        }
         self.k.matvec.record(pass, &self.head);
         if argmax {
             self.k.argmax.record(pass, &self.argmax);
@@ -368,7 +432,9 @@ impl DecodePlan {
                     self.record_layers(p, (p0 + i) as u32);
                 }
                 if last_chunk {
-                    self.k.norm.record(p, &self.final_norm);
+                    if !self.fused {
+                        self.k.norm.record(p, &self.final_norm);
+                    }
                     self.k.matvec.record(p, &self.head);
                 }
             })?;
@@ -419,7 +485,9 @@ impl DecodePlan {
         out.push(("embd".to_string(), ctx.read_f32(&a.h, h)?));
         for (l, lb) in self.layers.iter().enumerate() {
             let name = |s: &str| format!("l{l}.{s}");
-            ctx.run_pass(|p| self.k.norm.record(p, &lb.norm1))?;
+            // The fused qkv normalises on load; the standalone norm shows what it computes.
+            let norm1 = lb.norm1.as_ref().unwrap_or(&lb.trace_norm1);
+            ctx.run_pass(|p| self.k.norm.record(p, norm1))?;
             out.push((name("attn_norm"), ctx.read_f32(&a.xn, h)?));
             ctx.run_pass(|p| self.k.matvec.record(p, &lb.qkv))?;
             let qkv = ctx.read_f32(&a.qkv, q + 2 * kv)?; // [Q + 2 KV]
@@ -428,13 +496,22 @@ impl DecodePlan {
             out.push((name("v"), qkv[q + kv..].to_vec()));
             ctx.run_pass(|p| self.k.attn.record(p, &lb.attn, pb))?;
             out.push((name("attn"), ctx.read_f32(&a.att, q)?));
+            let h_before = ctx.read_f32(&a.h, h)?;
             ctx.run_pass(|p| self.k.matvec.record(p, &lb.o))?;
-            out.push((name("attn_out"), ctx.read_f32(&a.a, h)?));
-            ctx.run_pass(|p| self.k.norm.record(p, &lb.norm2))?;
+            if let Some(norm2) = &lb.norm2 {
+                out.push((name("attn_out"), ctx.read_f32(&a.a, h)?));
+                ctx.run_pass(|p| self.k.norm.record(p, norm2))?;
+            }
             let h_attn = ctx.read_f32(&a.h, h)?;
+            if lb.norm2.is_none() {
+                // The fused o-proj added into h: its output is the difference.
+                let o: Vec<f32> = h_attn.iter().zip(&h_before).map(|(x, y)| x - y).collect();
+                out.push((name("attn_out"), o));
+            }
             out.push((name("h_attn"), h_attn.clone()));
-            out.push((name("ffn_norm"), ctx.read_f32(&a.xn, h)?));
             ctx.run_pass(|p| self.k.matvec.record(p, &lb.router))?;
+            // Written by norm2, or published by the fused router.
+            out.push((name("ffn_norm"), ctx.read_f32(&a.xn, h)?));
             out.push((name("router_logits"), ctx.read_f32(&a.router, e)?));
             ctx.run_pass(|p| self.k.moe.record(p, ctx, &lb.moe))?;
             let route = ctx.read_u32(&a.route, 2 * k)?; // [2K]: ids, then f32 weight bits
@@ -507,14 +584,16 @@ impl DecodePlan {
             .layers
             .iter()
             .map(|lb| {
-                2 + count(&lb.qkv)
+                lb.norm1.is_some() as usize
+                    + lb.norm2.is_some() as usize
+                    + count(&lb.qkv)
                     + count(&lb.o)
                     + count(&lb.router)
                     + self.k.attn.dispatches(&lb.attn, 0) as usize
                     + MoeKernel::dispatches(self.opts.routing) as usize
             })
             .sum();
-        self.embed.dispatch_count() + per_layer + 1 + count(&self.head) + 2
+        self.embed.dispatch_count() + per_layer + !self.fused as usize + count(&self.head) + 2
     }
 }
 
