@@ -5,6 +5,9 @@ pub mod advance;
 pub mod argmax;
 pub mod attention;
 pub mod embed;
+pub mod matmul;
+#[cfg(test)]
+mod matmul_tests;
 pub mod matvec;
 #[cfg(test)]
 mod matvec_tests;
