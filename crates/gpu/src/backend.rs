@@ -3,7 +3,7 @@
 //! - `decode_greedy` and `decode_greedy_stream` are folded: the run state is written once per
 //!   request, runs of `fold` (resp. the caller's `run`) steps are each recorded into one command
 //!   buffer, the argmax and the token chain stay on the GPU, and run k+1 is submitted before the
-//!   host waits for run k (at most two in flight, [`crate::plan::GreedyStream`]). With
+//!   host waits for run k (at most two in flight, [`crate::stream::GreedyStream`]). With
 //!   `per_token` set they instead submit and wait per token and take the argmax on the host
 //!   (the comparison path; same kernels otherwise).
 //! - An early stop of the stream (`on_ids` returning false) lets the queued run finish:

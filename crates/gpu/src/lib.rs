@@ -13,6 +13,7 @@
 //! - [`state`]: the run-state buffer (position, token, done, step) kernels read on the GPU.
 //! - [`weights`]: one-time upload of a model from a `WeightSource`.
 //! - [`plan`]: activations, KV cache, bind groups; recording one step / a run of N steps.
+//! - [`stream`]: greedy requests in runs, run k+1 recorded while run k executes.
 //! - [`plant`]: deliberate weight corruption, to test the parity localiser.
 //! - [`backend`]: [`GpuBackend`], the `nibble_backend::Backend` implementation.
 //!
@@ -32,6 +33,7 @@ mod parity_tests;
 pub mod plan;
 pub mod plant;
 pub mod state;
+pub mod stream;
 #[cfg(test)]
 mod stream_tests;
 pub mod tensor;

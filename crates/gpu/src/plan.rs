@@ -15,12 +15,8 @@
 //! EOS (or the request's last step) the state's `done` flag turns every later dispatch into a
 //! no-op. Single-step calls record the same step without argmax and read the logits back instead.
 //!
-//! A greedy request of n steps ([`GreedyStream`]) writes the state ONCE and is recorded in runs,
-//! each its own command buffer ending in a copy of the state and of the run's slice of
-//! `out_tokens` into a host-mappable buffer. Run k+1 only needs positions (`pos + step`), never
-//! run k's ids (those stay in the state buffer on the GPU), so it is recorded and submitted
-//! before the host waits for run k: the GPU works through run k while the host records run k+1,
-//! and at most two runs are in flight.
+//! A greedy request of n steps is recorded in such runs, each its own command buffer, with run
+//! k+1 submitted before the host waits for run k: see [`crate::stream`].
 //!
 //! Prefill records the prompt in chunks of up to [`PREFILL_CHUNK`] tokens, each chunk ONE pass
 //! and ONE submit: the tokens' steps back to back (an `advance` dispatch between two tokens moves
@@ -34,7 +30,7 @@
 //! Buffer lifetimes: everything here lives as long as the plan; the KV cache row `p` is written
 //! only by the attention kernel of the step at position `p`.
 
-use crate::context::{Context, GpuError, Result};
+use crate::context::{Context, Result};
 use crate::kernels::advance::{AdvanceBinding, AdvanceKernel};
 use crate::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
 use crate::kernels::attention::{
@@ -48,7 +44,6 @@ use crate::numerics::Numerics;
 use crate::state::RunState;
 use crate::tensor::QuantActs;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
-use std::collections::VecDeque;
 
 /// Choices fixed when the plan is built.
 #[derive(Debug, Clone)]
@@ -538,42 +533,22 @@ impl DecodePlan {
         Ok(out)
     }
 
-    /// Greedy run of `n` steps from `token` at `pos` as one submission (one run of a
-    /// [`GreedyStream`]). Returns the ids produced (stopping after the first EOS). The caller
-    /// guarantees `token < V`.
-    pub fn run_greedy(&self, token: u32, pos: usize, n: u32, eos: &[u32]) -> Result<Vec<u32>> {
-        let mut s = self.begin_greedy(token, pos, n, n.max(1), eos)?;
-        Ok(s.next_run()?.map(|o| o.ids).unwrap_or_default())
-    }
-
-    /// Start a greedy request of `n` steps from `token` at `pos`, to be recorded in runs of
-    /// `run` steps: writes the state and the argmax's run length (`n`) and EOS ids once;
-    /// nothing is recorded until [`GreedyStream::next_run`]. The caller guarantees `token < V`.
-    pub fn begin_greedy(
-        &self,
-        token: u32,
-        pos: usize,
-        n: u32,
-        run: u32,
-        eos: &[u32],
-    ) -> Result<GreedyStream<'_>> {
-        if run == 0 || pos + n as usize > self.opts.context_len {
-            return Err(GpuError::Shape(format!(
-                "greedy request of {n} steps in runs of {run} at position {pos} \
-                 (context {})",
-                self.opts.context_len
-            )));
-        }
+    /// The greedy stream's access (`stream.rs`): write the argmax's run length and EOS ids
+    /// and the state for a request starting with `token` at `pos`.
+    pub(crate) fn start_greedy(&self, token: u32, pos: usize, n: u32, eos: &[u32]) -> Result<()> {
         self.argmax.set_run(&self.ctx, n, eos)?;
         self.set_state(token, pos);
-        Ok(GreedyStream {
-            plan: self,
-            pos,
-            n,
-            run,
-            next: 0,
-            queued: VecDeque::with_capacity(2),
-        })
+        Ok(())
+    }
+
+    /// Record one greedy step (with the argmax) at a position `<= pos_bound`.
+    pub(crate) fn record_greedy_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32) {
+        self.record_step(pass, pos_bound, true);
+    }
+
+    /// The run-state buffer and `out_tokens` (`[max(context_len, max_run)]` u32).
+    pub(crate) fn greedy_buffers(&self) -> (&wgpu::Buffer, &wgpu::Buffer) {
+        (&self.acts.state, &self.acts.out_tokens)
     }
 
     /// Dispatches one recorded step issues (with argmax), at position 0 (attention takes one
@@ -594,137 +569,5 @@ impl DecodePlan {
             })
             .sum();
         self.embed.dispatch_count() + per_layer + !self.fused as usize + count(&self.head) + 2
-    }
-}
-
-/// Bytes of the run state at the start of a run's readback buffer.
-const STATE_BYTES: u64 = std::mem::size_of::<RunState>() as u64;
-
-/// One run recorded and submitted but not yet read back.
-struct QueuedRun {
-    /// The request's step index of the run's first step.
-    first: u32,
-    len: u32,
-    /// `[16 + 4 len]` bytes: the state after the run, then `out_tokens[first..first + len]`.
-    readback: wgpu::Buffer,
-    index: wgpu::SubmissionIndex,
-}
-
-/// What one completed run produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunOutput {
-    /// The run's ids: shorter than the run when an EOS ended it (the EOS is the last id),
-    /// empty when the request had already ended before the run.
-    pub ids: Vec<u32>,
-    /// The state after the run: `step` counts the request's steps so far (= KV rows written
-    /// since its start), `done` is set after an EOS or the request's last step.
-    pub state: RunState,
-}
-
-/// A greedy request of `n` steps recorded in runs, each run its own command buffer, with the
-/// next run queued on the GPU while the host waits for (and handles) the current one.
-///
-/// Dropping it with runs still queued is harmless: they execute (as no-ops once `done` is
-/// set) and their readback buffers are freed when they finish.
-pub struct GreedyStream<'p> {
-    plan: &'p DecodePlan,
-    /// Position of the request's first step.
-    pos: usize,
-    n: u32,
-    run: u32,
-    /// The first step not recorded yet (`n` once every run is queued or the request ended).
-    next: u32,
-    /// Submitted runs, oldest first (at most two).
-    queued: VecDeque<QueuedRun>,
-}
-
-impl GreedyStream<'_> {
-    /// Record the next run (steps `next..next + run`, positions `pos + step`) into its own
-    /// command buffer and submit it without waiting. Returns false when no step is left.
-    fn submit_next(&mut self) -> Result<bool> {
-        if self.next >= self.n {
-            return Ok(false);
-        }
-        let (p, first) = (self.plan, self.next);
-        let len = self.run.min(self.n - first);
-        let ctx = &p.ctx;
-        let readback = ctx.readback_buffer("run.readback", STATE_BYTES + len as u64 * 4);
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for s in first..first + len {
-                p.record_step(&mut pass, (self.pos + s as usize) as u32, true);
-            }
-        }
-        // Copies after the pass see the state and ids as this run left them, whatever the
-        // runs queued after it do later.
-        enc.copy_buffer_to_buffer(&p.acts.state, 0, &readback, 0, STATE_BYTES);
-        enc.copy_buffer_to_buffer(
-            &p.acts.out_tokens,
-            first as u64 * 4,
-            &readback,
-            STATE_BYTES,
-            len as u64 * 4,
-        );
-        let index = ctx.submit(enc);
-        self.queued.push_back(QueuedRun {
-            first,
-            len,
-            readback,
-            index,
-        });
-        self.next += len;
-        Ok(true)
-    }
-
-    /// Wait for the oldest queued run only (later ones keep running) and read its output.
-    fn wait_next(&mut self) -> Result<Option<RunOutput>> {
-        let Some(q) = self.queued.pop_front() else {
-            return Ok(None);
-        };
-        let bytes = self.plan.ctx.map_read(&q.readback, q.index)?;
-        let want = (STATE_BYTES + q.len as u64 * 4) as usize;
-        if bytes.len() < want {
-            return Err(GpuError::Map(format!(
-                "run readback of {} bytes, expected {want}",
-                bytes.len()
-            )));
-        }
-        let (st, ids) = bytes.split_at(STATE_BYTES as usize);
-        let state: RunState = bytemuck::pod_read_unaligned(st);
-        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&ids[..q.len as usize * 4]);
-        let got = state.step.saturating_sub(q.first).min(q.len) as usize;
-        if state.done != 0 {
-            // The request has ended: later steps would be no-ops, so record no more runs.
-            self.next = self.n;
-        }
-        Ok(Some(RunOutput {
-            ids: ids[..got].to_vec(),
-            state,
-        }))
-    }
-
-    /// The next run's output, in order; `None` once every run has been read. Before waiting
-    /// for run k it records and submits run k+1 (if any step is left), so the GPU never idles
-    /// while the host records.
-    pub fn next_run(&mut self) -> Result<Option<RunOutput>> {
-        while self.queued.len() < 2 && self.submit_next()? {}
-        self.wait_next()
-    }
-
-    /// Runs submitted and not yet read back.
-    pub fn queued_runs(&self) -> usize {
-        self.queued.len()
-    }
-
-    /// Stop recording; wait for the runs already queued (they still execute) and return the
-    /// last one's state, i.e. what the GPU really wrote (`None` when nothing was queued).
-    pub fn drain(&mut self) -> Result<Option<RunState>> {
-        self.next = self.n;
-        let mut last = None;
-        while let Some(o) = self.wait_next()? {
-            last = Some(o.state);
-        }
-        Ok(last)
     }
 }

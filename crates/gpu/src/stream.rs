@@ -1,0 +1,190 @@
+//! Greedy requests on the GPU, recorded in runs that overlap with execution.
+//!
+//! A request of n steps ([`GreedyStream`]) writes the run state and the argmax's length (n) and
+//! EOS ids ONCE, then is recorded in runs of `run` steps, each its own command buffer ending in
+//! a copy of the state and of the run's slice of `out_tokens` into its own host-mappable buffer.
+//! Run k+1 needs only positions (`pos + step`), never run k's ids (the token chain stays in the
+//! state buffer on the GPU), so it is recorded and submitted BEFORE the host waits for run k:
+//! the GPU works through run k while the host records run k+1, and at most two runs are in
+//! flight. The host waits for one submission index at a time ([`Context::map_read`]), so
+//! waiting for run k never waits for run k+1. After an EOS or the request's last step the
+//! state's `done` flag makes any queued run a no-op.
+//!
+//! [`Context::map_read`]: crate::context::Context::map_read
+
+use crate::context::{GpuError, Result};
+use crate::plan::DecodePlan;
+use crate::state::RunState;
+use std::collections::VecDeque;
+
+impl DecodePlan {
+    /// Greedy run of `n` steps from `token` at `pos` as one submission (one run of a
+    /// [`GreedyStream`]). Returns the ids produced (stopping after the first EOS). The caller
+    /// guarantees `token < V`.
+    pub fn run_greedy(&self, token: u32, pos: usize, n: u32, eos: &[u32]) -> Result<Vec<u32>> {
+        let mut s = self.begin_greedy(token, pos, n, n.max(1), eos)?;
+        Ok(s.next_run()?.map(|o| o.ids).unwrap_or_default())
+    }
+
+    /// Start a greedy request of `n` steps from `token` at `pos`, to be recorded in runs of
+    /// `run` steps: writes the state and the argmax's run length (`n`) and EOS ids once;
+    /// nothing is recorded until [`GreedyStream::next_run`]. The caller guarantees `token < V`.
+    pub fn begin_greedy(
+        &self,
+        token: u32,
+        pos: usize,
+        n: u32,
+        run: u32,
+        eos: &[u32],
+    ) -> Result<GreedyStream<'_>> {
+        if run == 0 || pos + n as usize > self.opts.context_len {
+            return Err(GpuError::Shape(format!(
+                "greedy request of {n} steps in runs of {run} at position {pos} \
+                 (context {})",
+                self.opts.context_len
+            )));
+        }
+        self.start_greedy(token, pos, n, eos)?;
+        Ok(GreedyStream {
+            plan: self,
+            pos,
+            n,
+            run,
+            next: 0,
+            queued: VecDeque::with_capacity(2),
+        })
+    }
+}
+
+/// Bytes of the run state at the start of a run's readback buffer.
+const STATE_BYTES: u64 = std::mem::size_of::<RunState>() as u64;
+
+/// One run recorded and submitted but not yet read back.
+struct QueuedRun {
+    /// The request's step index of the run's first step.
+    first: u32,
+    len: u32,
+    /// `[16 + 4 len]` bytes: the state after the run, then `out_tokens[first..first + len]`.
+    readback: wgpu::Buffer,
+    index: wgpu::SubmissionIndex,
+}
+
+/// What one completed run produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutput {
+    /// The run's ids: shorter than the run when an EOS ended it (the EOS is the last id),
+    /// empty when the request had already ended before the run.
+    pub ids: Vec<u32>,
+    /// The state after the run: `step` counts the request's steps so far (= KV rows written
+    /// since its start), `done` is set after an EOS or the request's last step.
+    pub state: RunState,
+}
+
+/// A greedy request of `n` steps recorded in runs, each run its own command buffer, with the
+/// next run queued on the GPU while the host waits for (and handles) the current one.
+///
+/// Dropping it with runs still queued is harmless: they execute (as no-ops once `done` is
+/// set) and their readback buffers are freed when they finish.
+pub struct GreedyStream<'p> {
+    plan: &'p DecodePlan,
+    /// Position of the request's first step.
+    pos: usize,
+    n: u32,
+    run: u32,
+    /// The first step not recorded yet (`n` once every run is queued or the request ended).
+    next: u32,
+    /// Submitted runs, oldest first (at most two).
+    queued: VecDeque<QueuedRun>,
+}
+
+impl GreedyStream<'_> {
+    /// Record the next run (steps `next..next + run`, positions `pos + step`) into its own
+    /// command buffer and submit it without waiting. Returns false when no step is left.
+    fn submit_next(&mut self) -> Result<bool> {
+        if self.next >= self.n {
+            return Ok(false);
+        }
+        let (p, first) = (self.plan, self.next);
+        let len = self.run.min(self.n - first);
+        let ctx = &p.ctx;
+        let readback = ctx.readback_buffer("run.readback", STATE_BYTES + len as u64 * 4);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for s in first..first + len {
+                p.record_greedy_step(&mut pass, (self.pos + s as usize) as u32);
+            }
+        }
+        // Copies after the pass see the state and ids as this run left them, whatever the
+        // runs queued after it do later.
+        let (state, out_tokens) = p.greedy_buffers();
+        enc.copy_buffer_to_buffer(state, 0, &readback, 0, STATE_BYTES);
+        enc.copy_buffer_to_buffer(
+            out_tokens,
+            first as u64 * 4,
+            &readback,
+            STATE_BYTES,
+            len as u64 * 4,
+        );
+        let index = ctx.submit(enc);
+        self.queued.push_back(QueuedRun {
+            first,
+            len,
+            readback,
+            index,
+        });
+        self.next += len;
+        Ok(true)
+    }
+
+    /// Wait for the oldest queued run only (later ones keep running) and read its output.
+    fn wait_next(&mut self) -> Result<Option<RunOutput>> {
+        let Some(q) = self.queued.pop_front() else {
+            return Ok(None);
+        };
+        let bytes = self.plan.ctx.map_read(&q.readback, q.index)?;
+        let want = (STATE_BYTES + q.len as u64 * 4) as usize;
+        if bytes.len() < want {
+            return Err(GpuError::Map(format!(
+                "run readback of {} bytes, expected {want}",
+                bytes.len()
+            )));
+        }
+        let (st, ids) = bytes.split_at(STATE_BYTES as usize);
+        let state: RunState = bytemuck::pod_read_unaligned(st);
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&ids[..q.len as usize * 4]);
+        let got = state.step.saturating_sub(q.first).min(q.len) as usize;
+        if state.done != 0 {
+            // The request has ended: later steps would be no-ops, so record no more runs.
+            self.next = self.n;
+        }
+        Ok(Some(RunOutput {
+            ids: ids[..got].to_vec(),
+            state,
+        }))
+    }
+
+    /// The next run's output, in order; `None` once every run has been read. Before waiting
+    /// for run k it records and submits run k+1 (if any step is left), so the GPU never idles
+    /// while the host records.
+    pub fn next_run(&mut self) -> Result<Option<RunOutput>> {
+        while self.queued.len() < 2 && self.submit_next()? {}
+        self.wait_next()
+    }
+
+    /// Runs submitted and not yet read back.
+    pub fn queued_runs(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Stop recording; wait for the runs already queued (they still execute) and return the
+    /// last one's state, i.e. what the GPU really wrote (`None` when nothing was queued).
+    pub fn drain(&mut self) -> Result<Option<RunState>> {
+        self.next = self.n;
+        let mut last = None;
+        while let Some(o) = self.wait_next()? {
+            last = Some(o.state);
+        }
+        Ok(last)
+    }
+}
