@@ -6,7 +6,8 @@
 //! workgroup and used for all `nb` columns, so `nb` columns cost about one matvec's weight
 //! traffic instead of `nb`. Layout as the int4 x f32 matvec (matvec_q4f.wgsl): 256-thread
 //! workgroups of 8 teams x 32 lanes, `R` rows per team, a shared-memory reduction (no subgroup
-//! size assumed); pipelines are compiled for `C` in [`COLUMN_VARIANTS`] columns and the smallest
+//! size assumed), plus the activations staged through shared memory 32 blocks at a time
+//! (coalesced loads; see the shader); pipelines are compiled for `C` in [`COLUMN_VARIANTS`] columns and the smallest
 //! `C >= nb` runs (`nb` is a uniform, so one binding serves one `nb`). `R * C <= 8` keeps the
 //! per-thread partials (`dq_block`'s two vec4 per row and column) in registers.
 //!
@@ -17,7 +18,8 @@
 //! per part. Every dispatch returns at once when the run state says `done`.
 //!
 //! Per (row, column) the arithmetic is the matvec's, in the same order, so column `b` of a
-//! matmul equals [`super::matvec::MatvecKernel`] on column `b` (tested to 1e-6 relative).
+//! matmul equals [`super::matvec::MatvecKernel`] on column `b` up to the driver's fma contraction
+//! (tested to 1e-6 of the row's Σ|w||x|).
 
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::F32_DEQ;
@@ -62,6 +64,22 @@ impl Tile {
             cols,
             rows_per_team,
         })
+    }
+
+    /// Columns staged in shared memory at a time (`CS`): at most 4, to fit 32 KiB.
+    fn staged_cols(&self) -> u32 {
+        self.cols.min(4)
+    }
+
+    /// Workgroup memory of the tile's widest form (norm-on-load): the lane partials, one staged
+    /// chunk of 32 blocks x 9 vec4 per staged column, and the norm's per-column sums.
+    pub fn shared_bytes(&self) -> u64 {
+        let (c, r, cs) = (
+            self.cols as u64,
+            self.rows_per_team as u64,
+            self.staged_cols() as u64,
+        );
+        4 * 256 * r * c + 16 * cs * 32 * 9 + 4 * (16 * c + c)
     }
 
     /// Every compiled tile, in pipeline order.
@@ -150,11 +168,11 @@ const ACC: bool = {acc};
 /// Norm-on-load snippet: `mm_stage` leaves `1 / rms(H[c])` in `mm_inv[c]` for every column,
 /// with the matvec's partition and summation order (matvec.rs NORM_ON_LOAD: 256 strided
 /// partials, 16 sums of 16, one sum of 16), so the normalised activations are the matvec's.
-/// `mm_x` then normalises on load, `(h * inv) * w` as the matvec does.
+/// `mm_x` then normalises on load, `(h * inv) * w` as the matvec does. The `[C][256]` partials
+/// borrow the shader's `red` (at least `256 * C` floats, not yet in use): shared memory is tight.
 const NORM_INPUT: &str = "
 @group(0) @binding(2) var<storage, read> mm_h: array<vec4<f32>>;  // [nb, cols/4] residual streams
 @group(0) @binding(3) var<storage, read> mm_nw: array<vec4<f32>>; // [cols/4] RMSNorm weight
-var<workgroup> mm_red: array<f32, 256u * C>; // [C][256] strided partial sums of squares
 var<workgroup> mm_red16: array<f32, 16u * C>; // [C][16]
 var<workgroup> mm_inv: array<f32, C>;          // [C] 1 / rms
 fn mm_stage(li: u32) {
@@ -166,12 +184,12 @@ fn mm_stage(li: u32) {
                 ss += dot(v, v);
             }
         }
-        mm_red[c * 256u + li] = ss;
+        red[c * 256u + li] = ss;
     }
     workgroupBarrier();
     if (li < 16u * C) {
         var s = 0.0;
-        for (var j = 0u; j < 16u; j++) { s += mm_red[16u * li + j]; }
+        for (var j = 0u; j < 16u; j++) { s += red[16u * li + j]; }
         mm_red16[li] = s;
     }
     workgroupBarrier();
@@ -188,7 +206,17 @@ const ACC: bool = false;
 ";
 
 impl MatmulKernel {
+    /// Compile every form and tile; errors when the device's workgroup memory cannot hold the
+    /// widest tile (27 KiB; lavapipe has 32, an H200 under Vulkan 48).
     pub fn new(ctx: &Context) -> Result<MatmulKernel> {
+        let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
+        if let Some(t) = Tile::all().find(|t| t.shared_bytes() > limit) {
+            return Err(GpuError::TooLarge {
+                label: format!("matmul tile {t:?} workgroup memory"),
+                bytes: t.shared_bytes(),
+                limit,
+            });
+        }
         let body = include_str!("../shaders/matmul_q4f.wgsl");
         let inputs = [
             plain_input(false),
@@ -199,8 +227,10 @@ impl MatmulKernel {
         for (form, input) in inputs.iter().enumerate() {
             for t in Tile::all() {
                 let (c, r) = (t.cols, t.rows_per_team);
-                let src =
-                    format!("{F32_DEQ}const C: u32 = {c}u;\nconst R: u32 = {r}u;\n{input}{body}");
+                let cs = t.staged_cols();
+                let consts =
+                    format!("const C: u32 = {c}u;\nconst CS: u32 = {cs}u;\nconst R: u32 = {r}u;\n");
+                let src = format!("{F32_DEQ}{consts}{input}{body}");
                 pipes.push(ctx.compute(
                     &format!("matmul_q4f.f{form}.c{c}.r{r}"),
                     &with_state(&src),

@@ -100,12 +100,15 @@ fn assert_cols(
     }
 }
 
-/// `|a - b| <= 1e-6 |b|` for the matmul against the matvec of one column.
-fn assert_matches_matvec(mm: &[f32], mv: &[f32], what: &str) {
-    for (i, (a, b)) in mm.iter().zip(mv).enumerate() {
+/// The matmul against the matvec of one column: `|a - b| <= 1e-6 Σ|w||x|` per row. Both run
+/// the same f32 operations in the same order, but the driver may contract them into fma
+/// differently per shader, so equal bits cannot be asked for; relative to the row's magnitude
+/// (the scale of f32 rounding, not a result that may cancel) they agree to ~1e-7.
+fn assert_matches_matvec(mm: &[f32], mv: &[f32], mag: &[f32], what: &str) {
+    for (i, ((a, b), m)) in mm.iter().zip(mv).zip(mag).enumerate() {
         assert!(
-            (a - b).abs() <= 1e-6 * b.abs(),
-            "{what}: row {i}: matmul {a}, matvec {b}"
+            (a - b).abs() <= 1e-6 * m,
+            "{what}: row {i}: matmul {a}, matvec {b}, |w||x| {m}"
         );
     }
 }
@@ -183,7 +186,8 @@ fn check_plain(
             assert_cols(&got, &want[..n], &mags[..n], rows, 1e-6, 0.0, &what);
             for (b, mvc) in mvs[..n].iter().enumerate() {
                 let col = &got[b * (rows + PAD)..b * (rows + PAD) + rows];
-                assert_matches_matvec(col, mvc, &format!("{what} column {b} vs matvec"));
+                let what = format!("{what} column {b} vs matvec");
+                assert_matches_matvec(col, mvc, &mags[b], &what);
             }
         }
     }
@@ -259,7 +263,8 @@ fn matmul_acc_matches_reference_and_matvec() {
             assert_cols(&got, &want[..n], &mags[..n], rows, 1e-6, 1e-6, &what);
             for (b, mvc) in mvs[..n].iter().enumerate() {
                 let col = &got[b * (rows + PAD)..b * (rows + PAD) + rows];
-                assert_matches_matvec(col, mvc, &format!("{what} column {b} vs matvec"));
+                let what = format!("{what} column {b} vs matvec");
+                assert_matches_matvec(col, mvc, &mags[b], &what);
             }
         }
     }
@@ -329,7 +334,8 @@ fn matmul_norm_on_load_matches_reference_and_matvec() {
             assert_cols(&got, &want[..n], &mags[..n], rows, 2e-6, 0.0, &what);
             for (b, mvc) in mvs[..n].iter().enumerate() {
                 let col = &got[b * (rows + PAD)..b * (rows + PAD) + rows];
-                assert_matches_matvec(col, mvc, &format!("{what} column {b} vs matvec"));
+                let what = format!("{what} column {b} vs matvec");
+                assert_matches_matvec(col, mvc, &mags[b], &what);
             }
         }
     }
@@ -589,4 +595,6 @@ fn tile_choice() {
     );
     assert_eq!(Tile::all().count(), 6);
     assert!(Tile::all().all(|t| t.cols * t.rows_per_team <= 8));
+    // Every tile fits the 32 KiB of workgroup memory lavapipe offers.
+    assert_eq!(Tile::all().map(|t| t.shared_bytes()).max(), Some(27168));
 }
