@@ -1,20 +1,20 @@
 // int4 (repacked Q4_0, tensor.rs layout) x f32 activations for up to C columns at once, one matrix
 // part: Y[c, row] = W[row, :] . X[c, :] for c < p.nb <= C. Prepended by the host: state.wgsl,
 // `dq_lo`/`dq_hi`/`DQ_SLO`/`DQ_SHI` (numerics.rs F32_DEQ), `const C: u32` (columns compiled),
-// `const CS: u32` (columns staged at a time, dividing C), `const R: u32` (rows per team),
-// `const ACC: bool` (add into Y: the residual add) and the input form (matmul.rs): `mm_stage(li)` (a no-op, or the nb RMSNorm reductions), `mm_w(i)` (the norm
-// weight's vec4 i, or ones) and `mm_x(c, i, w)` (vec4 i of column c, normalised with `w` or not).
-// 256 threads = 8 teams x 32 lanes; team t owns rows [R t, R t + R) of the workgroup's 8R rows.
-// The blocks go by in chunks of 32, lane l taking block l of each chunk; each weight word is
-// loaded and dequantised ONCE and used for all columns. A chunk's activations (C x 32 blocks) are
-// first staged in shared memory by all 256 threads, one coalesced vec4 each per column: read
-// straight from global memory, the 32 lanes' loads sit 128 bytes apart and the H200 spent ~3x the
-// matvec's time per column on them. Staged blocks are 9 vec4 apart (one of padding), so the 8
-// lanes of each 16-byte read phase hit distinct banks. CS columns are staged at a time (4 at
-// most: 8 would need 36 KiB, past lavapipe's 32), the weights loaded once per chunk for all
-// of them. Per (row, column) the block dot runs in exactly the order of `dq_block` and the
-// lane/team reduction in exactly the order of matvec_q4f.wgsl, so column c equals the single-vector matvec of column c (up to
-// the driver's fma contraction).
+// `const CS: u32` (columns staged at a time, dividing C), `const R: u32` (rows per team), `const
+// ACC: bool` (add into Y: the residual add) and the input form (matmul.rs): `mm_stage(li)` (a
+// no-op, or the nb RMSNorm reductions), `mm_w(i)` (the norm weight's vec4 i, or ones) and `mm_x(c,
+// i, w)` (vec4 i of column c, normalised with `w` or not). 256 threads = 8 teams x 32 lanes; team t
+// owns rows [R t, R t + R) of the workgroup's 8R rows. The blocks go by in chunks of 32, lane l
+// taking block l of each chunk; each weight word is loaded and dequantised ONCE and used for all
+// columns. A chunk's activations (C x 32 blocks) are first staged in shared memory by all 256
+// threads, one coalesced vec4 each per column: read straight from global memory, the 32 lanes'
+// loads sit 128 bytes apart and the H200 spent ~3x the matvec's time per column on them. Staged
+// blocks are 9 vec4 apart (one of padding), so the 8 lanes of each 16-byte read phase hit distinct
+// banks. CS columns are staged at a time (4 at most: 8 would need 36 KiB, past lavapipe's 32), the
+// weights loaded once per chunk for all of them. Per (row, column) the block dot runs in exactly
+// the order of `dq_block` and the lane/team reduction in exactly the order of matvec_q4f.wgsl, so
+// column c equals the single-vector matvec of column c (up to the driver's fma contraction).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, nb: u32, y_stride: u32, cols4: u32 };
 @group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;      // [rows * bpr] nibble blocks
 @group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
