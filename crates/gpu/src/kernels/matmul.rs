@@ -45,24 +45,19 @@ pub struct Tile {
 }
 
 impl Tile {
-    /// The tile for `nb` columns of a `rows`-row matrix: the fewest columns that hold `nb`, and
-    /// as many rows per team as fit `R * C <= 8` while leaving at least 256 workgroups (two per
-    /// SM on a big GPU): more rows per team share each activation load, which is what limits
-    /// the wide tiles (see the module docs of matvec.rs).
-    pub fn for_shape(rows: u32, nb: u32) -> Result<Tile> {
+    /// The tile for `nb` columns of a `rows`-row matrix: the fewest columns that hold `nb`, one
+    /// row per team. More rows per team (compiled, for [`MatmulKernel::bind_tiled`]) were slower
+    /// in every case measured on an H200 (wgpu/Vulkan, 2048 to 151936 rows: R=2 1.3-1.5x,
+    /// R=4 up to 2x the R=1 time), unlike the matvec's; `rows` stays for a future rule.
+    pub fn for_shape(_rows: u32, nb: u32) -> Result<Tile> {
         check_nb(nb)?;
         let cols = COLUMN_VARIANTS
             .into_iter()
             .find(|c| *c >= nb)
             .unwrap_or(B_MAX);
-        let rows_per_team = ROWS_PER_TEAM
-            .into_iter()
-            .rev()
-            .find(|r| r * cols <= MAX_TILE && rows.div_ceil(8 * r) >= 256)
-            .unwrap_or(1);
         Ok(Tile {
             cols,
-            rows_per_team,
+            rows_per_team: 1,
         })
     }
 

@@ -557,42 +557,21 @@ fn matmul_rejects_bad_shapes() {
 
 #[test]
 fn tile_choice() {
-    let t = |rows, nb| Tile::for_shape(rows, nb).unwrap();
-    assert_eq!(
-        t(100, 1),
-        Tile {
-            cols: 2,
-            rows_per_team: 1
+    // The fewest compiled columns holding nb, one row per team, whatever the rows.
+    for (nb, cols) in [(1, 2), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)] {
+        for rows in [1, 2048, 151936] {
+            let want = Tile {
+                cols,
+                rows_per_team: 1,
+            };
+            assert_eq!(
+                Tile::for_shape(rows, nb).unwrap(),
+                want,
+                "nb {nb} rows {rows}"
+            );
         }
-    );
-    assert_eq!(
-        t(151936, 2),
-        Tile {
-            cols: 2,
-            rows_per_team: 4
-        }
-    );
-    assert_eq!(
-        t(5120, 3),
-        Tile {
-            cols: 4,
-            rows_per_team: 2
-        }
-    );
-    assert_eq!(
-        t(2048, 5),
-        Tile {
-            cols: 8,
-            rows_per_team: 1
-        }
-    );
-    assert_eq!(
-        t(151936, 8),
-        Tile {
-            cols: 8,
-            rows_per_team: 1
-        }
-    );
+    }
+    assert!(Tile::for_shape(100, 9).is_err());
     assert_eq!(Tile::all().count(), 6);
     assert!(Tile::all().all(|t| t.cols * t.rows_per_team <= 8));
     // Every tile fits the 32 KiB of workgroup memory lavapipe offers.
