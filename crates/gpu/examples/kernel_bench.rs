@@ -308,6 +308,40 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
+    // The f32 form's rows per team, each shape at every choice (the plan picks by rows).
+    for rpt in nibble_gpu::kernels::matvec::F32_ROWS_PER_TEAM {
+        let qr = qd + 2 * kvd;
+        let bind = |w: &nibble_gpu::tensor::Q4Matrix, x: &cases::ActSet, y: &wgpu::Buffer| {
+            b.matvec
+                .bind_q4_with(&ctx, w, x.act(Numerics::F32), y, &b.state, rpt)
+        };
+        let qkv = vec![
+            bind(&b.qkv_w[0], &b.xn, &b.qkv_out)?,
+            bind(&b.qkv_w[1], &b.xn, &b.qkv_out)?,
+        ];
+        let o = vec![
+            bind(&b.o_w[0], &b.att, &b.a)?,
+            bind(&b.o_w[1], &b.att, &b.a)?,
+        ];
+        let head = vec![bind(&b.head_w, &b.xn, &b.logits)?];
+        for (name, binds, bytes) in [
+            (format!("matvec qkv [{qr}x{h}] f32 r{rpt}"), &qkv, q4(qr, h)),
+            (
+                format!("matvec o_proj [{h}x{qd}] f32 r{rpt}"),
+                &o,
+                q4(h, qd),
+            ),
+            (
+                format!("matvec lm_head [{v}x{h}] f32 r{rpt}"),
+                &head,
+                q4(v, h),
+            ),
+        ] {
+            r.case(sp(name, 1, 0, true, bytes), m, &|p, c| {
+                b.matvec.record(p, &binds[c % binds.len()])
+            })?;
+        }
+    }
     let name = format!("matvec router F32 [{e}x{h}]");
     let bytes = (e * h * 4 + h * 4 + e * 4) as u64;
     r.case(

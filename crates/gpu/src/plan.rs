@@ -239,6 +239,7 @@ impl DecodePlan {
         // Norms fused into their consumers where every consumer reads f32 (see LayerBinding).
         let fused = !nq.quantized()
             && cfg.hidden_size as u32 <= NORM_ON_LOAD_MAX
+            && cfg.q_dim() as u32 <= NORM_ON_LOAD_MAX
             && weights.layers.iter().all(|lw| {
                 matches!(lw.qkv, Matrix::Q4(_))
                     && matches!(lw.o, Matrix::Q4(_))

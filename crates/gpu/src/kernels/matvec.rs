@@ -112,8 +112,9 @@ fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
 pub const NORM_ON_LOAD_MAX: u32 = 4096;
 
 /// WGSL of the norm-on-load input (`nol_h` = residual stream, `nol_w` = RMSNorm weight, both
-/// `array<vec4<f32>>` declared by the includer): `nol_stage(li, n4, eps)` (256 threads, every
-/// thread calls it) leaves `h / sqrt(mean(h^2) + eps) * w` in `nol_xs`. Two-level sum (two
+/// `array<vec4<f32>>`, and `nol_slot(i)` declared by the includer): `nol_stage(li, n4, eps)` (256
+/// threads, every thread calls it) leaves `h / sqrt(mean(h^2) + eps) * w` in `nol_xs` (vec4 `i`
+/// at `nol_slot(i)`). Two-level sum (two
 /// barriers), every thread adding the 16 partials in the same order; every workgroup of a
 /// dispatch computes the same value.
 const NORM_ON_LOAD: &str = "
@@ -138,11 +139,44 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
     for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
     let inv = inverseSqrt(tot / f32(4u * n4) + eps);
     for (var i = li; i < n4; i += 256u) {
-        nol_xs[i] = nol_h[i] * inv * nol_w[i];
+        nol_xs[nol_slot(i)] = nol_h[i] * inv * nol_w[i];
     }
     workgroupBarrier();
 }
 ";
+
+/// WGSL: `nol_stage` that only copies the plain input `act_x` into `nol_xs` (same slots as
+/// [`NORM_ON_LOAD`]).
+const COPY_ON_LOAD: &str = "
+var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4], n <= 4096
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    for (var i = li; i < n4; i += 256u) {
+        nol_xs[nol_slot(i)] = act_x[i];
+    }
+    workgroupBarrier();
+}
+";
+
+/// WGSL: the swizzled slot of vec4 `i` (block `i / 8`, vec4 `i % 8`) in matvec_q4f's staging.
+const SWIZZLE: &str =
+    "fn nol_slot(i: u32) -> u32 { return (i & ~7u) | (((i & 7u) + (i >> 3u)) & 7u); }\n";
+
+/// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team.
+fn q4f_body(r: u32) -> String {
+    let (mut decl, mut body, mut store) = (String::new(), String::new(), String::new());
+    for i in 0..r {
+        decl += &format!("var acc{i} = 0.0;\n    ");
+        body += &format!(
+            "{{ let row = select(0u, row0 + {i}u, row0 + {i}u < p.rows); let blk = row * p.bpr + b; \
+             acc{i} = fma(scale(blk), dq_block(qs[blk], x), acc{i}); }}\n        "
+        );
+        store += &format!("red[(team * R + {i}u) * T + lane] = acc{i};\n    ");
+    }
+    include_str!("../shaders/matvec_q4f.wgsl")
+        .replace("//ROWS_DECL", &decl)
+        .replace("//ROWS_BODY", &body)
+        .replace("//ROWS_STORE", &store)
+}
 
 /// Input snippet of matvec_q4f.wgsl for `f`.
 fn q4f_input(f: Fused) -> String {
@@ -150,18 +184,15 @@ fn q4f_input(f: Fused) -> String {
         Fused::Norm => format!(
             "@group(0) @binding(2) var<storage, read> nol_h: array<vec4<f32>>; // [n/4] residual stream
 @group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>; // [n/4] RMSNorm weight
-{NORM_ON_LOAD}{F32_DEQ}
-fn act_xblock(b: u32) -> array<vec4<f32>, 8> {{
-    let xb = b * 8u;
-    return array<vec4<f32>, 8>(nol_xs[xb], nol_xs[xb + 1u], nol_xs[xb + 2u], nol_xs[xb + 3u],
-                               nol_xs[xb + 4u], nol_xs[xb + 5u], nol_xs[xb + 6u], nol_xs[xb + 7u]);
-}}
+{NORM_ON_LOAD}{SWIZZLE}{F32_DEQ}
 const ACC: bool = false;
 "
         ),
         _ => format!(
-            "{}fn nol_stage(li: u32, n4: u32, eps: f32) {{}}\nconst ACC: bool = {};\n",
-            act_in_wgsl(Numerics::F32, 2, 3),
+            "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
+{COPY_ON_LOAD}{SWIZZLE}{F32_DEQ}
+const ACC: bool = {};
+",
             f == Fused::Acc
         ),
     }
@@ -175,6 +206,7 @@ fn f32_input(norm: bool) -> String {
 @group(0) @binding(5) var<storage, read> nol_w: array<vec4<f32>>; // [c4] RMSNorm weight
 @group(0) @binding(6) var<storage, read_write> nol_out: array<vec4<f32>>; // [c4] normalised
 {NORM_ON_LOAD}
+fn nol_slot(i: u32) -> u32 {{ return i; }}
 fn xv(c: u32) -> vec4<f32> {{ return nol_xs[c]; }}
 fn nol_publish(wg: u32, li: u32, n4: u32) {{
     if (wg == 0u) {{
@@ -195,9 +227,9 @@ fn nol_publish(wg: u32, li: u32, n4: u32) {}
 
 /// The matvec pipelines (compiled once per context).
 pub struct MatvecKernel {
-    /// One int4 x int8 pipeline per quantised activation form, in [`Numerics::ALL`] order (the
-    /// f32 slot unused: f32 activations take `q4f`).
-    q4: Vec<Option<wgpu::ComputePipeline>>,
+    /// One block-per-lane pipeline per activation form, in [`Numerics::ALL`] order (f32
+    /// activations take `q4f`, and this form only past [`NORM_ON_LOAD_MAX`] columns).
+    q4: Vec<wgpu::ComputePipeline>,
     /// int4 x f32, `[fused.index() * 3 + rows-per-team index]`.
     q4f: Vec<wgpu::ComputePipeline>,
     /// f32 matrix: `[wide as usize * 2 + norm as usize]` (8 rows x 32 lanes, or one row x 256).
@@ -225,16 +257,12 @@ impl MatvecKernel {
         let q4 = Numerics::ALL
             .into_iter()
             .map(|n| {
-                if !n.quantized() {
-                    return Ok(None);
-                }
                 let label = format!("matvec_q4.{n}");
                 ctx.compute(
                     &label,
                     &src(&format!("{}{body}", act_in_wgsl(n, 2, 3))),
                     "main",
                 )
-                .map(Some)
             })
             .collect::<Result<Vec<_>>>()?;
         let mut f32 = Vec::with_capacity(4);
@@ -260,7 +288,7 @@ impl MatvecKernel {
                     &src(&format!(
                         "{}const R: u32 = {r}u;\n{}",
                         q4f_input(f),
-                        include_str!("../shaders/matvec_q4f.wgsl")
+                        q4f_body(r)
                     )),
                     "main",
                 )?);
@@ -304,11 +332,12 @@ impl MatvecKernel {
             )));
         }
         let (which, entries) = match x {
-            Act::F32(xb) => (
+            // The staged form holds at most NORM_ON_LOAD_MAX activations in shared memory.
+            Act::F32(xb) if m.cols <= NORM_ON_LOAD_MAX => (
                 Which::Q4F(rows_index(rows_per_team)?, Fused::Plain),
                 vec![(2, xb.as_entire_binding())],
             ),
-            Act::Int8(_) => (Which::Q4(x.numerics()), x.entries(2, 3)),
+            _ => (Which::Q4(x.numerics()), x.entries(2, 3)),
         };
         self.bind_q4_parts(ctx, m, which, entries, y, state, rows_per_team, 0.0)
     }
@@ -326,6 +355,12 @@ impl MatvecKernel {
             return Err(GpuError::Shape(format!(
                 "matvec_q4 (+=): x holds {} bytes for {} columns",
                 x.size(),
+                m.cols
+            )));
+        }
+        if m.cols > NORM_ON_LOAD_MAX {
+            return Err(GpuError::Shape(format!(
+                "matvec_q4 (+=): {} columns (the fused residual add stages at most {NORM_ON_LOAD_MAX})",
                 m.cols
             )));
         }
@@ -490,9 +525,7 @@ impl MatvecKernel {
 
     fn pipeline(&self, w: Which) -> &wgpu::ComputePipeline {
         match w {
-            Which::Q4(n) => self.q4[q4_index(n)]
-                .as_ref()
-                .expect("int8 pipelines exist for every quantised numerics"),
+            Which::Q4(n) => &self.q4[q4_index(n)],
             Which::Q4F(ri, f) => &self.q4f[f.index() * F32_ROWS_PER_TEAM.len() + ri],
             Which::F32(wide, norm) => &self.f32[wide as usize * 2 + norm as usize],
         }

@@ -442,3 +442,26 @@ fn f32_norm_on_load_matches_reference_and_publishes_the_norm() {
         );
     }
 }
+
+#[test]
+fn q4_f32_past_the_staging_limit_uses_the_unstaged_form() {
+    let Some(ctx) = gpu("q4_f32_past_the_staging_limit_uses_the_unstaged_form") else {
+        return;
+    };
+    let mut r = rng(14);
+    let (rows, cols) = (9, 4160);
+    let wb = rand_q4_0(&mut r, rows, cols);
+    let x = rand_f32(&mut r, cols, -1.0, 1.0);
+    let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+    let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+    let deq = dequant_q4_0(&wb, rows, cols);
+    let got = run_q4(&ctx, &w, Act::F32(&xb), rows);
+    let want = matvec_f32_ref(&deq, rows, cols, &x);
+    assert_rows(&got, &want, &deq, &x, 2e-6, "unstaged [9, 4160]");
+    // The fused residual add has no unstaged form: a clear error.
+    let k = MatvecKernel::new(&ctx).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    let y = ctx.storage("y", rows as u64 * 4).unwrap();
+    let e = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).err().unwrap();
+    assert!(e.to_string().contains("4096"), "{e}");
+}

@@ -6,8 +6,13 @@
 // RMSNorm weight, and `nol_stage` writes h / rms(h) * w into shared memory first: the RMSNorm
 // dispatch before this matvec is gone, every workgroup recomputes the 2-8 KiB reduction).
 // 256 threads = 8 teams x 32 lanes; team t owns rows [R t, R t + R) of the workgroup's 8R rows.
-// A lane strides over the row's blocks and loads each block's 32 activations ONCE for its R rows:
-// the activation loads, not the weights, limit the one-row form (8 vec4 per 16-byte weight block).
+// First every workgroup stages the input vector (normalised, in the Norm form) into shared memory;
+// then lane l takes blocks l, l + 32, ...: one 16-byte weight load per block and lane (wide loads
+// keep enough bytes in flight), and the block's 32 activations from shared memory, used for the
+// team's R rows. The staging is swizzled (vec4 k of block b at slot 8b + (k + b) % 8) so the 8
+// lanes of a memory phase reading vec4 k of 8 consecutive blocks hit 8 different bank groups;
+// unswizzled, or straight from global memory, those reads stride 128 bytes across lanes (32
+// cache lines or a 32-way bank conflict per instruction), which is what limited the f32 matvec.
 // Partials meet in shared memory; one barrier, then one thread per row adds its team's 32 lanes
 // (no subgroup-size assumption).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
@@ -33,19 +38,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let team = li / T;
     let lane = li % T;
     let row0 = (wid.x + wid.y * p.gx) * (8u * R) + team * R;
-    var acc: array<f32, R>;
+    // ROWS_DECL, ROWS_BODY, ROWS_STORE: expanded by the host once per row of the team (acc0,
+    // acc1, ..): separate variables, since a per-thread array indexed in a loop may be placed in
+    // slow local memory by the driver's compiler.
+    //ROWS_DECL
     for (var b = lane; b < p.bpr; b += T) {
-        let x = act_xblock(b);
-        for (var r = 0u; r < R; r++) {
-            // Rows past the end read row 0 (always there) and are never written.
-            let row = select(0u, row0 + r, row0 + r < p.rows);
-            let blk = row * p.bpr + b;
-            acc[r] = fma(scale(blk), dq_block(qs[blk], x), acc[r]);
-        }
+        let s = b & 7u;
+        let x = array<vec4<f32>, 8>(
+            nol_xs[b * 8u + (s & 7u)], nol_xs[b * 8u + ((s + 1u) & 7u)],
+            nol_xs[b * 8u + ((s + 2u) & 7u)], nol_xs[b * 8u + ((s + 3u) & 7u)],
+            nol_xs[b * 8u + ((s + 4u) & 7u)], nol_xs[b * 8u + ((s + 5u) & 7u)],
+            nol_xs[b * 8u + ((s + 6u) & 7u)], nol_xs[b * 8u + ((s + 7u) & 7u)]);
+        // Rows past the end read row 0 (always there) and are never written.
+        //ROWS_BODY
     }
-    for (var r = 0u; r < R; r++) {
-        red[(team * R + r) * T + lane] = acc[r];
-    }
+    //ROWS_STORE
     workgroupBarrier();
     if (li < 8u * R) {
         var s = 0.0;
