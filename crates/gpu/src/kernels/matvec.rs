@@ -24,29 +24,17 @@ const ROWS_PER_WG: u32 = 8;
 pub const F32_ROWS_PER_TEAM: [u32; 3] = [1, 2, 4];
 
 /// Rows per team for an int4 x f32 matrix of `rows` rows: more rows per team share each
-/// activation load (the lm_head: ~3x on an H200 in the wgpu probe), fewer keep enough
-/// workgroups in flight for the small projections.
+/// staged activation block; measured on an H200 (kernel_bench, 2026-11-29): qkv [5120x2048]
+/// 11.4 / 9.6 / 8.9 us at 1 / 2 / 4 rows, o-proj [2048x4096] 7.5 / 7.5 / 9.3 us, lm_head
+/// [151936x2048] 255 / 161 / 116 us. Small matrices keep 1 row so enough workgroups are in flight.
 pub fn f32_rows_per_team(rows: u32) -> u32 {
-    if rows >= 32768 {
+    if rows >= 4096 {
         4
-    } else if rows >= 8192 {
-        2
     } else {
         1
     }
 }
-/// Columns from which the f32 matvec gives each row a whole 256-lane workgroup (two vec4 per
-/// lane at least); narrower rows use 8 rows x 32 lanes, which keeps small matrices from idling
-/// most lanes (lavapipe, a CPU, pays for every one).
-const F32_WIDE_COLS: u32 = 2048;
 
-/// Bind groups (one per matrix part) of one matvec, ready to record.
-pub struct MatvecBinding {
-    pipeline: Which,
-    dispatches: Vec<(wgpu::BindGroup, (u32, u32))>,
-}
-
-/// What an int4 x f32 matvec does around the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fused {
     /// `y = m · x`.
