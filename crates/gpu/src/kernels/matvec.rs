@@ -35,6 +35,18 @@ pub fn f32_rows_per_team(rows: u32) -> u32 {
     }
 }
 
+/// Columns from which the f32 matvec gives each row a whole 256-lane workgroup (two vec4 per
+/// lane at least); narrower rows use 8 rows x 32 lanes, which keeps small matrices from idling
+/// most lanes (lavapipe, a CPU, pays for every one).
+const F32_WIDE_COLS: u32 = 2048;
+
+/// Bind groups (one per matrix part) of one matvec, ready to record.
+pub struct MatvecBinding {
+    pipeline: Which,
+    dispatches: Vec<(wgpu::BindGroup, (u32, u32))>,
+}
+
+/// What an int4 x f32 matvec does around the product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fused {
     /// `y = m · x`.
