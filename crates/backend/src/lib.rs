@@ -42,6 +42,11 @@ pub trait Backend: Send {
     fn step(&mut self, token: u32) -> anyhow::Result<Vec<f32>> {
         self.prefill(&[token])
     }
+    /// The device's plain read bandwidth in GB/s, measured now (a benchmark puts its implied
+    /// weight-streaming rate against it). `Ok(None)`: the backend has no such probe.
+    fn read_bandwidth_gbps(&mut self) -> anyhow::Result<Option<f64>> {
+        Ok(None)
+    }
     /// Diagnostics: append `token` like [`Backend::step`] and return the named intermediates of
     /// that step (a backend exposes the subset it can read back, under the oracle's names), so
     /// a parity tool can name the first op where two backends diverge. The slow path. The

@@ -34,6 +34,9 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Draw generation tok/s against context depth (median, min-max bars) into this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -41,6 +44,8 @@ pub struct Args {
 #[derive(Serialize, Debug)]
 struct Stat {
     test: String,
+    /// Context depth of a generation test.
+    depth: Option<usize>,
     median_tps: f64,
     min_tps: f64,
     max_tps: f64,
@@ -52,6 +57,8 @@ struct Report {
     model: String,
     /// Weight bytes one decoded token reads (attention, router, K experts, lm_head, one embedding row).
     weight_bytes_per_token: u64,
+    /// Plain read bandwidth of the device measured in this run (GB/s), when the backend has a probe.
+    read_gbps: Option<f64>,
     backend: String,
     warmup_tps: f64,
     warmup_tokens: usize,
@@ -62,6 +69,7 @@ fn stat(test: String, mut tps: Vec<f64>) -> Stat {
     tps.sort_by(f64::total_cmp);
     Stat {
         test,
+        depth: None,
         median_tps: tps[tps.len() / 2],
         min_tps: tps[0],
         max_tps: tps[tps.len() - 1],
@@ -122,7 +130,9 @@ pub fn run(a: Args) -> Result<()> {
         } else {
             format!("tg{} @ d{d}", a.gen)
         };
-        stats.push(stat(name, tg_at(b.as_mut(), d, a.gen, reps)?));
+        let mut s = stat(name, tg_at(b.as_mut(), d, a.gen, reps)?);
+        s.depth = Some(d);
+        stats.push(s);
     }
     if a.prompt > 0 {
         let ids = prompt_ids(a.prompt);
@@ -135,6 +145,8 @@ pub fn run(a: Args) -> Result<()> {
         }
         stats.push(stat(format!("pp{}", a.prompt), tps));
     }
+    // After the timed tests, so its 1 GiB scratch buffer is not resident during them.
+    let read_gbps = b.read_bandwidth_gbps()?;
     drop(b);
     if a.compare_per_token && a.backend.backend != BackendKind::Ref {
         let mut args = a.backend.clone();
@@ -148,12 +160,30 @@ pub fn run(a: Args) -> Result<()> {
     }
     let report = Report {
         weight_bytes_per_token: model.info()?.active_bytes_per_token,
+        read_gbps,
         model: a.model.display().to_string(),
         backend: name,
         warmup_tps,
         warmup_tokens: w.len(),
         stats,
     };
+    if let Some(path) = &a.plot {
+        let points: Vec<crate::plot::Point> = report
+            .stats
+            .iter()
+            .filter_map(|s| {
+                s.depth.map(|d| crate::plot::Point {
+                    x: d as f64,
+                    median: s.median_tps,
+                    min: s.min_tps,
+                    max: s.max_tps,
+                })
+            })
+            .collect();
+        let title = format!("nibble tg{} on {}", a.gen, report.backend);
+        crate::plot::draw(path, &title, "context depth (tokens)", &points)?;
+        eprintln!("plot written to {}", path.display());
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -168,17 +198,23 @@ pub fn run(a: Args) -> Result<()> {
         "weights read per token {:.3} GB",
         report.weight_bytes_per_token as f64 / 1e9
     );
+    if let Some(g) = report.read_gbps {
+        println!("read bandwidth measured in this run: {g:.0} GB/s (1 GiB sums, after the tests)");
+    }
     println!(
-        "{:<22} {:>12} {:>22} {:>5} {:>13}",
-        "test", "median tok/s", "min-max", "reps", "implied GB/s"
+        "{:<22} {:>12} {:>22} {:>5} {:>13} {:>9}",
+        "test", "median tok/s", "min-max", "reps", "implied GB/s", "of read"
     );
     for s in &report.stats {
         // Each generated token reads every active weight once; a prompt token reads them too
         // while prefill is token by token, so the same product applies to pp.
         let gbs = s.median_tps * report.weight_bytes_per_token as f64 / 1e9;
+        let share = report
+            .read_gbps
+            .map_or("-".to_string(), |r| format!("{:.0}%", 100.0 * gbs / r));
         println!(
-            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13.0}",
-            s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs
+            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13.0} {:>9}",
+            s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs, share
         );
     }
     Ok(())

@@ -9,6 +9,7 @@ mod cmd_inspect;
 mod cmd_parity;
 mod cmd_serve;
 mod cmd_synth;
+mod plot;
 mod sampling_args;
 mod tokenizer;
 

@@ -161,3 +161,55 @@ fn bad_plant_spec_is_a_clear_error() {
         assert!(err.contains(msg), "{spec}: {err}");
     }
 }
+
+/// `nibble bench` on the GPU backend: generation at two depths, pp, the read bandwidth measured
+/// in the same run, JSON and the SVG plot.
+#[test]
+fn bench_reports_depths_bandwidth_and_plots() {
+    if !have_gpu("bench_reports_depths_bandwidth_and_plots") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("tg.svg");
+    let out = nibble()
+        .args([
+            "bench",
+            "--backend",
+            "gpu",
+            "--json",
+            "-p",
+            "8",
+            "-n",
+            "6",
+            "--reps",
+            "2",
+        ])
+        .args(["--depth", "0,20", "--ctx", "64", "--plot"])
+        .arg(&svg)
+        .arg("-m")
+        .arg(model())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bench failed: {}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stats = json["stats"].as_array().unwrap();
+    let tests: Vec<&str> = stats.iter().map(|s| s["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["tg6", "tg6 @ d20", "pp8"], "{json}");
+    assert_eq!(stats[1]["depth"], 20);
+    for s in stats {
+        let (lo, med, hi) = (
+            s["min_tps"].as_f64().unwrap(),
+            s["median_tps"].as_f64().unwrap(),
+            s["max_tps"].as_f64().unwrap(),
+        );
+        assert!(lo > 0.0 && lo <= med && med <= hi, "{s}");
+    }
+    let read = json["read_gbps"].as_f64().unwrap();
+    assert!(read > 0.0 && read.is_finite(), "{json}");
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("tg6"),
+        "{}",
+        &plot[..80.min(plot.len())]
+    );
+}

@@ -308,6 +308,15 @@ impl Backend for GpuBackend {
         Ok(logits)
     }
 
+    /// Sums of a 1 GiB buffer (capped by the binding limit), 10 times ([`crate::bandwidth`]).
+    fn read_bandwidth_gbps(&mut self) -> Result<Option<f64>> {
+        Ok(Some(crate::bandwidth::read_gbps(
+            &self.plan.ctx,
+            1 << 30,
+            10,
+        )?))
+    }
+
     /// One op per submit with a readback each ([`DecodePlan::trace_step`]).
     fn trace_step(&mut self, token: u32) -> Result<Option<StepTrace>> {
         self.check_token(token)?;

@@ -25,6 +25,7 @@
 pub mod backend;
 #[cfg(test)]
 mod backend_tests;
+pub mod bandwidth;
 pub mod context;
 pub mod kernels;
 pub mod numerics;
