@@ -17,18 +17,74 @@
 //! Weights are [`Q4Matrix`] with `rows = E * out`; a tensor split over several bindings must
 //! split on whole experts (`row_multiple = out`): one dispatch per part, each part's workgroups
 //! skip the experts it does not hold. The route buffer is `[2K]` u32: ids, then weight bits.
+//!
+//! Two kernel forms per stage:
+//! - f32 activations (the default numerics), when the staged vector fits [`STAGE_BUDGET`]:
+//!   `moe_gate_up_f32.wgsl` / `moe_down_f32.wgsl` copy the activations each workgroup reads (x
+//!   `[H]`; the held slots of h `[K*I]`) into workgroup memory, swizzled so the lanes' block
+//!   reads are free of bank conflicts, and dequantise with the mantissa trick; the lanes per row
+//!   are [`F32Lanes`] (the down kernel's per-item lines are written out here, one variable each).
+//!   Reading the activations straight from global memory strides 128 bytes across the lanes
+//!   (32 cache lines per load instruction) and held the f32 pair at ~0.4 TB/s on an H200.
+//! - int8 / precise int8 activations (and f32 past the budget): `moe_gate_up.wgsl` /
+//!   `moe_down.wgsl` reading the activation through the numerics snippet (numerics.rs).
 
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics};
+use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics, F32_DEQ};
 use crate::state::STATE_WGSL;
 use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
 
+/// WGSL: the swizzled staging helpers of the f32 kernels.
+const STAGE: &str = include_str!("../shaders/moe_stage_f32.wgsl");
 /// Workgroup size of every MoE kernel.
 const WG: u32 = 256;
 /// Lanes per output row in gate/up: 256 / 8 = 32 rows = one int8 output block per workgroup.
 const GATE_UP_T: u32 = 8;
 /// Lanes per output row in down (8 rows per workgroup).
 const DOWN_T: u32 = 32;
+/// Most workgroup memory (bytes) an f32 kernel may use for its staged activations plus the rest:
+/// lavapipe allows 32 KiB, and less per workgroup keeps more workgroups resident on a big GPU.
+/// Past it the f32 numerics fall back to the unstaged kernels.
+pub const STAGE_BUDGET: u64 = 28 * 1024;
+
+/// Lanes per output row of the staged f32 kernels (powers of two, 8..=256; the workgroup computes
+/// 256 / lanes rows). Tuning knobs for a GPU: fewer lanes per row means fewer, longer-running
+/// workgroups with more weight loads in flight per lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct F32Lanes {
+    /// gate/up: grid `(I / (256 / lanes), K)`; 16 = 384 workgroups at the real shape, ~3 per
+    /// H200 SM with 8 weight loads in flight per lane.
+    pub gate_up: u32,
+    /// down: grid `ceil(H / (256 / lanes))`; 32 = 256 workgroups, 6 items per lane at the real
+    /// shape (each workgroup stages the 24 KiB h, so fewer lanes would repeat less staging but
+    /// leave fewer workgroups).
+    pub down: u32,
+}
+
+impl F32Lanes {
+    /// Unmeasured on the H200 as of this commit: the lead's kernel_bench sweep picks the final
+    /// values.
+    pub const DEFAULT: F32Lanes = F32Lanes {
+        gate_up: 16,
+        down: 32,
+    };
+
+    fn validate(&self) -> Result<()> {
+        let ok = |t: u32| t.is_power_of_two() && (8..=WG).contains(&t);
+        if !ok(self.gate_up) || !ok(self.down) {
+            return Err(GpuError::Shape(format!(
+                "MoE {self:?}: lanes per row must be powers of two in 8..={WG}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for F32Lanes {
+    fn default() -> Self {
+        F32Lanes::DEFAULT
+    }
+}
 
 /// Shapes of one model's MoE block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +151,11 @@ pub enum Routing {
 pub struct MoeKernel {
     pub params: MoeParams,
     pub numerics: Numerics,
+    /// Lanes per row of the compiled gate/up and down (the grids follow from them).
+    gate_up_t: u32,
+    down_t: u32,
+    /// Whether gate/up and down are the staged f32 forms.
+    staged: (bool, bool),
     router: wgpu::ComputePipeline,
     gate_up: wgpu::ComputePipeline,
     gate_up_routed: wgpu::ComputePipeline,
@@ -151,6 +212,7 @@ fn consts(p: &MoeParams, t: u32, cols: u32) -> String {
         c("H", p.hidden),
         c("I", p.inter),
         c("NB", cols / BLOCK as u32),
+        c("KNB", p.top_k * cols / BLOCK as u32),
     ]
     .concat()
 }
@@ -175,7 +237,19 @@ impl MoeKernel {
 
     /// As [`Self::new`] with activations in the form `numerics`.
     pub fn with_numerics(ctx: &Context, params: MoeParams, numerics: Numerics) -> Result<Self> {
+        Self::with_f32_lanes(ctx, params, numerics, F32Lanes::DEFAULT)
+    }
+
+    /// As [`Self::with_numerics`] with the lanes per row of the staged f32 kernels chosen (for
+    /// benchmarks; ignored by the other numerics).
+    pub fn with_f32_lanes(
+        ctx: &Context,
+        params: MoeParams,
+        numerics: Numerics,
+        lanes: F32Lanes,
+    ) -> Result<Self> {
         params.validate()?;
+        lanes.validate()?;
         let p = &params;
         // lg, top_e, red_g, red_u, hv, act_sh (256 vec4).
         let shared = (p.experts + p.top_k + 2 * WG + 32 + 4 * 256) as u64 * 4;
@@ -185,6 +259,12 @@ impl MoeKernel {
                 p.experts
             )));
         }
+        let budget = STAGE_BUDGET.min(ctx.limits.max_compute_workgroup_storage_size as u64);
+        let f32 = numerics == Numerics::F32;
+        let staged = (
+            f32 && gate_up_f32_shared(p) <= budget,
+            f32 && down_f32_shared(p) <= budget,
+        );
         let route = include_str!("../shaders/moe_route.wgsl");
         let router_src = format!(
             "{}{route}{}",
@@ -192,27 +272,48 @@ impl MoeKernel {
             include_str!("../shaders/moe_router.wgsl")
         );
         let router = ctx.compute("moe.router", &router_src, "main")?;
-        let gu_src = format!(
-            "{}{route}{}{}{}{}",
-            consts(p, GATE_UP_T, p.hidden),
-            act_in_wgsl(numerics, 4, 5),
-            act_out_wgsl(numerics, 11, 12),
-            act_store8_wgsl(numerics),
-            include_str!("../shaders/moe_gate_up.wgsl")
-        );
+        let gate_up_t = if staged.0 { lanes.gate_up } else { GATE_UP_T };
+        let gu_src = if staged.0 {
+            format!(
+                "{}{route}{F32_DEQ}{STAGE}{}",
+                consts(p, gate_up_t, p.hidden),
+                include_str!("../shaders/moe_gate_up_f32.wgsl")
+            )
+        } else {
+            format!(
+                "{}{route}{}{}{}{}",
+                consts(p, gate_up_t, p.hidden),
+                act_in_wgsl(numerics, 4, 5),
+                act_out_wgsl(numerics, 11, 12),
+                act_store8_wgsl(numerics),
+                include_str!("../shaders/moe_gate_up.wgsl")
+            )
+        };
         let gu = ctx.module("moe.gate_up", &gu_src)?;
         let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
         let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
-        let down_src = format!(
-            "{}{}{}",
-            consts(p, DOWN_T, p.inter),
-            act_in_wgsl(numerics, 3, 4),
-            include_str!("../shaders/moe_down.wgsl")
-        );
+        let down_t = if staged.1 { lanes.down } else { DOWN_T };
+        let down_src = if staged.1 {
+            format!(
+                "{}{F32_DEQ}{STAGE}{}",
+                consts(p, down_t, p.inter),
+                down_f32_body(p, down_t)
+            )
+        } else {
+            format!(
+                "{}{}{}",
+                consts(p, down_t, p.inter),
+                act_in_wgsl(numerics, 3, 4),
+                include_str!("../shaders/moe_down.wgsl")
+            )
+        };
         let down = ctx.compute("moe.down", &down_src, "main")?;
         Ok(MoeKernel {
             params,
             numerics,
+            gate_up_t,
+            down_t,
+            staged,
             router,
             gate_up,
             gate_up_routed,
@@ -361,10 +462,10 @@ impl MoeKernel {
         });
         for bg in &b.gate_up {
             pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(p.inter / (WG / GATE_UP_T), p.top_k, 1);
+            pass.dispatch_workgroups(p.inter / (WG / self.gate_up_t), p.top_k, 1);
         }
         pass.set_pipeline(&self.down);
-        let (gx, gy) = ctx.grid(p.hidden.div_ceil(WG / DOWN_T));
+        let (gx, gy) = ctx.grid(p.hidden.div_ceil(WG / self.down_t));
         for bg in &b.down {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(gx, gy, 1);
@@ -378,6 +479,35 @@ impl MoeKernel {
             Routing::Separate => 3,
         }
     }
+}
+
+/// Workgroup bytes of moe_gate_up_f32.wgsl: xs `[H]`, lg `[E]`, top_e `[K]`, red_g and red_u
+/// `[WG]`, slot_e.
+fn gate_up_f32_shared(p: &MoeParams) -> u64 {
+    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + 2 * WG as u64 + 1) * 4
+}
+
+/// Workgroup bytes of moe_down_f32.wgsl: xs `[K*I]`, red `[WG]`, ids and wts `[K]`.
+fn down_f32_shared(p: &MoeParams) -> u64 {
+    (p.top_k as u64 * p.inter as u64 + WG as u64 + 2 * p.top_k as u64) * 4
+}
+
+/// moe_down_f32.wgsl with its per-item lines written out for `t` lanes per row: item j of a lane
+/// is `it = lane + j * t`, ceil(K * NB / t) of them (at most ~7 at t = 32 within the staging
+/// budget). The weight and scale loads come first (in flight during the staging), the dots after.
+fn down_f32_body(p: &MoeParams, t: u32) -> String {
+    let items = (p.top_k * p.inter / BLOCK as u32).div_ceil(t);
+    let (mut load, mut dot) = (String::new(), String::new());
+    for j in 0..items {
+        load += &format!(
+            "let it{j} = lane + {j}u * T; let b{j} = item_blk(it{j}, crow); \
+             let q{j} = qs[b{j}]; let s{j} = scale(b{j});\n    "
+        );
+        dot += &format!("acc += item(it{j}, q{j}, s{j});\n    ");
+    }
+    include_str!("../shaders/moe_down_f32.wgsl")
+        .replace("//ITEMS_LOAD", &load)
+        .replace("//ITEMS_DOT", &dot)
 }
 
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {

@@ -1,0 +1,116 @@
+// Expert down matvecs + routing-weighted combine with f32 activations: the f32 form of
+// moe_down.wgsl (same bindings, grid, parts and `accumulate`), y = Σ_k w_k · W_down[e_k] · h_k
+// (formats-spec §1.7 steps 5-6) added into `out` (the residual stream) or written to it.
+// Prepended by the host: consts E, K, WG, T (lanes per row, power of two), R (= WG / T rows per
+// workgroup), H (output rows per expert), I (input width), NB (= I / 32), KNB (= K * NB), the
+// `State` struct, F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
+// Grid: ceil(H / R) workgroups (spread over x, y: linear id = wid.x + wid.y * nwg.x).
+//
+// Row r of the output has KNB items: item `it` = (slot it / NB, block it % NB). Lane l of the row's
+// team takes items l, l + T, ... (expanded by the host into separate variables, see ITEMS_LOAD):
+// one 16-byte weight load per item, issued before the staging below so the weight bytes are in
+// flight while the workgroup copies the h slots its part holds (swizzled, moe_stage_f32.wgsl;
+// item `it` reads staged block `it`, so the lanes of a phase read consecutive blocks). One
+// barrier, the dots, then the team sum.
+//
+// route  [2K] u32: ids then f32 weight bits (router or gate_up_routed output)
+// h      [K*I] f32 at binding 3
+// qs, sc [(e_hi-e_lo)*H*NB] Q4_0 blocks of the part (tensor.rs layout)
+// out    [H] f32
+
+struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
+
+@group(0) @binding(0) var<storage, read> state: State;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> route: array<u32>;
+@group(0) @binding(3) var<storage, read> h: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> qs: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> sc: array<u32>;
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;
+
+var<workgroup> xs: array<vec4<f32>, KNB * 8u>; // [K*I/4] h, swizzled (zeros for slots not held)
+var<workgroup> red: array<f32, WG>;            // [WG] per-lane partials
+var<workgroup> ids: array<u32, K>;
+var<workgroup> wts: array<f32, K>;
+
+fn scale(i: u32) -> f32 {
+    let v = unpack2x16float(sc[i >> 1u]);
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+
+fn held(e: u32) -> bool {
+    return e >= params.e_lo && e < params.e_hi;
+}
+
+// Slot of item `it`, clamped (the last lanes' items may lie past KNB).
+fn item_k(it: u32) -> u32 {
+    return min(it / NB, K - 1u);
+}
+
+// Whether item `it` contributes: it exists and this part holds its slot's expert.
+fn item_on(it: u32) -> bool {
+    return it < KNB && held(ids[item_k(it)]);
+}
+
+// Weight block of item `it` in row `crow` of the part; an in-range stand-in when the item is off
+// (its product is discarded).
+fn item_blk(it: u32, crow: u32) -> u32 {
+    let e = ids[item_k(it)];
+    let el = select(params.e_lo, e, held(e)) - params.e_lo;
+    return (el * H + crow) * NB + it % NB;
+}
+
+// The item's term w_k * scale * (block · h block), 0 when off.
+fn item(it: u32, q: vec4<u32>, s: f32) -> f32 {
+    let d = dq_block(q, xs_block(min(it, KNB - 1u)));
+    return select(0.0, wts[item_k(it)] * s * d, item_on(it));
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    if (state.done != 0u) {
+        return;
+    }
+    for (var k = li; k < K; k += WG) {
+        ids[k] = min(route[k], E - 1u);
+        wts[k] = bitcast<f32>(route[K + k]);
+    }
+    workgroupBarrier();
+    let team = li / T;
+    let lane = li % T;
+    let row = (wid.x + wid.y * nwg.x) * R + team;
+    // Rows past H (last workgroup) compute on row 0 and are not written: keeps barriers uniform.
+    let crow = select(0u, row, row < H);
+    // ITEMS_LOAD: per item j, `it{j}`, its weight block `q{j}` and scale `s{j}` (separate
+    // variables: a per-thread array indexed in a loop may be placed in slow local memory).
+    //ITEMS_LOAD
+    // Stage the h slots this part holds; the others are zeros (never read uninitialised).
+    for (var i = li; i < KNB * 8u; i += WG) {
+        var v = vec4<f32>(0.0);
+        if (held(ids[i / (NB * 8u)])) {
+            v = h[i];
+        }
+        xs[xs_slot(i)] = v;
+    }
+    workgroupBarrier();
+    var acc = 0.0;
+    //ITEMS_DOT
+    red[li] = acc;
+    workgroupBarrier();
+    // One barrier: lane 0 of each team adds the team's T partials.
+    if (lane == 0u && row < H) {
+        var tot = 0.0;
+        for (var j = 0u; j < T; j++) {
+            tot += red[li + j];
+        }
+        if (params.accumulate != 0u) {
+            out[row] += tot;
+        } else {
+            out[row] = tot;
+        }
+    }
+}

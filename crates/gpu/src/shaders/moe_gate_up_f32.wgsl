@@ -1,0 +1,126 @@
+// Expert gate/up matvecs + SiLU(gate) * up with f32 activations (formats-spec §1.7 step 5): the
+// f32 form of moe_gate_up.wgsl, with the same entry points, bindings, routing and parts.
+// Prepended by the host: consts E, K, WG, T (lanes per row, power of two, 8..=256), R (= WG / T
+// rows per workgroup), H (input width), NB (= H / 32), I, NORM_TOPK, the `State` struct,
+// moe_route.wgsl, F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
+// Grid: (I / R, K). Workgroup (b, k) computes rows [R b, R b + R) of slot k's expert.
+//
+// Every workgroup first copies x into workgroup memory (swizzled, moe_stage_f32.wgsl); the
+// barriers of the routing (or of the expert-id broadcast) publish it. Then lane l of a row's team
+// takes blocks l, l + T, ...: one 16-byte load per block for gate and one for up, both dotted
+// with the one staged activation block (int4 -> f32 by the mantissa trick of `dq_block`).
+//
+// x      [H] f32 at binding 4
+// gate_qs, up_qs   [(e_hi-e_lo)*I*NB] vec4<u32> Q4_0 nibbles, *_sc f16 scale pairs (tensor.rs)
+// route  [2K] u32: ids then f32 weight bits
+// h      [K, I] f32 = silu(gate) * up
+
+struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
+
+@group(0) @binding(0) var<storage, read> state: State;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(3) var<storage, read_write> route: array<u32>;
+@group(0) @binding(4) var<storage, read> act_x: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> gate_qs: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> gate_sc: array<u32>;
+@group(0) @binding(8) var<storage, read> up_qs: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> up_sc: array<u32>;
+@group(0) @binding(10) var<storage, read_write> h: array<f32>;
+
+var<workgroup> xs: array<vec4<f32>, NB * 8u>; // [H/4] x, swizzled
+var<workgroup> red_g: array<f32, WG>;         // [WG] per-lane partials
+var<workgroup> red_u: array<f32, WG>;
+var<workgroup> slot_e: u32;
+
+fn stage_x(li: u32) {
+    for (var i = li; i < NB * 8u; i += WG) {
+        xs[xs_slot(i)] = act_x[i];
+    }
+}
+
+fn gscale(i: u32) -> f32 {
+    let v = unpack2x16float(gate_sc[i >> 1u]);
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+fn uscale(i: u32) -> f32 {
+    let v = unpack2x16float(up_sc[i >> 1u]);
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+
+// One weight block b of row `wrow` for gate and up, scaled: (gate, up) partial sums.
+fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
+    let blk = wrow * NB + b;
+    let g = gate_qs[blk];
+    let u = up_qs[blk];
+    let x = xs_block(b);
+    return vec2<f32>(gscale(blk) * dq_block(g, x), uscale(blk) * dq_block(u, x));
+}
+
+// Rows [R wid.x, +R) of expert e for slot k. `e` is workgroup-uniform; every thread calls it
+// (it has a barrier), a part that does not hold e computes nothing.
+fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
+    let held = e >= params.e_lo && e < params.e_hi;
+    let team = li / T;
+    let lane = li % T;
+    let row = bx * R + team;
+    let wrow = (select(params.e_lo, e, held) - params.e_lo) * I + row;
+    var acc = vec2<f32>(0.0);
+    if (held) {
+        // A constant trip count lets the compiler unroll and issue the lane's weight loads
+        // together (few workgroups: latency, not bandwidth, limits).
+        for (var j = 0u; j < NB / T; j++) {
+            acc += gu_block(wrow, lane + j * T);
+        }
+        if (lane < NB % T) {
+            acc += gu_block(wrow, lane + (NB / T) * T);
+        }
+    }
+    red_g[li] = acc.x;
+    red_u[li] = acc.y;
+    workgroupBarrier();
+    // One barrier: lane 0 of each team adds its T partials (no subgroup-size assumption).
+    if (held && lane == 0u) {
+        var g = 0.0;
+        var u = 0.0;
+        for (var j = 0u; j < T; j++) {
+            g += red_g[li + j];
+            u += red_u[li + j];
+        }
+        h[k * I + row] = g / (1.0 + exp(-g)) * u;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn gate_up(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (state.done != 0u) {
+        return;
+    }
+    stage_x(li);
+    let k = wid.y;
+    if (li == 0u) {
+        slot_e = min(route[k], E - 1u);
+    }
+    // workgroupUniformLoad's barrier also publishes the staged x.
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li);
+}
+
+@compute @workgroup_size(WG)
+fn gate_up_routed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (state.done != 0u) {
+        return;
+    }
+    // Staged before the routing so the x loads overlap the logits loads; route_select's
+    // barriers publish it.
+    stage_x(li);
+    let k = wid.y;
+    route_select(li);
+    if (li == 0u) {
+        slot_e = top_e[k];
+        if (params.write_route != 0u && wid.x == 0u) {
+            route[k] = top_e[k];
+            route[K + k] = bitcast<u32>(route_weight(k));
+        }
+    }
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li);
+}
