@@ -472,6 +472,12 @@ impl MoeKernel {
         }
     }
 
+    /// Whether (gate/up, down) run the staged f32 kernels (false for the quantised numerics and
+    /// for f32 past [`STAGE_BUDGET`]).
+    pub fn f32_staged(&self) -> (bool, bool) {
+        self.staged
+    }
+
     /// Dispatches per layer when every weight fits one binding.
     pub fn dispatches(routing: Routing) -> u32 {
         match routing {
@@ -566,6 +572,9 @@ pub fn down_ref(wd: &[&[f32]], h: &[&[f32]], w: &[f32], hidden: usize) -> Vec<f3
     y.into_iter().map(|v| v as f32).collect()
 }
 
+#[cfg(test)]
+#[path = "moe_f32_tests.rs"]
+mod f32_tests;
 #[cfg(test)]
 #[path = "moe_tests.rs"]
 mod tests;

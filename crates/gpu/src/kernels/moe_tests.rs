@@ -10,18 +10,18 @@ use crate::tensor::{pack_i8, quantize_acts_ref};
 use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
 use rand::Rng;
 
-struct Case {
-    p: MoeParams,
-    logits: Vec<f32>,
-    x: Vec<f32>,
-    residual: Vec<f32>,
-    gate: Vec<u8>,
-    up: Vec<u8>,
-    down: Vec<u8>,
+pub(super) struct Case {
+    pub(super) p: MoeParams,
+    pub(super) logits: Vec<f32>,
+    pub(super) x: Vec<f32>,
+    pub(super) residual: Vec<f32>,
+    pub(super) gate: Vec<u8>,
+    pub(super) up: Vec<u8>,
+    pub(super) down: Vec<u8>,
 }
 
 impl Case {
-    fn new(p: MoeParams, seed: u64) -> Case {
+    pub(super) fn new(p: MoeParams, seed: u64) -> Case {
         let mut r = rng(seed);
         let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
         Case {
@@ -36,7 +36,7 @@ impl Case {
     }
 
     /// Dequantised `[out, in]` slice of expert `e` of a stacked Q4_0 tensor.
-    fn expert(bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
+    pub(super) fn expert(bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
         let n = (out * inp / 32) as usize * 18;
         dequant_q4_0(
             &bytes[e as usize * n..(e as usize + 1) * n],
@@ -251,7 +251,7 @@ fn check(
     err
 }
 
-fn params(experts: u32, top_k: u32, hidden: u32, inter: u32, norm: bool) -> MoeParams {
+pub(super) fn params(experts: u32, top_k: u32, hidden: u32, inter: u32, norm: bool) -> MoeParams {
     MoeParams {
         experts,
         top_k,
@@ -408,308 +408,4 @@ fn moe_rejects_bad_shapes() {
         .bind(&ctx, &bufs, Routing::Fused)
         .expect_err("wrong down accepted");
     assert!(e.to_string().contains("down"), "{e}");
-}
-
-// ---- f32 activations (the staged kernels) ----
-//
-// Tolerances: f32 accumulation (block dots, lane sums, team sums) against f64 references, bounded
-// by F32_TOL times the sum of |weight * activation| of each output (the scale of its rounding
-// error; a wrong block, scale or staged slot costs ~1e-2 of it). h = silu(g) * u carries the g
-// and u errors through |silu'(g)| <= 1.1 and |silu(g)|.
-
-const F32_TOL: f64 = 4e-6;
-
-struct F32Outputs {
-    staged: (bool, bool),
-    route: Vec<u32>,
-    h: Vec<f32>,
-    out: Vec<f32>,
-}
-
-/// Run one MoE block with f32 activations and `lanes`.
-fn run_f32(
-    ctx: &Context,
-    c: &Case,
-    lanes: F32Lanes,
-    routing: Routing,
-    residual: bool,
-    max_binding: Option<u64>,
-    done: bool,
-) -> F32Outputs {
-    let ctx = match max_binding {
-        Some(b) => ctx.with_max_binding_bytes(b),
-        None => ctx.clone(),
-    };
-    let p = c.p;
-    let (e, k, h, i) = (
-        p.experts as usize,
-        p.top_k as usize,
-        p.hidden as usize,
-        p.inter as usize,
-    );
-    let kern = MoeKernel::with_f32_lanes(&ctx, p, Numerics::F32, lanes).expect("kernel");
-    let state = ctx
-        .storage_init("state", bytemuck::cast_slice(&[3u32, 0, done as u32, 0]))
-        .unwrap();
-    let logits = ctx
-        .storage_init("logits", bytemuck::cast_slice(&c.logits))
-        .unwrap();
-    let route = ctx.storage("route", 8 * k as u64).unwrap();
-    let x = ctx.storage_init("x", bytemuck::cast_slice(&c.x)).unwrap();
-    let gate = Q4Matrix::upload(&ctx, "gate", e * i, h, i, &[&c.gate]).unwrap();
-    let up = Q4Matrix::upload(&ctx, "up", e * i, h, i, &[&c.up]).unwrap();
-    let down = Q4Matrix::upload(&ctx, "down", e * h, i, h, &[&c.down]).unwrap();
-    if max_binding.is_some() {
-        assert!(
-            gate.parts.len() > 1 && down.parts.len() > 1,
-            "test meant to split the weights"
-        );
-    }
-    let hbuf = ctx.storage("h", (k * i * 4) as u64).unwrap();
-    let out = ctx
-        .storage_init("out", bytemuck::cast_slice(&c.residual))
-        .unwrap();
-    let bufs = MoeBuffers {
-        state: &state,
-        logits: &logits,
-        route: &route,
-        x: Act::F32(&x),
-        gate: &gate,
-        up: &up,
-        down: &down,
-        h: &hbuf,
-        h_q: None,
-        out: &out,
-        residual,
-    };
-    let b = kern.bind(&ctx, &bufs, routing).expect("bind");
-    ctx.run_pass(|pass| kern.record(pass, &ctx, &b))
-        .expect("run");
-    F32Outputs {
-        staged: kern.staged,
-        route: ctx.read_u32(&route, 2 * k).unwrap(),
-        h: ctx.read_f32(&hbuf, k * i).unwrap(),
-        out: ctx.read_f32(&out, h).unwrap(),
-    }
-}
-
-/// `Σ_j w_j x_j` and `Σ_j |w_j x_j|` in f64.
-fn dot_and_scale(w: &[f32], x: &[f32]) -> (f64, f64) {
-    w.iter().zip(x).fold((0.0, 0.0), |(d, s), (a, b)| {
-        let t = *a as f64 * *b as f64;
-        (d + t, s + t.abs())
-    })
-}
-
-/// Everything one f32 run must satisfy; returns the worst error / tolerance ratio (h, out).
-fn check_f32(
-    ctx: &Context,
-    c: &Case,
-    lanes: F32Lanes,
-    routing: Routing,
-    residual: bool,
-    max_binding: Option<u64>,
-) -> (f64, f64) {
-    let p = c.p;
-    let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
-    let what = format!("f32 {p:?} {lanes:?} {routing:?} residual {residual} split {max_binding:?}");
-    let o = run_f32(ctx, c, lanes, routing, residual, max_binding, false);
-
-    let (ids, w) = router_ref(&c.logits, k, p.norm_topk_prob);
-    assert_eq!(o.route[..k], ids, "{what}: expert ids");
-    let got_w: Vec<f32> = o.route[k..].iter().map(|b| f32::from_bits(*b)).collect();
-    assert_close(&got_w, &w, 1e-7, 1e-5, &format!("{what}: route weights"));
-
-    // gate/up: per row g, u and their error scales.
-    let mut worst_h = 0f64;
-    for (s, &e) in ids.iter().enumerate() {
-        let wg = Case::expert(&c.gate, e, p.inter, p.hidden);
-        let wu = Case::expert(&c.up, e, p.inter, p.hidden);
-        for r in 0..i {
-            let (g, sg) = dot_and_scale(&wg[r * h..(r + 1) * h], &c.x);
-            let (u, su) = dot_and_scale(&wu[r * h..(r + 1) * h], &c.x);
-            let silu = g / (1.0 + (-g).exp());
-            let want = silu * u;
-            let tol = F32_TOL * (1.1 * u.abs() * sg + silu.abs() * su) + 1e-6 * want.abs();
-            let got = o.h[s * i + r] as f64;
-            let err = (got - want).abs();
-            assert!(
-                err <= tol,
-                "{what}: h[{s}, {r}] {got} vs {want} (tol {tol:e})"
-            );
-            worst_h = worst_h.max(err / tol);
-        }
-    }
-
-    // down + combine against the reference fed the kernel's own h.
-    let base = if residual {
-        c.residual.clone()
-    } else {
-        vec![0.0; h]
-    };
-    let wd: Vec<Vec<f32>> = ids
-        .iter()
-        .map(|&e| Case::expert(&c.down, e, p.hidden, p.inter))
-        .collect();
-    let mut worst_y = 0f64;
-    for r in 0..h {
-        let (mut y, mut scale) = (base[r] as f64, 0f64);
-        for (s, wd) in wd.iter().enumerate() {
-            let (d, sd) = dot_and_scale(&wd[r * i..(r + 1) * i], &o.h[s * i..(s + 1) * i]);
-            y += w[s] as f64 * d;
-            scale += w[s].abs() as f64 * sd;
-        }
-        let tol = F32_TOL * scale + 1e-7 * y.abs();
-        let err = (o.out[r] as f64 - y).abs();
-        assert!(
-            err <= tol,
-            "{what}: out[{r}] {} vs {y} (tol {tol:e})",
-            o.out[r]
-        );
-        worst_y = worst_y.max(err / tol);
-    }
-    eprintln!("{what}: worst error / tolerance: h {worst_h:.3}, out {worst_y:.3}");
-    (worst_h, worst_y)
-}
-
-fn lanes(gate_up: u32, down: u32) -> F32Lanes {
-    F32Lanes { gate_up, down }
-}
-
-#[test]
-fn moe_f32_staged_odd_shapes_every_lane_count() {
-    let Some(ctx) = gpu("moe_f32_staged_odd_shapes_every_lane_count") else {
-        return;
-    };
-    // Blocks per row below, at and off multiples of the lanes: H = 96 / 160 / 288 (3, 5, 9
-    // blocks), I = 32 / 96 / 160; K * I / 32 items for down from 1 to 18.
-    let shapes = [
-        params(5, 1, 96, 32, false),
-        params(6, 6, 96, 96, true),
-        params(24, 3, 160, 32, false),
-        params(8, 3, 288, 160, true),
-    ];
-    let all = [
-        lanes(8, 8),
-        lanes(16, 32),
-        lanes(32, 64),
-        lanes(64, 16),
-        lanes(256, 256),
-    ];
-    for (n, p) in shapes.into_iter().enumerate() {
-        let c = Case::new(p, 60 + n as u64);
-        for (j, l) in all.into_iter().enumerate() {
-            check_f32(&ctx, &c, l, Routing::Fused, j % 2 == 0, None);
-        }
-        check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Separate, false, None);
-        let o = run_f32(
-            &ctx,
-            &c,
-            F32Lanes::DEFAULT,
-            Routing::Fused,
-            true,
-            None,
-            false,
-        );
-        assert_eq!(o.staged, (true, true), "{p:?}: not the staged kernels");
-    }
-}
-
-#[test]
-fn moe_f32_real_shape() {
-    let Some(ctx) = gpu("moe_f32_real_shape") else {
-        return;
-    };
-    // Qwen3-30B-A3B: E = 128, K = 8, H = 2048, I = 768 (h staged whole: 24 KiB).
-    let c = Case::new(params(128, 8, 2048, 768, true), 70);
-    let o = run_f32(
-        &ctx,
-        &c,
-        F32Lanes::DEFAULT,
-        Routing::Fused,
-        true,
-        None,
-        false,
-    );
-    assert_eq!(o.staged, (true, true), "real shape not staged");
-    check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Fused, true, None);
-    check_f32(&ctx, &c, lanes(8, 64), Routing::Separate, false, None);
-}
-
-#[test]
-fn moe_f32_ties_and_split_weights() {
-    let Some(ctx) = gpu("moe_f32_ties_and_split_weights") else {
-        return;
-    };
-    let mut c = Case::new(params(16, 4, 64, 64, true), 80);
-    // Experts 3, 7, 9, 12 share the top logit: the route is [3, 7, 9, 12].
-    for e in [12, 9, 7, 3] {
-        c.logits[e] = 5.0;
-    }
-    let o = run_f32(
-        &ctx,
-        &c,
-        F32Lanes::DEFAULT,
-        Routing::Fused,
-        false,
-        None,
-        false,
-    );
-    assert_eq!(o.route[..4], [3, 7, 9, 12]);
-    // Parts of 3 experts each (0-2, 3-5, ..., 15): each of 3, 7, 9 and 12 in a part of its own.
-    let limit = 3 * 64 * 2 * 16 + 100;
-    for routing in [Routing::Fused, Routing::Separate] {
-        for residual in [true, false] {
-            check_f32(&ctx, &c, F32Lanes::DEFAULT, routing, residual, Some(limit));
-        }
-    }
-}
-
-#[test]
-fn moe_f32_unstaged_past_the_budget() {
-    let Some(ctx) = gpu("moe_f32_unstaged_past_the_budget") else {
-        return;
-    };
-    // K * I = 8192 floats (32 KiB) of h, then H = 8192 floats of x: past STAGE_BUDGET, the
-    // unstaged kernels run, and still match.
-    for (p, staged) in [
-        (params(16, 8, 64, 1024, true), (true, false)),
-        (params(4, 2, 8192, 32, false), (false, true)),
-    ] {
-        let c = Case::new(p, 90);
-        let o = run_f32(
-            &ctx,
-            &c,
-            F32Lanes::DEFAULT,
-            Routing::Fused,
-            true,
-            None,
-            false,
-        );
-        assert_eq!(o.staged, staged, "{p:?}");
-        check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Fused, true, None);
-        check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Separate, false, None);
-    }
-}
-
-#[test]
-fn moe_f32_done_flag_and_bad_lanes() {
-    let Some(ctx) = gpu("moe_f32_done_flag_and_bad_lanes") else {
-        return;
-    };
-    let c = Case::new(params(16, 4, 64, 64, true), 100);
-    for routing in [Routing::Fused, Routing::Separate] {
-        let o = run_f32(&ctx, &c, F32Lanes::DEFAULT, routing, true, None, true);
-        assert_eq!(o.out, c.residual, "residual changed although done");
-        assert!(
-            o.route.iter().all(|v| *v == 0),
-            "route written although done"
-        );
-        assert!(o.h.iter().all(|v| *v == 0.0), "h written although done");
-    }
-    for bad in [lanes(4, 32), lanes(16, 512), lanes(12, 32), lanes(16, 0)] {
-        let e = MoeKernel::with_f32_lanes(&ctx, c.p, Numerics::F32, bad)
-            .expect_err("bad lanes accepted");
-        assert!(e.to_string().contains("lanes"), "{bad:?}: {e}");
-    }
 }
