@@ -2,14 +2,16 @@
 //! `[rows, cols]` and up to [`B_MAX`] f32 columns (tokens) at once, the building block of
 //! batched prefill and multi-stream decode.
 //!
-//! The point is the memory traffic: each weight block is loaded and dequantised once per
-//! workgroup and used for all `nb` columns, so `nb` columns cost about one matvec's weight
-//! traffic instead of `nb`. Layout as the int4 x f32 matvec (matvec_q4f.wgsl): 256-thread
-//! workgroups of 8 teams x 32 lanes, `R` rows per team, a shared-memory reduction (no subgroup
-//! size assumed), plus the activations staged through shared memory 32 blocks at a time
-//! (coalesced loads; see the shader); pipelines are compiled for `C` in [`COLUMN_VARIANTS`] columns and the smallest
-//! `C >= nb` runs (`nb` is a uniform, so one binding serves one `nb`). `R * C <= 8` keeps the
-//! per-thread partials (`dq_block`'s two vec4 per row and column) in registers.
+//! The point is the memory traffic: each weight block is loaded and dequantised once and used
+//! for all `nb` columns, so `nb` columns cost about one matvec's weight traffic instead of `nb`.
+//! 256-thread workgroups of teams of `L` lanes, `R` rows per team (a [`Tile`]); the activations
+//! of all columns are staged chunk by chunk in swizzled shared memory, read conflict-free as
+//! broadcasts (see matmul_q4f.wgsl); a shared-memory reduction (no subgroup size assumed).
+//! The per-(row, column) lines are generated here with one variable each ([`shader`]): the
+//! NVIDIA compiler puts per-thread arrays indexed in loops into slow local memory. Pipelines
+//! exist for `C` in [`COLUMN_VARIANTS`] columns (the smallest `C >= nb` runs; `nb` is a
+//! uniform, so one binding serves one `nb`) and every tile of [`Tile::all`]; each is compiled
+//! on its first bind.
 //!
 //! Buffers: `X [nb, cols]` row-major (column `b` at `b * cols`), `Y [nb, y_stride]` (column `b`,
 //! row `r` at `b * y_stride + r`). Forms ([`MatmulInput`]): plain, `Y += W X` (the residual add),
@@ -17,9 +19,12 @@
 //! reductions, `cols <= 4096` like the matvec's). A matrix split across bindings is one dispatch
 //! per part. Every dispatch returns at once when the run state says `done`.
 //!
-//! Per (row, column) the arithmetic is the matvec's, in the same order, so column `b` of a
-//! matmul equals [`super::matvec::MatvecKernel`] on column `b` up to the driver's fma contraction
-//! (tested to 1e-6 of the row's Σ|w||x|).
+//! Per (row, column) each block's dot is the matvec's `dq_block`, in the same order; the blocks
+//! are spread over `L` lanes instead of 32, so column `b` equals
+//! [`super::matvec::MatvecKernel`] on column `b` up to f32 rounding (tested to 1e-6 of the row's
+//! Σ|w||x|).
+
+use std::sync::OnceLock;
 
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::F32_DEQ;
@@ -32,49 +37,76 @@ use super::matvec::{NormInput, NORM_ON_LOAD_MAX};
 pub const B_MAX: u32 = 8;
 /// Columns the pipelines are compiled for (`C` in matmul_q4f.wgsl); the smallest `>= nb` runs.
 pub const COLUMN_VARIANTS: [u32; 3] = [2, 4, 8];
-/// Rows per team the pipelines are compiled for (`R`), those with `R * C <= 8`.
+/// Rows per team (`R`); tiles keep `R * C <= MAX_TILE`.
 pub const ROWS_PER_TEAM: [u32; 3] = [1, 2, 4];
-/// Most per-thread (row, column) partials: each is two vec4 plus an accumulator in registers.
-const MAX_TILE: u32 = 8;
+/// Lanes per team (`L`): the blocks of a row are spread over them; tiles keep `C * L <= 128`
+/// (a staged chunk of `128 / C` blocks gives every lane at least one).
+pub const LANES_PER_TEAM: [u32; 4] = [4, 8, 16, 32];
+/// Most per-thread (row, column) accumulators (`R * C`).
+const MAX_TILE: u32 = 16;
+/// Blocks x columns of one staged chunk: `C * KC = 128`, 16 KiB of f32 activations.
+const CHUNK_BLOCK_COLS: u32 = 128;
+/// Rows from which a matrix gets the tall tile (128 rows per workgroup): with fewer rows per
+/// workgroup the activations each one stages (L2 traffic, `4 cols C` bytes per workgroup) rival
+/// the weight bytes (`0.56 cols` per row); below it, more workgroups keep the GPU busy.
+const TALL_ROWS: u32 = 32768;
 
-/// The compiled tile of one dispatch: `cols` columns (`C`) x `rows_per_team` rows (`R`).
+/// The compiled tile of one dispatch: `cols` columns (`C`) x `rows_per_team` rows (`R`), each
+/// row's blocks spread over `lanes` lanes (`L`); a workgroup covers `256 / L * R` rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tile {
     pub cols: u32,
     pub rows_per_team: u32,
+    pub lanes: u32,
 }
 
 impl Tile {
-    /// The tile for `nb` columns of a `rows`-row matrix: the fewest columns that hold `nb`, one
-    /// row per team. More rows per team (compiled, for [`MatmulKernel::bind_tiled`]) were slower
-    /// in every case measured on an H200 (wgpu/Vulkan, 2048 to 151936 rows: R=2 1.3-1.5x,
-    /// R=4 up to 2x the R=1 time), unlike the matvec's; `rows` stays for a future rule.
-    pub fn for_shape(_rows: u32, nb: u32) -> Result<Tile> {
+    /// The tile for `nb` columns of a `rows`-row matrix: the fewest columns that hold `nb`;
+    /// for tall matrices (the lm_head) 128 rows per workgroup (4 lanes x 2 rows per team), so
+    /// the staged activations stay small next to the weights; else the most workgroups (one row
+    /// per team, as many lanes as the chunk allows: 8 or 16 rows per workgroup).
+    pub fn for_shape(rows: u32, nb: u32) -> Result<Tile> {
         check_nb(nb)?;
         let cols = COLUMN_VARIANTS
             .into_iter()
             .find(|c| *c >= nb)
             .unwrap_or(B_MAX);
-        Ok(Tile {
-            cols,
-            rows_per_team: 1,
+        Ok(if rows >= TALL_ROWS {
+            Tile {
+                cols,
+                rows_per_team: 2,
+                lanes: 4,
+            }
+        } else {
+            Tile {
+                cols,
+                rows_per_team: 1,
+                lanes: (CHUNK_BLOCK_COLS / cols).min(32),
+            }
         })
     }
 
-    /// Columns staged in shared memory at a time (`CS`): at most 4, to fit 32 KiB.
-    fn staged_cols(&self) -> u32 {
-        self.cols.min(4)
+    /// Blocks per staged chunk (`KC`).
+    fn chunk(&self) -> u32 {
+        CHUNK_BLOCK_COLS / self.cols
     }
 
-    /// Workgroup memory of the tile's widest form (norm-on-load): the lane partials, one staged
-    /// chunk of 32 blocks x 9 vec4 per staged column, and the norm's per-column sums.
+    /// Rows per workgroup (`RW`).
+    pub fn rows_per_workgroup(&self) -> u32 {
+        256 / self.lanes * self.rows_per_team
+    }
+
+    /// Floats of the shader's `red`: one reduction round of `CG` columns, at least the norm's
+    /// `[C][256]` sums.
+    fn red_floats(&self) -> u32 {
+        256 * self.rows_per_team.max(self.cols)
+    }
+
+    /// Workgroup memory of the tile's widest form (norm-on-load): the staged chunk, `red`, and
+    /// the norm's per-column sums.
     pub fn shared_bytes(&self) -> u64 {
-        let (c, r, cs) = (
-            self.cols as u64,
-            self.rows_per_team as u64,
-            self.staged_cols() as u64,
-        );
-        4 * 256 * r * c + 16 * cs * 32 * 9 + 4 * (16 * c + c)
+        let c = self.cols as u64;
+        16 * c * self.chunk() as u64 * 8 + 4 * self.red_floats() as u64 + 4 * (16 * c + c)
     }
 
     /// Every compiled tile, in pipeline order.
@@ -83,9 +115,15 @@ impl Tile {
             ROWS_PER_TEAM
                 .into_iter()
                 .filter(move |r| r * cols <= MAX_TILE)
-                .map(move |rows_per_team| Tile {
-                    cols,
-                    rows_per_team,
+                .flat_map(move |rows_per_team| {
+                    LANES_PER_TEAM
+                        .into_iter()
+                        .filter(move |l| cols * l <= CHUNK_BLOCK_COLS)
+                        .map(move |lanes| Tile {
+                            cols,
+                            rows_per_team,
+                            lanes,
+                        })
                 })
         })
     }
@@ -131,7 +169,7 @@ pub struct MatmulArgs<'a> {
 
 /// Bind groups (one per matrix part) of one matmul, ready to record.
 pub struct MatmulBinding {
-    pipeline: usize,
+    pipeline: wgpu::ComputePipeline,
     dispatches: Vec<(wgpu::BindGroup, (u32, u32))>,
 }
 
@@ -142,10 +180,10 @@ impl MatmulBinding {
     }
 }
 
-/// The matmul pipelines (compiled once per context): `[form][tile]`, forms plain, acc, norm,
-/// tiles in [`Tile::all`] order.
+/// The matmul pipelines: `[form][tile]`, forms plain, acc, norm, tiles in [`Tile::all`] order,
+/// each compiled on its first bind (90 of them; a run uses a few).
 pub struct MatmulKernel {
-    pipes: Vec<wgpu::ComputePipeline>,
+    pipes: Vec<OnceLock<wgpu::ComputePipeline>>,
 }
 
 /// Plain/acc activation snippet: `X [nb, cols]` read from global memory.
@@ -153,8 +191,7 @@ fn plain_input(acc: bool) -> String {
     format!(
         "@group(0) @binding(2) var<storage, read> mm_xs: array<vec4<f32>>; // [nb, cols/4]
 fn mm_stage(li: u32) {{}}
-fn mm_w(i: u32) -> vec4<f32> {{ return vec4<f32>(1.0); }}
-fn mm_x(c: u32, i: u32, w: vec4<f32>) -> vec4<f32> {{ return mm_xs[c * p.cols4 + i]; }}
+fn mm_x(c: u32, i: u32) -> vec4<f32> {{ return mm_xs[c * p.cols4 + i]; }}
 const ACC: bool = {acc};
 "
     )
@@ -195,14 +232,160 @@ fn mm_stage(li: u32) {
     }
     workgroupBarrier();
 }
-fn mm_w(i: u32) -> vec4<f32> { return mm_nw[i]; }
-fn mm_x(c: u32, i: u32, w: vec4<f32>) -> vec4<f32> { return mm_h[c * p.cols4 + i] * mm_inv[c] * w; }
+fn mm_x(c: u32, i: u32) -> vec4<f32> { return mm_h[c * p.cols4 + i] * mm_inv[c] * mm_nw[i]; }
 const ACC: bool = false;
 ";
 
+/// The full WGSL of `form` (0 plain, 1 acc, 2 norm) and tile `t`: the tile constants, the input
+/// snippet and matmul_q4f.wgsl with its per-(row, column) lines written out.
+pub fn shader(form: usize, t: Tile) -> String {
+    let (c, r, l) = (t.cols, t.rows_per_team, t.lanes);
+    let consts = format!(
+        "const C: u32 = {c}u;\nconst R: u32 = {r}u;\nconst L: u32 = {l}u;\nconst WL: u32 = {}u;\n\
+         const KC: u32 = {}u;\nconst RW: u32 = {}u;\nconst CG: u32 = {}u;\nconst RED: u32 = {}u;\n",
+        l.min(8),
+        t.chunk(),
+        t.rows_per_workgroup(),
+        reduce_cols(t),
+        t.red_floats()
+    );
+    let input = match form {
+        0 => plain_input(false),
+        1 => plain_input(true),
+        _ => NORM_INPUT.to_string(),
+    };
+    let body = include_str!("../shaders/matmul_q4f.wgsl")
+        .replace("//MM_SETUP", &setup_lines(r, c))
+        .replace("//MM_NEXT", &next_lines(r))
+        .replace("//MM_BODY", &body_lines(r, c))
+        .replace("//MM_REDUCE", &reduce_lines(t));
+    with_state(&format!("{F32_DEQ}{consts}{input}{body}"))
+}
+
+/// Columns per reduction round (`CG`): as many as `red` holds next to the `R` rows.
+fn reduce_cols(t: Tile) -> u32 {
+    t.red_floats() / (256 * t.rows_per_team)
+}
+
+/// Per row: its base block `rb{r}`, the first block's weights `nw{r}`/`ns{r}` and the
+/// accumulators `a{r}_{c}`.
+fn setup_lines(r: u32, c: u32) -> String {
+    let mut s = String::new();
+    for i in 0..r {
+        s += &format!(
+            "let rb{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows) * p.bpr;
+    var nw{i} = qs[rb{i} + first];
+    var ns{i} = scale(rb{i} + first);
+    "
+        );
+        for j in 0..c {
+            s += &format!("var a{i}_{j} = 0.0;\n    ");
+        }
+    }
+    s
+}
+
+/// Per row: take the prefetched block and issue the load of block `bn`.
+fn next_lines(r: u32) -> String {
+    (0..r)
+        .map(|i| {
+            format!(
+                "let w{i} = nw{i};
+            let s{i} = ns{i};
+            nw{i} = qs[rb{i} + bn];
+            ns{i} = scale(rb{i} + bn);
+            "
+            )
+        })
+        .collect()
+}
+
+/// One block for every (row, column): each row's 4 words dequantised once (`q{r}_{k}l/h`,
+/// `dq_lo`/`dq_hi`), then per column its 8 staged vec4s (`x0..x7`, swizzled slots) and per row
+/// `dq_block`'s exact sequence of products, then `a = fma(scale, dot, a)` as the matvec.
+fn body_lines(r: u32, c: u32) -> String {
+    let mut s = String::new();
+    for i in 0..r {
+        for (k, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+            s += &format!(
+                "let q{i}_{k}l = dq_lo(w{i}.{comp}); let q{i}_{k}h = dq_hi(w{i}.{comp});
+                "
+            );
+        }
+    }
+    for j in 0..c {
+        // Column 0 always runs (nb >= 1); the others only below nb (uniform).
+        let guard = if j == 0 {
+            String::new()
+        } else {
+            format!("if ({j}u < p.nb) ")
+        };
+        s += &format!("{guard}{{\n                    let xb = ({j}u * KC + bl) * 8u;\n");
+        for k in 0..8 {
+            s += &format!("                    let x{k} = xs[xb + ((sw + {k}u) & 7u)];\n");
+        }
+        for i in 0..r {
+            s += &format!(
+                "                    {{
+                        var lo = q{i}_0l * vec4<f32>(x0.x, x4.x, x0.y, x4.y);
+                        var hi = q{i}_0h * vec4<f32>(x0.z, x4.z, x0.w, x4.w);
+                        lo = fma(q{i}_1l, vec4<f32>(x1.x, x5.x, x1.y, x5.y), lo);
+                        hi = fma(q{i}_1h, vec4<f32>(x1.z, x5.z, x1.w, x5.w), hi);
+                        lo = fma(q{i}_2l, vec4<f32>(x2.x, x6.x, x2.y, x6.y), lo);
+                        hi = fma(q{i}_2h, vec4<f32>(x2.z, x6.z, x2.w, x6.w), hi);
+                        lo = fma(q{i}_3l, vec4<f32>(x3.x, x7.x, x3.y, x7.y), lo);
+                        hi = fma(q{i}_3h, vec4<f32>(x3.z, x7.z, x3.w, x7.w), hi);
+                        a{i}_{j} = fma(s{i}, dot(lo, DQ_SLO) + dot(hi, DQ_SHI), a{i}_{j});
+                    }}
+"
+            );
+        }
+        s += "                }\n                ";
+    }
+    s
+}
+
+/// The reduction, `C / CG` rounds: every thread writes its `R x CG` partials to
+/// `red [CG][RW][L]`, then one thread per (column, row) adds the `L` lanes in order and stores.
+fn reduce_lines(t: Tile) -> String {
+    let (c, r) = (t.cols, t.rows_per_team);
+    let cg = reduce_cols(t);
+    let mut s = String::new();
+    for round in 0..c / cg {
+        if round > 0 {
+            // The previous round's sums are read before red is overwritten.
+            s += "workgroupBarrier();\n    ";
+        }
+        for j in 0..cg {
+            for i in 0..r {
+                s += &format!(
+                    "red[({j}u * RW + team * R + {i}u) * L + g] = a{i}_{};\n    ",
+                    round * cg + j
+                );
+            }
+        }
+        s += &format!(
+            "workgroupBarrier();
+    for (var it = li; it < CG * RW; it += 256u) {{
+        var sum = 0.0;
+        for (var k = 0u; k < L; k++) {{ sum += red[it * L + k]; }}
+        let c = {}u + it / RW;
+        let row = wg_row0 + it % RW;
+        if (row < p.rows && c < p.nb) {{
+            let o = c * p.y_stride + p.row_start + row;
+            if (ACC) {{ y[o] += sum; }} else {{ y[o] = sum; }}
+        }}
+    }}
+    ",
+            round * cg
+        );
+    }
+    s
+}
+
 impl MatmulKernel {
-    /// Compile every form and tile; errors when the device's workgroup memory cannot hold the
-    /// widest tile (27 KiB; lavapipe has 32, an H200 under Vulkan 48).
+    /// Check every tile fits the device's workgroup memory (at most 25 KiB; lavapipe has 32, an
+    /// H200 under Vulkan 48); the pipelines are compiled on first use.
     pub fn new(ctx: &Context) -> Result<MatmulKernel> {
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
         if let Some(t) = Tile::all().find(|t| t.shared_bytes() > limit) {
@@ -212,28 +395,33 @@ impl MatmulKernel {
                 limit,
             });
         }
-        let body = include_str!("../shaders/matmul_q4f.wgsl");
-        let inputs = [
-            plain_input(false),
-            plain_input(true),
-            NORM_INPUT.to_string(),
-        ];
-        let mut pipes = Vec::new();
-        for (form, input) in inputs.iter().enumerate() {
-            for t in Tile::all() {
-                let (c, r) = (t.cols, t.rows_per_team);
-                let cs = t.staged_cols();
-                let consts =
-                    format!("const C: u32 = {c}u;\nconst CS: u32 = {cs}u;\nconst R: u32 = {r}u;\n");
-                let src = format!("{F32_DEQ}{consts}{input}{body}");
-                pipes.push(ctx.compute(
-                    &format!("matmul_q4f.f{form}.c{c}.r{r}"),
-                    &with_state(&src),
-                    "main",
-                )?);
-            }
-        }
+        let pipes = (0..3 * Tile::all().count())
+            .map(|_| OnceLock::new())
+            .collect();
         Ok(MatmulKernel { pipes })
+    }
+
+    /// The pipeline of `form` and the tile at `tile_index`, compiled now if it is the first use
+    /// (a race compiles it twice and keeps one: harmless).
+    fn pipeline(
+        &self,
+        ctx: &Context,
+        form: usize,
+        tile_index: usize,
+    ) -> Result<wgpu::ComputePipeline> {
+        let slot = &self.pipes[form * Tile::all().count() + tile_index];
+        if let Some(p) = slot.get() {
+            return Ok(p.clone());
+        }
+        let t = Tile::all()
+            .nth(tile_index)
+            .ok_or_else(|| GpuError::Shape(format!("matmul: no tile {tile_index}")))?;
+        let label = format!(
+            "matmul_q4f.f{form}.c{}.r{}.l{}",
+            t.cols, t.rows_per_team, t.lanes
+        );
+        let p = ctx.compute(&label, &shader(form, t), "main")?;
+        Ok(slot.get_or_init(|| p).clone())
     }
 
     /// Bind `a` with the tile [`Tile::for_shape`] picks.
@@ -282,12 +470,11 @@ impl MatmulKernel {
                 )
             }
         };
-        let pipeline = a.input.form() * Tile::all().count() + tile_index;
-        let rows_per_wg = 8 * tile.rows_per_team;
+        let pipeline = self.pipeline(ctx, a.input.form(), tile_index)?;
         let bpr = a.m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(a.m.parts.len());
         for part in &a.m.parts {
-            let grid = ctx.grid(part.rows.div_ceil(rows_per_wg));
+            let grid = ctx.grid(part.rows.div_ceil(tile.rows_per_workgroup()));
             // Params of matmul_q4f.wgsl.
             let words = [
                 part.rows,
@@ -309,7 +496,7 @@ impl MatmulKernel {
             ];
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let bg = ctx.bind_group_at("matmul_q4f", &self.pipes[pipeline], &ids, &res)?;
+            let bg = ctx.bind_group_at("matmul_q4f", &pipeline, &ids, &res)?;
             dispatches.push((bg, grid));
         }
         Ok(MatmulBinding {
@@ -320,7 +507,7 @@ impl MatmulKernel {
 
     /// Record the dispatches (one per matrix part).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &MatmulBinding) {
-        pass.set_pipeline(&self.pipes[b.pipeline]);
+        pass.set_pipeline(&b.pipeline);
         for (bg, (gx, gy)) in &b.dispatches {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, *gy, 1);

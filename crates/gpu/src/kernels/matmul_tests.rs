@@ -12,7 +12,8 @@ use crate::testing::{dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
 use rand::Rng;
 
 /// Odd shapes on purpose: 1 row, rows not a multiple of 8, cols = 32, the 4096-column norm
-/// limit, many rows of few blocks (the 4-rows-per-team tiles).
+/// limit (8 staged chunks at 8 columns), a last chunk cut short (96 columns), many rows of few
+/// blocks, and a tall matrix (the tall tile the lm_head gets, rows not a multiple of its 128).
 const SHAPES: &[(usize, usize)] = &[
     (1, 32),
     (7, 64),
@@ -20,6 +21,7 @@ const SHAPES: &[(usize, usize)] = &[
     (300, 2048),
     (9000, 64),
     (5, 4096),
+    (32800, 96),
 ];
 
 /// Elements of padding between Y's columns, so a write past a column's rows shows up.
@@ -203,8 +205,15 @@ fn matmul_plain_matches_reference_and_matvec() {
     let mut r = rng(21);
     for (i, &(rows, cols)) in SHAPES.iter().enumerate() {
         let w = weights(&ctx, &mut r, rows, cols);
-        // Every compiled tile on a few shapes (lavapipe time), the chosen one on all.
-        check_plain(&ctx, &k, &mv, &w, 100 + i as u64, rows != 300);
+        // Every compiled tile on the small shapes (lavapipe time), the chosen one on all.
+        check_plain(
+            &ctx,
+            &k,
+            &mv,
+            &w,
+            100 + i as u64,
+            rows != 300 && rows < 32768,
+        );
     }
 }
 
@@ -544,36 +553,71 @@ fn matmul_rejects_bad_shapes() {
         ..ok
     });
     assert!(e.contains("4096"), "{e}");
-    // Tiles: too few columns for nb, and one that is not compiled.
-    let t = |cols, rows_per_team| Tile {
+    // Tiles: too few columns for nb, and ones that are not compiled (R * C > 16, C * L > 128,
+    // 3 lanes).
+    let t = |cols, rows_per_team, lanes| Tile {
         cols,
         rows_per_team,
+        lanes,
     };
-    assert!(k.bind_tiled(&ctx, &ok, t(2, 1)).is_err());
-    assert!(k.bind_tiled(&ctx, &ok, t(8, 2)).is_err());
-    assert!(k.bind_tiled(&ctx, &ok, t(4, 2)).is_ok());
+    assert!(k.bind_tiled(&ctx, &ok, t(2, 1, 8)).is_err());
+    assert!(k.bind_tiled(&ctx, &ok, t(8, 4, 8)).is_err());
+    assert!(k.bind_tiled(&ctx, &ok, t(8, 1, 32)).is_err());
+    assert!(k.bind_tiled(&ctx, &ok, t(4, 1, 3)).is_err());
+    assert!(k.bind_tiled(&ctx, &ok, t(4, 2, 32)).is_ok());
     assert!(Tile::for_shape(100, 0).is_err());
 }
 
 #[test]
 fn tile_choice() {
-    // The fewest compiled columns holding nb, one row per team, whatever the rows.
-    for (nb, cols) in [(1, 2), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)] {
-        for rows in [1, 2048, 151936] {
+    // The fewest compiled columns holding nb; tall matrices 4 lanes x 2 rows per team (128 rows
+    // per workgroup), others one row per team on as many lanes as a chunk feeds.
+    for (nb, cols, lanes) in [
+        (1, 2, 32),
+        (2, 2, 32),
+        (3, 4, 32),
+        (4, 4, 32),
+        (5, 8, 16),
+        (8, 8, 16),
+    ] {
+        for rows in [1, 2048, 5120, 32767] {
             let want = Tile {
                 cols,
                 rows_per_team: 1,
+                lanes,
             };
             assert_eq!(
                 Tile::for_shape(rows, nb).unwrap(),
                 want,
                 "nb {nb} rows {rows}"
             );
+            assert_eq!(want.rows_per_workgroup(), 256 / lanes);
+        }
+        for rows in [32768, 151936] {
+            let want = Tile {
+                cols,
+                rows_per_team: 2,
+                lanes: 4,
+            };
+            assert_eq!(
+                Tile::for_shape(rows, nb).unwrap(),
+                want,
+                "nb {nb} rows {rows}"
+            );
+            assert_eq!(want.rows_per_workgroup(), 128);
         }
     }
     assert!(Tile::for_shape(100, 9).is_err());
-    assert_eq!(Tile::all().count(), 6);
-    assert!(Tile::all().all(|t| t.cols * t.rows_per_team <= 8));
-    // Every tile fits the 32 KiB of workgroup memory lavapipe offers.
-    assert_eq!(Tile::all().map(|t| t.shared_bytes()).max(), Some(27168));
+    assert_eq!(Tile::all().count(), 30);
+    assert!(Tile::all().all(|t| t.cols * t.rows_per_team <= 16 && t.cols * t.lanes <= 128));
+    // Every chosen tile is compiled.
+    for nb in 1..=8 {
+        for rows in [1, 151936] {
+            let t = Tile::for_shape(rows, nb).unwrap();
+            assert!(Tile::all().any(|x| x == t), "{t:?}");
+        }
+    }
+    // Every tile fits the 28 KiB budget (lavapipe offers 32): 16 KiB of staged activations,
+    // 8 KiB of partials and the norm's sums at 8 columns.
+    assert_eq!(Tile::all().map(|t| t.shared_bytes()).max(), Some(25120));
 }
