@@ -22,8 +22,9 @@
 //! - f32 activations (the default numerics), when the staged vector fits [`STAGE_BUDGET`]:
 //!   `moe_gate_up_f32.wgsl` / `moe_down_f32.wgsl` copy the activations each workgroup reads (x
 //!   `[H]`; the held slots of h `[K*I]`) into workgroup memory, swizzled so the lanes' block
-//!   reads are free of bank conflicts, and dequantise with the mantissa trick; the lanes per row
-//!   are [`F32Lanes`] (the down kernel's per-item lines are written out here, one variable each).
+//!   reads are free of bank conflicts, and dequantise with the mantissa trick; the work split is
+//!   [`F32Tuning`] (the down kernel's per-item and per-row lines are written out here, one
+//!   variable each, its weight loads issued before the staging).
 //!   Reading the activations straight from global memory strides 128 bytes across the lanes
 //!   (32 cache lines per load instruction) and held the f32 pair at ~0.4 TB/s on an H200.
 //! - int8 / precise int8 activations (and f32 past the budget): `moe_gate_up.wgsl` /
@@ -47,42 +48,47 @@ const DOWN_T: u32 = 32;
 /// Past it the f32 numerics fall back to the unstaged kernels.
 pub const STAGE_BUDGET: u64 = 28 * 1024;
 
-/// Lanes per output row of the staged f32 kernels (powers of two, 8..=256; the workgroup computes
-/// 256 / lanes rows). Tuning knobs for a GPU: fewer lanes per row means fewer, longer-running
-/// workgroups with more weight loads in flight per lane.
+/// Work split of the staged f32 kernels: tuning knobs for a GPU (the tests cover every value).
+/// Fewer lanes per row, or more rows per team, means fewer, longer-running workgroups with more
+/// weight loads in flight per lane and less staging repeated across workgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct F32Lanes {
-    /// gate/up: grid `(I / (256 / lanes), K)`; 16 = 384 workgroups at the real shape, ~3 per
-    /// H200 SM with 8 weight loads in flight per lane.
-    pub gate_up: u32,
-    /// down: grid `ceil(H / (256 / lanes))`; 32 = 256 workgroups, 6 items per lane at the real
-    /// shape (each workgroup stages the 24 KiB h, so fewer lanes would repeat less staging but
-    /// leave fewer workgroups).
-    pub down: u32,
+pub struct F32Tuning {
+    /// Lanes per gate/up row (power of two, 8..=256): grid `(I / (256 / lanes), K)`; 16 = 384
+    /// workgroups at the real shape, ~3 per H200 SM, 8 weight loads in flight per lane.
+    pub gate_up_lanes: u32,
+    /// Lanes per down row (power of two, 8..=256).
+    pub down_lanes: u32,
+    /// Down rows per team of lanes (1, 2 or 4; per-row lines written out as separate
+    /// variables): grid `ceil(H / (256 / lanes * rows))`. Each workgroup stages all of h
+    /// (24 KiB at the real shape, 6 MB of L2 reads per call at 32 lanes x 1 row), which more
+    /// rows per team divide.
+    pub down_rows: u32,
 }
 
-impl F32Lanes {
-    /// Unmeasured on the H200 as of this commit: the lead's kernel_bench sweep picks the final
-    /// values.
-    pub const DEFAULT: F32Lanes = F32Lanes {
-        gate_up: 16,
-        down: 32,
+impl F32Tuning {
+    /// 32 x 1 for down is the layout of the dense f32 matvec for its most similar matrix (the
+    /// o-proj, [2048 x 4096] staged: 1 and 2 rows per team measured equal on the H200). Not yet
+    /// measured on the H200 for the MoE: the lead's kernel_bench sweep picks the final values.
+    pub const DEFAULT: F32Tuning = F32Tuning {
+        gate_up_lanes: 16,
+        down_lanes: 32,
+        down_rows: 1,
     };
 
     fn validate(&self) -> Result<()> {
         let ok = |t: u32| t.is_power_of_two() && (8..=WG).contains(&t);
-        if !ok(self.gate_up) || !ok(self.down) {
+        if !ok(self.gate_up_lanes) || !ok(self.down_lanes) || ![1, 2, 4].contains(&self.down_rows) {
             return Err(GpuError::Shape(format!(
-                "MoE {self:?}: lanes per row must be powers of two in 8..={WG}"
+                "MoE {self:?}: lanes per row must be powers of two in 8..={WG}, rows per team 1, 2 or 4"
             )));
         }
         Ok(())
     }
 }
 
-impl Default for F32Lanes {
+impl Default for F32Tuning {
     fn default() -> Self {
-        F32Lanes::DEFAULT
+        F32Tuning::DEFAULT
     }
 }
 
@@ -151,9 +157,10 @@ pub enum Routing {
 pub struct MoeKernel {
     pub params: MoeParams,
     pub numerics: Numerics,
-    /// Lanes per row of the compiled gate/up and down (the grids follow from them).
+    /// Lanes per row of the compiled gate/up and down, and down's rows per workgroup (the grids
+    /// follow from them).
     gate_up_t: u32,
-    down_t: u32,
+    down_rows_per_wg: u32,
     /// Whether gate/up and down are the staged f32 forms.
     staged: (bool, bool),
     router: wgpu::ComputePipeline,
@@ -237,19 +244,19 @@ impl MoeKernel {
 
     /// As [`Self::new`] with activations in the form `numerics`.
     pub fn with_numerics(ctx: &Context, params: MoeParams, numerics: Numerics) -> Result<Self> {
-        Self::with_f32_lanes(ctx, params, numerics, F32Lanes::DEFAULT)
+        Self::with_f32_tuning(ctx, params, numerics, F32Tuning::DEFAULT)
     }
 
-    /// As [`Self::with_numerics`] with the lanes per row of the staged f32 kernels chosen (for
+    /// As [`Self::with_numerics`] with the work split of the staged f32 kernels chosen (for
     /// benchmarks; ignored by the other numerics).
-    pub fn with_f32_lanes(
+    pub fn with_f32_tuning(
         ctx: &Context,
         params: MoeParams,
         numerics: Numerics,
-        lanes: F32Lanes,
+        tune: F32Tuning,
     ) -> Result<Self> {
         params.validate()?;
-        lanes.validate()?;
+        tune.validate()?;
         let p = &params;
         // lg, top_e, red_g, red_u, hv, act_sh (256 vec4).
         let shared = (p.experts + p.top_k + 2 * WG + 32 + 4 * 256) as u64 * 4;
@@ -263,7 +270,7 @@ impl MoeKernel {
         let f32 = numerics == Numerics::F32;
         let staged = (
             f32 && gate_up_f32_shared(p) <= budget,
-            f32 && down_f32_shared(p) <= budget,
+            f32 && down_f32_shared(p, tune.down_rows) <= budget,
         );
         let route = include_str!("../shaders/moe_route.wgsl");
         let router_src = format!(
@@ -272,7 +279,11 @@ impl MoeKernel {
             include_str!("../shaders/moe_router.wgsl")
         );
         let router = ctx.compute("moe.router", &router_src, "main")?;
-        let gate_up_t = if staged.0 { lanes.gate_up } else { GATE_UP_T };
+        let gate_up_t = if staged.0 {
+            tune.gate_up_lanes
+        } else {
+            GATE_UP_T
+        };
         let gu_src = if staged.0 {
             format!(
                 "{}{route}{F32_DEQ}{STAGE}{}",
@@ -292,12 +303,16 @@ impl MoeKernel {
         let gu = ctx.module("moe.gate_up", &gu_src)?;
         let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
         let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
-        let down_t = if staged.1 { lanes.down } else { DOWN_T };
+        let (down_t, down_rows) = if staged.1 {
+            (tune.down_lanes, tune.down_rows)
+        } else {
+            (DOWN_T, 1)
+        };
         let down_src = if staged.1 {
             format!(
-                "{}{F32_DEQ}{STAGE}{}",
+                "{}const RT: u32 = {down_rows}u;\n{F32_DEQ}{STAGE}{}",
                 consts(p, down_t, p.inter),
-                down_f32_body(p, down_t)
+                down_f32_body(p, down_t, down_rows)
             )
         } else {
             format!(
@@ -312,7 +327,7 @@ impl MoeKernel {
             params,
             numerics,
             gate_up_t,
-            down_t,
+            down_rows_per_wg: WG / down_t * down_rows,
             staged,
             router,
             gate_up,
@@ -465,7 +480,7 @@ impl MoeKernel {
             pass.dispatch_workgroups(p.inter / (WG / self.gate_up_t), p.top_k, 1);
         }
         pass.set_pipeline(&self.down);
-        let (gx, gy) = ctx.grid(p.hidden.div_ceil(WG / self.down_t));
+        let (gx, gy) = ctx.grid(p.hidden.div_ceil(self.down_rows_per_wg));
         for bg in &b.down {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(gx, gy, 1);
@@ -493,27 +508,47 @@ fn gate_up_f32_shared(p: &MoeParams) -> u64 {
     (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + 2 * WG as u64 + 1) * 4
 }
 
-/// Workgroup bytes of moe_down_f32.wgsl: xs `[K*I]`, red `[WG]`, ids and wts `[K]`.
-fn down_f32_shared(p: &MoeParams) -> u64 {
-    (p.top_k as u64 * p.inter as u64 + WG as u64 + 2 * p.top_k as u64) * 4
+/// Workgroup bytes of moe_down_f32.wgsl at `rt` rows per team: xs `[K*I]`, red `[WG*rt]`, ids
+/// and wts `[K]`.
+fn down_f32_shared(p: &MoeParams, rt: u32) -> u64 {
+    (p.top_k as u64 * p.inter as u64 + (WG * rt) as u64 + 2 * p.top_k as u64) * 4
 }
 
-/// moe_down_f32.wgsl with its per-item lines written out for `t` lanes per row: item j of a lane
-/// is `it = lane + j * t`, ceil(K * NB / t) of them (at most ~7 at t = 32 within the staging
-/// budget). The weight and scale loads come first (in flight during the staging), the dots after.
-fn down_f32_body(p: &MoeParams, t: u32) -> String {
+/// moe_down_f32.wgsl with its per-item and per-row lines written out for `t` lanes per row and
+/// `rt` rows per team, one variable each (a per-thread array indexed in a loop may be placed in
+/// slow local memory): item j of a lane is `it = lane + j * t`, ceil(K * NB / t) of them (at most
+/// ~7 at t = 32 within the staging budget). The weight and scale loads come first (in flight
+/// during the staging), the dots after; each staged block is read once for the team's rows.
+fn down_f32_body(p: &MoeParams, t: u32, rt: u32) -> String {
     let items = (p.top_k * p.inter / BLOCK as u32).div_ceil(t);
-    let (mut load, mut dot) = (String::new(), String::new());
-    for j in 0..items {
+    let (mut load, mut dot, mut store) = (String::new(), String::new(), String::new());
+    for r in 0..rt {
         load += &format!(
-            "let it{j} = lane + {j}u * T; let b{j} = item_blk(it{j}, crow); \
-             let q{j} = qs[b{j}]; let s{j} = scale(b{j});\n    "
+            "let crow{r} = select(0u, row0 + {r}u, row0 + {r}u < H);\n    var acc{r} = 0.0;\n    "
         );
-        dot += &format!("acc += item(it{j}, q{j}, s{j});\n    ");
+        store += &format!("red[(team * RT + {r}u) * T + lane] = acc{r};\n    ");
+    }
+    for j in 0..items {
+        load += &format!("let it{j} = lane + {j}u * T;\n    ");
+        dot += &format!(
+            "{{ let x = xs_block(min(it{j}, KNB - 1u)); let w = wts[item_k(it{j})]; \
+             let on = item_on(it{j});\n        "
+        );
+        for r in 0..rt {
+            load += &format!(
+                "let b{j}_{r} = item_blk(it{j}, crow{r}); let q{j}_{r} = qs[b{j}_{r}]; \
+                 let s{j}_{r} = scale(b{j}_{r});\n    "
+            );
+            dot += &format!(
+                "acc{r} = select(acc{r}, fma(w * s{j}_{r}, dq_block(q{j}_{r}, x), acc{r}), on);\n        "
+            );
+        }
+        dot += "}\n    ";
     }
     include_str!("../shaders/moe_down_f32.wgsl")
         .replace("//ITEMS_LOAD", &load)
         .replace("//ITEMS_DOT", &dot)
+        .replace("//ROWS_STORE", &store)
 }
 
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {

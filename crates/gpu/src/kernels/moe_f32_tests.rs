@@ -19,11 +19,11 @@ struct F32Outputs {
     out: Vec<f32>,
 }
 
-/// Run one MoE block with f32 activations and `lanes`.
+/// Run one MoE block with f32 activations and the work split `tune`.
 fn run_f32(
     ctx: &Context,
     c: &Case,
-    lanes: F32Lanes,
+    tune: F32Tuning,
     routing: Routing,
     residual: bool,
     max_binding: Option<u64>,
@@ -40,7 +40,7 @@ fn run_f32(
         p.hidden as usize,
         p.inter as usize,
     );
-    let kern = MoeKernel::with_f32_lanes(&ctx, p, Numerics::F32, lanes).expect("kernel");
+    let kern = MoeKernel::with_f32_tuning(&ctx, p, Numerics::F32, tune).expect("kernel");
     let state = ctx
         .storage_init("state", bytemuck::cast_slice(&[3u32, 0, done as u32, 0]))
         .unwrap();
@@ -94,19 +94,19 @@ fn dot_and_scale(w: &[f32], x: &[f32]) -> (f64, f64) {
     })
 }
 
-/// Everything one f32 run must satisfy; returns the worst error / tolerance ratio (h, out).
+/// Everything one f32 run must satisfy; returns whether (gate/up, down) were the staged kernels.
 fn check_f32(
     ctx: &Context,
     c: &Case,
-    lanes: F32Lanes,
+    tune: F32Tuning,
     routing: Routing,
     residual: bool,
     max_binding: Option<u64>,
-) -> (f64, f64) {
+) -> (bool, bool) {
     let p = c.p;
     let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
-    let what = format!("f32 {p:?} {lanes:?} {routing:?} residual {residual} split {max_binding:?}");
-    let o = run_f32(ctx, c, lanes, routing, residual, max_binding, false);
+    let what = format!("f32 {p:?} {tune:?} {routing:?} residual {residual} split {max_binding:?}");
+    let o = run_f32(ctx, c, tune, routing, residual, max_binding, false);
 
     let (ids, w) = router_ref(&c.logits, k, p.norm_topk_prob);
     assert_eq!(o.route[..k], ids, "{what}: expert ids");
@@ -161,12 +161,19 @@ fn check_f32(
         );
         worst_y = worst_y.max(err / tol);
     }
-    eprintln!("{what}: worst error / tolerance: h {worst_h:.3}, out {worst_y:.3}");
-    (worst_h, worst_y)
+    eprintln!(
+        "{what}: staged {:?}, worst error / tolerance: h {worst_h:.3}, out {worst_y:.3}",
+        o.staged
+    );
+    o.staged
 }
 
-fn lanes(gate_up: u32, down: u32) -> F32Lanes {
-    F32Lanes { gate_up, down }
+fn tuning(gate_up_lanes: u32, down_lanes: u32, down_rows: u32) -> F32Tuning {
+    F32Tuning {
+        gate_up_lanes,
+        down_lanes,
+        down_rows,
+    }
 }
 
 #[test]
@@ -183,28 +190,21 @@ fn moe_f32_staged_odd_shapes_every_lane_count() {
         params(8, 3, 288, 160, true),
     ];
     let all = [
-        lanes(8, 8),
-        lanes(16, 32),
-        lanes(32, 64),
-        lanes(64, 16),
-        lanes(256, 256),
+        tuning(8, 8, 1),
+        tuning(16, 32, 2),
+        tuning(32, 64, 4),
+        tuning(64, 16, 1),
+        tuning(256, 256, 2),
+        tuning(16, 32, 4),
     ];
     for (n, p) in shapes.into_iter().enumerate() {
         let c = Case::new(p, 60 + n as u64);
-        for (j, l) in all.into_iter().enumerate() {
-            check_f32(&ctx, &c, l, Routing::Fused, j % 2 == 0, None);
+        for (j, t) in all.into_iter().enumerate() {
+            let staged = check_f32(&ctx, &c, t, Routing::Fused, j % 2 == 0, None);
+            assert_eq!(staged, (true, true), "{p:?} {t:?}: not the staged kernels");
         }
-        check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Separate, false, None);
-        let o = run_f32(
-            &ctx,
-            &c,
-            F32Lanes::DEFAULT,
-            Routing::Fused,
-            true,
-            None,
-            false,
-        );
-        assert_eq!(o.staged, (true, true), "{p:?}: not the staged kernels");
+        let staged = check_f32(&ctx, &c, F32Tuning::DEFAULT, Routing::Separate, false, None);
+        assert_eq!(staged, (true, true), "{p:?}: not the staged kernels");
     }
 }
 
@@ -215,18 +215,13 @@ fn moe_f32_real_shape() {
     };
     // Qwen3-30B-A3B: E = 128, K = 8, H = 2048, I = 768 (h staged whole: 24 KiB).
     let c = Case::new(params(128, 8, 2048, 768, true), 70);
-    let o = run_f32(
-        &ctx,
-        &c,
-        F32Lanes::DEFAULT,
-        Routing::Fused,
-        true,
-        None,
-        false,
-    );
-    assert_eq!(o.staged, (true, true), "real shape not staged");
-    check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Fused, true, None);
-    check_f32(&ctx, &c, lanes(8, 64), Routing::Separate, false, None);
+    for (t, routing, residual) in [
+        (F32Tuning::DEFAULT, Routing::Fused, true),
+        (tuning(8, 32, 2), Routing::Separate, false),
+    ] {
+        let staged = check_f32(&ctx, &c, t, routing, residual, None);
+        assert_eq!(staged, (true, true), "real shape, {t:?}: not staged");
+    }
 }
 
 #[test]
@@ -242,7 +237,7 @@ fn moe_f32_ties_and_split_weights() {
     let o = run_f32(
         &ctx,
         &c,
-        F32Lanes::DEFAULT,
+        F32Tuning::DEFAULT,
         Routing::Fused,
         false,
         None,
@@ -252,8 +247,8 @@ fn moe_f32_ties_and_split_weights() {
     // Parts of 3 experts each (0-2, 3-5, ..., 15): each of 3, 7, 9 and 12 in a part of its own.
     let limit = 3 * 64 * 2 * 16 + 100;
     for routing in [Routing::Fused, Routing::Separate] {
-        for residual in [true, false] {
-            check_f32(&ctx, &c, F32Lanes::DEFAULT, routing, residual, Some(limit));
+        for (t, residual) in [(F32Tuning::DEFAULT, true), (tuning(32, 16, 2), false)] {
+            check_f32(&ctx, &c, t, routing, residual, Some(limit));
         }
     }
 }
@@ -270,18 +265,10 @@ fn moe_f32_unstaged_past_the_budget() {
         (params(4, 2, 8192, 32, false), (false, true)),
     ] {
         let c = Case::new(p, 90);
-        let o = run_f32(
-            &ctx,
-            &c,
-            F32Lanes::DEFAULT,
-            Routing::Fused,
-            true,
-            None,
-            false,
-        );
-        assert_eq!(o.staged, staged, "{p:?}");
-        check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Fused, true, None);
-        check_f32(&ctx, &c, F32Lanes::DEFAULT, Routing::Separate, false, None);
+        for (routing, residual) in [(Routing::Fused, true), (Routing::Separate, false)] {
+            let got = check_f32(&ctx, &c, F32Tuning::DEFAULT, routing, residual, None);
+            assert_eq!(got, staged, "{p:?}");
+        }
     }
 }
 
@@ -292,7 +279,7 @@ fn moe_f32_done_flag_and_bad_lanes() {
     };
     let c = Case::new(params(16, 4, 64, 64, true), 100);
     for routing in [Routing::Fused, Routing::Separate] {
-        let o = run_f32(&ctx, &c, F32Lanes::DEFAULT, routing, true, None, true);
+        let o = run_f32(&ctx, &c, F32Tuning::DEFAULT, routing, true, None, true);
         assert_eq!(o.out, c.residual, "residual changed although done");
         assert!(
             o.route.iter().all(|v| *v == 0),
@@ -305,9 +292,16 @@ fn moe_f32_done_flag_and_bad_lanes() {
         let k = MoeKernel::with_numerics(&ctx, c.p, n).unwrap();
         assert_eq!(k.f32_staged(), (false, false), "{n}");
     }
-    for bad in [lanes(4, 32), lanes(16, 512), lanes(12, 32), lanes(16, 0)] {
-        let e = MoeKernel::with_f32_lanes(&ctx, c.p, Numerics::F32, bad)
-            .expect_err("bad lanes accepted");
-        assert!(e.to_string().contains("lanes"), "{bad:?}: {e}");
+    for bad in [
+        tuning(4, 32, 1),
+        tuning(16, 512, 1),
+        tuning(12, 32, 1),
+        tuning(16, 0, 1),
+        tuning(16, 32, 3),
+        tuning(16, 32, 0),
+    ] {
+        let e = MoeKernel::with_f32_tuning(&ctx, c.p, Numerics::F32, bad)
+            .expect_err("bad tuning accepted");
+        assert!(e.to_string().contains("rows per team"), "{bad:?}: {e}");
     }
 }

@@ -1,17 +1,19 @@
 // Expert down matvecs + routing-weighted combine with f32 activations: the f32 form of
 // moe_down.wgsl (same bindings, grid, parts and `accumulate`), y = Σ_k w_k · W_down[e_k] · h_k
 // (formats-spec §1.7 steps 5-6) added into `out` (the residual stream) or written to it.
-// Prepended by the host: consts E, K, WG, T (lanes per row, power of two), R (= WG / T rows per
-// workgroup), H (output rows per expert), I (input width), NB (= I / 32), KNB (= K * NB), the
-// `State` struct, F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
-// Grid: ceil(H / R) workgroups (spread over x, y: linear id = wid.x + wid.y * nwg.x).
+// Prepended by the host: consts E, K, WG, T (lanes per team, power of two), RT (rows per team),
+// H (output rows per expert), I (input width), NB (= I / 32), KNB (= K * NB), the `State` struct,
+// F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
+// Grid: ceil(H / ROWS) workgroups (spread over x, y: linear id = wid.x + wid.y * nwg.x); team t
+// of a workgroup owns its rows [RT t, RT t + RT).
 //
-// Row r of the output has KNB items: item `it` = (slot it / NB, block it % NB). Lane l of the row's
-// team takes items l, l + T, ... (expanded by the host into separate variables, see ITEMS_LOAD):
-// one 16-byte weight load per item, issued before the staging below so the weight bytes are in
-// flight while the workgroup copies the h slots its part holds (swizzled, moe_stage_f32.wgsl;
-// item `it` reads staged block `it`, so the lanes of a phase read consecutive blocks). One
-// barrier, the dots, then the team sum.
+// Row r of the output has KNB items: item `it` = (slot it / NB, block it % NB). Lane l of a team
+// takes items l, l + T, ... of each of the team's rows (expanded by the host into separate
+// variables per item and row, see ITEMS_LOAD): one 16-byte weight load per item and row, issued
+// before the staging below so the weight bytes are in flight while the workgroup copies the h
+// slots its part holds (swizzled, moe_stage_f32.wgsl; item `it` reads staged block `it`, so the
+// lanes of a phase read consecutive blocks, and each staged block read serves the RT rows). One
+// barrier, the dots, then the row sums.
 //
 // route  [2K] u32: ids then f32 weight bits (router or gate_up_routed output)
 // h      [K*I] f32 at binding 3
@@ -29,7 +31,9 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
 
 var<workgroup> xs: array<vec4<f32>, KNB * 8u>; // [K*I/4] h, swizzled (zeros for slots not held)
-var<workgroup> red: array<f32, WG>;            // [WG] per-lane partials
+const ROWS: u32 = (WG / T) * RT;
+
+var<workgroup> red: array<f32, WG * RT>;       // [ROWS, T] per-lane partials
 var<workgroup> ids: array<u32, K>;
 var<workgroup> wts: array<f32, K>;
 
@@ -60,12 +64,6 @@ fn item_blk(it: u32, crow: u32) -> u32 {
     return (el * H + crow) * NB + it % NB;
 }
 
-// The item's term w_k * scale * (block · h block), 0 when off.
-fn item(it: u32, q: vec4<u32>, s: f32) -> f32 {
-    let d = dq_block(q, xs_block(min(it, KNB - 1u)));
-    return select(0.0, wts[item_k(it)] * s * d, item_on(it));
-}
-
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -82,11 +80,11 @@ fn main(
     workgroupBarrier();
     let team = li / T;
     let lane = li % T;
-    let row = (wid.x + wid.y * nwg.x) * R + team;
-    // Rows past H (last workgroup) compute on row 0 and are not written: keeps barriers uniform.
-    let crow = select(0u, row, row < H);
-    // ITEMS_LOAD: per item j, `it{j}`, its weight block `q{j}` and scale `s{j}` (separate
-    // variables: a per-thread array indexed in a loop may be placed in slow local memory).
+    let wg = wid.x + wid.y * nwg.x;
+    let row0 = wg * ROWS + team * RT;
+    // ITEMS_LOAD (host-expanded): per row r `crow{r}` (rows past H, in the last workgroup,
+    // compute on row 0 and are not written: keeps barriers uniform) and `acc{r}`; per item j
+    // `it{j}`, and per item and row the weight block `q{j}_{r}` and its scale `s{j}_{r}`.
     //ITEMS_LOAD
     // Stage the h slots this part holds; the others are zeros (never read uninitialised).
     for (var i = li; i < KNB * 8u; i += WG) {
@@ -97,15 +95,16 @@ fn main(
         xs[xs_slot(i)] = v;
     }
     workgroupBarrier();
-    var acc = 0.0;
+    // ITEMS_DOT: acc{r} += w_k * s{j}_{r} * (q{j}_{r} . staged block it{j}) for the items on.
     //ITEMS_DOT
-    red[li] = acc;
+    //ROWS_STORE
     workgroupBarrier();
-    // One barrier: lane 0 of each team adds the team's T partials.
-    if (lane == 0u && row < H) {
+    // One barrier: thread li < ROWS adds the T partials of the workgroup's row li.
+    let row = wg * ROWS + li;
+    if (li < ROWS && row < H) {
         var tot = 0.0;
         for (var j = 0u; j < T; j++) {
-            tot += red[li + j];
+            tot += red[li * T + j];
         }
         if (params.accumulate != 0u) {
             out[row] += tot;
