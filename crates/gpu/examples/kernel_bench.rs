@@ -1,7 +1,8 @@
 //! Per-kernel GPU microbenchmark of nibble's decode step.
 //!
 //! `cargo run --release -p nibble-gpu --example kernel_bench -- [--shapes full|tiny] [--reps N]
-//! [--calls M] [--pos P] [--numerics f32|precise-int8|int8] [--adapter NAME] [--json]`
+//! [--calls M] [--pos P] [--numerics f32|precise-int8|int8] [--adapter NAME] [--json]
+//! [--matmul-tiles]`
 //!
 //! Every kernel the decode plan records is built with the real Qwen3-30B-A3B shapes (`full`) or
 //! the tiny model's (`tiny`, for lavapipe) and random inputs, then one call of it is recorded M
@@ -12,6 +13,8 @@
 //! sorted by time per token = time per call x calls per token in the plan (48 layers), with the
 //! sum compared against the whole step recorded the plan's way, the empty-dispatch chain and
 //! a plain 1 GiB read (reference lines). `--json` prints JSON on stdout, the table on stderr.
+//! The multi-column matmul (not in the plan yet) has rows of its own at nb = 1, 2, 4, 8 columns
+//! with the tile it picks, or every compiled tile of those columns with `--matmul-tiles`.
 
 #[path = "kernel_bench/cases.rs"]
 mod cases;
@@ -24,6 +27,8 @@ use anyhow::{bail, Context as _};
 use cases::Bench;
 use fixtures::RefKernel;
 use nibble_gpu::context::{AdapterChoice, Context};
+use nibble_gpu::kernels::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile, B_MAX};
+use nibble_gpu::tensor::Q4Matrix;
 use nibble_gpu::Numerics;
 use nibble_model::config::Qwen3MoeConfig;
 use std::time::Instant;
@@ -38,12 +43,13 @@ struct Args {
     numerics: Numerics,
     adapter: Option<String>,
     json: bool,
+    matmul_tiles: bool,
 }
 
 impl Args {
     fn parse() -> anyhow::Result<Args> {
         let mut it = std::env::args().skip(1);
-        let (mut full, mut json, mut adapter) = (true, false, None);
+        let (mut full, mut json, mut adapter, mut matmul_tiles) = (true, false, None, false);
         let (mut reps, mut calls, mut pos, mut numerics) = (None, None, None, Numerics::DEFAULT);
         while let Some(a) = it.next() {
             let mut val = || it.next().with_context(|| format!("{a} needs a value"));
@@ -59,6 +65,7 @@ impl Args {
                 "--numerics" => numerics = val()?.parse().map_err(anyhow::Error::msg)?,
                 "--adapter" => adapter = Some(val()?),
                 "--json" => json = true,
+                "--matmul-tiles" => matmul_tiles = true,
                 _ => bail!("unknown argument {a} (see the doc comment of kernel_bench.rs)"),
             }
         }
@@ -74,6 +81,7 @@ impl Args {
             numerics,
             adapter,
             json,
+            matmul_tiles,
         })
     }
 }
@@ -342,6 +350,57 @@ fn main() -> anyhow::Result<()> {
             })?;
         }
     }
+    // Multi-column int4 x f32 matmul (alternatives: not in the plan yet): X [nb, cols] random,
+    // Y [nb, rows], the same rotated weight copies as the matvec rows above.
+    let mm = MatmulKernel::new(&ctx)?;
+    let qr = qd + 2 * kvd;
+    let xm = nibble_gpu::testing::rand_f32(&mut rng, B_MAX as usize * h.max(qd), -1.0, 1.0);
+    let xm = ctx.storage_init("matmul.x", bytemuck::cast_slice(&xm))?;
+    let ym = ctx.storage("matmul.y", (B_MAX as usize * v.max(qr).max(h) * 4) as u64)?;
+    let head = [&b.head_w];
+    let mm_shapes: [(&str, Vec<&Q4Matrix>, usize, usize); 3] = [
+        ("qkv", b.qkv_w.iter().collect(), qr, h),
+        ("o_proj", b.o_w.iter().collect(), h, qd),
+        ("lm_head", head.to_vec(), v, h),
+    ];
+    for (shape, ws, rows, cols) in &mm_shapes {
+        for nb in [1u32, 2, 4, 8] {
+            let chosen = Tile::for_shape(*rows as u32, nb)?;
+            let tiles: Vec<Tile> = if args.matmul_tiles {
+                Tile::all().filter(|t| t.cols == chosen.cols).collect()
+            } else {
+                vec![chosen]
+            };
+            for t in tiles {
+                let binds = ws
+                    .iter()
+                    .map(|w| {
+                        let a = MatmulArgs {
+                            m: w,
+                            input: MatmulInput::Plain(&xm),
+                            nb,
+                            y: &ym,
+                            y_stride: *rows as u32,
+                            state: &b.state,
+                        };
+                        mm.bind_tiled(&ctx, &a, t)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let pick = if t == chosen { " *" } else { "" };
+                let name = format!(
+                    "matmul {shape} [{rows}x{cols}] f32 nb={nb} c{}r{}l{}{pick}",
+                    t.cols, t.rows_per_team, t.lanes
+                );
+                let bytes = q4(*rows, *cols) + 4 * nb as u64 * (rows + cols) as u64;
+                r.case(
+                    sp(name, binds[0].dispatch_count(), 0, true, bytes),
+                    m,
+                    &|p, c| mm.record(p, &binds[c % binds.len()]),
+                )?;
+            }
+        }
+    }
+
     let name = format!("matvec router F32 [{e}x{h}]");
     let bytes = (e * h * 4 + h * 4 + e * 4) as u64;
     r.case(
