@@ -26,6 +26,7 @@ pub mod backend;
 #[cfg(test)]
 mod backend_tests;
 pub mod bandwidth;
+pub mod columns;
 pub mod context;
 pub mod kernels;
 pub mod numerics;
