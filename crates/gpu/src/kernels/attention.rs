@@ -23,6 +23,10 @@
 //! `single` variant of `chunk` normalises and writes the output itself: one dispatch per layer.
 //! [`AttentionKernel::dispatches`] says which.
 //!
+//! Multi-column forms (B <= 8 tokens per dispatch, columns.rs) live in `attention_cols.rs`:
+//! [`AttentionKernel::bind_cols`] / [`AttentionKernel::record_cols`], the same body with a
+//! column grid dimension, in an independent (multi-stream decode) and a prefill mode.
+//!
 //! Invariants: KV cache `[ctx, Hkv, D]` f32, row `pos` written only by the chunk kernel of the
 //! same step (the owning workgroup); `qkv` is read only, so the raw q/k/v stay for tracing.
 //! `pos < ctx` is the host's job (the kernels clamp reads to the cache and skip an out-of-range
@@ -209,6 +213,10 @@ pub struct AttentionKernel {
     /// `[D/2]` f32.
     inv_freq: wgpu::Buffer,
     split: Split,
+    /// Sources of the chunk and combine modules, extended by the column forms.
+    src: cols::Sources,
+    /// Column pipelines per [`ColumnMode`], compiled on first [`Self::bind_cols`].
+    cols: [std::sync::OnceLock<cols::ColsPipelines>; 2],
 }
 
 /// The buffers one layer's attention reads and writes (see the module docs for shapes).
@@ -230,12 +238,14 @@ pub struct AttentionBuffers<'a> {
     pub out_q: Option<&'a QuantActs>,
 }
 
-/// Chunk partials, reusable by every layer: `part_o [Hq, NC, D]`, `part_ml [Hq, NC] (m, l)` with
-/// `NC` = [`Split::slots`].
+/// Chunk partials, reusable by every layer: `part_o [B, Hq, NC, D]`, `part_ml [B, Hq, NC] (m, l)`
+/// with `NC` = [`Split::slots`] and `B` columns (1 from [`AttentionKernel::scratch`]).
 #[derive(Debug)]
 pub struct AttentionScratch {
     part_o: wgpu::Buffer,
     part_ml: wgpu::Buffer,
+    /// B: columns the partials hold.
+    columns: u32,
 }
 
 /// Bind groups of one layer, created once.
@@ -352,7 +362,8 @@ impl AttentionKernel {
                 include_str!("../shaders/attention_combine.wgsl"),
             )
         };
-        let module = ctx.module("attention.combine", &combine_src(Numerics::Int8))?;
+        let combine_int8 = combine_src(Numerics::Int8);
+        let module = ctx.module("attention.combine", &combine_int8)?;
         let combine = ctx.pipeline("attention.combine", &module, "combine")?;
         let combine_q8 = if d % 32 == 0 {
             let precise = ctx.module(
@@ -376,6 +387,11 @@ impl AttentionKernel {
             combine_q8,
             inv_freq,
             split,
+            src: cols::Sources {
+                chunk: chunk_src,
+                combine: combine_int8,
+            },
+            cols: Default::default(),
         })
     }
 
@@ -387,11 +403,22 @@ impl AttentionKernel {
 
     /// Partial buffers sized for the whole cache.
     pub fn scratch(&self, ctx: &Context) -> Result<AttentionScratch> {
+        self.scratch_for(ctx, 1)
+    }
+
+    /// Partial buffers for `columns` columns (validated by the caller) over the whole cache.
+    fn scratch_for(&self, ctx: &Context, columns: u32) -> Result<AttentionScratch> {
         let p = &self.params;
-        let n = p.heads as u64 * self.split.slots() as u64;
+        let n = columns as u64 * p.heads as u64 * self.split.slots() as u64;
+        if n * p.head_dim as u64 >= 1 << 31 {
+            return Err(GpuError::Shape(format!(
+                "attention partials of {columns} columns exceed 2^31 elements"
+            )));
+        }
         Ok(AttentionScratch {
             part_o: ctx.storage("attention.part_o", n * p.head_dim as u64 * 4)?,
             part_ml: ctx.storage("attention.part_ml", n * 8)?,
+            columns,
         })
     }
 
@@ -404,16 +431,6 @@ impl AttentionKernel {
     ) -> Result<AttentionBinding> {
         let p = &self.params;
         let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
-        let need = |buf: &wgpu::Buffer, elems: u64, what: &str| {
-            if buf.size() < elems * 4 {
-                return Err(GpuError::Shape(format!(
-                    "attention {what}: {} bytes, need {}",
-                    buf.size(),
-                    elems * 4
-                )));
-            }
-            Ok(())
-        };
         need(b.state, 4, "state")?;
         need(b.qkv, (hq + 2 * hkv) * d, "qkv")?;
         need(b.q_norm, d, "q_norm")?;
@@ -482,8 +499,13 @@ impl AttentionKernel {
         b: &'b AttentionBinding,
         pos_bound: u32,
     ) -> Option<&'b wgpu::BindGroup> {
-        let one = self.split.chunks_bound(self.positions_bound(pos_bound)) == 1;
+        let one = self.one_chunk(pos_bound);
         b.single.as_ref().filter(|_| one)
+    }
+
+    /// Whether one chunk covers every position up to `pos_bound` (the `single` variants).
+    fn one_chunk(&self, pos_bound: u32) -> bool {
+        self.split.chunks_bound(self.positions_bound(pos_bound)) == 1
     }
 
     /// Positions an attention step at position `<= pos_bound` covers, at most (the cache).
@@ -606,6 +628,22 @@ pub fn attention_ref(
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
     buf.as_entire_binding()
 }
+
+/// `buf` must hold `elems` f32/u32 elements.
+fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<()> {
+    if buf.size() < elems * 4 {
+        return Err(GpuError::Shape(format!(
+            "attention {what}: {} bytes, need {}",
+            buf.size(),
+            elems * 4
+        )));
+    }
+    Ok(())
+}
+
+#[path = "attention_cols.rs"]
+mod cols;
+pub use cols::{AttentionColsBinding, AttentionColsBuffers, ColumnMode};
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]

@@ -90,7 +90,13 @@ fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: boo
     }
 }
 
-fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32, chunk: u32) -> AttentionParams {
+pub(crate) fn params(
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    ctx: u32,
+    chunk: u32,
+) -> AttentionParams {
     AttentionParams {
         heads,
         kv_heads,

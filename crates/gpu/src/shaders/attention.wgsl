@@ -17,18 +17,23 @@
 // reading the cache (writes of the same dispatch are not guaranteed visible to loads). K and V
 // come through shared-memory tiles of P rows loaded coalesced (at most two loads in flight per
 // thread, no long serial chains); scores are one thread per (head, position).
+// The body (`attend`) works on one `Site`: the position and the offsets of one token's data. The
+// single-token entry points below take the run state's position at offset 0; the column forms
+// (attention_chunk_cols.wgsl) take column `wid.z`'s position, slot and offsets.
 // Entry points:
 //   `chunk`  writes the chunk's unnormalised output and its (max, sum); `combine`
 //            (attention_combine.wgsl) merges the chunks.
 //   `single` for a grid of one chunk per kv head (the host guarantees pos + 1 <= chunk_len):
 //            normalises and writes the final f32 output itself.
 //
-// qkv      [HQ*D | HKV*D | HKV*D] f32 viewed as vec4: raw q|k|v projection (read only)
+// Shapes for B columns (B = 1 for the single-token entry points):
+// qkv      [B, HQ*D | HKV*D | HKV*D] f32 viewed as vec4: raw q|k|v projection (read only)
 // q_norm, k_norm [D] f32; inv_freq [D/2] f32: theta^(-2i/D) from the host (f64, rounded)
-// k/v      [CTX, HKV, D] f32 viewed as vec4; row pos receives the roped k and the raw v
-// part_o   [HQ, NC, D] f32 viewed as vec4: Σ_t exp(s_t - m_c) v_t over the chunk
-// part_ml  [HQ, NC] vec2<f32>: (m_c, l_c) = (max_t s_t, Σ_t exp(s_t - m_c))
-// out      [HQ*D] f32 viewed as vec4 (`single` only)
+// k/v      [slots, CTX, HKV, D] f32 viewed as vec4; row pos of the site's slot receives the roped
+//          k and the raw v (single token: one slot)
+// part_o   [B, HQ, NC, D] f32 viewed as vec4: Σ_t exp(s_t - m_c) v_t over the chunk
+// part_ml  [B, HQ, NC] vec2<f32>: (m_c, l_c) = (max_t s_t, Σ_t exp(s_t - m_c))
+// out      [B, HQ*D] f32 viewed as vec4 (`single` only)
 
 @group(0) @binding(0) var<storage, read> state: State;
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;
@@ -40,6 +45,18 @@
 @group(0) @binding(7) var<storage, read_write> part_o: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> part_ml: array<vec2<f32>>;
 @group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
+
+// Where one token's attention reads and writes.
+struct Site {
+    // Position of the token (its cache row within the slot).
+    pos: u32,
+    // Element offset of its q|k|v in qkv (column * (HQ + 2 HKV) * D).
+    qkv: u32,
+    // Cache row of its slot's position 0 (slot * CTX).
+    row0: u32,
+    // Its first query head in part_o / part_ml / out (column * HQ).
+    qh0: u32,
+};
 
 // Roped queries of the G heads, pre-scaled by 1/sqrt(D): [G, D4].
 var<workgroup> qs: array<vec4<f32>, G * D4>;
@@ -53,21 +70,22 @@ var<workgroup> stat: array<vec2<f32>, G>;
 // Roped k of this step's row `pos` (owning workgroup only): [D4].
 var<workgroup> kown: array<vec4<f32>, D4>;
 
-// Stage `rows` cache rows starting at position t0 of kv head h into `tile`: element e < rows * D4
-// is row e / D4, vec4 e % D4. Position `own` (or none: 0xffffffff) comes from this workgroup's
-// own k (`kown`) and raw v (qkv) rather than the cache. Both loads are issued before either store.
-fn stage(is_v: bool, t0: u32, h: u32, rows: u32, li: u32, own: u32) {
+// Stage `rows` cache rows of site `s` starting at position t0 of kv head h into `tile`: element
+// e < rows * D4 is row e / D4, vec4 e % D4. Position `own` (or none: 0xffffffff) comes from this
+// workgroup's own k (`kown`) and raw v (qkv) rather than the cache. Both loads are issued before
+// either store.
+fn stage(s: Site, is_v: bool, t0: u32, h: u32, rows: u32, li: u32, own: u32) {
     let n = rows * D4;
     let e0 = li;
     let e1 = li + WG;
     let r0 = e0 / D4;
     let r1 = e1 / D4;
-    let s0 = ((t0 + r0) * HKV + h) * D4 + e0 % D4;
-    let s1 = ((t0 + r1) * HKV + h) * D4 + e1 % D4;
+    let s0 = ((s.row0 + t0 + r0) * HKV + h) * D4 + e0 % D4;
+    let s1 = ((s.row0 + t0 + r1) * HKV + h) * D4 + e1 % D4;
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
     // vec4 index of kv head h's raw v in qkv.
-    let vb = (HQ + HKV + h) * D4;
+    let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
     if (is_v) {
         if (e0 < n) {
             if (t0 + r0 == own) { a = qkv[vb + e0 % D4]; } else { a = v_cache[s0]; }
@@ -91,12 +109,11 @@ fn stage(is_v: bool, t0: u32, h: u32, rows: u32, li: u32, own: u32) {
     }
 }
 
-// The whole kernel; `single` (a constant per entry point) picks the output.
-fn attend(wid: vec3<u32>, li: u32, single: bool) {
-    if (state.done != 0u) {
-        return;
-    }
-    let pos = state.pos;
+// The whole kernel for site `s` (the caller has checked the done flags). Constants per entry
+// point: `single` picks the output; `write_kv` makes the owning workgroup norm, rope and write
+// row pos itself (else a previous dispatch wrote it and it is read from the cache like the rest).
+fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
+    let pos = s.pos;
     // Positions beyond the cache cannot have been written: clamp (the host keeps pos < CTX).
     let n = min(pos + 1u, CTX);
     let cl = chunk_len(n);
@@ -108,21 +125,21 @@ fn attend(wid: vec3<u32>, li: u32, single: bool) {
     }
     let len = min(cl, n - t0);
     // t0 <= pos here, so this is "the chunk holds pos" (the last chunk), with pos in the cache.
-    let owner = pos < CTX && pos - t0 < len;
+    let owner = write_kv && pos < CTX && pos - t0 < len;
     var own = 0xffffffffu;
     if (owner) {
         own = pos;
     }
 
-    rope_prepare(h, pos, li);
+    rope_prepare(s.qkv, h, pos, li, 0u);
     for (var o = li; o < G * D4; o += WG) {
-        qs[o] = roped4(h, o / D4, o % D4) * SCALE;
+        qs[o] = roped4(s.qkv, h, o / D4, o % D4) * SCALE;
     }
     if (owner) {
-        let row = (pos * HKV + h) * D4;
-        let vb = (HQ + HKV + h) * D4;
+        let row = ((s.row0 + pos) * HKV + h) * D4;
+        let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
         for (var d = li; d < D4; d += WG) {
-            let k = roped4(h, G, d);
+            let k = roped4(s.qkv, h, G, d);
             kown[d] = k;
             k_cache[row + d] = k;
             v_cache[row + d] = qkv[vb + d];
@@ -133,7 +150,7 @@ fn attend(wid: vec3<u32>, li: u32, single: bool) {
     for (var tt = 0u; tt < len; tt += P) {
         let rows = min(P, len - tt);
         workgroupBarrier();
-        stage(false, t0 + tt, h, rows, li, own);
+        stage(s, false, t0 + tt, h, rows, li, own);
         workgroupBarrier();
         for (var i = li; i < G * P; i += WG) {
             let g = i / P;
@@ -196,7 +213,7 @@ fn attend(wid: vec3<u32>, li: u32, single: bool) {
     for (var tt = 0u; tt < len; tt += P) {
         let rows = min(P, len - tt);
         workgroupBarrier();
-        stage(true, t0 + tt, h, rows, li, own);
+        stage(s, true, t0 + tt, h, rows, li, own);
         workgroupBarrier();
         for (var j = 0u; j < OPT; j++) {
             let o = li + j * WG;
@@ -216,7 +233,7 @@ fn attend(wid: vec3<u32>, li: u32, single: bool) {
         for (var j = 0u; j < OPT; j++) {
             let o = li + j * WG;
             if (o < G * D4) {
-                out[h * G * D4 + o] = acc[j] * (1.0 / stat[o / D4].y);
+                out[(s.qh0 + h * G) * D4 + o] = acc[j] * (1.0 / stat[o / D4].y);
             }
         }
         return;
@@ -224,22 +241,33 @@ fn attend(wid: vec3<u32>, li: u32, single: bool) {
     for (var j = 0u; j < OPT; j++) {
         let o = li + j * WG;
         if (o < G * D4) {
-            let qh = h * G + o / D4;
+            let qh = s.qh0 + h * G + o / D4;
             part_o[(qh * NC + c) * D4 + o % D4] = acc[j];
         }
     }
     workgroupBarrier();
     if (li < G) {
-        part_ml[(h * G + li) * NC + c] = stat[li];
+        part_ml[(s.qh0 + h * G + li) * NC + c] = stat[li];
     }
+}
+
+// The single token of the run state: offsets 0, one slot.
+fn state_site() -> Site {
+    return Site(state.pos, 0u, 0u, 0u);
 }
 
 @compute @workgroup_size(WG)
 fn chunk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    attend(wid, li, false);
+    if (state.done != 0u) {
+        return;
+    }
+    attend(wid, li, state_site(), false, true);
 }
 
 @compute @workgroup_size(WG)
 fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    attend(wid, li, true);
+    if (state.done != 0u) {
+        return;
+    }
+    attend(wid, li, state_site(), true, true);
 }

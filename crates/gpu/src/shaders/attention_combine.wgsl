@@ -1,7 +1,8 @@
 // Combine of the chunked attention (see attention.wgsl for the partial layouts).
 // Prepended by the host: consts D, D4, HQ, C, CTX, NC, NW, WG (power of two, >= D4), the `State`
 // struct and `chunk_len(n)` (attention.rs).
-// Grid: HQ workgroups, one per query head:
+// Grid: HQ workgroups, one per query head (x B columns for `combine_cols`, appended by the host
+// from attention_combine_cols.wgsl; partials and output then carry a leading column dimension):
 //   M = max_c m_c,  L = Σ_c l_c e^(m_c - M),  out[d] = Σ_c e^(m_c - M) part_o[c][d] / L.
 // `combine` writes out [HQ*D] f32; `combine_q8` also writes it int8-quantised per block of 32
 // into bindings 4, 5 via `act_store` (plain or precise: the numerics snippet prepended by the
@@ -24,11 +25,12 @@ fn merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
 }
 
-// Combine query head qh into ov[] and out[]. All threads take part: (M, L) by a tree reduction
-// over the chunks, then S = WG / D4 slices of the chunks per vec4 of D, summed in shared memory,
-// so no thread walks all chunks serially.
-fn combine_head(qh: u32, li: u32) {
-    let n = min(state.pos + 1u, CTX);
+// Combine query head qh (of the partials and output rows [B, HQ] flattened: column * HQ + head)
+// at position pos into ov[] and out[]. All threads take part: (M, L) by a tree reduction over the
+// chunks, then S = WG / D4 slices of the chunks per vec4 of D, summed in shared memory, so no
+// thread walks all chunks serially.
+fn combine_head(qh: u32, pos: u32, li: u32) {
+    let n = min(pos + 1u, CTX);
     let cl = chunk_len(n);
     let nc = (n + cl - 1u) / cl;
     var ml = vec2<f32>(-3.4028235e38, 0.0);
@@ -78,7 +80,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     if (state.done != 0u) {
         return;
     }
-    combine_head(wid.x, li);
+    combine_head(wid.x, state.pos, li);
 }
 
 @compute @workgroup_size(WG)
@@ -87,7 +89,7 @@ fn combine_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     let qh = wid.x;
-    combine_head(qh, li);
+    combine_head(qh, state.pos, li);
     workgroupBarrier();
     // One thread per block of 32.
     for (var b = li; b < D / 32u; b += WG) {

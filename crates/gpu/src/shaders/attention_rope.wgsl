@@ -33,12 +33,13 @@ fn qkv_at(i: u32) -> f32 {
     return qkv[i / 4u][i % 4u];
 }
 
-// Element offset in qkv of head vector e of kv head h.
-fn head_base(h: u32, e: u32) -> u32 {
+// Element offset in qkv of head vector e of kv head h, for the token whose q|k|v starts at
+// element qb.
+fn head_base(qb: u32, h: u32, e: u32) -> u32 {
     if (e < G) {
-        return (h * G + e) * D;
+        return qb + (h * G + e) * D;
     }
-    return (HQ + h) * D;
+    return qb + (HQ + h) * D;
 }
 
 fn norm_w(e: u32, i: u32) -> f32 {
@@ -48,20 +49,21 @@ fn norm_w(e: u32, i: u32) -> f32 {
     return k_norm[i];
 }
 
-// Fill `cst` and `rms` for kv head h at position pos. Called in uniform control flow; ends with a
+// Fill `cst` and `rms` (head vectors e0..NH: 0 for all, G for k alone) for kv head h of the token
+// whose q|k|v starts at element qb, at position pos. Called in uniform control flow; ends with a
 // barrier so both arrays are visible to the whole workgroup. LR lanes per head, WG / LR heads per
 // pass of tree reductions over `red`.
-fn rope_prepare(h: u32, pos: u32, li: u32) {
+fn rope_prepare(qb: u32, h: u32, pos: u32, li: u32, first: u32) {
     let p = f32(pos);
     for (var i = li; i < HALF; i += WG) {
         cst[i] = cos_sin(p * inv_freq[i]);
     }
     let lane = li % LR;
-    for (var e0 = 0u; e0 < NH; e0 += WG / LR) {
+    for (var e0 = first; e0 < NH; e0 += WG / LR) {
         let e = e0 + li / LR;
         var ss = 0.0;
         if (e < NH) {
-            let base = head_base(h, e);
+            let base = head_base(qb, h, e);
             for (var i = lane; i < HALF; i += LR) {
                 let a = qkv_at(base + i);
                 let b = qkv_at(base + i + HALF);
@@ -87,8 +89,8 @@ fn rope_prepare(h: u32, pos: u32, li: u32) {
 
 // Elements 4*d4 .. 4*d4+3 of head vector e (kv head h) normed and roped. Each element recomputes
 // its pair partner, so one thread owns a whole vec4 (no two threads write parts of one vector).
-fn roped4(h: u32, e: u32, d4: u32) -> vec4<f32> {
-    let base = head_base(h, e);
+fn roped4(qb: u32, h: u32, e: u32, d4: u32) -> vec4<f32> {
+    let base = head_base(qb, h, e);
     let r = rms[e];
     var v: vec4<f32>;
     for (var j = 0u; j < 4u; j++) {
