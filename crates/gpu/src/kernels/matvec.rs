@@ -38,7 +38,7 @@ pub fn f32_rows_per_team(rows: u32) -> u32 {
 /// Columns from which the f32 matvec gives each row a whole 256-lane workgroup (two vec4 per
 /// lane at least); narrower rows use 8 rows x 32 lanes, which keeps small matrices from idling
 /// most lanes (lavapipe, a CPU, pays for every one).
-const F32_WIDE_COLS: u32 = 2048;
+pub(crate) const F32_WIDE_COLS: u32 = 2048;
 
 /// Bind groups (one per matrix part) of one matvec, ready to record.
 pub struct MatvecBinding {
@@ -117,7 +117,7 @@ pub const NORM_ON_LOAD_MAX: u32 = 4096;
 /// at `nol_slot(i)`). Two-level sum (two
 /// barriers), every thread adding the 16 partials in the same order; every workgroup of a
 /// dispatch computes the same value.
-const NORM_ON_LOAD: &str = "
+pub(crate) const NORM_ON_LOAD: &str = "
 var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4], n <= 4096
 var<workgroup> nol_red: array<f32, 256>;
 var<workgroup> nol_red16: array<f32, 16>;

@@ -4,6 +4,8 @@
 pub mod advance;
 pub mod argmax;
 pub mod attention;
+#[cfg(test)]
+mod cols_tests;
 pub mod embed;
 pub mod matmul;
 #[cfg(test)]
@@ -15,5 +17,6 @@ pub mod moe;
 pub mod norm;
 #[cfg(test)]
 mod numerics_tests;
+pub mod router_cols;
 #[cfg(test)]
 mod step_tests;
