@@ -29,7 +29,12 @@
 //!   (32 cache lines per load instruction) and held the f32 pair at ~0.4 TB/s on an H200.
 //! - int8 / precise int8 activations (and f32 past the budget): `moe_gate_up.wgsl` /
 //!   `moe_down.wgsl` reading the activation through the numerics snippet (numerics.rs).
+//!
+//! Multi-column runs (up to 8 tokens per dispatch, [`crate::columns`]): the staged f32 kernels
+//! have column entry points (`gate_up_routed_cols`, `main_cols`), bound and recorded by
+//! [`MoeKernel::bind_cols`] / [`MoeKernel::record_cols`] (moe_cols.rs).
 
+use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics, F32_DEQ};
 use crate::state::STATE_WGSL;
@@ -167,6 +172,8 @@ pub struct MoeKernel {
     gate_up: wgpu::ComputePipeline,
     gate_up_routed: wgpu::ComputePipeline,
     down: wgpu::ComputePipeline,
+    /// Column forms of (gate_up_routed, down): only when both stages are the staged f32 kernels.
+    cols: Option<(wgpu::ComputePipeline, wgpu::ComputePipeline)>,
 }
 
 /// The buffers one layer's MoE block uses.
@@ -286,7 +293,7 @@ impl MoeKernel {
         };
         let gu_src = if staged.0 {
             format!(
-                "{}{route}{F32_DEQ}{STAGE}{}",
+                "{}{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
                 consts(p, gate_up_t, p.hidden),
                 include_str!("../shaders/moe_gate_up_f32.wgsl")
             )
@@ -310,7 +317,7 @@ impl MoeKernel {
         };
         let down_src = if staged.1 {
             format!(
-                "{}const RT: u32 = {down_rows}u;\n{F32_DEQ}{STAGE}{}",
+                "{}const RT: u32 = {down_rows}u;\n{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
                 consts(p, down_t, p.inter),
                 down_f32_body(p, down_t, down_rows)
             )
@@ -322,7 +329,16 @@ impl MoeKernel {
                 include_str!("../shaders/moe_down.wgsl")
             )
         };
-        let down = ctx.compute("moe.down", &down_src, "main")?;
+        let dm = ctx.module("moe.down", &down_src)?;
+        let down = ctx.pipeline("moe.down", &dm, "main")?;
+        let cols = if staged == (true, true) {
+            Some((
+                ctx.pipeline("moe.gate_up_routed_cols", &gu, "gate_up_routed_cols")?,
+                ctx.pipeline("moe.down_cols", &dm, "main_cols")?,
+            ))
+        } else {
+            None
+        };
         Ok(MoeKernel {
             params,
             numerics,
@@ -333,6 +349,7 @@ impl MoeKernel {
             gate_up,
             gate_up_routed,
             down,
+            cols,
         })
     }
 
@@ -340,27 +357,7 @@ impl MoeKernel {
     pub fn bind(&self, ctx: &Context, b: &MoeBuffers<'_>, routing: Routing) -> Result<MoeBinding> {
         let p = &self.params;
         let (e, k, h, i) = (p.experts, p.top_k, p.hidden, p.inter);
-        let shape = |what: &str, m: &Q4Matrix, rows: u32, cols: u32| {
-            if m.rows != rows || m.cols != cols {
-                return Err(GpuError::Shape(format!(
-                    "MoE {what}: [{}, {}], need [{rows}, {cols}]",
-                    m.rows, m.cols
-                )));
-            }
-            Ok(())
-        };
-        shape("gate", b.gate, e * i, h)?;
-        shape("up", b.up, e * i, h)?;
-        shape("down", b.down, e * h, i)?;
-        let need = |buf: &wgpu::Buffer, bytes: u64, what: &str| {
-            if buf.size() < bytes {
-                return Err(GpuError::Shape(format!(
-                    "MoE {what}: {} bytes, need {bytes}",
-                    buf.size()
-                )));
-            }
-            Ok(())
-        };
+        self.check_weights(b.gate, b.up, b.down)?;
         need(b.state, 16, "state")?;
         need(b.logits, e as u64 * 4, "logits")?;
         need(b.route, 2 * k as u64 * 4, "route")?;
@@ -384,11 +381,6 @@ impl MoeKernel {
                 self.numerics
             )));
         }
-        if b.gate.parts.len() != b.up.parts.len() {
-            return Err(GpuError::Shape(
-                "MoE gate and up are split differently".into(),
-            ));
-        }
         let router = match routing {
             Routing::Separate => Some(ctx.bind_group(
                 "moe.router",
@@ -399,16 +391,7 @@ impl MoeKernel {
         };
         let mut gate_up = Vec::new();
         for (n, (g, u)) in b.gate.parts.iter().zip(&b.up.parts).enumerate() {
-            let (lo, hi) = expert_range(g, i, "gate")?;
-            if expert_range(u, i, "up")? != (lo, hi) {
-                return Err(GpuError::Shape(
-                    "MoE gate and up parts hold different experts".into(),
-                ));
-            }
-            let params = ctx.uniform(
-                "moe.gate_up.params",
-                bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, 0]),
-            )?;
+            let params = gate_up_params(ctx, g, u, i, n)?;
             let mut res = vec![(0, whole(b.state)), (1, whole(&params))];
             let pipe = match routing {
                 Routing::Fused => {
@@ -434,9 +417,7 @@ impl MoeKernel {
         }
         let mut down = Vec::new();
         for (n, part) in b.down.parts.iter().enumerate() {
-            let (lo, hi) = expert_range(part, h, "down")?;
-            let acc = (b.residual || n > 0) as u32;
-            let params = ctx.uniform("moe.down.params", bytemuck::cast_slice(&[lo, hi, acc, 0]))?;
+            let params = down_params(ctx, part, h, b.residual || n > 0)?;
             let mut res = vec![
                 (0, whole(b.state)),
                 (1, whole(&params)),
@@ -465,7 +446,6 @@ impl MoeKernel {
 
     /// Record the MoE dispatches of one layer (no host sync).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, ctx: &Context, b: &MoeBinding) {
-        let p = &self.params;
         if let Some(router) = &b.router {
             pass.set_pipeline(&self.router);
             pass.set_bind_group(0, router, &[]);
@@ -475,16 +455,49 @@ impl MoeKernel {
             Routing::Fused => &self.gate_up_routed,
             Routing::Separate => &self.gate_up,
         });
+        let ((ux, uy), (gx, gy)) = self.grids(ctx);
         for bg in &b.gate_up {
             pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(p.inter / (WG / self.gate_up_t), p.top_k, 1);
+            pass.dispatch_workgroups(ux, uy, 1);
         }
         pass.set_pipeline(&self.down);
-        let (gx, gy) = ctx.grid(p.hidden.div_ceil(self.down_rows_per_wg));
         for bg in &b.down {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(gx, gy, 1);
         }
+    }
+
+    /// Grids (x, y) of one column of gate/up and of down.
+    fn grids(&self, ctx: &Context) -> ((u32, u32), (u32, u32)) {
+        let p = &self.params;
+        (
+            (p.inter / (WG / self.gate_up_t), p.top_k),
+            ctx.grid(p.hidden.div_ceil(self.down_rows_per_wg)),
+        )
+    }
+
+    /// Check the stacked expert weights' shapes and that gate and up are split alike.
+    fn check_weights(&self, gate: &Q4Matrix, up: &Q4Matrix, down: &Q4Matrix) -> Result<()> {
+        let p = &self.params;
+        let (e, h, i) = (p.experts, p.hidden, p.inter);
+        let shape = |what: &str, m: &Q4Matrix, rows: u32, cols: u32| {
+            if m.rows != rows || m.cols != cols {
+                return Err(GpuError::Shape(format!(
+                    "MoE {what}: [{}, {}], need [{rows}, {cols}]",
+                    m.rows, m.cols
+                )));
+            }
+            Ok(())
+        };
+        shape("gate", gate, e * i, h)?;
+        shape("up", up, e * i, h)?;
+        shape("down", down, e * h, i)?;
+        if gate.parts.len() != up.parts.len() {
+            return Err(GpuError::Shape(
+                "MoE gate and up are split differently".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether (gate/up, down) run the staged f32 kernels (false for the quantised numerics and
@@ -551,6 +564,51 @@ fn down_f32_body(p: &MoeParams, t: u32, rt: u32) -> String {
         .replace("//ROWS_STORE", &store)
 }
 
+/// Error unless `buf` holds at least `bytes`.
+fn need(buf: &wgpu::Buffer, bytes: u64, what: &str) -> Result<()> {
+    if buf.size() < bytes {
+        return Err(GpuError::Shape(format!(
+            "MoE {what}: {} bytes, need {bytes}",
+            buf.size()
+        )));
+    }
+    Ok(())
+}
+
+/// Params uniform of gate/up part `n` (gate part `g`, up part `u`, `i` rows per expert): the
+/// experts it holds, and whether it writes the route (the first part only).
+fn gate_up_params(
+    ctx: &Context,
+    g: &crate::tensor::Q4Part,
+    u: &crate::tensor::Q4Part,
+    i: u32,
+    n: usize,
+) -> Result<wgpu::Buffer> {
+    let (lo, hi) = expert_range(g, i, "gate")?;
+    if expert_range(u, i, "up")? != (lo, hi) {
+        return Err(GpuError::Shape(
+            "MoE gate and up parts hold different experts".into(),
+        ));
+    }
+    ctx.uniform(
+        "moe.gate_up.params",
+        bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, 0]),
+    )
+}
+
+/// Params uniform of down part `part` (`h` rows per expert): the experts it holds, and whether it
+/// adds into `out` (the residual, or a later part) or writes it.
+fn down_params(
+    ctx: &Context,
+    part: &crate::tensor::Q4Part,
+    h: u32,
+    accumulate: bool,
+) -> Result<wgpu::Buffer> {
+    let (lo, hi) = expert_range(part, h, "down")?;
+    let acc = accumulate as u32;
+    ctx.uniform("moe.down.params", bytemuck::cast_slice(&[lo, hi, acc, 0]))
+}
+
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
     buf.as_entire_binding()
 }
@@ -606,6 +664,10 @@ pub fn down_ref(wd: &[&[f32]], h: &[&[f32]], w: &[f32], hidden: usize) -> Vec<f3
     }
     y.into_iter().map(|v| v as f32).collect()
 }
+
+#[path = "moe_cols.rs"]
+mod cols;
+pub use cols::{MoeColsBinding, MoeColsBuffers};
 
 #[cfg(test)]
 #[path = "moe_f32_tests.rs"]

@@ -10,7 +10,7 @@ use super::tests::{params, Case};
 use super::*;
 use crate::testing::{assert_close, gpu};
 
-const F32_TOL: f64 = 4e-6;
+pub(super) const F32_TOL: f64 = 4e-6;
 
 struct F32Outputs {
     staged: (bool, bool),
@@ -87,7 +87,7 @@ fn run_f32(
 }
 
 /// `Σ_j w_j x_j` and `Σ_j |w_j x_j|` in f64.
-fn dot_and_scale(w: &[f32], x: &[f32]) -> (f64, f64) {
+pub(super) fn dot_and_scale(w: &[f32], x: &[f32]) -> (f64, f64) {
     w.iter().zip(x).fold((0.0, 0.0), |(d, s), (a, b)| {
         let t = *a as f64 * *b as f64;
         (d + t, s + t.abs())
@@ -104,27 +104,69 @@ fn check_f32(
     max_binding: Option<u64>,
 ) -> (bool, bool) {
     let p = c.p;
-    let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
     let what = format!("f32 {p:?} {tune:?} {routing:?} residual {residual} split {max_binding:?}");
     let o = run_f32(ctx, c, tune, routing, residual, max_binding, false);
+    let t = Token {
+        logits: &c.logits,
+        x: &c.x,
+        residual: &c.residual,
+    };
+    let r = check_token(c, &t, (&o.route, &o.h, &o.out), residual, &what);
+    eprintln!(
+        "{what}: staged {:?}, worst error / tolerance: h {:.3}, out {:.3}",
+        o.staged, r.worst_h, r.worst_out
+    );
+    o.staged
+}
 
-    let (ids, w) = router_ref(&c.logits, k, p.norm_topk_prob);
-    assert_eq!(o.route[..k], ids, "{what}: expert ids");
-    let got_w: Vec<f32> = o.route[k..].iter().map(|b| f32::from_bits(*b)).collect();
+/// One token's inputs: router logits `[E]`, x `[H]`, the residual before the block `[H]`.
+pub(super) struct Token<'a> {
+    pub(super) logits: &'a [f32],
+    pub(super) x: &'a [f32],
+    pub(super) residual: &'a [f32],
+}
+
+/// What [`check_token`] found: the worst error / tolerance of h and out, and each output's
+/// rounding scale (its sum of |weight * activation|, see the module docs).
+pub(super) struct Checked {
+    pub(super) worst_h: f64,
+    pub(super) worst_out: f64,
+    /// `[K*I]`: `1.1 |u| Σ|wg x| + |silu(g)| Σ|wu x|`.
+    pub(super) h_scale: Vec<f64>,
+    /// `[H]`: `Σ_k |w_k| Σ|wd h_k|`.
+    pub(super) out_scale: Vec<f64>,
+}
+
+/// Check one token's kernel outputs (route `[2K]`, h `[K*I]`, out `[H]`) against the f64
+/// references with the weights of `c`.
+pub(super) fn check_token(
+    c: &Case,
+    t: &Token<'_>,
+    (route, got_h, got_out): (&[u32], &[f32], &[f32]),
+    residual: bool,
+    what: &str,
+) -> Checked {
+    let p = c.p;
+    let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
+    let (ids, w) = router_ref(t.logits, k, p.norm_topk_prob);
+    assert_eq!(route[..k], ids, "{what}: expert ids");
+    let got_w: Vec<f32> = route[k..2 * k].iter().map(|b| f32::from_bits(*b)).collect();
     assert_close(&got_w, &w, 1e-7, 1e-5, &format!("{what}: route weights"));
 
     // gate/up: per row g, u and their error scales.
     let mut worst_h = 0f64;
+    let mut h_scale = vec![0f64; k * i];
     for (s, &e) in ids.iter().enumerate() {
         let wg = Case::expert(&c.gate, e, p.inter, p.hidden);
         let wu = Case::expert(&c.up, e, p.inter, p.hidden);
         for r in 0..i {
-            let (g, sg) = dot_and_scale(&wg[r * h..(r + 1) * h], &c.x);
-            let (u, su) = dot_and_scale(&wu[r * h..(r + 1) * h], &c.x);
+            let (g, sg) = dot_and_scale(&wg[r * h..(r + 1) * h], t.x);
+            let (u, su) = dot_and_scale(&wu[r * h..(r + 1) * h], t.x);
             let silu = g / (1.0 + (-g).exp());
             let want = silu * u;
-            let tol = F32_TOL * (1.1 * u.abs() * sg + silu.abs() * su) + 1e-6 * want.abs();
-            let got = o.h[s * i + r] as f64;
+            h_scale[s * i + r] = 1.1 * u.abs() * sg + silu.abs() * su;
+            let tol = F32_TOL * h_scale[s * i + r] + 1e-6 * want.abs();
+            let got = got_h[s * i + r] as f64;
             let err = (got - want).abs();
             assert!(
                 err <= tol,
@@ -136,7 +178,7 @@ fn check_f32(
 
     // down + combine against the reference fed the kernel's own h.
     let base = if residual {
-        c.residual.clone()
+        t.residual.to_vec()
     } else {
         vec![0.0; h]
     };
@@ -145,30 +187,33 @@ fn check_f32(
         .map(|&e| Case::expert(&c.down, e, p.hidden, p.inter))
         .collect();
     let mut worst_y = 0f64;
+    let mut out_scale = vec![0f64; h];
     for r in 0..h {
         let (mut y, mut scale) = (base[r] as f64, 0f64);
         for (s, wd) in wd.iter().enumerate() {
-            let (d, sd) = dot_and_scale(&wd[r * i..(r + 1) * i], &o.h[s * i..(s + 1) * i]);
+            let (d, sd) = dot_and_scale(&wd[r * i..(r + 1) * i], &got_h[s * i..(s + 1) * i]);
             y += w[s] as f64 * d;
             scale += w[s].abs() as f64 * sd;
         }
+        out_scale[r] = scale;
         let tol = F32_TOL * scale + 1e-7 * y.abs();
-        let err = (o.out[r] as f64 - y).abs();
+        let err = (got_out[r] as f64 - y).abs();
         assert!(
             err <= tol,
             "{what}: out[{r}] {} vs {y} (tol {tol:e})",
-            o.out[r]
+            got_out[r]
         );
         worst_y = worst_y.max(err / tol);
     }
-    eprintln!(
-        "{what}: staged {:?}, worst error / tolerance: h {worst_h:.3}, out {worst_y:.3}",
-        o.staged
-    );
-    o.staged
+    Checked {
+        worst_h,
+        worst_out: worst_y,
+        h_scale,
+        out_scale,
+    }
 }
 
-fn tuning(gate_up_lanes: u32, down_lanes: u32, down_rows: u32) -> F32Tuning {
+pub(super) fn tuning(gate_up_lanes: u32, down_lanes: u32, down_rows: u32) -> F32Tuning {
     F32Tuning {
         gate_up_lanes,
         down_lanes,

@@ -6,6 +6,9 @@
 // F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
 // Grid: ceil(H / ROWS) workgroups (spread over x, y: linear id = wid.x + wid.y * nwg.x); team t
 // of a workgroup owns its rows [RT t, RT t + RT).
+// Column form (`main_cols`, multi-column runs, columns.rs; also needs columns.wgsl): z is the
+// column c: route [c*2K..], h [c*K*I..], out [c*H..]; a column whose `cols[c].done` is set is
+// skipped (its out untouched).
 //
 // Row r of the output has KNB items: item `it` = (slot it / NB, block it % NB). Lane l of a team
 // takes items l, l + T, ... of each of the team's rows (expanded by the host into separate
@@ -15,10 +18,11 @@
 // lanes of a phase read consecutive blocks, and each staged block read serves the RT rows). One
 // barrier, the dots, then the row sums.
 //
-// route  [2K] u32: ids then f32 weight bits (router or gate_up_routed output)
-// h      [K*I] f32 at binding 3
+// route  [2K] u32: ids then f32 weight bits (router or gate_up_routed output; column form [nb, 2K])
+// h      [K*I] f32 at binding 3 (column form [nb, K*I])
 // qs, sc [(e_hi-e_lo)*H*NB] Q4_0 blocks of the part (tensor.rs layout)
-// out    [H] f32
+// out    [H] f32 (column form [nb, H])
+// cols   [8] Col (column form only)
 
 struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 
@@ -29,6 +33,7 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 @group(0) @binding(5) var<storage, read> qs: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> sc: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
+@group(0) @binding(8) var<storage, read> cols: array<Col, 8>;
 
 var<workgroup> xs: array<vec4<f32>, KNB * 8u>; // [K*I/4] h, swizzled (zeros for slots not held)
 const ROWS: u32 = (WG / T) * RT;
@@ -73,14 +78,33 @@ fn main(
     if (state.done != 0u) {
         return;
     }
+    down_rows(wid.x + wid.y * nwg.x, li, 0u);
+}
+
+@compute @workgroup_size(WG)
+fn main_cols(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    // `c` is workgroup-uniform, so the return keeps the barriers uniform.
+    let c = wid.z;
+    if (state.done != 0u || c >= 8u || cols[c].done != 0u) {
+        return;
+    }
+    down_rows(wid.x + wid.y * nwg.x, li, c);
+}
+
+// The rows of linear workgroup `wg` for column `col` (0 for one token).
+fn down_rows(wg: u32, li: u32, col: u32) {
+    let rbase = col * 2u * K;
     for (var k = li; k < K; k += WG) {
-        ids[k] = min(route[k], E - 1u);
-        wts[k] = bitcast<f32>(route[K + k]);
+        ids[k] = min(route[rbase + k], E - 1u);
+        wts[k] = bitcast<f32>(route[rbase + K + k]);
     }
     workgroupBarrier();
     let team = li / T;
     let lane = li % T;
-    let wg = wid.x + wid.y * nwg.x;
     let row0 = wg * ROWS + team * RT;
     // ITEMS_LOAD (host-expanded): per row r `crow{r}` (rows past H, in the last workgroup,
     // compute on row 0 and are not written: keeps barriers uniform) and `acc{r}`; per item j
@@ -90,7 +114,7 @@ fn main(
     for (var i = li; i < KNB * 8u; i += WG) {
         var v = vec4<f32>(0.0);
         if (held(ids[i / (NB * 8u)])) {
-            v = h[i];
+            v = h[col * KNB * 8u + i];
         }
         xs[xs_slot(i)] = v;
     }
@@ -107,9 +131,9 @@ fn main(
             tot += red[li * T + j];
         }
         if (params.accumulate != 0u) {
-            out[row] += tot;
+            out[col * H + row] += tot;
         } else {
-            out[row] = tot;
+            out[col * H + row] = tot;
         }
     }
 }

@@ -112,7 +112,7 @@ fn gate_up_routed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         return;
     }
     let k = wid.y;
-    route_select(li);
+    route_select(li, 0u);
     if (li == 0u) {
         slot_e = top_e[k];
         if (params.write_route != 0u && wid.x == 0u) {

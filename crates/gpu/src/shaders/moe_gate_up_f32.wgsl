@@ -2,18 +2,26 @@
 // f32 form of moe_gate_up.wgsl, with the same entry points, bindings, routing and parts.
 // Prepended by the host: consts E, K, WG, T (lanes per row, power of two, 8..=256), R (= WG / T
 // rows per workgroup), H (input width), NB (= H / 32), I, NORM_TOPK, the `State` struct,
-// moe_route.wgsl, F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
+// moe_route.wgsl, F32_DEQ (numerics.rs: `dq_block`), moe_stage_f32.wgsl and columns.wgsl.
 // Grid: (I / R, K). Workgroup (b, k) computes rows [R b, R b + R) of slot k's expert.
+//
+// Column form (`gate_up_routed_cols`, multi-column runs, columns.rs): grid (I / R, K, nb),
+// workgroup (b, k, c) does the same for column c: logits [c*E..], x [c*H..], route [c*2K..],
+// h [c*K*I..]; a column whose `cols[c].done` is set is skipped (its route and h untouched).
+// Every column reads its own experts' weights (columns that chose the same expert share it
+// through the cache only).
 //
 // Every workgroup first copies x into workgroup memory (swizzled, moe_stage_f32.wgsl); the
 // barriers of the routing (or of the expert-id broadcast) publish it. Then lane l of a row's team
 // takes blocks l, l + T, ...: one 16-byte load per block for gate and one for up, both dotted
 // with the one staged activation block (int4 -> f32 by the mantissa trick of `dq_block`).
 //
-// x      [H] f32 at binding 4
+// logits [E] f32 (column form: [nb, E])
+// x      [H] f32 at binding 4 (column form: [nb, H])
 // gate_qs, up_qs   [(e_hi-e_lo)*I*NB] vec4<u32> Q4_0 nibbles, *_sc f16 scale pairs (tensor.rs)
-// route  [2K] u32: ids then f32 weight bits
-// h      [K, I] f32 = silu(gate) * up
+// route  [2K] u32: ids then f32 weight bits (column form: [nb, 2K])
+// h      [K, I] f32 = silu(gate) * up (column form: [nb, K, I])
+// cols   [8] Col (column form only)
 
 struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 
@@ -27,15 +35,17 @@ struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 @group(0) @binding(8) var<storage, read> up_qs: array<vec4<u32>>;
 @group(0) @binding(9) var<storage, read> up_sc: array<u32>;
 @group(0) @binding(10) var<storage, read_write> h: array<f32>;
+@group(0) @binding(13) var<storage, read> cols: array<Col, 8>;
 
 var<workgroup> xs: array<vec4<f32>, NB * 8u>; // [H/4] x, swizzled
 var<workgroup> red_g: array<f32, WG>;         // [WG] per-lane partials
 var<workgroup> red_u: array<f32, WG>;
 var<workgroup> slot_e: u32;
 
-fn stage_x(li: u32) {
+// Stage x [base..base + H/4) (vec4s; base = the column's first vec4, 0 for one token).
+fn stage_x(li: u32, base: u32) {
     for (var i = li; i < NB * 8u; i += WG) {
-        xs[xs_slot(i)] = act_x[i];
+        xs[xs_slot(i)] = act_x[base + i];
     }
 }
 
@@ -57,9 +67,10 @@ fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
     return vec2<f32>(gscale(blk) * dq_block(g, x), uscale(blk) * dq_block(u, x));
 }
 
-// Rows [R wid.x, +R) of expert e for slot k. `e` is workgroup-uniform; every thread calls it
-// (it has a barrier), a part that does not hold e computes nothing.
-fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
+// Rows [R wid.x, +R) of expert e for slot k, written to h [hbase + k*I..] (hbase: the column's
+// first h element). `e` is workgroup-uniform; every thread calls it (it has a barrier), a part
+// that does not hold e computes nothing.
+fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32) {
     let held = e >= params.e_lo && e < params.e_hi;
     let team = li / T;
     let lane = li % T;
@@ -87,7 +98,7 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32) {
             g += red_g[li + j];
             u += red_u[li + j];
         }
-        h[k * I + row] = g / (1.0 + exp(-g)) * u;
+        h[hbase + k * I + row] = g / (1.0 + exp(-g)) * u;
     }
 }
 
@@ -96,13 +107,13 @@ fn gate_up(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     if (state.done != 0u) {
         return;
     }
-    stage_x(li);
+    stage_x(li, 0u);
     let k = wid.y;
     if (li == 0u) {
         slot_e = min(route[k], E - 1u);
     }
     // workgroupUniformLoad's barrier also publishes the staged x.
-    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li);
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, 0u);
 }
 
 @compute @workgroup_size(WG)
@@ -110,17 +121,35 @@ fn gate_up_routed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     if (state.done != 0u) {
         return;
     }
+    routed(wid.xy, li, 0u);
+}
+
+@compute @workgroup_size(WG)
+fn gate_up_routed_cols(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    // `c` is workgroup-uniform, so the return keeps the barriers uniform.
+    let c = wid.z;
+    if (state.done != 0u || c >= 8u || cols[c].done != 0u) {
+        return;
+    }
+    routed(wid.xy, li, c);
+}
+
+// Routing + rows of workgroup (wid.x, wid.y) for column `col` (0 for one token).
+fn routed(wid: vec2<u32>, li: u32, col: u32) {
     // Staged before the routing so the x loads overlap the logits loads; route_select's
     // barriers publish it.
-    stage_x(li);
+    stage_x(li, col * NB * 8u);
     let k = wid.y;
-    route_select(li);
+    route_select(li, col * E);
     if (li == 0u) {
         slot_e = top_e[k];
         if (params.write_route != 0u && wid.x == 0u) {
-            route[k] = top_e[k];
-            route[K + k] = bitcast<u32>(route_weight(k));
+            route[col * 2u * K + k] = top_e[k];
+            route[col * 2u * K + K + k] = bitcast<u32>(route_weight(k));
         }
     }
-    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li);
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, col * K * I);
 }

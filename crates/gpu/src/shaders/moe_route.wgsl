@@ -1,5 +1,6 @@
 // Router top-k shared by `moe_router.wgsl` and `moe_gate_up.wgsl` (formats-spec §1.7).
-// Needs consts E, K, WG, NORM_TOPK (bool) and a `logits: array<f32>` [E] binding.
+// Needs consts E, K, WG, NORM_TOPK (bool) and a `logits: array<f32>` binding: [E], or [B, E] for
+// the column forms, which pass the column's first logit as `base`.
 //
 // Selection by rank instead of K sequential arg-max passes: rank(e) = #{e' : r_e' > r_e} +
 // #{e' < e : r_e' == r_e}, a strict order (ties -> lower index) computed in one pass with no
@@ -10,10 +11,11 @@
 var<workgroup> lg: array<f32, E>;
 var<workgroup> top_e: array<u32, K>;
 
-// Fill top_e[0..K] (expert ids by rank). Call from uniform control flow by the whole workgroup.
-fn route_select(li: u32) {
+// Fill top_e[0..K] (expert ids by rank) from logits[base..base + E]. Call from uniform control
+// flow by the whole workgroup.
+fn route_select(li: u32, base: u32) {
     for (var e = li; e < E; e += WG) {
-        lg[e] = logits[e];
+        lg[e] = logits[base + e];
     }
     // A NaN logit could leave a rank unclaimed: default to expert 0 so ids stay in range.
     for (var r = li; r < K; r += WG) {

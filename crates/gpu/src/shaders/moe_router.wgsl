@@ -13,7 +13,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
     if (state.done != 0u) {
         return;
     }
-    route_select(li);
+    route_select(li, 0u);
     for (var r = li; r < K; r += WG) {
         route[r] = top_e[r];
         route[K + r] = bitcast<u32>(route_weight(r));

@@ -1,0 +1,450 @@
+//! Lavapipe tests of the MoE block over columns (moe_cols.rs): every active column must equal the
+//! single-column kernel run on that column alone (within 1e-6 of each output's sum of
+//! |weight * activation|) and the f64 references of moe_f32_tests.rs; a done column's route, h
+//! (NaN-filled before the run) and out (its residual) must come back untouched.
+
+use super::super::f32_tests::{check_token, tuning, Token};
+use super::super::tests::{params, Case};
+use super::super::{F32Tuning, MoeBuffers, MoeParams, Routing};
+use super::*;
+use crate::columns::{self, Col};
+use crate::numerics::{Act, Numerics};
+use crate::testing::{gpu, rand_f32, rng};
+
+/// Bits written into route and h before a run: a NaN as f32, an impossible expert id as u32.
+const FILL: u32 = 0x7fc0_dead;
+/// Column form vs single-column kernel: the same arithmetic, so any gap is far below this
+/// fraction of an output's rounding scale.
+const SAME_TOL: f64 = 1e-6;
+
+/// One column's inputs: router logits `[E]`, x `[H]`, residual `[H]`, and whether it is done.
+struct ColIn {
+    logits: Vec<f32>,
+    x: Vec<f32>,
+    residual: Vec<f32>,
+    done: bool,
+}
+
+impl ColIn {
+    fn token(&self) -> Token<'_> {
+        Token {
+            logits: &self.logits,
+            x: &self.x,
+            residual: &self.residual,
+        }
+    }
+}
+
+/// `nb` columns of random inputs; the columns listed in `done` are done.
+fn columns_of(p: &MoeParams, nb: usize, seed: u64, done: &[usize]) -> Vec<ColIn> {
+    let mut r = rng(seed);
+    (0..nb)
+        .map(|c| ColIn {
+            logits: rand_f32(&mut r, p.experts as usize, -4.0, 4.0),
+            x: rand_f32(&mut r, p.hidden as usize, -2.0, 2.0),
+            residual: rand_f32(&mut r, p.hidden as usize, -1.0, 1.0),
+            done: done.contains(&c),
+        })
+        .collect()
+}
+
+/// The stacked expert weights of a case on the GPU.
+struct Weights {
+    gate: Q4Matrix,
+    up: Q4Matrix,
+    down: Q4Matrix,
+}
+
+fn upload(ctx: &Context, c: &Case) -> Weights {
+    let p = c.p;
+    let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
+    Weights {
+        gate: Q4Matrix::upload(ctx, "gate", e * i, h, i, &[&c.gate]).unwrap(),
+        up: Q4Matrix::upload(ctx, "up", e * i, h, i, &[&c.up]).unwrap(),
+        down: Q4Matrix::upload(ctx, "down", e * h, i, h, &[&c.down]).unwrap(),
+    }
+}
+
+/// Route `[nb, 2K]`, h `[nb, K*I]`, out `[nb, H]` of one run.
+struct Outs {
+    route: Vec<u32>,
+    h: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// The MoE block over `cols` in one pass; route and h start as [`FILL`], out as the residuals
+/// (also when `residual` is off, so a done column's out shows it was left alone).
+fn run_cols(ctx: &Context, kern: &MoeKernel, w: &Weights, cols: &[ColIn], residual: bool) -> Outs {
+    let p = kern.params;
+    let nb = cols.len();
+    let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
+    let cat = |f: &dyn Fn(&ColIn) -> &[f32]| -> Vec<f32> {
+        cols.iter().flat_map(|c| f(c).iter().copied()).collect()
+    };
+    let logits = ctx
+        .storage_init("logits", bytemuck::cast_slice(&cat(&|c| &c.logits)))
+        .unwrap();
+    let x = ctx
+        .storage_init("x", bytemuck::cast_slice(&cat(&|c| &c.x)))
+        .unwrap();
+    let out = ctx
+        .storage_init("out", bytemuck::cast_slice(&cat(&|c| &c.residual)))
+        .unwrap();
+    let route = ctx
+        .storage_init("route", bytemuck::cast_slice(&vec![FILL; nb * 2 * k]))
+        .unwrap();
+    let hbuf = ctx
+        .storage_init("h", bytemuck::cast_slice(&vec![FILL; nb * k * i]))
+        .unwrap();
+    let state = ctx
+        .storage_init("state", bytemuck::cast_slice(&[3u32, 0, 0, 0]))
+        .unwrap();
+    let col_state: Vec<Col> = cols
+        .iter()
+        .enumerate()
+        .map(|(n, c)| Col {
+            done: c.done as u32,
+            ..Col::active(n as u32 + 1, 3 + n as u32, n as u32)
+        })
+        .collect();
+    let col_buf = columns::buffer(ctx, &col_state).unwrap();
+    let bufs = MoeColsBuffers {
+        state: &state,
+        cols: &col_buf,
+        nb: nb as u32,
+        logits: &logits,
+        route: &route,
+        x: &x,
+        gate: &w.gate,
+        up: &w.up,
+        down: &w.down,
+        h: &hbuf,
+        out: &out,
+        residual,
+    };
+    let b = kern.bind_cols(ctx, &bufs).expect("bind_cols");
+    assert_eq!(
+        b.dispatch_count(),
+        w.gate.parts.len() + w.down.parts.len(),
+        "one dispatch per weight part and stage"
+    );
+    ctx.run_pass(|pass| kern.record_cols(pass, ctx, &b))
+        .expect("run");
+    Outs {
+        route: ctx.read_u32(&route, nb * 2 * k).unwrap(),
+        h: ctx.read_f32(&hbuf, nb * k * i).unwrap(),
+        out: ctx.read_f32(&out, nb * h).unwrap(),
+    }
+}
+
+/// The single-column kernel (fused routing) on one column's inputs.
+fn run_single(ctx: &Context, kern: &MoeKernel, w: &Weights, col: &ColIn, residual: bool) -> Outs {
+    let p = kern.params;
+    let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
+    let state = ctx
+        .storage_init("state", bytemuck::cast_slice(&[3u32, 0, 0, 0]))
+        .unwrap();
+    let logits = ctx
+        .storage_init("logits", bytemuck::cast_slice(&col.logits))
+        .unwrap();
+    let x = ctx.storage_init("x", bytemuck::cast_slice(&col.x)).unwrap();
+    let out = ctx
+        .storage_init("out", bytemuck::cast_slice(&col.residual))
+        .unwrap();
+    let route = ctx.storage("route", 8 * k as u64).unwrap();
+    let hbuf = ctx.storage("h", (k * i * 4) as u64).unwrap();
+    let bufs = MoeBuffers {
+        state: &state,
+        logits: &logits,
+        route: &route,
+        x: Act::F32(&x),
+        gate: &w.gate,
+        up: &w.up,
+        down: &w.down,
+        h: &hbuf,
+        h_q: None,
+        out: &out,
+        residual,
+    };
+    let b = kern.bind(ctx, &bufs, Routing::Fused).expect("bind");
+    ctx.run_pass(|pass| kern.record(pass, ctx, &b))
+        .expect("run");
+    Outs {
+        route: ctx.read_u32(&route, 2 * k).unwrap(),
+        h: ctx.read_f32(&hbuf, k * i).unwrap(),
+        out: ctx.read_f32(&out, h).unwrap(),
+    }
+}
+
+/// Run `cols` through the column kernels and check every column: active ones against the f64
+/// references and the single-column kernel, done ones untouched.
+fn check_cols(
+    ctx: &Context,
+    c: &Case,
+    kern: &MoeKernel,
+    w: &Weights,
+    cols: &[ColIn],
+    residual: bool,
+    what: &str,
+) {
+    let p = c.p;
+    let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
+    let o = run_cols(ctx, kern, w, cols, residual);
+    let (mut worst_h, mut worst_out, mut worst_same) = (0f64, 0f64, 0f64);
+    for (n, col) in cols.iter().enumerate() {
+        let what = format!("{what} column {n}/{}", cols.len());
+        let route = &o.route[n * 2 * k..(n + 1) * 2 * k];
+        let hc = &o.h[n * k * i..(n + 1) * k * i];
+        let out = &o.out[n * h..(n + 1) * h];
+        if col.done {
+            assert!(
+                route.iter().all(|v| *v == FILL),
+                "{what}: done, route written"
+            );
+            assert!(
+                hc.iter().all(|v| v.to_bits() == FILL),
+                "{what}: done, h written"
+            );
+            assert_eq!(out, &col.residual[..], "{what}: done, out changed");
+            continue;
+        }
+        let r = check_token(c, &col.token(), (route, hc, out), residual, &what);
+        worst_h = worst_h.max(r.worst_h);
+        worst_out = worst_out.max(r.worst_out);
+        let s = run_single(ctx, kern, w, col, residual);
+        assert_eq!(route[..k], s.route[..k], "{what}: ids vs single column");
+        for (j, (a, b)) in route[k..].iter().zip(&s.route[k..]).enumerate() {
+            let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
+            assert!(
+                (a - b).abs() <= 1e-7,
+                "{what}: weight {j} {a} vs single {b}"
+            );
+        }
+        for (j, (a, b)) in hc.iter().zip(&s.h).enumerate() {
+            let err = (*a as f64 - *b as f64).abs();
+            let tol = SAME_TOL * r.h_scale[j] + 1e-30;
+            assert!(err <= tol, "{what}: h[{j}] {a} vs single {b}");
+            worst_same = worst_same.max(err / tol);
+        }
+        for (j, (a, b)) in out.iter().zip(&s.out).enumerate() {
+            let err = (*a as f64 - *b as f64).abs();
+            let tol = SAME_TOL * (r.out_scale[j] + (*b as f64).abs()) + 1e-30;
+            assert!(err <= tol, "{what}: out[{j}] {a} vs single {b}");
+            worst_same = worst_same.max(err / tol);
+        }
+    }
+    eprintln!(
+        "{what}: worst error / tolerance vs f64: h {worst_h:.3}, out {worst_out:.3}; \
+         vs single column {worst_same:.3}"
+    );
+}
+
+#[test]
+fn moe_cols_match_single_column_odd_shapes() {
+    let Some(ctx) = gpu("moe_cols_match_single_column_odd_shapes") else {
+        return;
+    };
+    // Blocks per row off the lane counts (H = 96 / 160 / 288, I = 32 / 96 / 160), K = 1..6.
+    let shapes = [
+        params(5, 1, 96, 32, false),
+        params(6, 6, 96, 96, true),
+        params(24, 3, 160, 32, false),
+        params(8, 3, 288, 160, true),
+    ];
+    let tunes = [F32Tuning::DEFAULT, tuning(8, 64, 4), tuning(32, 16, 2)];
+    // (nb, done columns): one column, two, three with the middle one done, eight with two done.
+    let runs: [(usize, &[usize]); 4] = [(1, &[]), (2, &[]), (3, &[1]), (8, &[0, 5])];
+    for (n, p) in shapes.into_iter().enumerate() {
+        let c = Case::new(p, 200 + n as u64);
+        let w = upload(&ctx, &c);
+        for (j, t) in tunes.into_iter().enumerate() {
+            let kern = MoeKernel::with_f32_tuning(&ctx, p, Numerics::F32, t).unwrap();
+            assert!(kern.supports_cols(), "{p:?} {t:?}");
+            for (m, (nb, done)) in runs.into_iter().enumerate() {
+                let cols = columns_of(&p, nb, 300 + (n * 16 + j * 4 + m) as u64, done);
+                let residual = (j + m) % 2 == 0;
+                let what = format!("{p:?} {t:?} nb {nb} residual {residual}");
+                check_cols(&ctx, &c, &kern, &w, &cols, residual, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn moe_cols_real_shape() {
+    let Some(ctx) = gpu("moe_cols_real_shape") else {
+        return;
+    };
+    // Qwen3-30B-A3B: E = 128, K = 8, H = 2048, I = 768.
+    let p = params(128, 8, 2048, 768, true);
+    let c = Case::new(p, 210);
+    let w = upload(&ctx, &c);
+    let kern = MoeKernel::with_numerics(&ctx, p, Numerics::F32).unwrap();
+    assert!(kern.supports_cols());
+    let cols = columns_of(&p, 8, 211, &[6]);
+    check_cols(&ctx, &c, &kern, &w, &cols, true, "real shape nb 8");
+    let cols = columns_of(&p, 3, 212, &[]);
+    check_cols(&ctx, &c, &kern, &w, &cols, false, "real shape nb 3");
+}
+
+#[test]
+fn moe_cols_shared_and_disjoint_experts_split_weights() {
+    let Some(ctx) = gpu("moe_cols_shared_and_disjoint_experts_split_weights") else {
+        return;
+    };
+    let p = params(16, 4, 64, 64, true);
+    let c = Case::new(p, 220);
+    let mut cols = columns_of(&p, 8, 221, &[3]);
+    // Columns 0-2 choose experts 4c..4c+3 (disjoint; the top logits in a shuffled order);
+    // columns 4-7 share the route of column 4 (same logits, own x and residual), with a tie at
+    // the top going to the lower expert.
+    for (n, col) in cols.iter_mut().enumerate().take(3) {
+        for (j, e) in [2, 0, 3, 1].into_iter().enumerate() {
+            col.logits[4 * n + e] = 6.0 + j as f32 * 0.5;
+        }
+    }
+    cols[4].logits[11] = 7.0;
+    cols[4].logits[5] = 7.0;
+    let shared = cols[4].logits.clone();
+    for col in &mut cols[5..] {
+        col.logits.clone_from(&shared);
+    }
+    let k = p.top_k as usize;
+    for (n, col) in cols.iter().enumerate().take(3) {
+        let b = 4 * n as u32;
+        assert_eq!(router_ids(&col.logits, k), [b + 1, b + 3, b, b + 2]);
+    }
+    assert_eq!(router_ids(&shared, k)[..2], [5, 11]);
+    let kern = MoeKernel::with_numerics(&ctx, p, Numerics::F32).unwrap();
+    let w = upload(&ctx, &c);
+    check_cols(&ctx, &c, &kern, &w, &cols, true, "shared/disjoint");
+    // Parts of 3 experts each (the activations stay whole, on the unsplit context): every
+    // column's experts spread over several parts.
+    let split = ctx.with_max_binding_bytes(3 * 64 * 2 * 16 + 100);
+    let ws = upload(&split, &c);
+    assert!(ws.gate.parts.len() > 1 && ws.down.parts.len() > 1);
+    for residual in [true, false] {
+        check_cols(&ctx, &c, &kern, &ws, &cols, residual, "split weights");
+    }
+    // The split run routes as the whole-weight run (part 0 alone writes the route).
+    let a = run_cols(&ctx, &kern, &w, &cols, true);
+    let b = run_cols(&ctx, &kern, &ws, &cols, true);
+    assert_eq!(a.route, b.route);
+    assert_eq!(a.route.len(), cols.len() * 2 * k);
+}
+
+/// Expert ids of the f64 router reference.
+fn router_ids(logits: &[f32], k: usize) -> Vec<u32> {
+    super::super::router_ref(logits, k, true).0
+}
+
+#[test]
+fn moe_cols_done_state_and_errors() {
+    let Some(ctx) = gpu("moe_cols_done_state_and_errors") else {
+        return;
+    };
+    let p = params(16, 4, 64, 64, true);
+    let c = Case::new(p, 230);
+    let w = upload(&ctx, &c);
+    let kern = MoeKernel::with_numerics(&ctx, p, Numerics::F32).unwrap();
+    // Every column done: nothing is written.
+    let cols = columns_of(&p, 4, 231, &[0, 1, 2, 3]);
+    let o = run_cols(&ctx, &kern, &w, &cols, true);
+    assert!(o.route.iter().all(|v| *v == FILL));
+    assert!(o.h.iter().all(|v| v.to_bits() == FILL));
+    let res: Vec<f32> = cols.iter().flat_map(|c| c.residual.clone()).collect();
+    assert_eq!(o.out, res);
+
+    // Shape errors.
+    let (k, h, i) = (4u64, 64u64, 64u64);
+    let buf = |n: u64| ctx.storage("b", n * 4).unwrap();
+    let (state, logits, route, x, hb, out) = (
+        buf(4),
+        buf(2 * 16),
+        buf(2 * 2 * k),
+        buf(2 * h),
+        buf(2 * k * i),
+        buf(2 * h),
+    );
+    let col_buf = columns::buffer(&ctx, &[Col::active(1, 0, 0); 2]).unwrap();
+    // Gate/up one expert short.
+    let (ne, ni) = (p.experts as usize, p.inter as usize);
+    let short_bytes = (ne - 1) * ni * (h as usize / 32) * 18;
+    let short = Q4Matrix::upload(
+        &ctx,
+        "short",
+        (ne - 1) * ni,
+        h as usize,
+        ni,
+        &[&c.gate[..short_bytes]],
+    )
+    .unwrap();
+    let good = MoeColsBuffers {
+        state: &state,
+        cols: &col_buf,
+        nb: 2,
+        logits: &logits,
+        route: &route,
+        x: &x,
+        gate: &w.gate,
+        up: &w.up,
+        down: &w.down,
+        h: &hb,
+        out: &out,
+        residual: true,
+    };
+    kern.bind_cols(&ctx, &good).expect("good buffers");
+    let small = buf(2 * h - 1);
+    let route_short = buf(2 * 2 * k - 1);
+    let bad = [
+        (MoeColsBuffers { nb: 0, ..good }, "0 columns"),
+        (MoeColsBuffers { nb: 9, ..good }, "9 columns"),
+        (MoeColsBuffers { nb: 3, ..good }, "logits [nb, E]"),
+        (MoeColsBuffers { x: &small, ..good }, "x [nb, H]"),
+        (
+            MoeColsBuffers {
+                out: &small,
+                ..good
+            },
+            "out [nb, H]",
+        ),
+        (MoeColsBuffers { h: &small, ..good }, "h [nb, K*I]"),
+        (
+            MoeColsBuffers {
+                route: &route_short,
+                ..good
+            },
+            "route [nb, 2K]",
+        ),
+        (
+            MoeColsBuffers {
+                gate: &short,
+                ..good
+            },
+            "MoE gate",
+        ),
+        (MoeColsBuffers { up: &short, ..good }, "MoE up"),
+        (
+            MoeColsBuffers {
+                cols: &state,
+                ..good
+            },
+            "column buffer",
+        ),
+    ];
+    for (n, (b, want)) in bad.iter().enumerate() {
+        let e = kern.bind_cols(&ctx, b).expect_err("bad buffers accepted");
+        assert!(e.to_string().contains(want), "bad {n}: {e} (want '{want}')");
+    }
+    // The int8 numerics, and f32 past the staging budget, have no column form.
+    for n in [Numerics::Int8, Numerics::PreciseInt8] {
+        let k8 = MoeKernel::with_numerics(&ctx, p, n).unwrap();
+        assert!(!k8.supports_cols());
+        let e = k8.bind_cols(&ctx, &good).expect_err("int8 columns");
+        assert!(e.to_string().contains("f32 activations"), "{n}: {e}");
+    }
+    let big = params(16, 8, 64, 1024, true);
+    let kb = MoeKernel::with_numerics(&ctx, big, Numerics::F32).unwrap();
+    assert_eq!(kb.f32_staged(), (true, false));
+    assert!(!kb.supports_cols());
+}
