@@ -48,8 +48,8 @@ if has kernels; then
   timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has bench; then
-  say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, folded vs per-token"
-  timeout 300 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --compare-per-token --ctx 4300 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, batch 1/2/4 (multi-stream), folded vs per-token"
+  timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --batch 1,2,4 --compare-per-token --ctx 4300 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has fold; then
   # The default N (--fold) is chosen from this sweep: tg128, 3 reps each, same model and process set-up.

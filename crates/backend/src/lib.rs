@@ -42,6 +42,31 @@ pub trait Backend: Send {
     fn step(&mut self, token: u32) -> anyhow::Result<Vec<f32>> {
         self.prefill(&[token])
     }
+    /// Multi-stream decode: how many independent sequences ("streams", each with its own KV
+    /// cache slot and position, apart from the main sequence of `prefill`/`step`) one device run
+    /// can decode together. 0: the backend has no multi-stream path.
+    fn max_streams(&self) -> usize {
+        0
+    }
+    /// Reset stream `slot` (< `max_streams()`) and feed it `prompt`; returns the logits after the
+    /// last prompt token.
+    fn stream_prefill(&mut self, slot: usize, prompt: &[u32]) -> anyhow::Result<Vec<f32>> {
+        let _ = (slot, prompt);
+        anyhow::bail!("{}: no multi-stream decode", self.name())
+    }
+    /// Greedy multi-stream decode: stream `i` is fed `tokens[i]` (`None`: stream `i` sits this
+    /// run out) and produces up to `n` ids, stopping after an EOS id; all streams share each
+    /// device run, so each weight is read once for all of them. Returns the ids per stream.
+    /// Each stream's ids equal what single-stream greedy decoding of the same sequence gives.
+    fn streams_decode_greedy(
+        &mut self,
+        tokens: &[Option<u32>],
+        n: usize,
+        eos: &[u32],
+    ) -> anyhow::Result<Vec<Vec<u32>>> {
+        let _ = (tokens, n, eos);
+        anyhow::bail!("{}: no multi-stream decode", self.name())
+    }
     /// The device's plain read bandwidth in GB/s, measured now (a benchmark puts its implied
     /// weight-streaming rate against it). `Ok(None)`: the backend has no such probe.
     fn read_bandwidth_gbps(&mut self) -> anyhow::Result<Option<f64>> {

@@ -34,6 +34,10 @@ pub struct BackendArgs {
     /// that keeps oracle parity).
     #[arg(long, default_value_t = nibble_gpu::Numerics::DEFAULT)]
     pub numerics: nibble_gpu::Numerics,
+    /// GPU: independent sequences the multi-stream path decodes together (each gets its own KV
+    /// cache of --ctx positions; 0 = no multi-stream path).
+    #[arg(long, default_value_t = 0)]
+    pub streams: usize,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -49,6 +53,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         fold: args.fold.max(1),
         per_token: args.per_token,
         numerics: args.numerics,
+        streams: args.streams,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

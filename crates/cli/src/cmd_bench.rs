@@ -28,6 +28,11 @@ pub struct Args {
     /// Context depths (tokens already in the KV cache) at which to measure generation.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     depth: Vec<usize>,
+    /// Batch sizes for generation: B independent sequences decoded together by the multi-stream
+    /// path (aggregate and per-stream tok/s). 1 alone (the default) measures only the
+    /// single-sequence path.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch: Vec<usize>,
     /// Also measure the per-token (unfolded) GPU path in the same run.
     #[arg(long)]
     compare_per_token: bool,
@@ -46,6 +51,8 @@ struct Stat {
     test: String,
     /// Context depth of a generation test.
     depth: Option<usize>,
+    /// Sequences decoded together (multi-stream tests; tok/s are aggregate over them).
+    batch: Option<usize>,
     median_tps: f64,
     min_tps: f64,
     max_tps: f64,
@@ -70,6 +77,7 @@ fn stat(test: String, mut tps: Vec<f64>) -> Stat {
     Stat {
         test,
         depth: None,
+        batch: None,
         median_tps: tps[tps.len() / 2],
         min_tps: tps[0],
         max_tps: tps[tps.len() - 1],
@@ -101,6 +109,24 @@ fn tg_at(b: &mut dyn Backend, depth: usize, n: usize, reps: usize) -> Result<Vec
     Ok(out)
 }
 
+/// Aggregate tokens/s of `reps` multi-stream runs: `bsz` streams, each prefilled with its own
+/// short prompt, then `n` greedy tokens decoded together (no EOS).
+fn tg_batch(b: &mut dyn Backend, bsz: usize, n: usize, reps: usize) -> Result<Vec<f64>> {
+    let mut out = vec![];
+    for r in 0..reps {
+        let mut first = vec![];
+        for s in 0..bsz {
+            let logits = b.stream_prefill(s, &[1000 + (r * 8 + s) as u32, 2000 + s as u32])?;
+            first.push(Some(argmax(&logits)));
+        }
+        let t = Instant::now();
+        let ids = b.streams_decode_greedy(&first, n, &[])?;
+        let total: usize = ids.iter().map(|v| v.len()).sum();
+        out.push(total as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(out)
+}
+
 fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
     tg_at(b, 0, n, reps)
 }
@@ -109,7 +135,16 @@ pub fn run(a: Args) -> Result<()> {
     let model = nibble_model::loader::open(&a.model)?;
     let reps = a.reps.max(1);
     let mut stats = vec![];
-    let mut b = backends::make(&a.backend, model.weights.clone())?;
+    anyhow::ensure!(
+        a.batch.iter().all(|b| (1..=8).contains(b)),
+        "--batch sizes must be between 1 and 8"
+    );
+    let multi = a.batch.iter().copied().filter(|b| *b > 1).max();
+    let mut bargs = a.backend.clone();
+    if let Some(m) = multi {
+        bargs.streams = bargs.streams.max(m);
+    }
+    let mut b = backends::make(&bargs, model.weights.clone())?;
     let name = b.name();
     // Warm-up: one generation run, timed and reported apart.
     let t = Instant::now();
@@ -144,6 +179,21 @@ pub fn run(a: Args) -> Result<()> {
             tps.push(ids.len() as f64 / t.elapsed().as_secs_f64());
         }
         stats.push(stat(format!("pp{}", a.prompt), tps));
+    }
+    if multi.is_some() {
+        anyhow::ensure!(
+            b.max_streams() >= multi.unwrap_or(0),
+            "--batch needs the multi-stream path: {} decodes at most {} streams together",
+            b.name(),
+            b.max_streams()
+        );
+        // B=1 through the multi-stream path too, so the ratios compare like with like.
+        for &bsz in &a.batch {
+            let tps = tg_batch(b.as_mut(), bsz, a.gen, reps)?;
+            let mut s = stat(format!("tg{} batch {bsz}", a.gen), tps);
+            s.batch = Some(bsz);
+            stats.push(s);
+        }
     }
     // After the timed tests, so its 1 GiB scratch buffer is not resident during them.
     let read_gbps = b.read_bandwidth_gbps()?;
@@ -180,8 +230,24 @@ pub fn run(a: Args) -> Result<()> {
                 })
             })
             .collect();
+        let batches: Vec<crate::plot::Point> = report
+            .stats
+            .iter()
+            .filter_map(|s| {
+                s.batch.map(|b| crate::plot::Point {
+                    x: b as f64,
+                    median: s.median_tps,
+                    min: s.min_tps,
+                    max: s.max_tps,
+                })
+            })
+            .collect();
         let title = format!("nibble tg{} on {}", a.gen, report.backend);
-        crate::plot::draw(path, &title, "context depth (tokens)", &points)?;
+        let mut panels = vec![("context depth (tokens)", points)];
+        if !batches.is_empty() {
+            panels.push(("sequences decoded together (aggregate tok/s)", batches));
+        }
+        crate::plot::draw(path, &title, &panels)?;
         eprintln!("plot written to {}", path.display());
     }
     if a.json {
@@ -209,11 +275,14 @@ pub fn run(a: Args) -> Result<()> {
         // Each generated token reads every active weight once; a prompt token reads them too
         // while prefill is token by token, so the same product applies to pp.
         let gbs = s.median_tps * report.weight_bytes_per_token as f64 / 1e9;
+        let per = s.batch.map_or(String::new(), |b| {
+            format!("  ({:.1} tok/s per stream)", s.median_tps / b as f64)
+        });
         let share = report
             .read_gbps
             .map_or("-".to_string(), |r| format!("{:.0}%", 100.0 * gbs / r));
         println!(
-            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13.0} {:>9}",
+            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13.0} {:>9}{per}",
             s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs, share
         );
     }

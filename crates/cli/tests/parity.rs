@@ -184,7 +184,7 @@ fn bench_reports_depths_bandwidth_and_plots() {
             "--reps",
             "2",
         ])
-        .args(["--depth", "0,20", "--ctx", "64", "--plot"])
+        .args(["--depth", "0,20", "--ctx", "64", "--batch", "1,2", "--plot"])
         .arg(&svg)
         .arg("-m")
         .arg(model())
@@ -194,8 +194,13 @@ fn bench_reports_depths_bandwidth_and_plots() {
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     let stats = json["stats"].as_array().unwrap();
     let tests: Vec<&str> = stats.iter().map(|s| s["test"].as_str().unwrap()).collect();
-    assert_eq!(tests, ["tg6", "tg6 @ d20", "pp8"], "{json}");
+    assert_eq!(
+        tests,
+        ["tg6", "tg6 @ d20", "pp8", "tg6 batch 1", "tg6 batch 2"],
+        "{json}"
+    );
     assert_eq!(stats[1]["depth"], 20);
+    assert_eq!(stats[4]["batch"], 2);
     for s in stats {
         let (lo, med, hi) = (
             s["min_tps"].as_f64().unwrap(),

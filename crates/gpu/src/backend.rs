@@ -39,6 +39,9 @@ pub struct GpuOptions {
     pub adapter: AdapterChoice,
     /// Activation form of the int4 matvecs (see `numerics.rs`).
     pub numerics: Numerics,
+    /// Independent sequences the multi-stream path decodes together (each with its own KV cache
+    /// of `context_len` positions); 0: no multi-stream path is built.
+    pub streams: usize,
 }
 
 impl Default for GpuOptions {
@@ -50,6 +53,7 @@ impl Default for GpuOptions {
             routing: Routing::default(),
             adapter: AdapterChoice::Auto,
             numerics: Numerics::DEFAULT,
+            streams: 0,
         }
     }
 }
@@ -62,6 +66,9 @@ pub struct GpuBackend {
     plan: DecodePlan,
     per_token: bool,
     pos: usize,
+    /// The multi-stream path (`GpuOptions::streams > 0`) and each stream's position.
+    batch: Option<crate::batch::BatchPlan>,
+    stream_pos: Vec<usize>,
 }
 
 impl GpuBackend {
@@ -101,10 +108,22 @@ impl GpuBackend {
                 numerics: opts.numerics,
             },
         )?;
+        let batch = match opts.streams {
+            0 => None,
+            n => Some(crate::batch::BatchPlan::new(
+                ctx,
+                &plan.weights,
+                n,
+                opts.context_len,
+                opts.numerics,
+            )?),
+        };
         Ok(GpuBackend {
             plan,
             per_token: opts.per_token,
             pos: 0,
+            stream_pos: vec![0; opts.streams],
+            batch,
         })
     }
 
@@ -306,6 +325,69 @@ impl Backend for GpuBackend {
         let logits = self.plan.prefill_logits(tokens, start)?;
         self.pos = start + tokens.len();
         Ok(logits)
+    }
+
+    fn max_streams(&self) -> usize {
+        self.batch.as_ref().map_or(0, |b| b.streams())
+    }
+
+    fn stream_prefill(&mut self, slot: usize, prompt: &[u32]) -> Result<Vec<f32>> {
+        let Some(b) = &self.batch else {
+            bail!("no multi-stream path: the GPU backend was built with 0 streams");
+        };
+        ensure!(slot < b.streams(), "stream {slot} of {}", b.streams());
+        ensure!(!prompt.is_empty(), "prefill of an empty token list");
+        for t in prompt {
+            self.check_token(*t)?;
+        }
+        ensure!(
+            prompt.len() <= self.context_len(),
+            "prompt of {} tokens exceeds the context of {}",
+            prompt.len(),
+            self.context_len()
+        );
+        self.stream_pos[slot] = 0;
+        let logits = b.prefill_slot(slot, prompt, 0)?;
+        self.stream_pos[slot] = prompt.len();
+        Ok(logits)
+    }
+
+    fn streams_decode_greedy(
+        &mut self,
+        tokens: &[Option<u32>],
+        n: usize,
+        eos: &[u32],
+    ) -> Result<Vec<Vec<u32>>> {
+        let Some(b) = &self.batch else {
+            bail!("no multi-stream path: the GPU backend was built with 0 streams");
+        };
+        ensure!(
+            tokens.len() <= b.streams(),
+            "{} streams requested, the path decodes {}",
+            tokens.len(),
+            b.streams()
+        );
+        let mut seqs = Vec::with_capacity(tokens.len());
+        for (s, t) in tokens.iter().enumerate() {
+            seqs.push(match t {
+                Some(t) => {
+                    self.check_token(*t)?;
+                    let pos = self.stream_pos[s];
+                    ensure!(
+                        n <= self.context_len() - pos,
+                        "{n} steps of stream {s} at position {pos} exceed the context of {}",
+                        self.context_len()
+                    );
+                    Some((*t, pos))
+                }
+                None => None,
+            });
+        }
+        let ids = b.decode_greedy(&seqs, n as u32, eos)?;
+        for (s, v) in ids.iter().enumerate() {
+            self.stream_pos[s] += v.len();
+        }
+        Ok(ids)
     }
 
     /// Sums of a 1 GiB buffer (capped by the binding limit), 10 times ([`crate::bandwidth`]).

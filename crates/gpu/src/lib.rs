@@ -26,6 +26,9 @@ pub mod backend;
 #[cfg(test)]
 mod backend_tests;
 pub mod bandwidth;
+pub mod batch;
+#[cfg(test)]
+mod batch_tests;
 pub mod columns;
 pub mod context;
 pub mod kernels;

@@ -1,0 +1,408 @@
+//! Multi-stream decode: `B` independent sequences ("streams", each with its own KV-cache slot,
+//! position and token chain) advanced by the same dispatches, so every dense weight is read once
+//! per step for all of them (the matmuls read each int4 block once and use it for every column).
+//!
+//! Column `c` of every `[B, ...]` buffer is stream `c` (slot `c`), its state in `cols[c]`
+//! ([`crate::columns`]). One step, per layer: `qkv = Wqkv rmsnorm(h)` (matmul, norm on load per
+//! column) · attention over columns (independent mode: each column writes its own new K/V row
+//! into its slot) · `h += Wo att` (matmul, residual) · router with norm on load (publishing `xn`)
+//! · MoE over columns (each column its own top-k experts); then `logits = Whead rmsnorm(h)` and
+//! the per-column argmax, which advances every live column and sets the run's `done` once every
+//! column is done. A run of N steps is one compute pass and one submit, like the single-stream
+//! folded run. Only the f32 activation numerics have column kernels.
+//!
+//! Buffers live as long as the plan; the KV cache of layer `l` is `[B, ctx, Hkv, D]` (slot-major)
+//! and row `p` of slot `s` is written only by the step that processes position `p` of stream `s`.
+
+use crate::columns::{self, Col, MAX_COLUMNS};
+use crate::context::{Context, Result as GpuResult};
+use crate::kernels::argmax::{ArgmaxBinding, ArgmaxColsArgs, ArgmaxKernel};
+use crate::kernels::attention::{
+    AttentionColsBinding, AttentionColsBuffers, AttentionKernel, AttentionParams, AttentionScratch,
+    ColumnMode,
+};
+use crate::kernels::embed::{EmbedBinding, EmbedKernel};
+use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
+use crate::kernels::matvec::NormInput;
+use crate::kernels::moe::{MoeColsBinding, MoeColsBuffers, MoeKernel, MoeParams};
+use crate::kernels::router_cols::{RouterColsArgs, RouterColsBinding, RouterColsKernel};
+use crate::numerics::Numerics;
+use crate::state::RunState;
+use crate::weights::{GpuWeights, HeadRef, Matrix};
+use anyhow::{bail, ensure, Result};
+
+/// One layer's bindings.
+struct Layer {
+    qkv: MatmulBinding,
+    attn: AttentionColsBinding,
+    o: MatmulBinding,
+    router: RouterColsBinding,
+    moe: MoeColsBinding,
+}
+
+/// Activation buffers (`B` columns each) and the KV caches.
+struct Bufs {
+    state: wgpu::Buffer,
+    cols: wgpu::Buffer,
+    /// `[B, V]`.
+    logits: wgpu::Buffer,
+    /// `[B, cap]` ids of the run, column-major.
+    out_tokens: wgpu::Buffer,
+    /// Kept alive by the bind groups too; listed so the shapes are documented in one place:
+    /// h `[B, H]`, xn `[B, H]`, qkv `[B, Q + 2 KV]`, att `[B, Q]`, router `[B, E]`,
+    /// route `[B, 2K]`, moe_h `[B, K*I]`, caches `[B, ctx, Hkv, D]` per layer.
+    _keep: Vec<wgpu::Buffer>,
+    _scratch: AttentionScratch,
+}
+
+/// Everything needed to decode `streams` sequences together over shared weights.
+pub struct BatchPlan {
+    ctx: Context,
+    /// Columns = streams = KV slots.
+    streams: u32,
+    context_len: usize,
+    vocab: usize,
+    matmul: MatmulKernel,
+    embed_k: EmbedKernel,
+    attn_k: AttentionKernel,
+    router_k: RouterColsKernel,
+    moe_k: MoeKernel,
+    argmax_k: ArgmaxKernel,
+    bufs: Bufs,
+    embed: EmbedBinding,
+    layers: Vec<Layer>,
+    head: MatmulBinding,
+    argmax: ArgmaxBinding,
+}
+
+/// Most EOS ids a multi-stream run can stop on.
+const MAX_EOS: usize = 16;
+
+impl BatchPlan {
+    /// Allocate `streams` KV slots of `context_len` positions and bind every layer of `w`.
+    pub fn new(
+        ctx: &Context,
+        w: &GpuWeights,
+        streams: usize,
+        context_len: usize,
+        numerics: Numerics,
+    ) -> Result<BatchPlan> {
+        ensure!(
+            (1..=MAX_COLUMNS).contains(&streams),
+            "multi-stream decode takes 1..={MAX_COLUMNS} streams, got {streams}"
+        );
+        ensure!(
+            !numerics.quantized(),
+            "multi-stream decode has kernels for f32 activations only (got --numerics {numerics})"
+        );
+        let cfg = &w.cfg;
+        let b = streams as u32;
+        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let (e, k, i, v) = (
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+            cfg.vocab_size,
+        );
+        let eps = cfg.rms_norm_eps;
+        let bs = streams;
+        let f32s = |label: &str, n: usize| ctx.storage(label, (bs * n) as u64 * 4);
+        let ap = AttentionParams::from_config(cfg, context_len)?;
+        let attn_k = AttentionKernel::new(ctx, ap)?;
+        let moe_k = MoeKernel::with_numerics(ctx, MoeParams::from_config(cfg)?, numerics)?;
+        let state = RunState::default().buffer(ctx)?;
+        let cols = columns::buffer(ctx, &[])?;
+        let hb = f32s("b.h", h)?;
+        let xn = f32s("b.xn", h)?;
+        let qkv = f32s("b.qkv", q + 2 * kv)?;
+        let att = f32s("b.att", q)?;
+        let router = f32s("b.router", e)?;
+        let route = ctx.storage("b.route", (bs * 2 * k) as u64 * 4)?;
+        let moe_h = f32s("b.moe_h", k * i)?;
+        let logits = f32s("b.logits", v)?;
+        let out_tokens = ctx.storage("b.out_tokens", (bs * context_len) as u64 * 4)?;
+        let cache_bytes = (bs * context_len * kv) as u64 * 4;
+        let k_cache: Vec<wgpu::Buffer> = (0..cfg.num_layers)
+            .map(|_| ctx.storage("b.k_cache", cache_bytes))
+            .collect::<GpuResult<_>>()?;
+        let v_cache: Vec<wgpu::Buffer> = (0..cfg.num_layers)
+            .map(|_| ctx.storage("b.v_cache", cache_bytes))
+            .collect::<GpuResult<_>>()?;
+        let scratch = attn_k.scratch_cols(ctx, b)?;
+        let matmul = MatmulKernel::new(ctx)?;
+        let router_k = RouterColsKernel::new(ctx)?;
+        let embed_k = EmbedKernel::new(ctx)?;
+        let argmax_k = ArgmaxKernel::new(ctx)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (Matrix::Q4(wqkv), Matrix::Q4(wo), Matrix::F32(wr)) = (&lw.qkv, &lw.o, &lw.router)
+            else {
+                bail!("multi-stream decode needs int4 attention projections and an f32 router");
+            };
+            let norm = |weight| {
+                MatmulInput::Norm(NormInput {
+                    h: &hb,
+                    weight,
+                    eps,
+                })
+            };
+            layers.push(Layer {
+                qkv: matmul.bind(
+                    ctx,
+                    &MatmulArgs {
+                        m: wqkv,
+                        input: norm(&lw.attn_norm),
+                        nb: b,
+                        y: &qkv,
+                        y_stride: (q + 2 * kv) as u32,
+                        state: &state,
+                    },
+                )?,
+                attn: attn_k.bind_cols(
+                    ctx,
+                    &AttentionColsBuffers {
+                        state: &state,
+                        cols: &cols,
+                        qkv: &qkv,
+                        q_norm: &lw.q_norm,
+                        k_norm: &lw.k_norm,
+                        k_cache: &k_cache[l],
+                        v_cache: &v_cache[l],
+                        out: &att,
+                        columns: b,
+                        slots: b,
+                        mode: ColumnMode::Independent,
+                    },
+                    &scratch,
+                )?,
+                o: matmul.bind(
+                    ctx,
+                    &MatmulArgs {
+                        m: wo,
+                        input: MatmulInput::Acc(&att),
+                        nb: b,
+                        y: &hb,
+                        y_stride: h as u32,
+                        state: &state,
+                    },
+                )?,
+                router: router_k.bind(
+                    ctx,
+                    &RouterColsArgs {
+                        m: wr,
+                        x: NormInput {
+                            h: &hb,
+                            weight: &lw.ffn_norm,
+                            eps,
+                        },
+                        xn: &xn,
+                        logits: &router,
+                        cols: &cols,
+                        nb: b,
+                    },
+                )?,
+                moe: moe_k.bind_cols(
+                    ctx,
+                    &MoeColsBuffers {
+                        state: &state,
+                        cols: &cols,
+                        logits: &router,
+                        route: &route,
+                        x: &xn,
+                        gate: &lw.gate,
+                        up: &lw.up,
+                        down: &lw.down,
+                        h: &moe_h,
+                        out: &hb,
+                        residual: true,
+                        nb: b,
+                    },
+                )?,
+            });
+        }
+        let HeadRef::Q4(whead) = w.head() else {
+            bail!("multi-stream decode needs an int4 lm_head");
+        };
+        let head = matmul.bind(
+            ctx,
+            &MatmulArgs {
+                m: whead,
+                input: MatmulInput::Norm(NormInput {
+                    h: &hb,
+                    weight: &w.out_norm,
+                    eps,
+                }),
+                nb: b,
+                y: &logits,
+                y_stride: v as u32,
+                state: &state,
+            },
+        )?;
+        let embed = embed_k.bind_cols(ctx, &w.embed, &hb, &cols, b)?;
+        let argmax = argmax_k.bind_cols(
+            ctx,
+            &ArgmaxColsArgs {
+                logits: &logits,
+                n: v as u32,
+                nb: b,
+                cols: &cols,
+                state: &state,
+                out_tokens: &out_tokens,
+                cap: context_len as u32,
+                max_steps: 1,
+                eos: &[u32::MAX; MAX_EOS],
+            },
+        )?;
+        let mut keep = vec![hb, xn, qkv, att, router, route, moe_h];
+        keep.extend(k_cache);
+        keep.extend(v_cache);
+        Ok(BatchPlan {
+            ctx: ctx.clone(),
+            streams: b,
+            context_len,
+            vocab: v,
+            matmul,
+            embed_k,
+            attn_k,
+            router_k,
+            moe_k,
+            argmax_k,
+            bufs: Bufs {
+                state,
+                cols,
+                logits,
+                out_tokens,
+                _keep: keep,
+                _scratch: scratch,
+            },
+            embed,
+            layers,
+            head,
+            argmax,
+        })
+    }
+
+    /// Streams (columns, KV slots).
+    pub fn streams(&self) -> usize {
+        self.streams as usize
+    }
+
+    /// Record one step over every column: positions are at most `pos_bound`.
+    fn record_step(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        pos_bound: u32,
+        argmax: bool,
+    ) -> Result<()> {
+        self.embed_k.record(pass, &self.embed);
+        for l in &self.layers {
+            self.matmul.record(pass, &l.qkv);
+            self.attn_k
+                .record_cols(pass, &l.attn, pos_bound, self.streams)?;
+            self.matmul.record(pass, &l.o);
+            self.router_k.record(pass, &l.router);
+            self.moe_k.record_cols(pass, &self.ctx, &l.moe);
+        }
+        self.matmul.record(pass, &self.head);
+        if argmax {
+            self.argmax_k.record(pass, &self.argmax);
+        }
+        Ok(())
+    }
+
+    fn reset_state(&self) {
+        self.ctx.write(
+            &self.bufs.state,
+            0,
+            bytemuck::bytes_of(&RunState::default()),
+        );
+    }
+
+    /// Feed `tokens` to stream `slot` at positions `pos..` (one step per token, the other
+    /// columns idle) and return the logits `[V]` after the last one. The caller checks ids,
+    /// `slot < streams` and `pos + len <= context_len`.
+    pub fn prefill_slot(&self, slot: usize, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        ensure!(!tokens.is_empty(), "prefill of an empty token list");
+        let mut cs = vec![Col::idle(); self.streams()];
+        for (j, &t) in tokens.iter().enumerate() {
+            cs[slot] = Col::active(t, (pos + j) as u32, slot as u32);
+            columns::write(&self.ctx, &self.bufs.cols, &cs);
+            self.reset_state();
+            let bound = (pos + j) as u32;
+            let mut res = Ok(());
+            self.ctx
+                .run_pass(|p| res = self.record_step(p, bound, false))?;
+            res?;
+        }
+        let all = self
+            .ctx
+            .read_f32(&self.bufs.logits, self.streams() * self.vocab)?;
+        Ok(all[slot * self.vocab..(slot + 1) * self.vocab].to_vec())
+    }
+
+    /// Greedy run of up to `n` steps for every stream `s` with `seqs[s] = Some((token, pos))`
+    /// (fed `token` at `pos`), all in one pass and one submit; a stream stops after an EOS id.
+    /// Returns the ids per stream (empty for `None`). The caller checks ids and
+    /// `pos + n <= context_len`.
+    pub fn decode_greedy(
+        &self,
+        seqs: &[Option<(u32, usize)>],
+        n: u32,
+        eos: &[u32],
+    ) -> Result<Vec<Vec<u32>>> {
+        ensure!(
+            seqs.len() <= self.streams(),
+            "{} streams, plan has {}",
+            seqs.len(),
+            self.streams
+        );
+        ensure!(
+            eos.len() <= MAX_EOS,
+            "at most {MAX_EOS} EOS ids, got {}",
+            eos.len()
+        );
+        ensure!(
+            n as usize <= self.context_len,
+            "a run of {n} steps exceeds the context"
+        );
+        let mut cs = vec![Col::idle(); self.streams()];
+        let mut top = 0usize;
+        for (s, q) in seqs.iter().enumerate() {
+            if let Some((t, pos)) = q {
+                cs[s] = Col::active(*t, *pos as u32, s as u32);
+                top = top.max(*pos);
+            }
+        }
+        if n == 0 || cs.iter().all(|c| c.done != 0) {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
+        columns::write(&self.ctx, &self.bufs.cols, &cs);
+        self.reset_state();
+        self.argmax.set_run(&self.ctx, n, eos)?;
+        let mut res = Ok(());
+        self.ctx.run_pass(|p| {
+            for s in 0..n {
+                if res.is_ok() {
+                    res = self.record_step(p, (top + s as usize) as u32, true);
+                }
+            }
+        })?;
+        res?;
+        let after = columns::read(&self.ctx, &self.bufs.cols)?;
+        let cap = self.context_len;
+        let ids = self
+            .ctx
+            .read_u32(&self.bufs.out_tokens, self.streams() * cap)?;
+        Ok(seqs
+            .iter()
+            .enumerate()
+            .map(|(s, q)| match q {
+                Some(_) => {
+                    let m = (after[s].step as usize).min(n as usize);
+                    ids[s * cap..s * cap + m].to_vec()
+                }
+                None => Vec::new(),
+            })
+            .collect())
+    }
+}

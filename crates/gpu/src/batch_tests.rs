@@ -1,0 +1,140 @@
+//! Multi-stream decode (`BatchPlan` through `GpuBackend::streams_decode_greedy`) on synth's tiny
+//! model: every stream's greedy ids equal its single-stream GPU ids and the oracle's, with
+//! streams of different prompt lengths (so different positions) sharing each run, an idle
+//! column, a second run that continues some streams while another sits out, and bad input.
+
+use crate::backend::{GpuBackend, GpuOptions};
+use crate::backend_tests::{model_with_vocab, Mem};
+use crate::testing::{cosine, gpu};
+use nibble_backend::{argmax, Backend, RefBackend};
+use std::sync::Arc;
+
+const PROMPTS: [&[u32]; 3] = [&[11, 402, 7, 93], &[5], &[300, 301, 302, 17, 250, 4, 9]];
+const N: usize = 24;
+
+fn model() -> Arc<Mem> {
+    model_with_vocab(21, false, 512)
+}
+
+/// The oracle's first `n` greedy ids after `prompt`.
+fn oracle(m: &Arc<Mem>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut rb = RefBackend::new(m.clone(), 128).unwrap();
+    let mut ids = vec![argmax(&rb.prefill(prompt).unwrap())];
+    while ids.len() < n {
+        ids.push(argmax(&rb.step(*ids.last().unwrap()).unwrap()));
+    }
+    ids
+}
+
+#[test]
+fn streams_equal_single_stream_and_oracle() {
+    let Some(ctx) = gpu("streams_equal_single_stream_and_oracle") else {
+        return;
+    };
+    let m = model();
+    let opts = GpuOptions {
+        context_len: 128,
+        streams: 4,
+        ..Default::default()
+    };
+    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    assert_eq!(g.max_streams(), 4);
+    // Single-stream GPU ids for each prompt (the main sequence of the same backend).
+    let single: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| {
+            g.truncate(0).unwrap();
+            let first = argmax(&g.prefill(p).unwrap());
+            let mut ids = vec![first];
+            ids.extend(g.decode_greedy(first, N + 7, &[]).unwrap());
+            ids
+        })
+        .collect();
+    for (p, s) in PROMPTS.iter().zip(&single) {
+        assert_eq!(
+            s[..N],
+            oracle(&m, p, N)[..],
+            "single-stream vs oracle for {p:?}"
+        );
+    }
+    // Prefill each stream; its logits match the single-stream prefill's.
+    let mut first = vec![];
+    for (slot, p) in PROMPTS.iter().enumerate() {
+        let l = g.stream_prefill(slot, p).unwrap();
+        g.truncate(0).unwrap();
+        let want = g.prefill(p).unwrap();
+        let cos = cosine(&l, &want);
+        assert!(cos >= 0.99999, "stream {slot} prefill logits cosine {cos}");
+        first.push(Some(argmax(&l)));
+    }
+    // Column 3 idle: streams 0..3 decode N - 1 tokens together.
+    let ids = g.streams_decode_greedy(&first, N - 1, &[]).unwrap();
+    assert_eq!(ids.len(), 3);
+    for (s, got) in ids.iter().enumerate() {
+        assert_eq!(
+            got[..],
+            single[s][1..N],
+            "stream {s} vs its single-stream ids"
+        );
+    }
+    // Continue streams 0 and 2 for 8 more tokens while stream 1 sits out.
+    let next: Vec<Option<u32>> = vec![ids[0].last().copied(), None, ids[2].last().copied()];
+    let more = g.streams_decode_greedy(&next, 8, &[]).unwrap();
+    assert!(more[1].is_empty());
+    assert_eq!(more[0][..], single[0][N..N + 8], "stream 0 continued");
+    assert_eq!(more[2][..], single[2][N..N + 8], "stream 2 continued");
+    // Stream 1 resumes where it stopped.
+    let again = g
+        .streams_decode_greedy(&[None, ids[1].last().copied()], 8, &[])
+        .unwrap();
+    assert_eq!(again[1][..], single[1][N..N + 8], "stream 1 resumed");
+}
+
+#[test]
+fn streams_stop_at_eos_and_refuse_bad_input() {
+    let Some(ctx) = gpu("streams_stop_at_eos_and_refuse_bad_input") else {
+        return;
+    };
+    let m = model();
+    let opts = GpuOptions {
+        context_len: 32,
+        streams: 2,
+        ..Default::default()
+    };
+    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let want = oracle(&m, PROMPTS[0], 12);
+    let f0 = argmax(&g.stream_prefill(0, PROMPTS[0]).unwrap());
+    let f1 = argmax(&g.stream_prefill(1, PROMPTS[1]).unwrap());
+    // Stream 0 stops at the EOS id it produces at step 5; stream 1 runs on.
+    let eos = want[5];
+    let ids = g
+        .streams_decode_greedy(&[Some(f0), Some(f1)], 10, &[eos])
+        .unwrap();
+    let stop = want[1..].iter().position(|t| *t == eos).unwrap() + 1;
+    assert_eq!(ids[0][..], want[1..=stop], "stream 0 ends with its EOS");
+    assert!(!ids[1].is_empty());
+    // Bad input: a clear error, never a panic.
+    assert!(g.stream_prefill(2, &[1]).is_err(), "slot past the streams");
+    assert!(g.stream_prefill(0, &[]).is_err(), "empty prompt");
+    assert!(
+        g.stream_prefill(0, &[100_000]).is_err(),
+        "id past the vocabulary"
+    );
+    assert!(
+        g.stream_prefill(0, &[1; 33]).is_err(),
+        "prompt past the context"
+    );
+    assert!(
+        g.streams_decode_greedy(&[Some(1), Some(1), Some(1)], 2, &[])
+            .is_err(),
+        "three streams on a two-stream path"
+    );
+    assert!(
+        g.streams_decode_greedy(&[Some(1)], 40, &[]).is_err(),
+        "past the context"
+    );
+    // A backend built without streams says so.
+    let mut one = GpuBackend::with_context(&ctx, m.as_ref(), GpuOptions::default()).unwrap();
+    assert_eq!(one.max_streams(), 0);
+    assert!(one.stream_prefill(0, &[1]).is_err());
+}
