@@ -31,7 +31,9 @@ use nibble_model::weights::WeightSource;
 pub struct GpuOptions {
     /// KV-cache positions.
     pub context_len: usize,
-    /// Greedy steps per submission in `decode_greedy`.
+    /// Greedy steps per submission in `decode_greedy`. Default 4, from the H200 sweep of
+    /// 2026-11-29 (docs/BENCHMARKS.md run 3, runs overlapped): tg128 249.1 / 249.6 / 248.3 /
+    /// 245.3 / 239.8 / 234.5 tok/s at N = 1 / 4 / 8 / 16 / 32 / 64.
     pub fold: u32,
     /// Submit per token and take the argmax on the host.
     pub per_token: bool,
@@ -48,7 +50,7 @@ impl Default for GpuOptions {
     fn default() -> Self {
         GpuOptions {
             context_len: 4096,
-            fold: 16,
+            fold: 4,
             per_token: false,
             routing: Routing::default(),
             adapter: AdapterChoice::Auto,
