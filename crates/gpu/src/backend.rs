@@ -35,7 +35,8 @@ pub struct GpuOptions {
     /// 2026-11-29 (docs/BENCHMARKS.md run 3, runs overlapped): tg128 249.1 / 249.6 / 248.3 /
     /// 245.3 / 239.8 / 234.5 tok/s at N = 1 / 4 / 8 / 16 / 32 / 64.
     pub fold: u32,
-    /// Submit per token and take the argmax on the host.
+    /// Submit per token and take the argmax on the host (and prefill token by token: the
+    /// unbatched path end to end, for comparisons).
     pub per_token: bool,
     pub routing: Routing,
     pub adapter: AdapterChoice,
@@ -70,6 +71,9 @@ pub struct GpuBackend {
     pos: usize,
     /// The multi-stream path (`GpuOptions::streams > 0`) and each stream's position.
     batch: Option<crate::batch::BatchPlan>,
+    /// Batched prefill: 8 prompt tokens per dispatch into the main sequence's cache (f32
+    /// numerics; the int8 forms prefill token by token).
+    prefill: Option<crate::batch::BatchPlan>,
     stream_pos: Vec<usize>,
 }
 
@@ -110,15 +114,30 @@ impl GpuBackend {
                 numerics: opts.numerics,
             },
         )?;
+        use crate::batch::{BatchMode, BatchPlan};
         let batch = match opts.streams {
             0 => None,
-            n => Some(crate::batch::BatchPlan::new(
+            n => Some(BatchPlan::new(
                 ctx,
                 &plan.weights,
                 n,
                 opts.context_len,
                 opts.numerics,
+                BatchMode::Streams,
             )?),
+        };
+        let prefill = if opts.numerics.quantized() || opts.per_token {
+            None
+        } else {
+            let (k_cache, v_cache) = plan.kv_caches();
+            Some(BatchPlan::new(
+                ctx,
+                &plan.weights,
+                crate::columns::MAX_COLUMNS,
+                opts.context_len,
+                opts.numerics,
+                BatchMode::Prefill { k_cache, v_cache },
+            )?)
         };
         Ok(GpuBackend {
             plan,
@@ -126,6 +145,7 @@ impl GpuBackend {
             pos: 0,
             stream_pos: vec![0; opts.streams],
             batch,
+            prefill,
         })
     }
 
@@ -324,7 +344,10 @@ impl Backend for GpuBackend {
             );
         }
         // A failure leaves the position at `start` (the rows written are stale).
-        let logits = self.plan.prefill_logits(tokens, start)?;
+        let logits = match &self.prefill {
+            Some(b) => b.prefill_sequence(tokens, start)?,
+            None => self.plan.prefill_logits(tokens, start)?,
+        };
         self.pos = start + tokens.len();
         Ok(logits)
     }

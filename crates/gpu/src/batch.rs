@@ -13,6 +13,11 @@
 //!
 //! Buffers live as long as the plan; the KV cache of layer `l` is `[B, ctx, Hkv, D]` (slot-major)
 //! and row `p` of slot `s` is written only by the step that processes position `p` of stream `s`.
+//!
+//! The same machinery is the batched prefill ([`BatchMode::Prefill`]): the columns are up to 8
+//! consecutive prompt tokens of the single-stream sequence, written into that sequence's own KV
+//! cache (borrowed from the decode plan): the attention first writes every column's K/V row,
+//! then attends causally; the lm_head runs only for the group holding the last prompt token.
 
 use crate::columns::{self, Col, MAX_COLUMNS};
 use crate::context::{Context, Result as GpuResult};
@@ -78,6 +83,17 @@ pub struct BatchPlan {
 /// Most EOS ids a multi-stream run can stop on.
 const MAX_EOS: usize = 16;
 
+/// What the columns are.
+pub enum BatchMode<'a> {
+    /// Independent sequences, one KV slot each (allocated by the plan).
+    Streams,
+    /// Consecutive tokens of one sequence whose per-layer caches `[ctx, Hkv, D]` these are.
+    Prefill {
+        k_cache: &'a [wgpu::Buffer],
+        v_cache: &'a [wgpu::Buffer],
+    },
+}
+
 impl BatchPlan {
     /// Allocate `streams` KV slots of `context_len` positions and bind every layer of `w`.
     pub fn new(
@@ -86,6 +102,7 @@ impl BatchPlan {
         streams: usize,
         context_len: usize,
         numerics: Numerics,
+        mode: BatchMode<'_>,
     ) -> Result<BatchPlan> {
         ensure!(
             (1..=MAX_COLUMNS).contains(&streams),
@@ -121,13 +138,27 @@ impl BatchPlan {
         let moe_h = f32s("b.moe_h", k * i)?;
         let logits = f32s("b.logits", v)?;
         let out_tokens = ctx.storage("b.out_tokens", (bs * context_len) as u64 * 4)?;
-        let cache_bytes = (bs * context_len * kv) as u64 * 4;
-        let k_cache: Vec<wgpu::Buffer> = (0..cfg.num_layers)
-            .map(|_| ctx.storage("b.k_cache", cache_bytes))
-            .collect::<GpuResult<_>>()?;
-        let v_cache: Vec<wgpu::Buffer> = (0..cfg.num_layers)
-            .map(|_| ctx.storage("b.v_cache", cache_bytes))
-            .collect::<GpuResult<_>>()?;
+        let (slots, col_mode, k_cache, v_cache) = match mode {
+            BatchMode::Streams => {
+                let cache_bytes = (bs * context_len * kv) as u64 * 4;
+                let alloc = |label: &str| -> GpuResult<Vec<wgpu::Buffer>> {
+                    (0..cfg.num_layers)
+                        .map(|_| ctx.storage(label, cache_bytes))
+                        .collect()
+                };
+                let (k, v) = (alloc("b.k_cache")?, alloc("b.v_cache")?);
+                (b, ColumnMode::Independent, k, v)
+            }
+            BatchMode::Prefill { k_cache, v_cache } => {
+                ensure!(
+                    k_cache.len() == cfg.num_layers && v_cache.len() == cfg.num_layers,
+                    "prefill caches for {} layers, the model has {}",
+                    k_cache.len(),
+                    cfg.num_layers
+                );
+                (1, ColumnMode::Prefill, k_cache.to_vec(), v_cache.to_vec())
+            }
+        };
         let scratch = attn_k.scratch_cols(ctx, b)?;
         let matmul = MatmulKernel::new(ctx)?;
         let router_k = RouterColsKernel::new(ctx)?;
@@ -170,8 +201,8 @@ impl BatchPlan {
                         v_cache: &v_cache[l],
                         out: &att,
                         columns: b,
-                        slots: b,
-                        mode: ColumnMode::Independent,
+                        slots,
+                        mode: col_mode,
                     },
                     &scratch,
                 )?,
@@ -287,6 +318,38 @@ impl BatchPlan {
         self.streams as usize
     }
 
+    /// Batched prefill (a [`BatchMode::Prefill`] plan): `tokens` at positions `pos..` of the
+    /// sequence, up to `streams` tokens per dispatch (one submit per group); returns the logits
+    /// `[V]` after the last token. The caller checks ids and `pos + len <= context_len`.
+    pub fn prefill_sequence(&self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        ensure!(!tokens.is_empty(), "prefill of an empty token list");
+        let groups: Vec<&[u32]> = tokens.chunks(self.streams()).collect();
+        for (g, group) in groups.iter().enumerate() {
+            let p0 = pos + g * self.streams();
+            let cs: Vec<Col> = group
+                .iter()
+                .enumerate()
+                .map(|(c, &t)| Col::active(t, (p0 + c) as u32, 0))
+                .collect();
+            columns::write(&self.ctx, &self.bufs.cols, &cs);
+            self.reset_state();
+            let last = g + 1 == groups.len();
+            let bound = (p0 + group.len() - 1) as u32;
+            let mut res = Ok(());
+            self.ctx.run_pass(|p| {
+                res = self.record_layers(p, bound, group.len() as u32);
+                if last {
+                    self.matmul.record(p, &self.head);
+                }
+            })?;
+            res?;
+        }
+        let c = (tokens.len() - 1) % self.streams();
+        let v = self.vocab;
+        let all = self.ctx.read_f32(&self.bufs.logits, (c + 1) * v)?;
+        Ok(all[c * v..].to_vec())
+    }
+
     /// Record one step over every column: positions are at most `pos_bound`.
     fn record_step(
         &self,
@@ -294,18 +357,28 @@ impl BatchPlan {
         pos_bound: u32,
         argmax: bool,
     ) -> Result<()> {
-        self.embed_k.record(pass, &self.embed);
-        for l in &self.layers {
-            self.matmul.record(pass, &l.qkv);
-            self.attn_k
-                .record_cols(pass, &l.attn, pos_bound, self.streams)?;
-            self.matmul.record(pass, &l.o);
-            self.router_k.record(pass, &l.router);
-            self.moe_k.record_cols(pass, &self.ctx, &l.moe);
-        }
+        self.record_layers(pass, pos_bound, self.streams)?;
         self.matmul.record(pass, &self.head);
         if argmax {
             self.argmax_k.record(pass, &self.argmax);
+        }
+        Ok(())
+    }
+
+    /// The embedding and every layer over the first `nb` columns (the matmuls run all columns).
+    fn record_layers(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        pos_bound: u32,
+        nb: u32,
+    ) -> Result<()> {
+        self.embed_k.record(pass, &self.embed);
+        for l in &self.layers {
+            self.matmul.record(pass, &l.qkv);
+            self.attn_k.record_cols(pass, &l.attn, pos_bound, nb)?;
+            self.matmul.record(pass, &l.o);
+            self.router_k.record(pass, &l.router);
+            self.moe_k.record_cols(pass, &self.ctx, &l.moe);
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! Multi-stream decode (`BatchPlan` through `GpuBackend::streams_decode_greedy`) on synth's tiny
 //! model: every stream's greedy ids equal its single-stream GPU ids and the oracle's, with
 //! streams of different prompt lengths (so different positions) sharing each run, an idle
-//! column, a second run that continues some streams while another sits out, and bad input.
+//! column, a second run that continues some streams while another sits out, and bad input;
+//! and the batched prefill against token-by-token prefill and the oracle.
 
 use crate::backend::{GpuBackend, GpuOptions};
 use crate::backend_tests::{model_with_vocab, Mem};
@@ -137,4 +138,54 @@ fn streams_stop_at_eos_and_refuse_bad_input() {
     let mut one = GpuBackend::with_context(&ctx, m.as_ref(), GpuOptions::default()).unwrap();
     assert_eq!(one.max_streams(), 0);
     assert!(one.stream_prefill(0, &[1]).is_err());
+}
+
+/// The batched prefill (8 prompt tokens per dispatch, the default for f32 numerics) against the
+/// unbatched backend (`per_token`: token by token) and the oracle: a 19-token prompt (groups of
+/// 8, 8, 3), then 5 more tokens appended at position 19 (a group starting mid-sequence), then
+/// greedy decoding from the batched cache.
+#[test]
+fn batched_prefill_equals_token_by_token_and_oracle() {
+    let Some(ctx) = gpu("batched_prefill_equals_token_by_token_and_oracle") else {
+        return;
+    };
+    let m = model();
+    let prompt: Vec<u32> = (0..19).map(|i| (i * 37 + 11) % 500).collect();
+    let more = [7u32, 93, 402, 11, 250];
+    let opts = |per_token| GpuOptions {
+        context_len: 64,
+        per_token,
+        ..Default::default()
+    };
+    let mut batched = GpuBackend::with_context(&ctx, m.as_ref(), opts(false)).unwrap();
+    let mut plain = GpuBackend::with_context(&ctx, m.as_ref(), opts(true)).unwrap();
+    let mut rb = RefBackend::new(m.clone(), 64).unwrap();
+    for chunk in [&prompt[..], &more[..]] {
+        let (b, p, r) = (
+            batched.prefill(chunk).unwrap(),
+            plain.prefill(chunk).unwrap(),
+            rb.prefill(chunk).unwrap(),
+        );
+        for (what, x) in [("token by token", &p), ("oracle", &r)] {
+            let cos = cosine(&b, x);
+            assert!(cos >= 0.99999, "batched prefill vs {what}: cosine {cos}");
+            assert_eq!(argmax(&b), argmax(x), "batched prefill vs {what}: argmax");
+        }
+    }
+    assert_eq!(batched.position(), 24);
+    // Greedy from the batched cache (re-feeding the last prompt token at 23) equals greedy from
+    // the token-by-token cache and the oracle's.
+    let t = more[4];
+    batched.truncate(23).unwrap();
+    plain.truncate(23).unwrap();
+    let a = batched.decode_greedy(t, 12, &[]).unwrap();
+    let b = plain.decode_greedy(t, 12, &[]).unwrap();
+    assert_eq!(a, b, "greedy after batched vs token-by-token prefill");
+    let mut rb = RefBackend::new(m.clone(), 64).unwrap();
+    rb.prefill(&prompt).unwrap();
+    let mut want = vec![argmax(&rb.prefill(&more).unwrap())];
+    while want.len() < 12 {
+        want.push(argmax(&rb.step(*want.last().unwrap()).unwrap()));
+    }
+    assert_eq!(a, want, "greedy after batched prefill vs the oracle");
 }

@@ -552,6 +552,12 @@ impl DecodePlan {
         (&self.acts.state, &self.acts.out_tokens)
     }
 
+    /// The per-layer KV caches `[ctx, Hkv, D]` (K, V) of the sequence: the batched prefill
+    /// writes them too.
+    pub(crate) fn kv_caches(&self) -> (&[wgpu::Buffer], &[wgpu::Buffer]) {
+        (&self.acts.k_cache, &self.acts.v_cache)
+    }
+
     /// Dispatches one recorded step issues (with argmax), at position 0 (attention takes one
     /// dispatch per layer while a chunk covers the context, two after).
     pub fn dispatches_per_step(&self) -> usize {
