@@ -48,10 +48,15 @@ pub trait Backend: Send {
     fn max_streams(&self) -> usize {
         0
     }
-    /// Reset stream `slot` (< `max_streams()`) and feed it `prompt`; returns the logits after the
-    /// last prompt token.
-    fn stream_prefill(&mut self, slot: usize, prompt: &[u32]) -> anyhow::Result<Vec<f32>> {
-        let _ = (slot, prompt);
+    /// Keep the first `start` positions of stream `slot` (< `max_streams()`; `start` at most
+    /// what it holds: 0 resets it) and feed it `tokens`; returns the logits after the last one.
+    fn stream_prefill(
+        &mut self,
+        slot: usize,
+        start: usize,
+        tokens: &[u32],
+    ) -> anyhow::Result<Vec<f32>> {
+        let _ = (slot, start, tokens);
         anyhow::bail!("{}: no multi-stream decode", self.name())
     }
     /// Greedy multi-stream decode: stream `i` is fed `tokens[i]` (`None`: stream `i` sits this

@@ -116,7 +116,7 @@ fn tg_batch(b: &mut dyn Backend, bsz: usize, n: usize, reps: usize) -> Result<Ve
     for r in 0..reps {
         let mut first = vec![];
         for s in 0..bsz {
-            let logits = b.stream_prefill(s, &[1000 + (r * 8 + s) as u32, 2000 + s as u32])?;
+            let logits = b.stream_prefill(s, 0, &[1000 + (r * 8 + s) as u32, 2000 + s as u32])?;
             first.push(Some(argmax(&logits)));
         }
         let t = Instant::now();

@@ -20,7 +20,8 @@ pub struct Args {
     /// Port to bind (0 = any free port; the bound one is printed).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Requests admitted at once; they run one after another until the backend is multi-stream.
+    /// Requests admitted at once. From 2, the GPU backend decodes greedy requests together (one
+    /// multi-stream slot each, continuous batching); sampled ones run alone in between.
     #[arg(long, default_value_t = 4)]
     max_streams: usize,
     /// Requests that may wait beyond the admitted ones; more get 429.
@@ -39,7 +40,11 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::required(&model)?;
-    let backend = backends::make(&a.backend, model.weights.clone())?;
+    let mut bargs = a.backend.clone();
+    if a.max_streams >= 2 {
+        bargs.streams = bargs.streams.max(a.max_streams.min(8));
+    }
+    let backend = backends::make(&bargs, model.weights.clone())?;
     let model_id = a.model_name.clone().unwrap_or_else(|| {
         a.model
             .file_stem()

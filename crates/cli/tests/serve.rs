@@ -116,3 +116,130 @@ fn serve_answers_health_models_and_a_completion() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Whether a wgpu adapter exists (lavapipe counts); in CI it must.
+fn have_gpu() -> bool {
+    let ok = nibble_gpu::Context::new(&nibble_gpu::AdapterChoice::Auto).is_ok();
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "CI: no wgpu adapter");
+        eprintln!("SKIP: no wgpu adapter (install mesa-vulkan-drivers)");
+    }
+    ok
+}
+
+/// `nibble serve --backend gpu --max-streams 4`: four greedy requests sent at once are decoded
+/// together on multi-stream slots and each text equals what `nibble generate` (the single-stream
+/// GPU path) writes for the same prompt; a follow-up request that extends an earlier one reuses
+/// its slot's cached prefix.
+#[test]
+fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
+    let Some(tok) = tokenizer_json() else { return };
+    if !have_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let out = nibble()
+        .args(["synth", "--preset", "tiny", "--seed", "3", "--quiet", "-o"])
+        .arg(&model)
+        .arg("--tokenizer")
+        .arg(&tok)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let prompts = [
+        "Once upon a time",
+        "The capital of France is",
+        "def quicksort(xs):",
+        "1, 2, 3, 4,",
+    ];
+    // Single-stream reference texts.
+    let want: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let o = nibble()
+                .args([
+                    "generate",
+                    "--backend",
+                    "gpu",
+                    "--ctx",
+                    "256",
+                    "-n",
+                    "12",
+                    "-p",
+                    p,
+                    "-m",
+                ])
+                .arg(&model)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            // `generate` ends its output with a newline of its own.
+            let text = String::from_utf8(o.stdout).unwrap();
+            text.strip_suffix('\n').unwrap_or(&text).to_owned()
+        })
+        .collect();
+    let mut child = nibble()
+        .args([
+            "serve",
+            "--backend",
+            "gpu",
+            "--max-streams",
+            "4",
+            "--port",
+            "0",
+            "--ctx",
+            "256",
+            "-m",
+        ])
+        .arg(&model)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("serve exited before listening");
+        };
+        if let Some(a) = line.strip_prefix("listening on http://") {
+            break a.to_owned();
+        }
+    };
+    let body =
+        |p: &str| serde_json::json!({"prompt": p, "max_tokens": 12, "temperature": 0}).to_string();
+    let threads: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (addr, b) = (addr.clone(), body(p));
+            std::thread::spawn(move || exchange(&addr, "POST", "/v1/completions", &b))
+        })
+        .collect();
+    for ((t, p), w) in threads.into_iter().zip(&prompts).zip(&want) {
+        let (st, b) = t.join().unwrap();
+        assert_eq!(st, 200, "{b}");
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        assert_eq!(
+            text,
+            w.as_str(),
+            "prompt {p:?}: served together vs single-stream"
+        );
+    }
+    // A follow-up that extends the first exchange lands on that slot's cached prefix.
+    let follow = format!("{}{} and then", prompts[0], want[0]);
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &body(&follow));
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 4, "follow-up reused {cached} cached tokens: {b}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

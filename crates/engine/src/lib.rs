@@ -9,6 +9,7 @@ pub mod error;
 pub mod sampler;
 pub mod session;
 pub mod stop;
+pub mod streams;
 pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};

@@ -96,6 +96,12 @@ impl Session {
         self.backend.as_ref()
     }
 
+    /// The backend, for paths that bypass the main sequence (multi-stream slots leave this
+    /// session's cache alone).
+    pub fn backend_mut(&mut self) -> &mut dyn Backend {
+        self.backend.as_mut()
+    }
+
     /// Ids currently in the KV cache.
     pub fn cached(&self) -> &[u32] {
         &self.cached

@@ -356,24 +356,30 @@ impl Backend for GpuBackend {
         self.batch.as_ref().map_or(0, |b| b.streams())
     }
 
-    fn stream_prefill(&mut self, slot: usize, prompt: &[u32]) -> Result<Vec<f32>> {
+    fn stream_prefill(&mut self, slot: usize, start: usize, prompt: &[u32]) -> Result<Vec<f32>> {
         let Some(b) = &self.batch else {
             bail!("no multi-stream path: the GPU backend was built with 0 streams");
         };
         ensure!(slot < b.streams(), "stream {slot} of {}", b.streams());
         ensure!(!prompt.is_empty(), "prefill of an empty token list");
+        ensure!(
+            start <= self.stream_pos[slot],
+            "stream {slot} holds {} positions, cannot keep {start}",
+            self.stream_pos[slot]
+        );
         for t in prompt {
             self.check_token(*t)?;
         }
         ensure!(
-            prompt.len() <= self.context_len(),
-            "prompt of {} tokens exceeds the context of {}",
+            prompt.len() <= self.context_len() - start,
+            "prompt of {} tokens at position {start} exceeds the context of {}",
             prompt.len(),
             self.context_len()
         );
-        self.stream_pos[slot] = 0;
-        let logits = b.prefill_slot(slot, prompt, 0)?;
-        self.stream_pos[slot] = prompt.len();
+        // A failure leaves the stream at `start` (rows past it are stale).
+        self.stream_pos[slot] = start;
+        let logits = b.prefill_slot(slot, prompt, start)?;
+        self.stream_pos[slot] = start + prompt.len();
         Ok(logits)
     }
 

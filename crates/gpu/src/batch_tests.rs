@@ -61,7 +61,7 @@ fn streams_equal_single_stream_and_oracle() {
     // Prefill each stream; its logits match the single-stream prefill's.
     let mut first = vec![];
     for (slot, p) in PROMPTS.iter().enumerate() {
-        let l = g.stream_prefill(slot, p).unwrap();
+        let l = g.stream_prefill(slot, 0, p).unwrap();
         g.truncate(0).unwrap();
         let want = g.prefill(p).unwrap();
         let cos = cosine(&l, &want);
@@ -104,8 +104,8 @@ fn streams_stop_at_eos_and_refuse_bad_input() {
     };
     let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
     let want = oracle(&m, PROMPTS[0], 12);
-    let f0 = argmax(&g.stream_prefill(0, PROMPTS[0]).unwrap());
-    let f1 = argmax(&g.stream_prefill(1, PROMPTS[1]).unwrap());
+    let f0 = argmax(&g.stream_prefill(0, 0, PROMPTS[0]).unwrap());
+    let f1 = argmax(&g.stream_prefill(1, 0, PROMPTS[1]).unwrap());
     // Stream 0 stops at the EOS id it produces at step 5; stream 1 runs on.
     let eos = want[5];
     let ids = g
@@ -115,14 +115,21 @@ fn streams_stop_at_eos_and_refuse_bad_input() {
     assert_eq!(ids[0][..], want[1..=stop], "stream 0 ends with its EOS");
     assert!(!ids[1].is_empty());
     // Bad input: a clear error, never a panic.
-    assert!(g.stream_prefill(2, &[1]).is_err(), "slot past the streams");
-    assert!(g.stream_prefill(0, &[]).is_err(), "empty prompt");
     assert!(
-        g.stream_prefill(0, &[100_000]).is_err(),
+        g.stream_prefill(2, 0, &[1]).is_err(),
+        "slot past the streams"
+    );
+    assert!(
+        g.stream_prefill(1, 30, &[1]).is_err(),
+        "keeping more than the stream holds"
+    );
+    assert!(g.stream_prefill(0, 0, &[]).is_err(), "empty prompt");
+    assert!(
+        g.stream_prefill(0, 0, &[100_000]).is_err(),
         "id past the vocabulary"
     );
     assert!(
-        g.stream_prefill(0, &[1; 33]).is_err(),
+        g.stream_prefill(0, 0, &[1; 33]).is_err(),
         "prompt past the context"
     );
     assert!(
@@ -137,7 +144,7 @@ fn streams_stop_at_eos_and_refuse_bad_input() {
     // A backend built without streams says so.
     let mut one = GpuBackend::with_context(&ctx, m.as_ref(), GpuOptions::default()).unwrap();
     assert_eq!(one.max_streams(), 0);
-    assert!(one.stream_prefill(0, &[1]).is_err());
+    assert!(one.stream_prefill(0, 0, &[1]).is_err());
 }
 
 /// The batched prefill (8 prompt tokens per dispatch, the default for f32 numerics) against the

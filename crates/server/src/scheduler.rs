@@ -7,29 +7,36 @@
 //! returns `false` and generation stops at the next piece of text: the worker moves on at once.
 //!
 //! The loop is shaped like nano-vllm's `schedule -> run -> postprocess`, with explicit per-step
-//! inputs, so a backend that decodes several sequences per run can slot in:
+//! inputs:
 //! * [`Scheduler::schedule`] admits queued jobs until `max_streams` are admitted (blocking only when
-//!   none is) and returns a [`Step`]: the admitted sequences to advance this step;
-//! * [`Worker::run`] advances them; the single-sequence backend of today advances ONE sequence (the
-//!   oldest admitted) from prompt to end per step, so admitted sequences run one after another;
+//!   none is) and returns a [`Step`]: the admitted sequences;
+//! * [`Worker::run`] advances them. On a multi-stream backend (`Backend::max_streams() > 0`, the
+//!   GPU with `--max-streams`), every admitted greedy request gets a stream slot (prefilled when
+//!   it joins) and ONE device run of up to [`RUN`] tokens advances all of them together
+//!   (continuous batching: a request that arrives mid-run joins at the next run, a finished or
+//!   cancelled one frees its slot at once). A sampled request, or any request on a backend
+//!   without streams, runs alone on the main sequence from prompt to end (with prefix reuse), when
+//!   no stream is active;
 //! * [`Worker::postprocess`] sends the final events, retires finished sequences and updates metrics.
 //!
-//! `--max-streams` therefore bounds how many requests are admitted at once (the
-//! `nibble_active_streams` gauge) and, with `--queue`, how many are held at all
-//! (`max_streams + queue`); it does not yet make them decode together.
+//! `--max-streams` bounds how many requests are admitted at once (the `nibble_active_streams`
+//! gauge) and, with `--queue`, how many are held at all (`max_streams + queue`).
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::protocol::Usage;
 use nibble_engine::session::{FinishReason, GenParams, GenStats, Session};
+use nibble_engine::streams::StreamSeq;
+use nibble_engine::Sampler;
 use nibble_engine::Tokenizer;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Sequences the backend decodes in one run: 1 until the backend is multi-stream.
-pub const BACKEND_STREAMS: usize = 1;
+/// Tokens per multi-stream device run: small, so a request that arrives mid-run waits little,
+/// and measured on the H200 to cost nothing against longer runs (docs/BENCHMARKS.md, fold sweep).
+pub const RUN: usize = 4;
 
 /// What the worker tells a handler.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +87,8 @@ impl Queue {
 /// An admitted sequence.
 struct Seq {
     job: Job,
+    /// Set once the request decodes on a multi-stream slot.
+    stream: Option<StreamSeq>,
 }
 
 /// Admission: the queue's consuming end plus the admitted sequences, oldest first.
@@ -103,7 +112,7 @@ impl Scheduler {
         if job.events.is_closed() {
             return;
         }
-        self.running.push_back(Seq { job });
+        self.running.push_back(Seq { job, stream: None });
     }
 
     /// Tops the admitted set up to `max_streams` and picks what to advance. Blocks while nothing is
@@ -125,7 +134,7 @@ impl Scheduler {
         }
         self.metrics.active_streams.set(self.running.len() as i64);
         Some(Step {
-            seqs: (0..self.running.len().min(BACKEND_STREAMS)).collect(),
+            seqs: (0..self.running.len()).collect(),
         })
     }
 }
@@ -141,35 +150,200 @@ pub struct Worker {
     session: Session,
     tok: Tokenizer,
     metrics: Metrics,
+    /// Multi-stream slots taken (empty when the backend has none).
+    slots: Vec<bool>,
+    /// The ids each slot's KV cache holds (for prefix reuse by the next request there).
+    slot_ids: Vec<Vec<u32>>,
+}
+
+/// Whether `job` decodes greedily (the only kind the multi-stream runs serve).
+fn greedy(job: &Job) -> bool {
+    Sampler::new(job.gen.sampling.clone()).is_ok_and(|s| s.is_greedy())
 }
 
 impl Worker {
-    /// Advances every sequence of `step`. Today: each one from its prompt to its end, in order.
-    fn run(&mut self, sched: &Scheduler, step: &Step) -> Vec<SeqOutput> {
-        step.seqs
-            .iter()
-            .map(|&index| {
-                let job = &sched.running[index].job;
-                let events = &job.events;
-                let session = &mut self.session;
-                let tok = &self.tok;
-                let out = catch_unwind(AssertUnwindSafe(|| {
-                    session.generate(tok, &job.prompt, &job.gen, &mut |t| {
-                        events.send(Event::Text(t.to_owned())).is_ok()
+    /// Advances the sequences of `step`: every greedy one on a stream slot, one device run for
+    /// all of them; else the oldest one alone from prompt to end.
+    fn run(&mut self, sched: &mut Scheduler, step: &Step) -> Vec<SeqOutput> {
+        if self.slots.is_empty() {
+            return self.run_alone(sched, step.seqs.iter().copied().take(1));
+        }
+        let mut out = Vec::new();
+        // Join: greedy requests take free slots (prefill now).
+        for &index in &step.seqs {
+            let seq = &mut sched.running[index];
+            if seq.stream.is_some() || !greedy(&seq.job) {
+                continue;
+            }
+            // The free slot whose cached ids share the longest prefix with the prompt (a
+            // follow-up chat turn lands where its conversation is cached).
+            let prompt = &seq.job.prompt;
+            let common = |c: &Vec<u32>| {
+                c.iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(prompt.len().saturating_sub(1))
+            };
+            let Some((slot, keep)) = (0..self.slots.len())
+                .filter(|s| !self.slots[*s])
+                .map(|s| (s, common(&self.slot_ids[s])))
+                .max_by_key(|(s, k)| (*k, std::cmp::Reverse(*s)))
+            else {
+                break;
+            };
+            let events = seq.job.events.clone();
+            let started = catch_unwind(AssertUnwindSafe(|| {
+                StreamSeq::start(
+                    self.session.backend_mut(),
+                    &self.tok,
+                    slot,
+                    keep,
+                    &seq.job.prompt,
+                    &seq.job.gen,
+                    &mut |t| events.send(Event::Text(t.to_owned())).is_ok(),
+                )
+            }));
+            match started {
+                Ok(Ok(s)) => {
+                    self.slots[slot] = true;
+                    seq.stream = Some(s);
+                }
+                Ok(Err(e)) => {
+                    self.slot_ids[slot].clear();
+                    out.push(SeqOutput {
+                        index,
+                        result: Err(format!("generation failed: {e:#}")),
                     })
-                }));
-                let result = match out {
-                    Ok(Ok(stats)) => Ok(stats),
-                    Ok(Err(e)) => Err(format!("generation failed: {e:#}")),
-                    Err(_) => {
-                        // The cache may be inconsistent after a panic: forget it.
-                        let _ = catch_unwind(AssertUnwindSafe(|| self.session.reset()));
-                        Err("generation failed: the engine panicked".to_owned())
-                    }
+                }
+                Err(_) => {
+                    self.slot_ids[slot].clear();
+                    out.push(SeqOutput {
+                        index,
+                        result: Err("generation failed: the engine panicked".to_owned()),
+                    })
+                }
+            }
+        }
+        let failed: Vec<usize> = out.iter().map(|o| o.index).collect();
+        // One device run for every live stream.
+        let mut inputs = vec![None; self.slots.len()];
+        let mut room = RUN;
+        for seq in sched.running.iter_mut() {
+            if let Some(s) = seq.stream.as_mut() {
+                if seq.job.events.is_closed() {
+                    s.cancel();
+                }
+                if let Some(t) = s.next_input() {
+                    inputs[s.slot] = Some(t);
+                    room = room.min(s.room());
+                }
+            }
+        }
+        if inputs.iter().any(Option::is_some) && room > 0 {
+            let eos = self.session.backend().config().eos_token_ids.clone();
+            let ran = catch_unwind(AssertUnwindSafe(|| {
+                self.session
+                    .backend_mut()
+                    .streams_decode_greedy(&inputs, room, &eos)
+            }));
+            let ids = match ran {
+                Ok(Ok(ids)) => Ok(ids),
+                Ok(Err(e)) => Err(format!("generation failed: {e:#}")),
+                Err(_) => Err("generation failed: the engine panicked".to_owned()),
+            };
+            for seq in sched.running.iter_mut() {
+                let Some(s) = seq.stream.as_mut() else {
+                    continue;
                 };
-                SeqOutput { index, result }
-            })
-            .collect()
+                if inputs[s.slot].is_none() {
+                    continue;
+                }
+                match &ids {
+                    Ok(ids) => {
+                        let events = &seq.job.events;
+                        s.push_run(&ids[s.slot], &mut |t| {
+                            events.send(Event::Text(t.to_owned())).is_ok()
+                        });
+                    }
+                    // The run failed: every stream in it ends with the error.
+                    Err(_) => s.cancel(),
+                }
+            }
+            if let Err(msg) = ids {
+                for (index, seq) in sched.running.iter_mut().enumerate() {
+                    if let Some(s) = seq.stream.take() {
+                        self.slots[s.slot] = false;
+                        self.slot_ids[s.slot].clear();
+                        out.push(SeqOutput {
+                            index,
+                            result: Err(msg.clone()),
+                        });
+                    }
+                }
+                return out;
+            }
+        }
+        // Leave: finished streams report and free their slots.
+        for (index, seq) in sched.running.iter_mut().enumerate() {
+            if seq.stream.as_ref().is_some_and(|s| s.finished()) {
+                let s = seq.stream.take().expect("checked above");
+                let slot = s.slot;
+                self.slots[slot] = false;
+                let events = &seq.job.events;
+                let stats = s.end(&mut |t| events.send(Event::Text(t.to_owned())).is_ok());
+                // What the slot's KV rows now hold: the prompt and every id fed back (all
+                // generated ids but the last).
+                let fed = stats.generated.len().saturating_sub(1);
+                self.slot_ids[slot] = seq.job.prompt.clone();
+                self.slot_ids[slot].extend_from_slice(&stats.generated[..fed]);
+                out.push(SeqOutput {
+                    index,
+                    result: Ok(stats),
+                });
+            }
+        }
+        // A sampled request runs alone once no stream is active.
+        if self.slots.iter().all(|t| !t) && out.is_empty() {
+            let alone = step
+                .seqs
+                .iter()
+                .copied()
+                .filter(|i| !failed.contains(i) && !greedy(&sched.running[*i].job))
+                .take(1);
+            out.extend(self.run_alone(sched, alone));
+        }
+        out
+    }
+
+    /// Advances each of `seqs` from its prompt to its end on the main sequence, in order.
+    fn run_alone(
+        &mut self,
+        sched: &Scheduler,
+        seqs: impl Iterator<Item = usize>,
+    ) -> Vec<SeqOutput> {
+        seqs.map(|index| {
+            let job = &sched.running[index].job;
+            let events = &job.events;
+            let session = &mut self.session;
+            let tok = &self.tok;
+            let out = catch_unwind(AssertUnwindSafe(|| {
+                session.generate(tok, &job.prompt, &job.gen, &mut |t| {
+                    events.send(Event::Text(t.to_owned())).is_ok()
+                })
+            }));
+            let result = match out {
+                Ok(Ok(stats)) => Ok(stats),
+                Ok(Err(e)) => Err(format!("generation failed: {e:#}")),
+                Err(_) => {
+                    // The cache may be inconsistent after a panic: forget it.
+                    let _ = catch_unwind(AssertUnwindSafe(|| self.session.reset()));
+                    Err("generation failed: the engine panicked".to_owned())
+                }
+            };
+            SeqOutput { index, result }
+        })
+        .collect()
     }
 
     /// Reports results, retires finished sequences, updates metrics.
@@ -227,16 +401,19 @@ pub fn spawn(
         max_streams: max_streams.max(1),
         metrics: metrics.clone(),
     };
+    let slots = vec![false; session.backend().max_streams().min(max_streams.max(1))];
     let mut worker = Worker {
         session,
         tok,
         metrics: metrics.clone(),
+        slot_ids: vec![Vec::new(); slots.len()],
+        slots,
     };
     let handle = std::thread::Builder::new()
         .name("nibble-engine".into())
         .spawn(move || {
             while let Some(step) = sched.schedule() {
-                let out = worker.run(&sched, &step);
+                let out = worker.run(&mut sched, &step);
                 worker.postprocess(&mut sched, out);
             }
         })?;

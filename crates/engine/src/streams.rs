@@ -1,0 +1,140 @@
+//! Greedy requests on a multi-stream backend: each request owns one stream slot of the backend
+//! (its own KV cache and position) and the backend advances every active slot in the same device
+//! run ([`Backend::streams_decode_greedy`]). This module keeps a request's text side (streaming
+//! UTF-8 decode, stop ids and strings, limits) exactly as [`crate::session::Session::generate`]
+//! does for one sequence, so a request's text is the same whichever path served it.
+
+use crate::session::{FinishReason, GenParams, GenStats};
+use crate::stop::StopChecker;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use anyhow::Result;
+use nibble_backend::{argmax, Backend};
+use std::time::Instant;
+
+/// One greedy request bound to stream `slot`.
+pub struct StreamSeq {
+    pub slot: usize,
+    dec: StreamDecoder,
+    stop: StopChecker,
+    generated: Vec<u32>,
+    /// The id to feed next (the last one produced).
+    next: u32,
+    /// Ids in the slot's KV cache.
+    pos: usize,
+    context: usize,
+    prompt_tokens: usize,
+    /// Prompt positions reused from the slot's previous request.
+    cached_tokens: usize,
+    max_tokens: usize,
+    prompt_secs: f64,
+    t1: Instant,
+    finish: Option<FinishReason>,
+}
+
+impl StreamSeq {
+    /// Prefill `prompt` into `slot`, reusing its first `keep` cached positions (which the
+    /// caller knows hold `prompt[..keep]`; `keep < prompt.len()`), and emit the first id. The
+    /// caller checked the request as `Session::generate` does (non-empty prompt shorter than the
+    /// context, ids in the vocabulary).
+    pub fn start(
+        backend: &mut dyn Backend,
+        tok: &Tokenizer,
+        slot: usize,
+        keep: usize,
+        prompt: &[u32],
+        p: &GenParams,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<StreamSeq> {
+        anyhow::ensure!(keep < prompt.len(), "at least one prompt token must be fed");
+        let t0 = Instant::now();
+        let logits = backend.stream_prefill(slot, keep, &prompt[keep..])?;
+        let eos = backend.config().eos_token_ids.clone();
+        let mut s = StreamSeq {
+            slot,
+            dec: tok.stream_decoder(),
+            stop: StopChecker::new(&eos, &p.stop_strings),
+            generated: Vec::new(),
+            next: 0,
+            pos: prompt.len(),
+            context: backend.context_len(),
+            prompt_tokens: prompt.len(),
+            cached_tokens: keep,
+            max_tokens: p.max_tokens,
+            prompt_secs: t0.elapsed().as_secs_f64(),
+            t1: Instant::now(),
+            finish: None,
+        };
+        s.push(argmax(&logits), on_text);
+        Ok(s)
+    }
+
+    /// Whether the request has ended (its remaining run ids are ignored).
+    pub fn finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// The id this stream is fed next, or `None` once finished.
+    pub fn next_input(&self) -> Option<u32> {
+        (!self.finished()).then_some(self.next)
+    }
+
+    /// Steps this stream can still take before its context is full.
+    pub fn room(&self) -> usize {
+        self.context - self.pos
+    }
+
+    /// Hand one produced id to the text side; the limits are checked after it.
+    pub fn push(&mut self, id: u32, on_text: &mut dyn FnMut(&str) -> bool) {
+        if self.finished() {
+            return;
+        }
+        self.generated.push(id);
+        self.next = id;
+        let text = self.dec.push(id).unwrap_or_default();
+        let step = self.stop.push(id, &text);
+        if !step.text.is_empty() && !on_text(&step.text) {
+            self.finish = Some(FinishReason::Cancelled);
+        } else if let Some(r) = step.stop {
+            self.finish = Some(FinishReason::Stop(r));
+        } else if self.generated.len() >= self.max_tokens {
+            self.finish = Some(FinishReason::Length);
+        } else if self.room() == 0 {
+            self.finish = Some(FinishReason::ContextFull);
+        }
+    }
+
+    /// The ids a run produced for this stream (fed `next_input()` at the current position).
+    pub fn push_run(&mut self, ids: &[u32], on_text: &mut dyn FnMut(&str) -> bool) {
+        self.pos += ids.len();
+        for &id in ids {
+            self.push(id, on_text);
+        }
+    }
+
+    /// Mark the request cancelled (its client went away).
+    pub fn cancel(&mut self) {
+        self.finish.get_or_insert(FinishReason::Cancelled);
+    }
+
+    /// End the request: flush held-back text (unless cancelled) and report.
+    pub fn end(mut self, on_text: &mut dyn FnMut(&str) -> bool) -> GenStats {
+        let finish = self.finish.clone().unwrap_or(FinishReason::Length);
+        let tail = self.stop.finish();
+        if !tail.is_empty() && finish != FinishReason::Cancelled {
+            on_text(&tail);
+        }
+        if let Some(t) = self.dec.flush() {
+            if !t.is_empty() && finish != FinishReason::Cancelled && self.stop.stopped().is_none() {
+                on_text(&t);
+            }
+        }
+        GenStats {
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            generated: self.generated,
+            prompt_secs: self.prompt_secs,
+            decode_secs: self.t1.elapsed().as_secs_f64(),
+            finish,
+        }
+    }
+}
