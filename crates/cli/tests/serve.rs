@@ -117,6 +117,13 @@ fn serve_answers_health_models_and_a_completion() {
     child.wait().unwrap();
 }
 
+/// The value of the first sample of `name` in an OpenMetrics text (0 when absent).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().split(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Whether a wgpu adapter exists (lavapipe counts); in CI it must.
 fn have_gpu() -> bool {
     let ok = nibble_gpu::Context::new(&nibble_gpu::AdapterChoice::Auto).is_ok();
@@ -130,7 +137,7 @@ fn have_gpu() -> bool {
 /// `nibble serve --backend gpu --max-streams 4`: four greedy requests sent at once are decoded
 /// together on multi-stream slots and each text equals what `nibble generate` (the single-stream
 /// GPU path) writes for the same prompt; a follow-up request that extends an earlier one reuses
-/// its slot's cached prefix.
+/// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot.
 #[test]
 fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
     let Some(tok) = tokenizer_json() else { return };
@@ -240,6 +247,48 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
         .as_u64()
         .unwrap();
     assert!(cached >= 4, "follow-up reused {cached} cached tokens: {b}");
+    // A streaming request whose client leaves after a few chunks is cancelled and frees its
+    // slot: the server goes idle long before the 200 tokens it asked for.
+    let generated_before = metric(
+        &exchange(&addr, "GET", "/metrics", "").1,
+        "nibble_generated_tokens_total",
+    );
+    {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let b = serde_json::json!({"prompt": "Count:", "max_tokens": 200, "temperature": 0, "stream": true})
+            .to_string();
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        let mut seen = String::new();
+        let mut buf = [0u8; 4096];
+        while seen.matches("data: ").count() < 3 {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "stream ended early: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+    let t = std::time::Instant::now();
+    loop {
+        let m = exchange(&addr, "GET", "/metrics", "").1;
+        if metric(&m, "nibble_active_streams") == 0.0 {
+            let generated = metric(&m, "nibble_generated_tokens_total") - generated_before;
+            assert!(
+                generated < 200.0,
+                "the cancelled request kept going: {generated} tokens"
+            );
+            break;
+        }
+        assert!(
+            t.elapsed().as_secs() < 60,
+            "the cancelled request still holds its slot"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     child.kill().unwrap();
     child.wait().unwrap();
 }
