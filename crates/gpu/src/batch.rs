@@ -37,10 +37,12 @@ use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
 
 /// One layer's bindings.
+/// The matmuls are bound once per column count (`[nb - 1]`), so a run records only the columns
+/// up to its highest live one: a lone stream costs one column, not `B`.
 struct Layer {
-    qkv: MatmulBinding,
+    qkv: Vec<MatmulBinding>,
     attn: AttentionColsBinding,
-    o: MatmulBinding,
+    o: Vec<MatmulBinding>,
     router: RouterColsBinding,
     moe: MoeColsBinding,
 }
@@ -76,7 +78,8 @@ pub struct BatchPlan {
     bufs: Bufs,
     embed: EmbedBinding,
     layers: Vec<Layer>,
-    head: MatmulBinding,
+    /// `[nb - 1]`, like the layers' matmuls.
+    head: Vec<MatmulBinding>,
     argmax: ArgmaxBinding,
 }
 
@@ -178,17 +181,21 @@ impl BatchPlan {
                 })
             };
             layers.push(Layer {
-                qkv: matmul.bind(
-                    ctx,
-                    &MatmulArgs {
-                        m: wqkv,
-                        input: norm(&lw.attn_norm),
-                        nb: b,
-                        y: &qkv,
-                        y_stride: (q + 2 * kv) as u32,
-                        state: &state,
-                    },
-                )?,
+                qkv: (1..=b)
+                    .map(|nb| {
+                        matmul.bind(
+                            ctx,
+                            &MatmulArgs {
+                                m: wqkv,
+                                input: norm(&lw.attn_norm),
+                                nb,
+                                y: &qkv,
+                                y_stride: (q + 2 * kv) as u32,
+                                state: &state,
+                            },
+                        )
+                    })
+                    .collect::<GpuResult<_>>()?,
                 attn: attn_k.bind_cols(
                     ctx,
                     &AttentionColsBuffers {
@@ -206,17 +213,21 @@ impl BatchPlan {
                     },
                     &scratch,
                 )?,
-                o: matmul.bind(
-                    ctx,
-                    &MatmulArgs {
-                        m: wo,
-                        input: MatmulInput::Acc(&att),
-                        nb: b,
-                        y: &hb,
-                        y_stride: h as u32,
-                        state: &state,
-                    },
-                )?,
+                o: (1..=b)
+                    .map(|nb| {
+                        matmul.bind(
+                            ctx,
+                            &MatmulArgs {
+                                m: wo,
+                                input: MatmulInput::Acc(&att),
+                                nb,
+                                y: &hb,
+                                y_stride: h as u32,
+                                state: &state,
+                            },
+                        )
+                    })
+                    .collect::<GpuResult<_>>()?,
                 router: router_k.bind(
                     ctx,
                     &RouterColsArgs {
@@ -254,21 +265,25 @@ impl BatchPlan {
         let HeadRef::Q4(whead) = w.head() else {
             bail!("multi-stream decode needs an int4 lm_head");
         };
-        let head = matmul.bind(
-            ctx,
-            &MatmulArgs {
-                m: whead,
-                input: MatmulInput::Norm(NormInput {
-                    h: &hb,
-                    weight: &w.out_norm,
-                    eps,
-                }),
-                nb: b,
-                y: &logits,
-                y_stride: v as u32,
-                state: &state,
-            },
-        )?;
+        let head = (1..=b)
+            .map(|nb| {
+                matmul.bind(
+                    ctx,
+                    &MatmulArgs {
+                        m: whead,
+                        input: MatmulInput::Norm(NormInput {
+                            h: &hb,
+                            weight: &w.out_norm,
+                            eps,
+                        }),
+                        nb,
+                        y: &logits,
+                        y_stride: v as u32,
+                        state: &state,
+                    },
+                )
+            })
+            .collect::<GpuResult<_>>()?;
         let embed = embed_k.bind_cols(ctx, &w.embed, &hb, &cols, b)?;
         let argmax = argmax_k.bind_cols(
             ctx,
@@ -337,9 +352,10 @@ impl BatchPlan {
             let bound = (p0 + group.len() - 1) as u32;
             let mut res = Ok(());
             self.ctx.run_pass(|p| {
-                res = self.record_layers(p, bound, group.len() as u32);
+                let nb = group.len() as u32;
+                res = self.record_layers(p, bound, nb);
                 if last {
-                    self.matmul.record(p, &self.head);
+                    self.matmul.record(p, &self.head[nb as usize - 1]);
                 }
             })?;
             res?;
@@ -351,21 +367,23 @@ impl BatchPlan {
     }
 
     /// Record one step over every column: positions are at most `pos_bound`.
+    /// Record one step over the first `nb` columns (those past it must be idle).
     fn record_step(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         pos_bound: u32,
+        nb: u32,
         argmax: bool,
     ) -> Result<()> {
-        self.record_layers(pass, pos_bound, self.streams)?;
-        self.matmul.record(pass, &self.head);
+        self.record_layers(pass, pos_bound, nb)?;
+        self.matmul.record(pass, &self.head[nb as usize - 1]);
         if argmax {
             self.argmax_k.record(pass, &self.argmax);
         }
         Ok(())
     }
 
-    /// The embedding and every layer over the first `nb` columns (the matmuls run all columns).
+    /// The embedding and every layer over the first `nb` columns (1..=B; later columns idle).
     fn record_layers(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -374,9 +392,9 @@ impl BatchPlan {
     ) -> Result<()> {
         self.embed_k.record(pass, &self.embed);
         for l in &self.layers {
-            self.matmul.record(pass, &l.qkv);
+            self.matmul.record(pass, &l.qkv[nb as usize - 1]);
             self.attn_k.record_cols(pass, &l.attn, pos_bound, nb)?;
-            self.matmul.record(pass, &l.o);
+            self.matmul.record(pass, &l.o[nb as usize - 1]);
             self.router_k.record(pass, &l.router);
             self.moe_k.record_cols(pass, &self.ctx, &l.moe);
         }
@@ -404,7 +422,7 @@ impl BatchPlan {
             let bound = (pos + j) as u32;
             let mut res = Ok(());
             self.ctx
-                .run_pass(|p| res = self.record_step(p, bound, false))?;
+                .run_pass(|p| res = self.record_step(p, bound, slot as u32 + 1, false))?;
             res?;
         }
         let all = self
@@ -439,11 +457,12 @@ impl BatchPlan {
             "a run of {n} steps exceeds the context"
         );
         let mut cs = vec![Col::idle(); self.streams()];
-        let mut top = 0usize;
+        let (mut top, mut nb) = (0usize, 0u32);
         for (s, q) in seqs.iter().enumerate() {
             if let Some((t, pos)) = q {
                 cs[s] = Col::active(*t, *pos as u32, s as u32);
                 top = top.max(*pos);
+                nb = s as u32 + 1;
             }
         }
         if n == 0 || cs.iter().all(|c| c.done != 0) {
@@ -456,7 +475,7 @@ impl BatchPlan {
         self.ctx.run_pass(|p| {
             for s in 0..n {
                 if res.is_ok() {
-                    res = self.record_step(p, (top + s as usize) as u32, true);
+                    res = self.record_step(p, (top + s as usize) as u32, nb, true);
                 }
             }
         })?;
