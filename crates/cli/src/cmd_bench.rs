@@ -25,7 +25,8 @@ pub struct Args {
     /// Repetitions per test.
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// Context depths (tokens already in the KV cache) at which to measure generation.
+    /// Context depths (tokens already in the KV cache) at which to measure generation and
+    /// prompt processing.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     depth: Vec<usize>,
     /// Batch sizes for generation: B independent sequences decoded together by the multi-stream
@@ -170,15 +171,33 @@ pub fn run(a: Args) -> Result<()> {
         stats.push(s);
     }
     if a.prompt > 0 {
+        // Prompt processing after each depth's context, like llama-bench's -d.
         let ids = prompt_ids(a.prompt);
-        let mut tps = vec![];
-        for _ in 0..reps {
+        for &d in &a.depth {
+            anyhow::ensure!(
+                d + a.prompt <= b.context_len(),
+                "depth {d} + a {}-token prompt exceed the context of {} (raise --ctx)",
+                a.prompt,
+                b.context_len()
+            );
             b.truncate(0)?;
-            let t = Instant::now();
-            b.prefill(&ids)?;
-            tps.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+            if d > 0 {
+                b.prefill(&prompt_ids(d))?;
+            }
+            let mut tps = vec![];
+            for _ in 0..reps {
+                b.truncate(d)?;
+                let t = Instant::now();
+                b.prefill(&ids)?;
+                tps.push(ids.len() as f64 / t.elapsed().as_secs_f64());
+            }
+            let name = if d == 0 {
+                format!("pp{}", a.prompt)
+            } else {
+                format!("pp{} @ d{d}", a.prompt)
+            };
+            stats.push(stat(name, tps));
         }
-        stats.push(stat(format!("pp{}", a.prompt), tps));
     }
     if multi.is_some() {
         anyhow::ensure!(
@@ -265,25 +284,28 @@ pub fn run(a: Args) -> Result<()> {
         report.weight_bytes_per_token as f64 / 1e9
     );
     if let Some(g) = report.read_gbps {
-        println!("read bandwidth measured in this run: {g:.0} GB/s (1 GiB sums, after the tests)");
+        println!("read bandwidth measured in this run: {g:.0} GB/s (sums of a buffer of up to 1 GiB, after the tests)");
     }
     println!(
         "{:<22} {:>12} {:>22} {:>5} {:>13} {:>9}",
         "test", "median tok/s", "min-max", "reps", "implied GB/s", "of read"
     );
     for s in &report.stats {
-        // Each generated token reads every active weight once; a prompt token reads them too
-        // while prefill is token by token, so the same product applies to pp.
+        // A single-stream generated token reads every active weight once. Batched prefill and
+        // multi-stream runs share weight reads between tokens, so no per-token product holds.
+        let single = s.batch.is_none() && s.test.starts_with("tg");
         let gbs = s.median_tps * report.weight_bytes_per_token as f64 / 1e9;
         let per = s.batch.map_or(String::new(), |b| {
             format!("  ({:.1} tok/s per stream)", s.median_tps / b as f64)
         });
-        let share = report
-            .read_gbps
-            .map_or("-".to_string(), |r| format!("{:.0}%", 100.0 * gbs / r));
+        let (gbs_col, share) = match (single, report.read_gbps) {
+            (true, Some(r)) => (format!("{gbs:.0}"), format!("{:.0}%", 100.0 * gbs / r)),
+            (true, None) => (format!("{gbs:.0}"), "-".to_string()),
+            (false, _) => ("-".to_string(), "-".to_string()),
+        };
         println!(
-            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13.0} {:>9}{per}",
-            s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs, share
+            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13} {:>9}{per}",
+            s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs_col, share
         );
     }
     Ok(())

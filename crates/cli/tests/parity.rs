@@ -196,11 +196,18 @@ fn bench_reports_depths_bandwidth_and_plots() {
     let tests: Vec<&str> = stats.iter().map(|s| s["test"].as_str().unwrap()).collect();
     assert_eq!(
         tests,
-        ["tg6", "tg6 @ d20", "pp8", "tg6 batch 1", "tg6 batch 2"],
+        [
+            "tg6",
+            "tg6 @ d20",
+            "pp8",
+            "pp8 @ d20",
+            "tg6 batch 1",
+            "tg6 batch 2"
+        ],
         "{json}"
     );
     assert_eq!(stats[1]["depth"], 20);
-    assert_eq!(stats[4]["batch"], 2);
+    assert_eq!(stats[5]["batch"], 2);
     for s in stats {
         let (lo, med, hi) = (
             s["min_tps"].as_f64().unwrap(),
