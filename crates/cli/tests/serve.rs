@@ -51,16 +51,14 @@ fn exchange(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     (status, body)
 }
 
-#[test]
-fn serve_answers_health_models_and_a_completion() {
-    let Some(tok) = tokenizer_json() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
+/// Writes synth's tiny model (seed `seed`, with the tokenizer) into `dir`.
+fn tiny_model(dir: &Path, seed: &str, tok: &Path) -> PathBuf {
+    let model = dir.join("tiny.gguf");
     let out = nibble()
-        .args(["synth", "--preset", "tiny", "--seed", "1", "--quiet", "-o"])
+        .args(["synth", "--preset", "tiny", "--seed", seed, "--quiet", "-o"])
         .arg(&model)
         .arg("--tokenizer")
-        .arg(&tok)
+        .arg(tok)
         .output()
         .unwrap();
     assert!(
@@ -68,18 +66,16 @@ fn serve_answers_health_models_and_a_completion() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    model
+}
+
+/// Starts `nibble serve ARGS -m MODEL` on port 0; returns the child and its bound address.
+fn spawn_serve(args: &[&str], model: &Path) -> (std::process::Child, String) {
     let mut child = nibble()
-        .args([
-            "serve",
-            "--backend",
-            "ref",
-            "--port",
-            "0",
-            "--ctx",
-            "512",
-            "-m",
-        ])
-        .arg(&model)
+        .arg("serve")
+        .args(args)
+        .args(["--port", "0", "-m"])
+        .arg(model)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -94,6 +90,15 @@ fn serve_answers_health_models_and_a_completion() {
             break a.to_owned();
         }
     };
+    (child, addr)
+}
+
+#[test]
+fn serve_answers_health_models_and_a_completion() {
+    let Some(tok) = tokenizer_json() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "1", &tok);
+    let (mut child, addr) = spawn_serve(&["--backend", "ref", "--ctx", "512"], &model);
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
     let (st, body) = exchange(&addr, "GET", "/health", "");
     assert_eq!((st, body.as_str()), (200, r#"{"status":"ok"}"#));
@@ -145,19 +150,7 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    let out = nibble()
-        .args(["synth", "--preset", "tiny", "--seed", "3", "--quiet", "-o"])
-        .arg(&model)
-        .arg("--tokenizer")
-        .arg(&tok)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let model = tiny_model(dir.path(), "3", &tok);
     let prompts = [
         "Once upon a time",
         "The capital of France is",
@@ -190,34 +183,10 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
             text.strip_suffix('\n').unwrap_or(&text).to_owned()
         })
         .collect();
-    let mut child = nibble()
-        .args([
-            "serve",
-            "--backend",
-            "gpu",
-            "--max-streams",
-            "4",
-            "--port",
-            "0",
-            "--ctx",
-            "256",
-            "-m",
-        ])
-        .arg(&model)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let Some(Ok(line)) = lines.next() else {
-            let _ = child.kill();
-            panic!("serve exited before listening");
-        };
-        if let Some(a) = line.strip_prefix("listening on http://") {
-            break a.to_owned();
-        }
-    };
+    let (mut child, addr) = spawn_serve(
+        &["--backend", "gpu", "--max-streams", "4", "--ctx", "256"],
+        &model,
+    );
     let body =
         |p: &str| serde_json::json!({"prompt": p, "max_tokens": 12, "temperature": 0}).to_string();
     let threads: Vec<_> = prompts
