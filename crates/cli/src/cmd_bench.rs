@@ -142,6 +142,8 @@ pub fn run(a: Args) -> Result<()> {
     );
     let multi = a.batch.iter().copied().filter(|b| *b > 1).max();
     let mut bargs = a.backend.clone();
+    // Always say which kernels and which N run (the GPU backend prints it on stderr).
+    bargs.verbose = true;
     if let Some(m) = multi {
         bargs.streams = bargs.streams.max(m);
     }
