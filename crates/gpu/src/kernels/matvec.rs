@@ -97,6 +97,17 @@ fn params(
     Ok((buf, grid))
 }
 
+/// An f32 input of `cols` elements must fit in `x`.
+fn check_x(x: &wgpu::Buffer, cols: u32, what: &str) -> Result<()> {
+    if x.size() < cols as u64 * 4 {
+        return Err(GpuError::Shape(format!(
+            "{what}: x holds {} bytes for {cols} columns",
+            x.size()
+        )));
+    }
+    Ok(())
+}
+
 fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
     if y.size() < rows as u64 * 4 {
         return Err(GpuError::Shape(format!(
@@ -351,13 +362,7 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
-        if x.size() < m.cols as u64 * 4 {
-            return Err(GpuError::Shape(format!(
-                "matvec_q4 (+=): x holds {} bytes for {} columns",
-                x.size(),
-                m.cols
-            )));
-        }
+        check_x(x, m.cols, "matvec_q4 (+=)")?;
         if m.cols > NORM_ON_LOAD_MAX {
             return Err(GpuError::Shape(format!(
                 "matvec_q4 (+=): {} columns (the fused residual add stages at most {NORM_ON_LOAD_MAX})",
@@ -437,13 +442,7 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
-        if x.size() < m.cols as u64 * 4 {
-            return Err(GpuError::Shape(format!(
-                "matvec_f32: x holds {} bytes for {} columns",
-                x.size(),
-                m.cols
-            )));
-        }
+        check_x(x, m.cols, "matvec_f32")?;
         self.bind_f32_parts(
             ctx,
             m,
