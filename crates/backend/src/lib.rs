@@ -72,6 +72,14 @@ pub trait Backend: Send {
         let _ = (tokens, n, eos);
         anyhow::bail!("{}: no multi-stream decode", self.name())
     }
+    /// One step for every stream `i` with `tokens[i] = Some(t)` (fed `t` at its position), all
+    /// in one device run; returns each fed stream's logits `[V]` (`None` for the others). The
+    /// multi-stream path for streams whose next id the host chooses (sampling): the host waits
+    /// on every step, where [`Backend::streams_decode_greedy`] folds many.
+    fn streams_step(&mut self, tokens: &[Option<u32>]) -> anyhow::Result<Vec<Option<Vec<f32>>>> {
+        let _ = tokens;
+        anyhow::bail!("{}: no multi-stream decode", self.name())
+    }
     /// The device's plain read bandwidth in GB/s, measured now (a benchmark puts its implied
     /// weight-streaming rate against it). `Ok(None)`: the backend has no such probe.
     fn read_bandwidth_gbps(&mut self) -> anyhow::Result<Option<f64>> {

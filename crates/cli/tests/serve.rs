@@ -139,9 +139,9 @@ fn have_gpu() -> bool {
     ok
 }
 
-/// `nibble serve --backend gpu --max-streams 4`: four greedy requests sent at once are decoded
-/// together on multi-stream slots and each text equals what `nibble generate` (the single-stream
-/// GPU path) writes for the same prompt; a follow-up request that extends an earlier one reuses
+/// `nibble serve --backend gpu --max-streams 6`: four greedy and two seeded sampled requests sent
+/// at once are decoded together on multi-stream slots and each text equals what `nibble
+/// generate` (the single-stream GPU path) writes for the same prompt and sampling; a follow-up request that extends an earlier one reuses
 /// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot.
 #[test]
 fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
@@ -151,16 +151,32 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
     }
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path(), "3", &tok);
+    // Four greedy requests and two sampled ones (seeded: the same seed gives the same text).
     let prompts = [
         "Once upon a time",
         "The capital of France is",
         "def quicksort(xs):",
         "1, 2, 3, 4,",
+        "Sampled story:",
+        "Another sampled one",
     ];
+    let seed = |i: usize| (i >= 4).then_some(i as u64 * 7);
     // Single-stream reference texts.
     let want: Vec<String> = prompts
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
+            let sampling = match seed(i) {
+                Some(s) => vec![
+                    "--temperature".into(),
+                    "0.9".into(),
+                    "--top-k".into(),
+                    "40".into(),
+                    "--seed".into(),
+                    s.to_string(),
+                ],
+                None => vec![],
+            };
             let o = nibble()
                 .args([
                     "generate",
@@ -172,8 +188,9 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
                     "12",
                     "-p",
                     p,
-                    "-m",
                 ])
+                .args(sampling)
+                .arg("-m")
                 .arg(&model)
                 .output()
                 .unwrap();
@@ -184,15 +201,20 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
         })
         .collect();
     let (mut child, addr) = spawn_serve(
-        &["--backend", "gpu", "--max-streams", "4", "--ctx", "256"],
+        &["--backend", "gpu", "--max-streams", "6", "--ctx", "256"],
         &model,
     );
     let body =
         |p: &str| serde_json::json!({"prompt": p, "max_tokens": 12, "temperature": 0}).to_string();
     let threads: Vec<_> = prompts
         .iter()
-        .map(|p| {
-            let (addr, b) = (addr.clone(), body(p));
+        .enumerate()
+        .map(|(i, p)| {
+            let b = match seed(i) {
+                Some(s) => serde_json::json!({"prompt": p, "max_tokens": 12, "temperature": 0.9, "top_k": 40, "seed": s}).to_string(),
+                None => body(p),
+            };
+            let addr = addr.clone();
             std::thread::spawn(move || exchange(&addr, "POST", "/v1/completions", &b))
         })
         .collect();

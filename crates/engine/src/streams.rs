@@ -1,9 +1,13 @@
-//! Greedy requests on a multi-stream backend: each request owns one stream slot of the backend
-//! (its own KV cache and position) and the backend advances every active slot in the same device
-//! run ([`Backend::streams_decode_greedy`]). This module keeps a request's text side (streaming
-//! UTF-8 decode, stop ids and strings, limits) exactly as [`crate::session::Session::generate`]
-//! does for one sequence, so a request's text is the same whichever path served it.
+//! Requests on a multi-stream backend: each request owns one stream slot of the backend (its own
+//! KV cache and position) and the backend advances every active slot in the same device run:
+//! folded greedy runs ([`Backend::streams_decode_greedy`]) while every stream is greedy, single
+//! steps returning logits ([`Backend::streams_step`]) while a sampled one is among them (its
+//! sampler, seeded per request, picks the next id on the host). This module keeps a request's
+//! text side (streaming UTF-8 decode, stop ids and strings, limits, sampling history) exactly as
+//! [`crate::session::Session::generate`] does for one sequence, so a request's text is the same
+//! whichever path served it.
 
+use crate::sampler::Sampler;
 use crate::session::{FinishReason, GenParams, GenStats};
 use crate::stop::StopChecker;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -11,9 +15,13 @@ use anyhow::Result;
 use nibble_backend::{argmax, Backend};
 use std::time::Instant;
 
-/// One greedy request bound to stream `slot`.
+/// One request bound to stream `slot`.
 pub struct StreamSeq {
     pub slot: usize,
+    /// `None`: greedy (the argmax; the backend may fold many steps into one run).
+    sampler: Option<Sampler>,
+    /// The prompt and every id produced: what penalties look at.
+    history: Vec<u32>,
     dec: StreamDecoder,
     stop: StopChecker,
     generated: Vec<u32>,
@@ -46,11 +54,14 @@ impl StreamSeq {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<StreamSeq> {
         anyhow::ensure!(keep < prompt.len(), "at least one prompt token must be fed");
+        let sampler = Some(Sampler::new(p.sampling.clone())?).filter(|s| !s.is_greedy());
         let t0 = Instant::now();
         let logits = backend.stream_prefill(slot, keep, &prompt[keep..])?;
         let eos = backend.config().eos_token_ids.clone();
         let mut s = StreamSeq {
             slot,
+            sampler,
+            history: prompt.to_vec(),
             dec: tok.stream_decoder(),
             stop: StopChecker::new(&eos, &p.stop_strings),
             generated: Vec::new(),
@@ -64,8 +75,38 @@ impl StreamSeq {
             t1: Instant::now(),
             finish: None,
         };
-        s.push(argmax(&logits), on_text);
+        let first = s.choose(&logits)?;
+        s.push(first, on_text);
         Ok(s)
+    }
+
+    /// Whether the next id is sampled on the host (each step must return logits).
+    pub fn sampled(&self) -> bool {
+        self.sampler.is_some()
+    }
+
+    /// The next id from `logits`: sampled, or the argmax.
+    fn choose(&mut self, logits: &[f32]) -> Result<u32> {
+        match &mut self.sampler {
+            Some(s) => Ok(s.sample(logits, &self.history)?),
+            None => Ok(argmax(logits)),
+        }
+    }
+
+    /// The logits a one-step run produced for this stream (fed `next_input()` at the current
+    /// position): choose the next id and hand it to the text side.
+    pub fn push_logits(
+        &mut self,
+        logits: &[f32],
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<()> {
+        self.pos += 1;
+        if self.finished() {
+            return Ok(());
+        }
+        let id = self.choose(logits)?;
+        self.push(id, on_text);
+        Ok(())
     }
 
     /// Whether the request has ended (its remaining run ids are ignored).
@@ -89,6 +130,7 @@ impl StreamSeq {
             return;
         }
         self.generated.push(id);
+        self.history.push(id);
         self.next = id;
         let text = self.dec.push(id).unwrap_or_default();
         let step = self.stop.push(id, &text);

@@ -78,6 +78,37 @@ pub struct GpuBackend {
 }
 
 impl GpuBackend {
+    /// Checked `(token, position)` inputs of a multi-stream run of `n` steps: `tokens[s]`
+    /// feeds stream `s` (`None` sits out); ids in the vocabulary, `n` steps within the context.
+    fn stream_inputs(&self, tokens: &[Option<u32>], n: usize) -> Result<Vec<Option<(u32, usize)>>> {
+        let Some(b) = &self.batch else {
+            bail!("no multi-stream path: the GPU backend was built with 0 streams");
+        };
+        ensure!(
+            tokens.len() <= b.streams(),
+            "{} streams requested, the path decodes {}",
+            tokens.len(),
+            b.streams()
+        );
+        let mut seqs = Vec::with_capacity(tokens.len());
+        for (s, t) in tokens.iter().enumerate() {
+            seqs.push(match t {
+                Some(t) => {
+                    self.check_token(*t)?;
+                    let pos = self.stream_pos[s];
+                    ensure!(
+                        n <= self.context_len() - pos,
+                        "{n} steps of stream {s} at position {pos} exceed the context of {}",
+                        self.context_len()
+                    );
+                    Some((*t, pos))
+                }
+                None => None,
+            });
+        }
+        Ok(seqs)
+    }
+
     /// Open a device per `opts.adapter` and upload `source`.
     pub fn new(source: &dyn WeightSource, opts: GpuOptions) -> Result<GpuBackend> {
         let ctx = Context::new(&opts.adapter)?;
@@ -389,36 +420,27 @@ impl Backend for GpuBackend {
         n: usize,
         eos: &[u32],
     ) -> Result<Vec<Vec<u32>>> {
+        let seqs = self.stream_inputs(tokens, n)?;
         let Some(b) = &self.batch else {
             bail!("no multi-stream path: the GPU backend was built with 0 streams");
         };
-        ensure!(
-            tokens.len() <= b.streams(),
-            "{} streams requested, the path decodes {}",
-            tokens.len(),
-            b.streams()
-        );
-        let mut seqs = Vec::with_capacity(tokens.len());
-        for (s, t) in tokens.iter().enumerate() {
-            seqs.push(match t {
-                Some(t) => {
-                    self.check_token(*t)?;
-                    let pos = self.stream_pos[s];
-                    ensure!(
-                        n <= self.context_len() - pos,
-                        "{n} steps of stream {s} at position {pos} exceed the context of {}",
-                        self.context_len()
-                    );
-                    Some((*t, pos))
-                }
-                None => None,
-            });
-        }
         let ids = b.decode_greedy(&seqs, n as u32, eos)?;
         for (s, v) in ids.iter().enumerate() {
             self.stream_pos[s] += v.len();
         }
         Ok(ids)
+    }
+
+    fn streams_step(&mut self, tokens: &[Option<u32>]) -> Result<Vec<Option<Vec<f32>>>> {
+        let seqs = self.stream_inputs(tokens, 1)?;
+        let Some(b) = &self.batch else {
+            bail!("no multi-stream path: the GPU backend was built with 0 streams");
+        };
+        let logits = b.step_logits(&seqs)?;
+        for (s, q) in seqs.iter().enumerate() {
+            self.stream_pos[s] += q.is_some() as usize;
+        }
+        Ok(logits)
     }
 
     /// Sums of a 1 GiB buffer (capped by the binding limit), 10 times ([`crate::bandwidth`]).

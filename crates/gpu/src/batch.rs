@@ -9,7 +9,10 @@
 //! · MoE over columns (each column its own top-k experts); then `logits = Whead rmsnorm(h)` and
 //! the per-column argmax, which advances every live column and sets the run's `done` once every
 //! column is done. A run of N steps is one compute pass and one submit, like the single-stream
-//! folded run. Only the f32 activation numerics have column kernels.
+//! folded run; a one-step run without the argmax ([`BatchPlan::step_logits`]) hands every live
+//! stream's logits to the host instead (sampled requests). A stream's prompt is prefilled into
+//! its slot `B` consecutive tokens per dispatch through the prefill attention described below.
+//! Only the f32 activation numerics have column kernels.
 //!
 //! Buffers live as long as the plan; the KV cache of layer `l` is `[B, ctx, Hkv, D]` (slot-major)
 //! and row `p` of slot `s` is written only by the step that processes position `p` of stream `s`.
@@ -42,6 +45,10 @@ use anyhow::{bail, ensure, Result};
 struct Layer {
     qkv: Vec<MatmulBinding>,
     attn: AttentionColsBinding,
+    /// A [`BatchMode::Streams`] plan's prefill attention (KV rows written first, then read
+    /// causally): a stream's prompt goes through in groups of `B` consecutive tokens of one slot.
+    /// `None` in a prefill plan, whose `attn` is already that.
+    attn_prefill: Option<AttentionColsBinding>,
     o: Vec<MatmulBinding>,
     router: RouterColsBinding,
     moe: MoeColsBinding,
@@ -173,6 +180,25 @@ impl BatchPlan {
             else {
                 bail!("multi-stream decode needs int4 attention projections and an f32 router");
             };
+            let attn = |mode| {
+                attn_k.bind_cols(
+                    ctx,
+                    &AttentionColsBuffers {
+                        state: &state,
+                        cols: &cols,
+                        qkv: &qkv,
+                        q_norm: &lw.q_norm,
+                        k_norm: &lw.k_norm,
+                        k_cache: &k_cache[l],
+                        v_cache: &v_cache[l],
+                        out: &att,
+                        columns: b,
+                        slots,
+                        mode,
+                    },
+                    &scratch,
+                )
+            };
             let norm = |weight| {
                 MatmulInput::Norm(NormInput {
                     h: &hb,
@@ -196,23 +222,11 @@ impl BatchPlan {
                         )
                     })
                     .collect::<GpuResult<_>>()?,
-                attn: attn_k.bind_cols(
-                    ctx,
-                    &AttentionColsBuffers {
-                        state: &state,
-                        cols: &cols,
-                        qkv: &qkv,
-                        q_norm: &lw.q_norm,
-                        k_norm: &lw.k_norm,
-                        k_cache: &k_cache[l],
-                        v_cache: &v_cache[l],
-                        out: &att,
-                        columns: b,
-                        slots,
-                        mode: col_mode,
-                    },
-                    &scratch,
-                )?,
+                attn: attn(col_mode)?,
+                attn_prefill: match col_mode {
+                    ColumnMode::Independent => Some(attn(ColumnMode::Prefill)?),
+                    ColumnMode::Prefill => None,
+                },
                 o: (1..=b)
                     .map(|nb| {
                         matmul.bind(
@@ -337,6 +351,14 @@ impl BatchPlan {
     /// sequence, up to `streams` tokens per dispatch (one submit per group); returns the logits
     /// `[V]` after the last token. The caller checks ids and `pos + len <= context_len`.
     pub fn prefill_sequence(&self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        self.prefill_groups(0, tokens, pos)
+    }
+
+    /// `tokens` into KV slot `slot` at positions `pos..`, in groups of up to `streams`
+    /// consecutive tokens per dispatch (the prefill attention: every column's K/V row is written
+    /// first, then each column attends causally), one submit per group; returns the logits `[V]`
+    /// after the last token. Only the last group runs the lm_head.
+    fn prefill_groups(&self, slot: usize, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
         ensure!(!tokens.is_empty(), "prefill of an empty token list");
         let groups: Vec<&[u32]> = tokens.chunks(self.streams()).collect();
         for (g, group) in groups.iter().enumerate() {
@@ -344,7 +366,7 @@ impl BatchPlan {
             let cs: Vec<Col> = group
                 .iter()
                 .enumerate()
-                .map(|(c, &t)| Col::active(t, (p0 + c) as u32, 0))
+                .map(|(c, &t)| Col::active(t, (p0 + c) as u32, slot as u32))
                 .collect();
             columns::write(&self.ctx, &self.bufs.cols, &cs);
             self.reset_state();
@@ -353,7 +375,7 @@ impl BatchPlan {
             let mut res = Ok(());
             self.ctx.run_pass(|p| {
                 let nb = group.len() as u32;
-                res = self.record_layers(p, bound, nb);
+                res = self.record_layers(p, bound, nb, true);
                 if last {
                     self.matmul.record(p, &self.head[nb as usize - 1]);
                 }
@@ -366,8 +388,8 @@ impl BatchPlan {
         Ok(all[c * v..].to_vec())
     }
 
-    /// Record one step over every column: positions are at most `pos_bound`.
-    /// Record one step over the first `nb` columns (those past it must be idle).
+    /// Record one decode step over the first `nb` columns (those past it must be idle):
+    /// positions are at most `pos_bound`.
     fn record_step(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -375,7 +397,7 @@ impl BatchPlan {
         nb: u32,
         argmax: bool,
     ) -> Result<()> {
-        self.record_layers(pass, pos_bound, nb)?;
+        self.record_layers(pass, pos_bound, nb, false)?;
         self.matmul.record(pass, &self.head[nb as usize - 1]);
         if argmax {
             self.argmax_k.record(pass, &self.argmax);
@@ -383,17 +405,23 @@ impl BatchPlan {
         Ok(())
     }
 
-    /// The embedding and every layer over the first `nb` columns (1..=B; later columns idle).
+    /// The embedding and every layer over the first `nb` columns (1..=B; later columns idle);
+    /// `prefill`: the columns are consecutive tokens of one slot (the prefill attention).
     fn record_layers(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         pos_bound: u32,
         nb: u32,
+        prefill: bool,
     ) -> Result<()> {
         self.embed_k.record(pass, &self.embed);
         for l in &self.layers {
             self.matmul.record(pass, &l.qkv[nb as usize - 1]);
-            self.attn_k.record_cols(pass, &l.attn, pos_bound, nb)?;
+            let attn = match (&l.attn_prefill, prefill) {
+                (Some(p), true) => p,
+                _ => &l.attn,
+            };
+            self.attn_k.record_cols(pass, attn, pos_bound, nb)?;
             self.matmul.record(pass, &l.o[nb as usize - 1]);
             self.router_k.record(pass, &l.router);
             self.moe_k.record_cols(pass, &self.ctx, &l.moe);
@@ -409,26 +437,56 @@ impl BatchPlan {
         );
     }
 
-    /// Feed `tokens` to stream `slot` at positions `pos..` (one step per token, the other
-    /// columns idle) and return the logits `[V]` after the last one. The caller checks ids,
-    /// `slot < streams` and `pos + len <= context_len`.
+    /// Feed `tokens` to stream `slot` at positions `pos..` (batched: up to `streams` tokens per
+    /// dispatch, the other slots untouched) and return the logits `[V]` after the last one. The
+    /// caller checks ids, `slot < streams` and `pos + len <= context_len`.
     pub fn prefill_slot(&self, slot: usize, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
-        ensure!(!tokens.is_empty(), "prefill of an empty token list");
+        ensure!(slot < self.streams(), "slot {slot} of {}", self.streams);
+        self.prefill_groups(slot, tokens, pos)
+    }
+
+    /// One step for every stream `s` with `seqs[s] = Some((token, pos))` (fed `token` at `pos`)
+    /// in one pass and one submit, without the argmax; returns each fed stream's logits `[V]`.
+    /// The caller checks ids and `pos < context_len`.
+    pub fn step_logits(&self, seqs: &[Option<(u32, usize)>]) -> Result<Vec<Option<Vec<f32>>>> {
+        let Some((cs, top, nb)) = self.columns_for(seqs)? else {
+            return Ok(vec![None; seqs.len()]);
+        };
+        columns::write(&self.ctx, &self.bufs.cols, &cs);
+        self.reset_state();
+        let mut res = Ok(());
+        self.ctx
+            .run_pass(|p| res = self.record_step(p, top as u32, nb, false))?;
+        res?;
+        let v = self.vocab;
+        let all = self.ctx.read_f32(&self.bufs.logits, nb as usize * v)?;
+        Ok(seqs
+            .iter()
+            .enumerate()
+            .map(|(s, q)| q.map(|_| all[s * v..(s + 1) * v].to_vec()))
+            .collect())
+    }
+
+    /// The columns of a run over `seqs` (`Some((token, pos))` per live stream), the highest
+    /// position and the column count to record (one past the highest live column); `None`
+    /// when no stream is live.
+    fn columns_for(&self, seqs: &[Option<(u32, usize)>]) -> Result<Option<(Vec<Col>, usize, u32)>> {
+        ensure!(
+            seqs.len() <= self.streams(),
+            "{} streams, plan has {}",
+            seqs.len(),
+            self.streams
+        );
         let mut cs = vec![Col::idle(); self.streams()];
-        for (j, &t) in tokens.iter().enumerate() {
-            cs[slot] = Col::active(t, (pos + j) as u32, slot as u32);
-            columns::write(&self.ctx, &self.bufs.cols, &cs);
-            self.reset_state();
-            let bound = (pos + j) as u32;
-            let mut res = Ok(());
-            self.ctx
-                .run_pass(|p| res = self.record_step(p, bound, slot as u32 + 1, false))?;
-            res?;
+        let (mut top, mut nb) = (0usize, 0u32);
+        for (s, q) in seqs.iter().enumerate() {
+            if let Some((t, pos)) = q {
+                cs[s] = Col::active(*t, *pos as u32, s as u32);
+                top = top.max(*pos);
+                nb = s as u32 + 1;
+            }
         }
-        let all = self
-            .ctx
-            .read_f32(&self.bufs.logits, self.streams() * self.vocab)?;
-        Ok(all[slot * self.vocab..(slot + 1) * self.vocab].to_vec())
+        Ok((nb > 0).then_some((cs, top, nb)))
     }
 
     /// Greedy run of up to `n` steps for every stream `s` with `seqs[s] = Some((token, pos))`
@@ -442,12 +500,6 @@ impl BatchPlan {
         eos: &[u32],
     ) -> Result<Vec<Vec<u32>>> {
         ensure!(
-            seqs.len() <= self.streams(),
-            "{} streams, plan has {}",
-            seqs.len(),
-            self.streams
-        );
-        ensure!(
             eos.len() <= MAX_EOS,
             "at most {MAX_EOS} EOS ids, got {}",
             eos.len()
@@ -456,18 +508,9 @@ impl BatchPlan {
             n as usize <= self.context_len,
             "a run of {n} steps exceeds the context"
         );
-        let mut cs = vec![Col::idle(); self.streams()];
-        let (mut top, mut nb) = (0usize, 0u32);
-        for (s, q) in seqs.iter().enumerate() {
-            if let Some((t, pos)) = q {
-                cs[s] = Col::active(*t, *pos as u32, s as u32);
-                top = top.max(*pos);
-                nb = s as u32 + 1;
-            }
-        }
-        if n == 0 || cs.iter().all(|c| c.done != 0) {
+        let Some((cs, top, nb)) = self.columns_for(seqs)?.filter(|_| n > 0) else {
             return Ok(vec![Vec::new(); seqs.len()]);
-        }
+        };
         columns::write(&self.ctx, &self.bufs.cols, &cs);
         self.reset_state();
         self.argmax.set_run(&self.ctx, n, eos)?;

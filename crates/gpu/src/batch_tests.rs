@@ -2,7 +2,8 @@
 //! model: every stream's greedy ids equal its single-stream GPU ids and the oracle's, with
 //! streams of different prompt lengths (so different positions) sharing each run, an idle
 //! column, a second run that continues some streams while another sits out, and bad input;
-//! and the batched prefill against token-by-token prefill and the oracle.
+//! one-step runs returning each stream's logits (sampled requests) against the oracle; and the
+//! batched prefill against token-by-token prefill and the oracle.
 
 use crate::backend::{GpuBackend, GpuOptions};
 use crate::backend_tests::{model_with_vocab, Mem};
@@ -145,6 +146,66 @@ fn streams_stop_at_eos_and_refuse_bad_input() {
     let mut one = GpuBackend::with_context(&ctx, m.as_ref(), GpuOptions::default()).unwrap();
     assert_eq!(one.max_streams(), 0);
     assert!(one.stream_prefill(0, 0, &[1]).is_err());
+}
+
+/// One-step runs returning logits (`streams_step`, the path of sampled requests): each stream's
+/// logits follow the oracle's along its own greedy path (cosine), so argmax chains equal the
+/// oracle's ids; a stream sitting out a step keeps its position; a stream prefilled with a
+/// kept prefix (`start > 0`) continues from it; bad input is refused.
+#[test]
+fn streams_step_logits_follow_the_oracle() {
+    let Some(ctx) = gpu("streams_step_logits_follow_the_oracle") else {
+        return;
+    };
+    let m = model();
+    let opts = GpuOptions {
+        context_len: 64,
+        streams: 3,
+        ..Default::default()
+    };
+    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    // Slot 2 first holds PROMPTS[2] minus its tail, then keeps 5 positions and is fed the rest.
+    g.stream_prefill(2, 0, &[300, 301, 302, 17, 250, 1, 1, 1])
+        .unwrap();
+    let mut refs: Vec<RefBackend> = Vec::new();
+    let mut next = Vec::new();
+    for (slot, p) in PROMPTS.iter().enumerate() {
+        let (start, feed) = if slot == 2 { (5, &p[5..]) } else { (0, *p) };
+        let l = g.stream_prefill(slot, start, feed).unwrap();
+        let mut rb = RefBackend::new(m.clone(), 64).unwrap();
+        let want = rb.prefill(p).unwrap();
+        assert!(cosine(&l, &want) >= 0.99999, "stream {slot} prefill");
+        next.push(argmax(&l));
+        refs.push(rb);
+    }
+    for step in 0..8 {
+        // Stream 1 sits out every third step.
+        let sit = step % 3 == 2;
+        let inputs: Vec<Option<u32>> = (0..3)
+            .map(|s| (!(sit && s == 1)).then_some(next[s]))
+            .collect();
+        let out = g.streams_step(&inputs).unwrap();
+        assert_eq!(out.len(), 3);
+        for s in 0..3 {
+            match (&out[s], inputs[s]) {
+                (Some(l), Some(t)) => {
+                    let want = refs[s].step(t).unwrap();
+                    let cos = cosine(l, &want);
+                    assert!(cos >= 0.99999, "stream {s} step {step}: cosine {cos}");
+                    assert_eq!(argmax(l), argmax(&want), "stream {s} step {step}");
+                    next[s] = argmax(l);
+                }
+                (None, None) => {}
+                (got, fed) => panic!(
+                    "stream {s} step {step}: logits {} for input {fed:?}",
+                    got.is_some()
+                ),
+            }
+        }
+    }
+    // Past the vocabulary, more streams than slots: clear errors.
+    assert!(g.streams_step(&[Some(100_000)]).is_err());
+    assert!(g.streams_step(&[None, None, None, Some(1)]).is_err());
 }
 
 /// The batched prefill (8 prompt tokens per dispatch, the default for f32 numerics) against the

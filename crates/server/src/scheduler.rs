@@ -11,12 +11,13 @@
 //! * [`Scheduler::schedule`] admits queued jobs until `max_streams` are admitted (blocking only when
 //!   none is) and returns a [`Step`]: the admitted sequences;
 //! * [`Worker::run`] advances them. On a multi-stream backend (`Backend::max_streams() > 0`, the
-//!   GPU with `--max-streams`), every admitted greedy request gets a stream slot (prefilled when
-//!   it joins) and ONE device run of up to [`RUN`] tokens advances all of them together
-//!   (continuous batching: a request that arrives mid-run joins at the next run, a finished or
-//!   cancelled one frees its slot at once). A sampled request, or any request on a backend
-//!   without streams, runs alone on the main sequence from prompt to end (with prefix reuse), when
-//!   no stream is active;
+//!   GPU with `--max-streams`), every admitted request gets a stream slot (prefilled when it
+//!   joins) and ONE device run advances all of them together (continuous batching: a request
+//!   that arrives mid-run joins at the next run, a finished or cancelled one frees its slot at
+//!   once): a folded greedy run of up to [`RUN`] tokens while every stream is greedy, one step
+//!   returning each stream's logits while a sampled request is among them (its sampler picks
+//!   on the host; the greedy ones take the argmax). On a backend without streams each request
+//!   runs alone on the main sequence from prompt to end (with prefix reuse);
 //! * [`Worker::postprocess`] sends the final events, retires finished sequences and updates metrics.
 //!
 //! `--max-streams` bounds how many requests are admitted at once (the `nibble_active_streams`
@@ -27,7 +28,6 @@ use crate::metrics::Metrics;
 use crate::protocol::Usage;
 use nibble_engine::session::{FinishReason, GenParams, GenStats, Session};
 use nibble_engine::streams::StreamSeq;
-use nibble_engine::Sampler;
 use nibble_engine::Tokenizer;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -139,6 +139,14 @@ impl Scheduler {
     }
 }
 
+/// What one multi-stream device run returned.
+enum Run {
+    /// Per slot, the ids of a folded greedy run.
+    Ids(Vec<Vec<u32>>),
+    /// Per slot, the logits of one step (a sampled stream is in the run).
+    Logits(Vec<Option<Vec<f32>>>),
+}
+
 /// The result of advancing one sequence.
 struct SeqOutput {
     index: usize,
@@ -156,14 +164,9 @@ pub struct Worker {
     slot_ids: Vec<Vec<u32>>,
 }
 
-/// Whether `job` decodes greedily (the only kind the multi-stream runs serve).
-fn greedy(job: &Job) -> bool {
-    Sampler::new(job.gen.sampling.clone()).is_ok_and(|s| s.is_greedy())
-}
-
 impl Worker {
-    /// Advances the sequences of `step`: every greedy one on a stream slot, one device run for
-    /// all of them; else the oldest one alone from prompt to end.
+    /// Advances the sequences of `step`: each on a stream slot, one device run for all of them;
+    /// without stream slots, the oldest one alone from prompt to end.
     fn run(&mut self, sched: &mut Scheduler, step: &Step) -> Vec<SeqOutput> {
         if self.slots.is_empty() {
             return self.run_alone(sched, step.seqs.iter().copied().take(1));
@@ -172,7 +175,7 @@ impl Worker {
         // Join: greedy requests take free slots (prefill now).
         for &index in &step.seqs {
             let seq = &mut sched.running[index];
-            if seq.stream.is_some() || !greedy(&seq.job) {
+            if seq.stream.is_some() {
                 continue;
             }
             // The free slot whose cached ids share the longest prefix with the prompt (a
@@ -225,10 +228,10 @@ impl Worker {
                 }
             }
         }
-        let failed: Vec<usize> = out.iter().map(|o| o.index).collect();
         // One device run for every live stream.
         let mut inputs = vec![None; self.slots.len()];
         let mut room = RUN;
+        let mut sampled = false;
         for seq in sched.running.iter_mut() {
             if let Some(s) = seq.stream.as_mut() {
                 if seq.job.events.is_closed() {
@@ -237,18 +240,24 @@ impl Worker {
                 if let Some(t) = s.next_input() {
                     inputs[s.slot] = Some(t);
                     room = room.min(s.room());
+                    sampled |= s.sampled();
                 }
             }
         }
         if inputs.iter().any(Option::is_some) && room > 0 {
             let eos = self.session.backend().config().eos_token_ids.clone();
+            let backend = self.session.backend_mut();
             let ran = catch_unwind(AssertUnwindSafe(|| {
-                self.session
-                    .backend_mut()
-                    .streams_decode_greedy(&inputs, room, &eos)
+                if sampled {
+                    backend.streams_step(&inputs).map(Run::Logits)
+                } else {
+                    backend
+                        .streams_decode_greedy(&inputs, room, &eos)
+                        .map(Run::Ids)
+                }
             }));
-            let ids = match ran {
-                Ok(Ok(ids)) => Ok(ids),
+            let mut res = match ran {
+                Ok(Ok(run)) => Ok(run),
                 Ok(Err(e)) => Err(format!("generation failed: {e:#}")),
                 Err(_) => Err("generation failed: the engine panicked".to_owned()),
             };
@@ -259,18 +268,24 @@ impl Worker {
                 if inputs[s.slot].is_none() {
                     continue;
                 }
-                match &ids {
-                    Ok(ids) => {
-                        let events = &seq.job.events;
-                        s.push_run(&ids[s.slot], &mut |t| {
-                            events.send(Event::Text(t.to_owned())).is_ok()
-                        });
+                let events = &seq.job.events;
+                let mut send = |t: &str| events.send(Event::Text(t.to_owned())).is_ok();
+                match &res {
+                    Ok(Run::Ids(ids)) => s.push_run(&ids[s.slot], &mut send),
+                    Ok(Run::Logits(logits)) => {
+                        let Some(l) = &logits[s.slot] else {
+                            res = Err("generation failed: a stream got no logits".to_owned());
+                            continue;
+                        };
+                        if let Err(e) = s.push_logits(l, &mut send) {
+                            res = Err(format!("generation failed: {e:#}"));
+                        }
                     }
                     // The run failed: every stream in it ends with the error.
                     Err(_) => s.cancel(),
                 }
             }
-            if let Err(msg) = ids {
+            if let Err(msg) = res {
                 for (index, seq) in sched.running.iter_mut().enumerate() {
                     if let Some(s) = seq.stream.take() {
                         self.slots[s.slot] = false;
@@ -302,16 +317,6 @@ impl Worker {
                     result: Ok(stats),
                 });
             }
-        }
-        // A sampled request runs alone once no stream is active.
-        if self.slots.iter().all(|t| !t) && out.is_empty() {
-            let alone = step
-                .seqs
-                .iter()
-                .copied()
-                .filter(|i| !failed.contains(i) && !greedy(&sched.running[*i].job))
-                .take(1);
-            out.extend(self.run_alone(sched, alone));
         }
         out
     }
