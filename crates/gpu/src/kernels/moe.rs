@@ -31,7 +31,8 @@
 //!   `moe_down.wgsl` reading the activation through the numerics snippet (numerics.rs).
 //!
 //! Multi-column runs (up to 8 tokens per dispatch, [`crate::columns`]): the staged f32 kernels
-//! have column entry points (`gate_up_routed_cols`, `main_cols`), bound and recorded by
+//! have column entry points (`gate_up_union_cols`, reading each chosen expert's gate/up once
+//! for all the columns that chose it, and `main_cols`), bound and recorded by
 //! [`MoeKernel::bind_cols`] / [`MoeKernel::record_cols`] (moe_cols.rs).
 
 use crate::columns::COLUMNS_WGSL;
@@ -172,8 +173,8 @@ pub struct MoeKernel {
     gate_up: wgpu::ComputePipeline,
     gate_up_routed: wgpu::ComputePipeline,
     down: wgpu::ComputePipeline,
-    /// Column forms of (gate_up_routed, down): only when both stages are the staged f32 kernels.
-    cols: Option<(wgpu::ComputePipeline, wgpu::ComputePipeline)>,
+    /// Column forms (moe_cols.rs): only when both stages are the staged f32 kernels.
+    cols: Option<cols::ColsPipelines>,
 }
 
 /// The buffers one layer's MoE block uses.
@@ -332,10 +333,7 @@ impl MoeKernel {
         let dm = ctx.module("moe.down", &down_src)?;
         let down = ctx.pipeline("moe.down", &dm, "main")?;
         let cols = if staged == (true, true) {
-            Some((
-                ctx.pipeline("moe.gate_up_routed_cols", &gu, "gate_up_routed_cols")?,
-                ctx.pipeline("moe.down_cols", &dm, "main_cols")?,
-            ))
+            Some(cols::ColsPipelines::new(ctx, &gu, &dm)?)
         } else {
             None
         };
@@ -516,9 +514,9 @@ impl MoeKernel {
 }
 
 /// Workgroup bytes of moe_gate_up_f32.wgsl: xs `[H]`, lg `[E]`, top_e `[K]`, red_g and red_u
-/// `[WG]`, slot_e.
+/// `[WG]`, slot_e; the column union form's col_rank and users `[8]`, n_users.
 fn gate_up_f32_shared(p: &MoeParams) -> u64 {
-    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + 2 * WG as u64 + 1) * 4
+    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + 2 * WG as u64 + 1 + 17) * 4
 }
 
 /// Workgroup bytes of moe_down_f32.wgsl at `rt` rows per team: xs `[K*I]`, red `[WG*rt]`, ids
@@ -667,7 +665,7 @@ pub fn down_ref(wd: &[&[f32]], h: &[&[f32]], w: &[f32], hidden: usize) -> Vec<f3
 
 #[path = "moe_cols.rs"]
 mod cols;
-pub use cols::{MoeColsBinding, MoeColsBuffers};
+pub use cols::{ColsGateUp, MoeColsBinding, MoeColsBuffers};
 
 #[cfg(test)]
 #[path = "moe_f32_tests.rs"]

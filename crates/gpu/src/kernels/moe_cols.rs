@@ -9,10 +9,20 @@
 //! left untouched.
 //!
 //! Only the staged f32 kernels have column forms (the real model's shapes are staged); the int8
-//! numerics and f32 past [`super::STAGE_BUDGET`] return an error here. Every column reads the
-//! weights of its own experts: columns that chose the same expert share its bytes only through
-//! the cache (a union form reading each chosen expert once for all its columns would need the
-//! activations of every column staged at once: `nb * H` floats, 64 KiB at nb = 8).
+//! numerics and f32 past [`super::STAGE_BUDGET`] return an error here.
+//!
+//! Gate/up reads the union of the experts the live columns chose, each once
+//! ([`ColsGateUp::Union`], `gate_up_union_cols` in moe_gate_up_f32.wgsl): workgroup (b, k, c)
+//! routes column c, and the first (column, rank) that chose an expert owns it; the owner keeps
+//! its lanes' weight blocks of that expert in registers and applies them to every column that
+//! chose it, one staged x after the other (all 8 columns' x at once would be 64 KiB at the real
+//! shape), with the single-token dots and sums in the same order, so every h value is
+//! bit-identical to the single-token kernel's. The other workgroups exit after routing.
+//! Down still runs per column (a column's output row sums its K experts' blocks in one
+//! per-lane chain that interleaves the experts, so sharing an expert's rows across columns
+//! within one workgroup would need every union expert's rows or every column's partial items
+//! held at once, or a second pass): columns that chose the same expert share its down rows only
+//! through the cache. [`ColsGateUp::PerColumn`] keeps the per-column gate/up for benchmarks.
 
 use super::{down_params, gate_up_params, need, whole, MoeKernel};
 use crate::context::{Context, GpuError, Result};
@@ -46,9 +56,53 @@ pub struct MoeColsBuffers<'a> {
     pub residual: bool,
 }
 
+/// Which gate/up kernel a column binding records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ColsGateUp {
+    /// Each chosen expert's gate/up read once for all the columns that chose it (the default).
+    #[default]
+    Union,
+    /// Every column reads its own K experts (the earlier form, for side-by-side benchmarks).
+    PerColumn,
+}
+
+/// The compiled column pipelines of a [`MoeKernel`].
+#[derive(Debug)]
+pub(super) struct ColsPipelines {
+    /// `gate_up_union_cols`.
+    union: wgpu::ComputePipeline,
+    /// `gate_up_routed_cols`.
+    per_column: wgpu::ComputePipeline,
+    /// `main_cols`.
+    down: wgpu::ComputePipeline,
+}
+
+impl ColsPipelines {
+    /// The column entry points of the compiled gate/up and down modules.
+    pub(super) fn new(
+        ctx: &Context,
+        gate_up: &wgpu::ShaderModule,
+        down: &wgpu::ShaderModule,
+    ) -> Result<Self> {
+        Ok(ColsPipelines {
+            union: ctx.pipeline("moe.gate_up_union_cols", gate_up, "gate_up_union_cols")?,
+            per_column: ctx.pipeline("moe.gate_up_routed_cols", gate_up, "gate_up_routed_cols")?,
+            down: ctx.pipeline("moe.down_cols", down, "main_cols")?,
+        })
+    }
+
+    fn gate_up(&self, form: ColsGateUp) -> &wgpu::ComputePipeline {
+        match form {
+            ColsGateUp::Union => &self.union,
+            ColsGateUp::PerColumn => &self.per_column,
+        }
+    }
+}
+
 /// Bind groups of one layer's MoE block over columns, created once.
 #[derive(Debug)]
 pub struct MoeColsBinding {
+    form: ColsGateUp,
     /// One per weight part.
     gate_up: Vec<wgpu::BindGroup>,
     down: Vec<wgpu::BindGroup>,
@@ -69,9 +123,21 @@ impl MoeKernel {
         self.cols.is_some()
     }
 
-    /// Check shapes and create the bind groups of one layer's MoE block over `b.nb` columns.
+    /// Check shapes and create the bind groups of one layer's MoE block over `b.nb` columns
+    /// (the union gate/up).
     pub fn bind_cols(&self, ctx: &Context, b: &MoeColsBuffers<'_>) -> Result<MoeColsBinding> {
-        let Some((gu_pipe, down_pipe)) = &self.cols else {
+        self.bind_cols_with(ctx, b, ColsGateUp::Union)
+    }
+
+    /// As [`Self::bind_cols`] with the gate/up form chosen (benchmarks compare them; every
+    /// form writes the same route, h and out).
+    pub fn bind_cols_with(
+        &self,
+        ctx: &Context,
+        b: &MoeColsBuffers<'_>,
+        form: ColsGateUp,
+    ) -> Result<MoeColsBinding> {
+        let Some(pipes) = &self.cols else {
             return Err(GpuError::Shape(format!(
                 "MoE over columns needs f32 activations and both stages staged (numerics {}, \
                  staged {:?}); one column at a time uses bind",
@@ -111,7 +177,8 @@ impl MoeKernel {
                 (13, whole(b.cols)),
             ];
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
-            gate_up.push(ctx.bind_group_at("moe.gate_up_cols", gu_pipe, &ids, &res)?);
+            let pipe = pipes.gate_up(form);
+            gate_up.push(ctx.bind_group_at("moe.gate_up_cols", pipe, &ids, &res)?);
         }
         let mut down = Vec::with_capacity(b.down.parts.len());
         for (n, part) in b.down.parts.iter().enumerate() {
@@ -127,9 +194,10 @@ impl MoeKernel {
                 (8, whole(b.cols)),
             ];
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
-            down.push(ctx.bind_group_at("moe.down_cols", down_pipe, &ids, &res)?);
+            down.push(ctx.bind_group_at("moe.down_cols", &pipes.down, &ids, &res)?);
         }
         Ok(MoeColsBinding {
+            form,
             gate_up,
             down,
             nb: b.nb,
@@ -140,16 +208,16 @@ impl MoeKernel {
     /// weight part, then down per part, each with the column as the grid's z.
     pub fn record_cols(&self, pass: &mut wgpu::ComputePass<'_>, ctx: &Context, b: &MoeColsBinding) {
         // bind_cols only succeeds with the column pipelines, so a binding implies them.
-        let Some((gu_pipe, down_pipe)) = &self.cols else {
+        let Some(pipes) = &self.cols else {
             return;
         };
         let ((ux, uy), (gx, gy)) = self.grids(ctx);
-        pass.set_pipeline(gu_pipe);
+        pass.set_pipeline(pipes.gate_up(b.form));
         for bg in &b.gate_up {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(ux, uy, b.nb);
         }
-        pass.set_pipeline(down_pipe);
+        pass.set_pipeline(&pipes.down);
         for bg in &b.down {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(gx, gy, b.nb);

@@ -1,7 +1,9 @@
-//! Lavapipe tests of the MoE block over columns (moe_cols.rs): every active column must equal the
-//! single-column kernel run on that column alone (within 1e-6 of each output's sum of
-//! |weight * activation|) and the f64 references of moe_f32_tests.rs; a done column's route, h
-//! (NaN-filled before the run) and out (its residual) must come back untouched.
+//! Lavapipe tests of the MoE block over columns (moe_cols.rs): every active column's route, h
+//! and out must be bit-identical to the single-column kernel run on that column alone, and
+//! close to the f64 references of moe_f32_tests.rs; a done column's route, h (NaN-filled before
+//! the run) and out (its residual) must come back untouched. The union gate/up is also checked
+//! bit for bit against the per-column form, with columns forced to share experts (at the same
+//! or different ranks), to choose disjoint ones, and with done columns between live ones.
 
 use super::super::f32_tests::{check_token, tuning, Token};
 use super::super::tests::{params, Case};
@@ -13,9 +15,6 @@ use crate::testing::{gpu, rand_f32, rng};
 
 /// Bits written into route and h before a run: a NaN as f32, an impossible expert id as u32.
 const FILL: u32 = 0x7fc0_dead;
-/// Column form vs single-column kernel: the same arithmetic, so any gap is far below this
-/// fraction of an output's rounding scale.
-const SAME_TOL: f64 = 1e-6;
 
 /// One column's inputs: router logits `[E]`, x `[H]`, residual `[H]`, and whether it is done.
 struct ColIn {
@@ -75,6 +74,18 @@ struct Outs {
 /// The MoE block over `cols` in one pass; route and h start as [`FILL`], out as the residuals
 /// (also when `residual` is off, so a done column's out shows it was left alone).
 fn run_cols(ctx: &Context, kern: &MoeKernel, w: &Weights, cols: &[ColIn], residual: bool) -> Outs {
+    run_cols_with(ctx, kern, w, cols, residual, ColsGateUp::Union)
+}
+
+/// As [`run_cols`] with the gate/up form chosen.
+fn run_cols_with(
+    ctx: &Context,
+    kern: &MoeKernel,
+    w: &Weights,
+    cols: &[ColIn],
+    residual: bool,
+    form: ColsGateUp,
+) -> Outs {
     let p = kern.params;
     let nb = cols.len();
     let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
@@ -122,7 +133,7 @@ fn run_cols(ctx: &Context, kern: &MoeKernel, w: &Weights, cols: &[ColIn], residu
         out: &out,
         residual,
     };
-    let b = kern.bind_cols(ctx, &bufs).expect("bind_cols");
+    let b = kern.bind_cols_with(ctx, &bufs, form).expect("bind_cols");
     assert_eq!(
         b.dispatch_count(),
         w.gate.parts.len() + w.down.parts.len(),
@@ -177,7 +188,7 @@ fn run_single(ctx: &Context, kern: &MoeKernel, w: &Weights, col: &ColIn, residua
 }
 
 /// Run `cols` through the column kernels and check every column: active ones against the f64
-/// references and the single-column kernel, done ones untouched.
+/// references and (bit for bit) the single-column kernel, done ones untouched.
 fn check_cols(
     ctx: &Context,
     c: &Case,
@@ -190,7 +201,7 @@ fn check_cols(
     let p = c.p;
     let (k, h, i) = (p.top_k as usize, p.hidden as usize, p.inter as usize);
     let o = run_cols(ctx, kern, w, cols, residual);
-    let (mut worst_h, mut worst_out, mut worst_same) = (0f64, 0f64, 0f64);
+    let (mut worst_h, mut worst_out) = (0f64, 0f64);
     for (n, col) in cols.iter().enumerate() {
         let what = format!("{what} column {n}/{}", cols.len());
         let route = &o.route[n * 2 * k..(n + 1) * 2 * k];
@@ -212,31 +223,19 @@ fn check_cols(
         worst_h = worst_h.max(r.worst_h);
         worst_out = worst_out.max(r.worst_out);
         let s = run_single(ctx, kern, w, col, residual);
-        assert_eq!(route[..k], s.route[..k], "{what}: ids vs single column");
-        for (j, (a, b)) in route[k..].iter().zip(&s.route[k..]).enumerate() {
-            let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
-            assert!(
-                (a - b).abs() <= 1e-7,
-                "{what}: weight {j} {a} vs single {b}"
-            );
-        }
-        for (j, (a, b)) in hc.iter().zip(&s.h).enumerate() {
-            let err = (*a as f64 - *b as f64).abs();
-            let tol = SAME_TOL * r.h_scale[j] + 1e-30;
-            assert!(err <= tol, "{what}: h[{j}] {a} vs single {b}");
-            worst_same = worst_same.max(err / tol);
-        }
-        for (j, (a, b)) in out.iter().zip(&s.out).enumerate() {
-            let err = (*a as f64 - *b as f64).abs();
-            let tol = SAME_TOL * (r.out_scale[j] + (*b as f64).abs()) + 1e-30;
-            assert!(err <= tol, "{what}: out[{j}] {a} vs single {b}");
-            worst_same = worst_same.max(err / tol);
-        }
+        assert_eq!(route, &s.route[..], "{what}: route vs single column");
+        assert_same(hc, &s.h, &format!("{what}: h vs single column"));
+        assert_same(out, &s.out, &format!("{what}: out vs single column"));
     }
-    eprintln!(
-        "{what}: worst error / tolerance vs f64: h {worst_h:.3}, out {worst_out:.3}; \
-         vs single column {worst_same:.3}"
-    );
+    eprintln!("{what}: worst error / tolerance vs f64: h {worst_h:.3}, out {worst_out:.3}");
+}
+
+/// `a` and `b` hold the same f32 bits.
+fn assert_same(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (j, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "{what}[{j}]: {x} vs {y}");
+    }
 }
 
 #[test]
@@ -270,6 +269,84 @@ fn moe_cols_match_single_column_odd_shapes() {
     }
 }
 
+/// How forced routes relate across columns.
+#[derive(Debug, Clone, Copy)]
+enum Overlap {
+    /// Every column chooses the same experts in the same order.
+    Same,
+    /// The same experts, each column's ranks rotated by its index.
+    Rotated,
+    /// Column c chooses c K / 2 .. c K / 2 + K (mod E): neighbours share half, at other ranks.
+    Half,
+    /// Column c chooses c K .. c K + K (mod E), in reverse: disjoint while nb K <= E.
+    Disjoint,
+}
+
+/// The experts (rank order) column `c` is forced to choose under `o`.
+fn forced_ids(o: Overlap, p: &MoeParams, c: usize) -> Vec<u32> {
+    let (e, k) = (p.experts as usize, p.top_k as usize);
+    let ids = |f: &dyn Fn(usize) -> usize| (0..k).map(|j| (f(j) % e) as u32).collect();
+    match o {
+        Overlap::Same => ids(&|j| 3 * j + 1),
+        Overlap::Rotated => ids(&|j| 3 * ((j + c) % k) + 1),
+        Overlap::Half => ids(&|j| c * k.div_ceil(2) + j),
+        Overlap::Disjoint => ids(&|j| c * k + k - 1 - j),
+    }
+}
+
+/// Overwrite each column's logits so it chooses [`forced_ids`] (the other logits stay random,
+/// below the forced ones) and check the reference router agrees.
+fn force_routes(o: Overlap, p: &MoeParams, cols: &mut [ColIn]) {
+    let k = p.top_k as usize;
+    for (c, col) in cols.iter_mut().enumerate() {
+        let want = forced_ids(o, p, c);
+        for (j, e) in want.iter().enumerate() {
+            col.logits[*e as usize] = 6.0 - 0.25 * j as f32 + 0.01 * c as f32;
+        }
+        assert_eq!(router_ids(&col.logits, k), want, "{o:?} column {c}");
+    }
+}
+
+#[test]
+fn moe_cols_union_shared_rotated_disjoint_experts() {
+    let Some(ctx) = gpu("moe_cols_union_shared_rotated_disjoint_experts") else {
+        return;
+    };
+    // Blocks per row off the lane counts (NB = 3, 5), K even and odd.
+    let shapes = [params(16, 4, 96, 64, true), params(12, 3, 160, 96, false)];
+    let tunes = [F32Tuning::DEFAULT, tuning(8, 64, 4)];
+    let runs: [(usize, &[usize]); 3] = [(1, &[]), (3, &[1]), (8, &[2, 5])];
+    let overlaps = [
+        Overlap::Same,
+        Overlap::Rotated,
+        Overlap::Half,
+        Overlap::Disjoint,
+    ];
+    for (n, p) in shapes.into_iter().enumerate() {
+        let c = Case::new(p, 240 + n as u64);
+        let w = upload(&ctx, &c);
+        for (j, t) in tunes.into_iter().enumerate() {
+            let kern = MoeKernel::with_f32_tuning(&ctx, p, Numerics::F32, t).unwrap();
+            for (m, (nb, done)) in runs.into_iter().enumerate() {
+                for (q, o) in overlaps.into_iter().enumerate() {
+                    let seed = 400 + (n * 64 + j * 16 + m * 4 + q) as u64;
+                    let mut cols = columns_of(&p, nb, seed, done);
+                    force_routes(o, &p, &mut cols);
+                    let residual = (j + m + q) % 2 == 0;
+                    let what = format!("{p:?} {t:?} nb {nb} {o:?} residual {residual}");
+                    check_cols(&ctx, &c, &kern, &w, &cols, residual, &what);
+                    // The union and per-column gate/up write the same bits everywhere.
+                    let a = run_cols(&ctx, &kern, &w, &cols, residual);
+                    let b = run_cols_with(&ctx, &kern, &w, &cols, residual, ColsGateUp::PerColumn);
+                    assert_eq!(a.route, b.route, "{what}: route union vs per column");
+                    assert_same(&a.h, &b.h, &format!("{what}: h union vs per column"));
+                    assert_same(&a.out, &b.out, &format!("{what}: out union vs per column"));
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn moe_cols_real_shape() {
     let Some(ctx) = gpu("moe_cols_real_shape") else {
@@ -285,6 +362,11 @@ fn moe_cols_real_shape() {
     check_cols(&ctx, &c, &kern, &w, &cols, true, "real shape nb 8");
     let cols = columns_of(&p, 3, 212, &[]);
     check_cols(&ctx, &c, &kern, &w, &cols, false, "real shape nb 3");
+    // Eight columns over the same experts at rotated ranks, one done: each union expert serves
+    // seven columns.
+    let mut cols = columns_of(&p, 8, 213, &[3]);
+    force_routes(Overlap::Rotated, &p, &mut cols);
+    check_cols(&ctx, &c, &kern, &w, &cols, true, "real shape nb 8 rotated");
 }
 
 #[test]

@@ -5,11 +5,21 @@
 // moe_route.wgsl, F32_DEQ (numerics.rs: `dq_block`), moe_stage_f32.wgsl and columns.wgsl.
 // Grid: (I / R, K). Workgroup (b, k) computes rows [R b, R b + R) of slot k's expert.
 //
-// Column form (`gate_up_routed_cols`, multi-column runs, columns.rs): grid (I / R, K, nb),
-// workgroup (b, k, c) does the same for column c: logits [c*E..], x [c*H..], route [c*2K..],
-// h [c*K*I..]; a column whose `cols[c].done` is set is skipped (its route and h untouched).
-// Every column reads its own experts' weights (columns that chose the same expert share it
-// through the cache only).
+// Column forms (multi-column runs, columns.rs): grid (I / R, K, nb); column c's data lie at
+// logits [c*E..], x [c*H..], route [c*2K..], h [c*K*I..]; a column whose `cols[c].done` is set
+// is skipped (its route and h untouched), and so is every column when `state.done` is set.
+// - `gate_up_union_cols` (the one recorded): workgroup (b, k, c) routes column c (writing its
+//   route slot k from b = 0, as the single-token form) and takes e = column c's k-th expert.
+//   It owns e when no live column before c chose e (a union slot in a deterministic order:
+//   the first (column, rank) that chose the expert); a workgroup that does not own its expert
+//   exits. The owner loads its lanes' gate/up blocks of e once into registers, then, for every
+//   live column c' that chose e (at rank k'), stages x of c' and writes rows of h [c', k'] with
+//   the dots of `expert_rows`, in the same order: each chosen expert's weights are read once
+//   per step for all the columns that chose it, and every h value is bit-identical to the
+//   single-token kernel's. Whether c' chose e is its rank of e among its E logits (one pass of
+//   the `route_select` predicate), not a full routing of c'.
+// - `gate_up_routed_cols` (the per-column form, kept for side-by-side benchmarks): workgroup
+//   (b, k, c) runs `gate_up_routed` on column c, every column reading its own experts.
 //
 // Every workgroup first copies x into workgroup memory (swizzled, moe_stage_f32.wgsl); the
 // barriers of the routing (or of the expert-id broadcast) publish it. Then lane l of a row's team
@@ -41,6 +51,12 @@ var<workgroup> xs: array<vec4<f32>, NB * 8u>; // [H/4] x, swizzled
 var<workgroup> red_g: array<f32, WG>;         // [WG] per-lane partials
 var<workgroup> red_u: array<f32, WG>;
 var<workgroup> slot_e: u32;
+// Union form: per column, #{logits above e's} (+ ties below e): e's rank in that column.
+var<workgroup> col_rank: array<atomic<u32>, 8>;
+// Union form: the (column | rank << 8) pairs that chose the workgroup's expert, their count
+// (0 when the workgroup does not own it).
+var<workgroup> users: array<u32, 8>;
+var<workgroup> n_users: u32;
 
 // Stage x [base..base + H/4) (vec4s; base = the column's first vec4, 0 for one token).
 fn stage_x(li: u32, base: u32) {
@@ -152,4 +168,123 @@ fn routed(wid: vec2<u32>, li: u32, col: u32) {
         }
     }
     expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, col * K * I);
+}
+
+// Blocks per lane of one row (the last one only on lanes below NB % T).
+const NBT: u32 = (NB + T - 1u) / T;
+
+@compute @workgroup_size(WG)
+fn gate_up_union_cols(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    // `c` is workgroup-uniform, so the return keeps the barriers uniform.
+    let c = wid.z;
+    let nbc = min(nwg.z, 8u);
+    if (state.done != 0u || c >= nbc || cols[c].done != 0u) {
+        return;
+    }
+    let k = wid.y;
+    if (li < 8u) {
+        atomicStore(&col_rank[li], 0u);
+    }
+    // route_select's barriers publish the zeroed ranks.
+    route_select(li, c * E);
+    let e = top_e[k];
+    if (li == 0u && params.write_route != 0u && wid.x == 0u) {
+        route[c * 2u * K + k] = e;
+        route[c * 2u * K + K + k] = bitcast<u32>(route_weight(k));
+    }
+    // e's rank in every live column, WG / 8 threads per column: the predicate of route_select
+    // (u > v, or u == v below e), so a rank below K means the column's route holds e there.
+    let cc = li / (WG / 8u);
+    if (cc < nbc && cols[cc].done == 0u) {
+        let v = logits[cc * E + e];
+        var n = 0u;
+        for (var j = li % (WG / 8u); j < E; j += WG / 8u) {
+            let u = logits[cc * E + j];
+            n += u32(u > v) + u32(j < e && u == v);
+        }
+        atomicAdd(&col_rank[cc], n);
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        // Owner: this (column, rank) is e's first choice among the live columns (a NaN logit
+        // can break rank == k; then no workgroup writes that slot of h). The part must hold e.
+        var own = atomicLoad(&col_rank[c]) == k && e >= params.e_lo && e < params.e_hi;
+        var n = 0u;
+        for (var d = 0u; d < nbc; d++) {
+            let r = atomicLoad(&col_rank[d]);
+            if (cols[d].done != 0u || r >= K) {
+                continue;
+            }
+            own = own && d >= c;
+            users[n] = d | (r << 8u);
+            n += 1u;
+        }
+        n_users = select(0u, n, own);
+    }
+    let nu = workgroupUniformLoad(&n_users);
+    if (nu == 0u) {
+        return;
+    }
+    union_rows(e, wid.x, li, nu);
+}
+
+// Rows [R bx, +R) of expert e (held by this part) for every column in `users[..nu]`: the lane's
+// blocks of e are loaded once, then dotted with each column's staged x like `expert_rows`.
+fn union_rows(e: u32, bx: u32, li: u32, nu: u32) {
+    let team = li / T;
+    let lane = li % T;
+    let row = bx * R + team;
+    let wrow = (e - params.e_lo) * I + row;
+    let tail = lane < NB % T;
+    // The lane's blocks lane + j T (the last only when `tail`): a constant trip count keeps
+    // them in registers and issues the loads together.
+    var gq: array<vec4<u32>, NBT>;
+    var uq: array<vec4<u32>, NBT>;
+    var gs: array<f32, NBT>;
+    var us: array<f32, NBT>;
+    for (var j = 0u; j < NBT; j++) {
+        let b = lane + j * T;
+        if (j < NB / T || tail) {
+            let blk = wrow * NB + b;
+            gq[j] = gate_qs[blk];
+            uq[j] = up_qs[blk];
+            gs[j] = gscale(blk);
+            us[j] = uscale(blk);
+        }
+    }
+    for (var t = 0u; t < nu; t++) {
+        let d = users[t] & 0xFFu;
+        let r = users[t] >> 8u;
+        // The previous column's dots ended before its reduction barrier, so xs is free.
+        stage_x(li, d * NB * 8u);
+        workgroupBarrier();
+        var acc = vec2<f32>(0.0);
+        for (var j = 0u; j < NB / T; j++) {
+            let x = xs_block(lane + j * T);
+            acc += vec2<f32>(gs[j] * dq_block(gq[j], x), us[j] * dq_block(uq[j], x));
+        }
+        if (tail) {
+            // NBT - 1 = NB / T whenever a lane has a tail block (the constant index stays in
+            // bounds when NB % T == 0).
+            let j = NBT - 1u;
+            let x = xs_block(lane + j * T);
+            acc += vec2<f32>(gs[j] * dq_block(gq[j], x), us[j] * dq_block(uq[j], x));
+        }
+        red_g[li] = acc.x;
+        red_u[li] = acc.y;
+        workgroupBarrier();
+        if (lane == 0u) {
+            var g = 0.0;
+            var u = 0.0;
+            for (var j = 0u; j < T; j++) {
+                g += red_g[li + j];
+                u += red_u[li + j];
+            }
+            h[(d * K + r) * I + row] = g / (1.0 + exp(-g)) * u;
+        }
+    }
 }
