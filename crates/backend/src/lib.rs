@@ -72,6 +72,32 @@ pub trait Backend: Send {
         let _ = (tokens, n, eos);
         anyhow::bail!("{}: no multi-stream decode", self.name())
     }
+    /// Pipelined greedy multi-stream decode, part 1: record and submit one run of up to `n`
+    /// steps without waiting. `restart = Some(tokens)` starts the streams from host-given ids
+    /// as [`Backend::streams_decode_greedy`] does (every queued run must have been collected);
+    /// `None` continues every live stream where the last queued run leaves it, on the device,
+    /// so the host can queue run k+1 before it waits for run k. Returns the steps queued:
+    /// fewer than `n` where a live stream's context would overflow, 0 when none is live.
+    fn streams_queue(
+        &mut self,
+        restart: Option<&[Option<u32>]>,
+        n: usize,
+        eos: &[u32],
+    ) -> anyhow::Result<usize> {
+        let _ = (restart, n, eos);
+        anyhow::bail!("{}: no multi-stream decode", self.name())
+    }
+    /// Part 2: wait for the oldest queued run (later ones keep running) and return its ids per
+    /// stream, as [`Backend::streams_decode_greedy`] does; `None` when no run is queued.
+    fn streams_collect(&mut self) -> anyhow::Result<Option<Vec<Vec<u32>>>> {
+        anyhow::bail!("{}: no multi-stream decode", self.name())
+    }
+    /// Part 3: stream `slot` sits out the runs queued from now on (its request ended on the
+    /// host); the runs already queued still advance it, and their ids for it are to be ignored.
+    fn streams_end(&mut self, slot: usize) -> anyhow::Result<()> {
+        let _ = slot;
+        anyhow::bail!("{}: no multi-stream decode", self.name())
+    }
     /// One step for every stream `i` with `tokens[i] = Some(t)` (fed `t` at its position), all
     /// in one device run; returns each fed stream's logits `[V]` (`None` for the others). The
     /// multi-stream path for streams whose next id the host chooses (sampling): the host waits

@@ -7,6 +7,7 @@
 use crate::backends::{self, BackendArgs, BackendKind};
 use anyhow::Result;
 use nibble_backend::{argmax, Backend};
+use nibble_server::scheduler::{IN_FLIGHT, RUN};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -111,7 +112,8 @@ fn tg_at(b: &mut dyn Backend, depth: usize, n: usize, reps: usize) -> Result<Vec
 }
 
 /// Aggregate tokens/s of `reps` multi-stream runs: `bsz` streams, each prefilled with its own
-/// short prompt, then `n` greedy tokens decoded together (no EOS).
+/// short prompt, then `n` greedy tokens decoded together (no EOS) the way the server does:
+/// runs of [`RUN`] steps, [`IN_FLIGHT`] of them queued on the device at once.
 fn tg_batch(b: &mut dyn Backend, bsz: usize, n: usize, reps: usize) -> Result<Vec<f64>> {
     let mut out = vec![];
     for r in 0..reps {
@@ -121,8 +123,22 @@ fn tg_batch(b: &mut dyn Backend, bsz: usize, n: usize, reps: usize) -> Result<Ve
             first.push(Some(argmax(&logits)));
         }
         let t = Instant::now();
-        let ids = b.streams_decode_greedy(&first, n, &[])?;
-        let total: usize = ids.iter().map(|v| v.len()).sum();
+        let mut queued = b.streams_queue(Some(&first), RUN.min(n), &[])?;
+        let (mut in_flight, mut total) = (1, 0);
+        while in_flight > 0 {
+            while in_flight < IN_FLIGHT && queued < n {
+                let q = b.streams_queue(None, RUN.min(n - queued), &[])?;
+                if q == 0 {
+                    break;
+                }
+                queued += q;
+                in_flight += 1;
+            }
+            let ids = b.streams_collect()?.expect("a run is queued");
+            in_flight -= 1;
+            total += ids.iter().map(|v| v.len()).sum::<usize>();
+        }
+        anyhow::ensure!(total == bsz * n, "{total} ids from {bsz} x {n} steps");
         out.push(total as f64 / t.elapsed().as_secs_f64());
     }
     Ok(out)

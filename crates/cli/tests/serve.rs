@@ -139,9 +139,11 @@ fn have_gpu() -> bool {
     ok
 }
 
-/// `nibble serve --backend gpu --max-streams 6`: four greedy and two seeded sampled requests sent
-/// at once are decoded together on multi-stream slots and each text equals what `nibble
-/// generate` (the single-stream GPU path) writes for the same prompt and sampling; a follow-up request that extends an earlier one reuses
+/// `nibble serve --backend gpu --max-streams 6`: four greedy requests of different lengths and two
+/// seeded sampled ones sent at once are decoded together on multi-stream slots (one-step runs
+/// while the sampled ones live, pipelined greedy runs after, streams ending mid-pipeline) and
+/// each text equals what `nibble generate` (the single-stream GPU path) writes for the same
+/// prompt and sampling; a follow-up request that extends an earlier one reuses
 /// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot.
 #[test]
 fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
@@ -161,6 +163,8 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
         "Another sampled one",
     ];
     let seed = |i: usize| (i >= 4).then_some(i as u64 * 7);
+    // Greedy requests of different lengths end at different runs while others go on.
+    let max_tokens = |i: usize| if i < 4 { 12 + 8 * i } else { 12 };
     // Single-stream reference texts.
     let want: Vec<String> = prompts
         .iter()
@@ -178,17 +182,8 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
                 None => vec![],
             };
             let o = nibble()
-                .args([
-                    "generate",
-                    "--backend",
-                    "gpu",
-                    "--ctx",
-                    "256",
-                    "-n",
-                    "12",
-                    "-p",
-                    p,
-                ])
+                .args(["generate", "--backend", "gpu", "--ctx", "256", "-p", p])
+                .args(["-n", &max_tokens(i).to_string()])
                 .args(sampling)
                 .arg("-m")
                 .arg(&model)
@@ -212,7 +207,7 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
         .map(|(i, p)| {
             let b = match seed(i) {
                 Some(s) => serde_json::json!({"prompt": p, "max_tokens": 12, "temperature": 0.9, "top_k": 40, "seed": s}).to_string(),
-                None => body(p),
+                None => serde_json::json!({"prompt": p, "max_tokens": max_tokens(i), "temperature": 0}).to_string(),
             };
             let addr = addr.clone();
             std::thread::spawn(move || exchange(&addr, "POST", "/v1/completions", &b))

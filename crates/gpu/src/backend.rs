@@ -75,6 +75,11 @@ pub struct GpuBackend {
     /// numerics; the int8 forms prefill token by token).
     prefill: Option<crate::batch::BatchPlan>,
     stream_pos: Vec<usize>,
+    /// Streams the queued multi-stream runs advance (set by a restart, cleared by
+    /// `streams_end`), the steps queued and not collected, and each queued run's length.
+    stream_live: Vec<bool>,
+    stream_queued: usize,
+    stream_runs: std::collections::VecDeque<usize>,
 }
 
 impl GpuBackend {
@@ -175,6 +180,9 @@ impl GpuBackend {
             per_token: opts.per_token,
             pos: 0,
             stream_pos: vec![0; opts.streams],
+            stream_live: vec![false; opts.streams],
+            stream_queued: 0,
+            stream_runs: Default::default(),
             batch,
             prefill,
         })
@@ -375,7 +383,7 @@ impl Backend for GpuBackend {
             );
         }
         // A failure leaves the position at `start` (the rows written are stale).
-        let logits = match &self.prefill {
+        let logits = match &mut self.prefill {
             Some(b) => b.prefill_sequence(tokens, start)?,
             None => self.plan.prefill_logits(tokens, start)?,
         };
@@ -388,10 +396,12 @@ impl Backend for GpuBackend {
     }
 
     fn stream_prefill(&mut self, slot: usize, start: usize, prompt: &[u32]) -> Result<Vec<f32>> {
-        let Some(b) = &self.batch else {
-            bail!("no multi-stream path: the GPU backend was built with 0 streams");
-        };
-        ensure!(slot < b.streams(), "stream {slot} of {}", b.streams());
+        let streams = self.max_streams();
+        ensure!(
+            streams > 0,
+            "no multi-stream path: the GPU backend was built with 0 streams"
+        );
+        ensure!(slot < streams, "stream {slot} of {streams}");
         ensure!(!prompt.is_empty(), "prefill of an empty token list");
         ensure!(
             start <= self.stream_pos[slot],
@@ -407,6 +417,12 @@ impl Backend for GpuBackend {
             prompt.len(),
             self.context_len()
         );
+        let b = self.batch.as_mut().expect("checked above");
+        ensure!(
+            b.queued_runs() == 0,
+            "stream prefill with {} multi-stream runs queued: collect them first",
+            b.queued_runs()
+        );
         // A failure leaves the stream at `start` (rows past it are stale).
         self.stream_pos[slot] = start;
         let logits = b.prefill_slot(slot, prompt, start)?;
@@ -420,22 +436,77 @@ impl Backend for GpuBackend {
         n: usize,
         eos: &[u32],
     ) -> Result<Vec<Vec<u32>>> {
-        let seqs = self.stream_inputs(tokens, n)?;
-        let Some(b) = &self.batch else {
+        // Strict here: the whole run must fit every fed stream's context.
+        self.stream_inputs(tokens, n)?;
+        if n == 0 || self.streams_queue(Some(tokens), n, eos)? == 0 {
+            return Ok(vec![Vec::new(); tokens.len()]);
+        }
+        let mut ids = self.streams_collect()?.expect("one run was queued");
+        ids.truncate(tokens.len());
+        Ok(ids)
+    }
+
+    fn streams_queue(
+        &mut self,
+        restart: Option<&[Option<u32>]>,
+        n: usize,
+        eos: &[u32],
+    ) -> Result<usize> {
+        if let Some(tokens) = restart {
+            let seqs = self.stream_inputs(tokens, 0)?;
+            let b = self.batch.as_mut().expect("stream_inputs checked the path");
+            if !b.restart(&seqs, eos)? {
+                return Ok(0);
+            }
+            self.stream_live = seqs.iter().map(Option::is_some).collect();
+            self.stream_live.resize(b.streams(), false);
+        }
+        // Every live stream stays within its context.
+        let ctx = self.context_len();
+        let Some(b) = self.batch.as_mut() else {
             bail!("no multi-stream path: the GPU backend was built with 0 streams");
         };
-        let ids = b.decode_greedy(&seqs, n as u32, eos)?;
+        let room = (0..b.streams())
+            .filter(|s| self.stream_live[*s])
+            .map(|s| ctx.saturating_sub(self.stream_pos[s] + self.stream_queued))
+            .min()
+            .unwrap_or(0);
+        let n = n.min(room);
+        if n == 0 {
+            return Ok(0);
+        }
+        b.queue_run(n as u32)?;
+        self.stream_queued += n;
+        self.stream_runs.push_back(n);
+        Ok(n)
+    }
+
+    fn streams_collect(&mut self) -> Result<Option<Vec<Vec<u32>>>> {
+        let Some(b) = self.batch.as_mut() else {
+            bail!("no multi-stream path: the GPU backend was built with 0 streams");
+        };
+        let Some(ids) = b.collect()? else {
+            return Ok(None);
+        };
+        self.stream_queued -= self.stream_runs.pop_front().unwrap_or(0);
         for (s, v) in ids.iter().enumerate() {
             self.stream_pos[s] += v.len();
         }
-        Ok(ids)
+        Ok(Some(ids))
+    }
+
+    fn streams_end(&mut self, slot: usize) -> Result<()> {
+        let Some(b) = self.batch.as_mut() else {
+            bail!("no multi-stream path: the GPU backend was built with 0 streams");
+        };
+        b.end_column(slot)?;
+        self.stream_live[slot] = false;
+        Ok(())
     }
 
     fn streams_step(&mut self, tokens: &[Option<u32>]) -> Result<Vec<Option<Vec<f32>>>> {
         let seqs = self.stream_inputs(tokens, 1)?;
-        let Some(b) = &self.batch else {
-            bail!("no multi-stream path: the GPU backend was built with 0 streams");
-        };
+        let b = self.batch.as_mut().expect("stream_inputs checked the path");
         let logits = b.step_logits(&seqs)?;
         for (s, q) in seqs.iter().enumerate() {
             self.stream_pos[s] += q.is_some() as usize;

@@ -88,7 +88,44 @@ pub struct BatchPlan {
     /// `[nb - 1]`, like the layers' matmuls.
     head: Vec<MatmulBinding>,
     argmax: ArgmaxBinding,
+    /// The queued greedy runs ([`BatchPlan::restart`] / [`BatchPlan::queue_run`] /
+    /// [`BatchPlan::collect`]).
+    pipe: Pipe,
 }
+
+/// Greedy runs queued on the device, each continuing where the previous one leaves the columns:
+/// the token chain, positions and step counters stay in the `cols` buffer on the GPU, so run
+/// k+1 is recorded and submitted before the host waits for run k (as single-stream
+/// [`crate::stream::GreedyStream`] runs are).
+#[derive(Default)]
+struct Pipe {
+    /// Whether the columns hold a restarted run's state (prefill and one-step runs overwrite
+    /// them).
+    live: bool,
+    /// Steps recorded since the restart: every live column's `out_tokens` index of the next
+    /// run's first step.
+    steps: u32,
+    /// Highest position at the restart (`top + steps` bounds the next step's positions).
+    top: usize,
+    /// Columns recorded (one past the highest live one at the restart).
+    nb: u32,
+    queued: std::collections::VecDeque<QueuedRun>,
+}
+
+/// A run submitted and not read back yet.
+struct QueuedRun {
+    /// Step index (since the restart) of the run's first step.
+    first: u32,
+    len: u32,
+    nb: u32,
+    /// The `[8]` columns after the run (256 bytes), then `[nb, len]` ids: column `c`'s
+    /// `out_tokens[c * cap + first ..][..len]`.
+    readback: wgpu::Buffer,
+    index: wgpu::SubmissionIndex,
+}
+
+/// Bytes of the `[MAX_COLUMNS]` column buffer.
+const COLS_BYTES: u64 = (MAX_COLUMNS * std::mem::size_of::<Col>()) as u64;
 
 /// Most EOS ids a multi-stream run can stop on.
 const MAX_EOS: usize = 16;
@@ -339,6 +376,7 @@ impl BatchPlan {
             layers,
             head,
             argmax,
+            pipe: Pipe::default(),
         })
     }
 
@@ -350,7 +388,7 @@ impl BatchPlan {
     /// Batched prefill (a [`BatchMode::Prefill`] plan): `tokens` at positions `pos..` of the
     /// sequence, up to `streams` tokens per dispatch (one submit per group); returns the logits
     /// `[V]` after the last token. The caller checks ids and `pos + len <= context_len`.
-    pub fn prefill_sequence(&self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+    pub fn prefill_sequence(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
         self.prefill_groups(0, tokens, pos)
     }
 
@@ -358,8 +396,9 @@ impl BatchPlan {
     /// consecutive tokens per dispatch (the prefill attention: every column's K/V row is written
     /// first, then each column attends causally), one submit per group; returns the logits `[V]`
     /// after the last token. Only the last group runs the lm_head.
-    fn prefill_groups(&self, slot: usize, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+    fn prefill_groups(&mut self, slot: usize, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
         ensure!(!tokens.is_empty(), "prefill of an empty token list");
+        self.idle("prefill")?;
         let groups: Vec<&[u32]> = tokens.chunks(self.streams()).collect();
         for (g, group) in groups.iter().enumerate() {
             let p0 = pos + g * self.streams();
@@ -440,7 +479,7 @@ impl BatchPlan {
     /// Feed `tokens` to stream `slot` at positions `pos..` (batched: up to `streams` tokens per
     /// dispatch, the other slots untouched) and return the logits `[V]` after the last one. The
     /// caller checks ids, `slot < streams` and `pos + len <= context_len`.
-    pub fn prefill_slot(&self, slot: usize, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+    pub fn prefill_slot(&mut self, slot: usize, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
         ensure!(slot < self.streams(), "slot {slot} of {}", self.streams);
         self.prefill_groups(slot, tokens, pos)
     }
@@ -448,7 +487,8 @@ impl BatchPlan {
     /// One step for every stream `s` with `seqs[s] = Some((token, pos))` (fed `token` at `pos`)
     /// in one pass and one submit, without the argmax; returns each fed stream's logits `[V]`.
     /// The caller checks ids and `pos < context_len`.
-    pub fn step_logits(&self, seqs: &[Option<(u32, usize)>]) -> Result<Vec<Option<Vec<f32>>>> {
+    pub fn step_logits(&mut self, seqs: &[Option<(u32, usize)>]) -> Result<Vec<Option<Vec<f32>>>> {
+        self.idle("a one-step run")?;
         let Some((cs, top, nb)) = self.columns_for(seqs)? else {
             return Ok(vec![None; seqs.len()]);
         };
@@ -494,50 +534,159 @@ impl BatchPlan {
     /// Returns the ids per stream (empty for `None`). The caller checks ids and
     /// `pos + n <= context_len`.
     pub fn decode_greedy(
-        &self,
+        &mut self,
         seqs: &[Option<(u32, usize)>],
         n: u32,
         eos: &[u32],
     ) -> Result<Vec<Vec<u32>>> {
+        if n == 0 || !self.restart(seqs, eos)? {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
+        self.queue_run(n)?;
+        let mut ids = self.collect()?.expect("one run was queued");
+        ids.truncate(seqs.len());
+        Ok(ids)
+    }
+
+    /// Start greedy runs from host-given ids: stream `s` with `seqs[s] = Some((token, pos))` is
+    /// fed `token` at `pos` by the next queued run, the others sit out (every run after, too).
+    /// Every queued run must have been collected. Returns whether any stream is live. The caller
+    /// checks ids and positions.
+    pub fn restart(&mut self, seqs: &[Option<(u32, usize)>], eos: &[u32]) -> Result<bool> {
+        self.idle("restart")?;
         ensure!(
             eos.len() <= MAX_EOS,
             "at most {MAX_EOS} EOS ids, got {}",
             eos.len()
         );
-        ensure!(
-            n as usize <= self.context_len,
-            "a run of {n} steps exceeds the context"
-        );
-        let Some((cs, top, nb)) = self.columns_for(seqs)?.filter(|_| n > 0) else {
-            return Ok(vec![Vec::new(); seqs.len()]);
+        self.pipe.live = false;
+        let Some((cs, top, nb)) = self.columns_for(seqs)? else {
+            return Ok(false);
         };
         columns::write(&self.ctx, &self.bufs.cols, &cs);
         self.reset_state();
-        self.argmax.set_run(&self.ctx, n, eos)?;
+        // The step limit is the out_tokens capacity; runs are bounded by the context instead.
+        self.argmax
+            .set_run(&self.ctx, self.context_len as u32, eos)?;
+        self.pipe = Pipe {
+            live: true,
+            steps: 0,
+            top,
+            nb,
+            queued: Default::default(),
+        };
+        Ok(true)
+    }
+
+    /// Record `n` more greedy steps of the restarted streams as one submit, without waiting.
+    /// The caller keeps every live stream's position within the context.
+    pub fn queue_run(&mut self, n: u32) -> Result<()> {
+        ensure!(self.pipe.live, "no restarted streams to continue");
+        ensure!(n > 0, "a run of 0 steps");
+        let (first, nb) = (self.pipe.steps, self.pipe.nb);
+        ensure!(
+            (first + n) as usize <= self.context_len,
+            "{} steps since the restart exceed the context of {}",
+            first + n,
+            self.context_len
+        );
+        let cap = self.context_len as u64;
+        let readback = self
+            .ctx
+            .readback_buffer("b.readback", COLS_BYTES + (nb * n) as u64 * 4);
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         let mut res = Ok(());
-        self.ctx.run_pass(|p| {
-            for s in 0..n {
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for s in first..first + n {
                 if res.is_ok() {
-                    res = self.record_step(p, (top + s as usize) as u32, nb, true);
+                    res =
+                        self.record_step(&mut pass, (self.pipe.top + s as usize) as u32, nb, true);
                 }
             }
-        })?;
+        }
         res?;
-        let after = columns::read(&self.ctx, &self.bufs.cols)?;
-        let cap = self.context_len;
-        let ids = self
-            .ctx
-            .read_u32(&self.bufs.out_tokens, self.streams() * cap)?;
-        Ok(seqs
-            .iter()
-            .enumerate()
-            .map(|(s, q)| match q {
-                Some(_) => {
-                    let m = (after[s].step as usize).min(n as usize);
-                    ids[s * cap..s * cap + m].to_vec()
-                }
-                None => Vec::new(),
-            })
-            .collect())
+        // Copies after the pass see the columns and ids as this run left them.
+        enc.copy_buffer_to_buffer(&self.bufs.cols, 0, &readback, 0, COLS_BYTES);
+        for c in 0..nb as u64 {
+            enc.copy_buffer_to_buffer(
+                &self.bufs.out_tokens,
+                (c * cap + first as u64) * 4,
+                &readback,
+                COLS_BYTES + c * n as u64 * 4,
+                n as u64 * 4,
+            );
+        }
+        let index = self.ctx.submit(enc);
+        self.pipe.queued.push_back(QueuedRun {
+            first,
+            len: n,
+            nb,
+            readback,
+            index,
+        });
+        self.pipe.steps += n;
+        Ok(())
+    }
+
+    /// Wait for the oldest queued run only (later ones keep running) and return its ids per
+    /// column (`[streams]`; empty for columns that sat out or had stopped); `None` when no run
+    /// is queued.
+    pub fn collect(&mut self) -> Result<Option<Vec<Vec<u32>>>> {
+        let Some(q) = self.pipe.queued.pop_front() else {
+            return Ok(None);
+        };
+        let bytes = self.ctx.map_read(&q.readback, q.index)?;
+        let want = (COLS_BYTES + (q.nb * q.len) as u64 * 4) as usize;
+        ensure!(
+            bytes.len() >= want,
+            "run readback of {} bytes, expected {want}",
+            bytes.len()
+        );
+        let (cols, ids) = bytes.split_at(COLS_BYTES as usize);
+        let cols: Vec<Col> = bytemuck::pod_collect_to_vec(cols);
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&ids[..want - COLS_BYTES as usize]);
+        let len = q.len as usize;
+        Ok(Some(
+            (0..self.streams())
+                .map(|c| {
+                    if c >= q.nb as usize {
+                        return Vec::new();
+                    }
+                    let got = cols[c].step.saturating_sub(q.first).min(q.len) as usize;
+                    ids[c * len..c * len + got].to_vec()
+                })
+                .collect(),
+        ))
+    }
+
+    /// Stop column `c` in the runs queued from now on (the ones already queued still run it;
+    /// their ids for it are the caller's to ignore).
+    pub fn end_column(&mut self, c: usize) -> Result<()> {
+        ensure!(c < self.streams(), "column {c} of {}", self.streams);
+        if self.pipe.live {
+            let done = std::mem::offset_of!(Col, done);
+            let at = (c * std::mem::size_of::<Col>() + done) as u64;
+            self.ctx
+                .write(&self.bufs.cols, at, bytemuck::bytes_of(&1u32));
+        }
+        Ok(())
+    }
+
+    /// Runs queued and not collected.
+    pub fn queued_runs(&self) -> usize {
+        self.pipe.queued.len()
+    }
+
+    /// Refuse to touch the columns while runs are queued (their state lives there); the next
+    /// greedy run must restart.
+    fn idle(&mut self, what: &str) -> Result<()> {
+        ensure!(
+            self.pipe.queued.is_empty(),
+            "{what} with {} multi-stream runs queued: collect them first",
+            self.pipe.queued.len()
+        );
+        self.pipe.live = false;
+        Ok(())
     }
 }

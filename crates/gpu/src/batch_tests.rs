@@ -148,6 +148,80 @@ fn streams_stop_at_eos_and_refuse_bad_input() {
     assert!(one.stream_prefill(0, 0, &[1]).is_err());
 }
 
+/// Pipelined runs (`streams_queue` / `streams_collect` / `streams_end`): run k+1 is queued
+/// before run k is collected and continues every stream on the device; the ids joined up equal
+/// each stream's single-stream ids; a stream ended mid-pipeline keeps its ids of the runs
+/// already queued and none after; a restart from the host-known ids continues it exactly; the
+/// columns cannot be touched while runs are queued.
+#[test]
+fn pipelined_runs_continue_on_the_device() {
+    let Some(ctx) = gpu("pipelined_runs_continue_on_the_device") else {
+        return;
+    };
+    let m = model();
+    let opts = GpuOptions {
+        context_len: 64,
+        streams: 3,
+        ..Default::default()
+    };
+    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let single: Vec<Vec<u32>> = PROMPTS.iter().map(|p| oracle(&m, p, 20)).collect();
+    let first: Vec<Option<u32>> = PROMPTS
+        .iter()
+        .enumerate()
+        .map(|(s, p)| Some(argmax(&g.stream_prefill(s, 0, p).unwrap())))
+        .collect();
+    let mut got: Vec<Vec<u32>> = vec![vec![]; 3];
+    let take = |g: &mut GpuBackend, got: &mut Vec<Vec<u32>>| {
+        let ids = g.streams_collect().unwrap().expect("a queued run");
+        for (s, v) in ids.iter().enumerate() {
+            got[s].extend_from_slice(v);
+        }
+        ids
+    };
+    assert_eq!(g.streams_queue(Some(&first), 3, &[]).unwrap(), 3);
+    assert_eq!(g.streams_queue(None, 3, &[]).unwrap(), 3);
+    assert!(
+        g.stream_prefill(0, 0, &[1]).is_err(),
+        "prefill while runs are queued"
+    );
+    take(&mut g, &mut got);
+    g.streams_queue(None, 3, &[]).unwrap();
+    take(&mut g, &mut got);
+    // Stream 1 ends: the run already queued still advances it, the next one does not.
+    g.streams_end(1).unwrap();
+    g.streams_queue(None, 3, &[]).unwrap();
+    let third = take(&mut g, &mut got);
+    assert_eq!(third[1].len(), 3, "the run queued before the end");
+    let fourth = take(&mut g, &mut got);
+    assert!(fourth[1].is_empty(), "stream 1 ran after its end");
+    assert!(g.streams_collect().unwrap().is_none());
+    for s in 0..3 {
+        let n = got[s].len();
+        assert_eq!(n, if s == 1 { 9 } else { 12 }, "stream {s}");
+        assert_eq!(got[s][..], single[s][1..=n], "stream {s} vs the oracle");
+    }
+    // Restart stream 1 alone from its last id: it continues exactly.
+    let last = *got[1].last().unwrap();
+    assert_eq!(
+        g.streams_queue(Some(&[None, Some(last)]), 4, &[]).unwrap(),
+        4
+    );
+    let ids = g.streams_collect().unwrap().unwrap();
+    assert!(ids[0].is_empty() && ids[2].is_empty());
+    assert_eq!(ids[1][..], single[1][10..14], "stream 1 restarted");
+    // Near the end of the context a run is cut to what fits.
+    let pos0 = PROMPTS[0].len() + 12;
+    let room = 64 - pos0;
+    let l0 = *got[0].last().unwrap();
+    assert_eq!(
+        g.streams_queue(Some(&[Some(l0)]), room + 5, &[]).unwrap(),
+        room
+    );
+    assert_eq!(g.streams_collect().unwrap().unwrap()[0].len(), room);
+    assert_eq!(g.streams_queue(None, 1, &[]).unwrap(), 0, "context full");
+}
+
 /// One-step runs returning logits (`streams_step`, the path of sampled requests): each stream's
 /// logits follow the oracle's along its own greedy path (cosine), so argmax chains equal the
 /// oracle's ids; a stream sitting out a step keeps its position; a stream prefilled with a

@@ -38,6 +38,10 @@ use tokio::sync::mpsc::UnboundedSender;
 /// and measured on the H200 to cost nothing against longer runs (docs/BENCHMARKS.md, fold sweep).
 pub const RUN: usize = 4;
 
+/// Greedy runs queued on the device at once: the host records run k+1 while the GPU works
+/// through run k.
+pub const IN_FLIGHT: usize = 2;
+
 /// What the worker tells a handler.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -139,14 +143,6 @@ impl Scheduler {
     }
 }
 
-/// What one multi-stream device run returned.
-enum Run {
-    /// Per slot, the ids of a folded greedy run.
-    Ids(Vec<Vec<u32>>),
-    /// Per slot, the logits of one step (a sampled stream is in the run).
-    Logits(Vec<Option<Vec<f32>>>),
-}
-
 /// The result of advancing one sequence.
 struct SeqOutput {
     index: usize,
@@ -162,17 +158,44 @@ pub struct Worker {
     slots: Vec<bool>,
     /// The ids each slot's KV cache holds (for prefix reuse by the next request there).
     slot_ids: Vec<Vec<u32>>,
+    /// Greedy multi-stream runs queued on the device and not collected.
+    in_flight: usize,
 }
 
 impl Worker {
     /// Advances the sequences of `step`: each on a stream slot, one device run for all of them;
     /// without stream slots, the oldest one alone from prompt to end.
+    ///
+    /// Greedy runs are pipelined: up to [`IN_FLIGHT`] runs are queued on the device, run k+1
+    /// continuing the streams where run k leaves them, so the host records while the GPU
+    /// works. A join (its prefill) and a one-step run for a sampled stream rewrite the device's
+    /// columns, so they first collect every queued run; the next greedy run restarts from the
+    /// ids the host holds.
     fn run(&mut self, sched: &mut Scheduler, step: &Step) -> Vec<SeqOutput> {
         if self.slots.is_empty() {
             return self.run_alone(sched, step.seqs.iter().copied().take(1));
         }
         let mut out = Vec::new();
-        // Join: greedy requests take free slots (prefill now).
+        for seq in sched.running.iter_mut() {
+            if let Some(s) = seq.stream.as_mut() {
+                if seq.job.events.is_closed() {
+                    s.cancel();
+                }
+            }
+        }
+        let joining = sched.running.iter().any(|q| q.stream.is_none())
+            && self.slots.iter().any(|taken| !taken);
+        let sampled = sched.running.iter().any(|q| {
+            q.stream
+                .as_ref()
+                .is_some_and(|s| s.sampled() && !s.finished())
+        });
+        if joining || sampled {
+            if let Err(msg) = self.drain(sched) {
+                return self.fail_streams(sched, msg, out);
+            }
+        }
+        // Join: waiting requests take free slots (prefill now).
         for &index in &step.seqs {
             let seq = &mut sched.running[index];
             if seq.stream.is_some() {
@@ -230,73 +253,23 @@ impl Worker {
         }
         // One device run for every live stream.
         let mut inputs = vec![None; self.slots.len()];
-        let mut room = RUN;
         let mut sampled = false;
-        for seq in sched.running.iter_mut() {
-            if let Some(s) = seq.stream.as_mut() {
-                if seq.job.events.is_closed() {
-                    s.cancel();
-                }
+        for seq in sched.running.iter() {
+            if let Some(s) = seq.stream.as_ref() {
                 if let Some(t) = s.next_input() {
                     inputs[s.slot] = Some(t);
-                    room = room.min(s.room());
                     sampled |= s.sampled();
                 }
             }
         }
-        if inputs.iter().any(Option::is_some) && room > 0 {
-            let eos = self.session.backend().config().eos_token_ids.clone();
-            let backend = self.session.backend_mut();
-            let ran = catch_unwind(AssertUnwindSafe(|| {
-                if sampled {
-                    backend.streams_step(&inputs).map(Run::Logits)
-                } else {
-                    backend
-                        .streams_decode_greedy(&inputs, room, &eos)
-                        .map(Run::Ids)
-                }
-            }));
-            let mut res = match ran {
-                Ok(Ok(run)) => Ok(run),
-                Ok(Err(e)) => Err(format!("generation failed: {e:#}")),
-                Err(_) => Err("generation failed: the engine panicked".to_owned()),
+        if inputs.iter().any(Option::is_some) || self.in_flight > 0 {
+            let advanced = if sampled {
+                self.step_sampled(sched, &inputs)
+            } else {
+                self.step_greedy(sched, &inputs)
             };
-            for seq in sched.running.iter_mut() {
-                let Some(s) = seq.stream.as_mut() else {
-                    continue;
-                };
-                if inputs[s.slot].is_none() {
-                    continue;
-                }
-                let events = &seq.job.events;
-                let mut send = |t: &str| events.send(Event::Text(t.to_owned())).is_ok();
-                match &res {
-                    Ok(Run::Ids(ids)) => s.push_run(&ids[s.slot], &mut send),
-                    Ok(Run::Logits(logits)) => {
-                        let Some(l) = &logits[s.slot] else {
-                            res = Err("generation failed: a stream got no logits".to_owned());
-                            continue;
-                        };
-                        if let Err(e) = s.push_logits(l, &mut send) {
-                            res = Err(format!("generation failed: {e:#}"));
-                        }
-                    }
-                    // The run failed: every stream in it ends with the error.
-                    Err(_) => s.cancel(),
-                }
-            }
-            if let Err(msg) = res {
-                for (index, seq) in sched.running.iter_mut().enumerate() {
-                    if let Some(s) = seq.stream.take() {
-                        self.slots[s.slot] = false;
-                        self.slot_ids[s.slot].clear();
-                        out.push(SeqOutput {
-                            index,
-                            result: Err(msg.clone()),
-                        });
-                    }
-                }
-                return out;
+            if let Err(msg) = advanced {
+                return self.fail_streams(sched, msg, out);
             }
         }
         // Leave: finished streams report and free their slots.
@@ -305,16 +278,133 @@ impl Worker {
                 let s = seq.stream.take().expect("checked above");
                 let slot = s.slot;
                 self.slots[slot] = false;
+                if self.in_flight > 0 {
+                    // Runs after the ones queued leave the slot alone.
+                    let _ = self.session.backend_mut().streams_end(slot);
+                }
                 let events = &seq.job.events;
                 let stats = s.end(&mut |t| events.send(Event::Text(t.to_owned())).is_ok());
-                // What the slot's KV rows now hold: the prompt and every id fed back (all
-                // generated ids but the last).
+                // What the slot's KV rows hold from position 0: the prompt and every id fed
+                // back (all generated ids but the last); queued runs write only past them.
                 let fed = stats.generated.len().saturating_sub(1);
                 self.slot_ids[slot] = seq.job.prompt.clone();
                 self.slot_ids[slot].extend_from_slice(&stats.generated[..fed]);
                 out.push(SeqOutput {
                     index,
                     result: Ok(stats),
+                });
+            }
+        }
+        out
+    }
+
+    /// Calls `f` inside `catch_unwind`, turning an error or a panic into the message every
+    /// stream of the run ends with.
+    fn guarded<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn nibble_backend::Backend) -> anyhow::Result<T>,
+    ) -> Result<T, String> {
+        let backend = self.session.backend_mut();
+        match catch_unwind(AssertUnwindSafe(|| f(backend))) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(format!("generation failed: {e:#}")),
+            Err(_) => Err("generation failed: the engine panicked".to_owned()),
+        }
+    }
+
+    /// Hand one collected run's ids to the streams of its slots (ids of ended slots are dropped).
+    fn push_ids(sched: &mut Scheduler, ids: &[Vec<u32>]) {
+        for seq in sched.running.iter_mut() {
+            let Some(s) = seq.stream.as_mut() else {
+                continue;
+            };
+            if let Some(v) = ids.get(s.slot).filter(|v| !v.is_empty()) {
+                let events = &seq.job.events;
+                s.push_run(v, &mut |t| events.send(Event::Text(t.to_owned())).is_ok());
+            }
+        }
+    }
+
+    /// Collect every queued greedy run into its streams.
+    fn drain(&mut self, sched: &mut Scheduler) -> Result<(), String> {
+        while self.in_flight > 0 {
+            let ids = self.guarded(|b| b.streams_collect())?;
+            self.in_flight -= 1;
+            if let Some(ids) = ids {
+                Self::push_ids(sched, &ids);
+            }
+        }
+        Ok(())
+    }
+
+    /// One step returning logits for every fed stream (a sampled one is among them).
+    fn step_sampled(
+        &mut self,
+        sched: &mut Scheduler,
+        inputs: &[Option<u32>],
+    ) -> Result<(), String> {
+        let logits = self.guarded(|b| b.streams_step(inputs))?;
+        for seq in sched.running.iter_mut() {
+            let Some(s) = seq.stream.as_mut() else {
+                continue;
+            };
+            if inputs[s.slot].is_none() {
+                continue;
+            }
+            let Some(l) = &logits[s.slot] else {
+                return Err("generation failed: a stream got no logits".to_owned());
+            };
+            let events = &seq.job.events;
+            s.push_logits(l, &mut |t| events.send(Event::Text(t.to_owned())).is_ok())
+                .map_err(|e| format!("generation failed: {e:#}"))?;
+        }
+        Ok(())
+    }
+
+    /// Keep [`IN_FLIGHT`] greedy runs of [`RUN`] steps queued (restarting from the host's ids
+    /// when none is) and collect the oldest.
+    fn step_greedy(&mut self, sched: &mut Scheduler, inputs: &[Option<u32>]) -> Result<(), String> {
+        let eos = self.session.backend().config().eos_token_ids.clone();
+        if self.in_flight == 0 {
+            if self.guarded(|b| b.streams_queue(Some(inputs), RUN, &eos))? == 0 {
+                return Err("generation failed: no stream has room left in its context".into());
+            }
+            self.in_flight = 1;
+        }
+        while self.in_flight < IN_FLIGHT {
+            if self.guarded(|b| b.streams_queue(None, RUN, &eos))? == 0 {
+                break;
+            }
+            self.in_flight += 1;
+        }
+        let ids = self.guarded(|b| b.streams_collect())?;
+        self.in_flight -= 1;
+        if let Some(ids) = ids {
+            Self::push_ids(sched, &ids);
+        }
+        Ok(())
+    }
+
+    /// The run failed: every stream in it ends with `msg` (their slots are freed and forgotten,
+    /// queued runs dropped).
+    fn fail_streams(
+        &mut self,
+        sched: &mut Scheduler,
+        msg: String,
+        mut out: Vec<SeqOutput>,
+    ) -> Vec<SeqOutput> {
+        // Whatever is still queued is waited for and discarded.
+        while self.in_flight > 0 {
+            self.in_flight -= 1;
+            let _ = self.guarded(|b| b.streams_collect());
+        }
+        for (index, seq) in sched.running.iter_mut().enumerate() {
+            if let Some(s) = seq.stream.take() {
+                self.slots[s.slot] = false;
+                self.slot_ids[s.slot].clear();
+                out.push(SeqOutput {
+                    index,
+                    result: Err(msg.clone()),
                 });
             }
         }
@@ -413,6 +503,7 @@ pub fn spawn(
         metrics: metrics.clone(),
         slot_ids: vec![Vec::new(); slots.len()],
         slots,
+        in_flight: 0,
     };
     let handle = std::thread::Builder::new()
         .name("nibble-engine".into())
