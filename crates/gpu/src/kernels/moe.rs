@@ -32,7 +32,8 @@
 //!
 //! Multi-column runs (up to 8 tokens per dispatch, [`crate::columns`]): the staged f32 kernels
 //! have column entry points (`gate_up_union_cols`, reading each chosen expert's gate/up once
-//! for all the columns that chose it, and `main_cols`), bound and recorded by
+//! for all the columns that chose it, and `main_cols`; and `main_union` of
+//! moe_down_union_f32.wgsl, the down reading each expert once), bound and recorded by
 //! [`MoeKernel::bind_cols`] / [`MoeKernel::record_cols`] (moe_cols.rs).
 
 use crate::columns::COLUMNS_WGSL;
@@ -333,7 +334,7 @@ impl MoeKernel {
         let dm = ctx.module("moe.down", &down_src)?;
         let down = ctx.pipeline("moe.down", &dm, "main")?;
         let cols = if staged == (true, true) {
-            Some(cols::ColsPipelines::new(ctx, &gu, &dm)?)
+            Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t)?)
         } else {
             None
         };
@@ -665,7 +666,7 @@ pub fn down_ref(wd: &[&[f32]], h: &[&[f32]], w: &[f32], hidden: usize) -> Vec<f3
 
 #[path = "moe_cols.rs"]
 mod cols;
-pub use cols::{ColsGateUp, MoeColsBinding, MoeColsBuffers};
+pub use cols::{ColsForm, ColsRead, MoeColsBinding, MoeColsBuffers};
 
 #[cfg(test)]
 #[path = "moe_f32_tests.rs"]

@@ -5,29 +5,39 @@
 //! Buffers (column `c` at `c * n`, `n` the single-token length): router logits `[nb, E]`, x (the
 //! post-attention RMSNorm output) `[nb, H]` f32, route `[nb, 2K]` u32 (per column: ids, then f32
 //! weight bits), h `[nb, K*I]` f32, out (the residual stream) `[nb, H]` f32. Grids: gate/up
-//! `(I / R, K, nb)`, down `(gx, gy, nb)` (z = the column). A done column's route, h and out are
-//! left untouched.
+//! `(I / R, K, nb)`, down `(gx, gy, nb)` (z = the column; the union down `(gx, gy, 1)`, rows
+//! for every column). A done column's route, h and out are left untouched.
 //!
 //! Only the staged f32 kernels have column forms (the real model's shapes are staged); the int8
 //! numerics and f32 past [`super::STAGE_BUDGET`] return an error here.
 //!
 //! Gate/up reads the union of the experts the live columns chose, each once
-//! ([`ColsGateUp::Union`], `gate_up_union_cols` in moe_gate_up_f32.wgsl): workgroup (b, k, c)
-//! routes column c, and the first (column, rank) that chose an expert owns it; the owner keeps
-//! its lanes' weight blocks of that expert in registers and applies them to every column that
-//! chose it, one staged x after the other (all 8 columns' x at once would be 64 KiB at the real
-//! shape), with the single-token dots and sums in the same order, so every h value is
-//! bit-identical to the single-token kernel's. The other workgroups exit after routing.
-//! Down still runs per column (a column's output row sums its K experts' blocks in one
-//! per-lane chain that interleaves the experts, so sharing an expert's rows across columns
-//! within one workgroup would need every union expert's rows or every column's partial items
-//! held at once, or a second pass): columns that chose the same expert share its down rows only
-//! through the cache. [`ColsGateUp::PerColumn`] keeps the per-column gate/up for benchmarks.
+//! (`gate_up_union_cols` in moe_gate_up_f32.wgsl): workgroup (b, k, c) routes column c, and the
+//! first (column, rank) that chose an expert owns it; the owner keeps its lanes' weight blocks
+//! of that expert in registers and applies them to every column that chose it, one staged x
+//! after the other (all 8 columns' x at once would be 64 KiB at the real shape), with the
+//! single-token dots and sums in the same order, so every h value is bit-identical to the
+//! single-token kernel's. The other workgroups exit after routing.
+//!
+//! Down has two exact forms ([`ColsForm`]). Per column (`main_cols`, the default): z = the
+//! column, each column reading its own experts' rows (shared only through the cache). Union
+//! (moe_down_union_f32.wgsl): a column's output row sums its K experts' blocks in one per-lane
+//! fma chain that interleaves the experts, so the row cannot be split across workgroups by
+//! expert in one dispatch; instead each workgroup owns rows for all columns and walks the union
+//! experts one after the other, reading each expert's rows once, keeping every (column, item)
+//! block dot in registers and running the chains at the end. That serial walk (two barriers
+//! per union expert) is why it is not the default until measured on the GPU.
+//! [`MoeKernel::bind_cols_with`] picks any combination (kernel_bench compares them).
 
-use super::{down_params, gate_up_params, need, whole, MoeKernel};
+use super::{
+    consts, down_params, expert_range, gate_up_params, need, whole, MoeKernel, MoeParams, STAGE,
+    STAGE_BUDGET, WG,
+};
+use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
 use crate::kernels::embed::check_cols;
-use crate::tensor::Q4Matrix;
+use crate::numerics::F32_DEQ;
+use crate::tensor::{Q4Matrix, BLOCK};
 
 /// The buffers of one layer's MoE block over `nb` columns.
 #[derive(Debug, Clone, Copy)]
@@ -56,14 +66,41 @@ pub struct MoeColsBuffers<'a> {
     pub residual: bool,
 }
 
-/// Which gate/up kernel a column binding records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ColsGateUp {
-    /// Each chosen expert's gate/up read once for all the columns that chose it (the default).
-    #[default]
+/// How one stage of the column MoE reads the expert weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColsRead {
+    /// Each chosen expert's weights read once for all the columns that chose it.
     Union,
     /// Every column reads its own K experts (the earlier form, for side-by-side benchmarks).
     PerColumn,
+}
+
+/// The kernel each stage of a column binding records (every form writes the same bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColsForm {
+    pub gate_up: ColsRead,
+    pub down: ColsRead,
+}
+
+impl ColsForm {
+    /// What [`MoeKernel::bind_cols`] records: the union gate/up and the per-column down. The
+    /// union down is exact too, but walks the union experts one after the other in every
+    /// workgroup (see moe_down_union_f32.wgsl): likely latency-bound on a big GPU, and ~10x
+    /// slower than the per-column down on lavapipe at nb = 8. kernel_bench times both.
+    pub const DEFAULT: ColsForm = ColsForm {
+        gate_up: ColsRead::Union,
+        down: ColsRead::PerColumn,
+    };
+    /// Both stages read the union of the chosen experts.
+    pub const UNION: ColsForm = ColsForm {
+        gate_up: ColsRead::Union,
+        down: ColsRead::Union,
+    };
+    /// Both stages per column.
+    pub const PER_COLUMN: ColsForm = ColsForm {
+        gate_up: ColsRead::PerColumn,
+        down: ColsRead::PerColumn,
+    };
 }
 
 /// The compiled column pipelines of a [`MoeKernel`].
@@ -75,34 +112,148 @@ pub(super) struct ColsPipelines {
     per_column: wgpu::ComputePipeline,
     /// `main_cols`.
     down: wgpu::ComputePipeline,
+    /// moe_down_union_f32.wgsl `main_union` and its rows per workgroup; `None` when its
+    /// workgroup memory does not fit the staging budget with one h slot.
+    down_union: Option<(wgpu::ComputePipeline, u32)>,
 }
 
 impl ColsPipelines {
-    /// The column entry points of the compiled gate/up and down modules.
+    /// The column entry points of the compiled gate/up and down modules, and the union down
+    /// kernel for `down_t` lanes per row (the single-token down kernel's, which fixes the
+    /// order of each row's sums).
     pub(super) fn new(
         ctx: &Context,
         gate_up: &wgpu::ShaderModule,
         down: &wgpu::ShaderModule,
+        p: &MoeParams,
+        down_t: u32,
     ) -> Result<Self> {
+        let budget = STAGE_BUDGET.min(ctx.limits.max_compute_workgroup_storage_size as u64);
+        let down_union = match down_union_src(p, down_t, budget) {
+            Some(src) => {
+                let m = ctx.module("moe.down_union", &src)?;
+                Some((
+                    ctx.pipeline("moe.down_union", &m, "main_union")?,
+                    WG / down_t,
+                ))
+            }
+            None => None,
+        };
         Ok(ColsPipelines {
             union: ctx.pipeline("moe.gate_up_union_cols", gate_up, "gate_up_union_cols")?,
             per_column: ctx.pipeline("moe.gate_up_routed_cols", gate_up, "gate_up_routed_cols")?,
             down: ctx.pipeline("moe.down_cols", down, "main_cols")?,
+            down_union,
         })
     }
 
-    fn gate_up(&self, form: ColsGateUp) -> &wgpu::ComputePipeline {
+    fn gate_up(&self, form: ColsRead) -> &wgpu::ComputePipeline {
         match form {
-            ColsGateUp::Union => &self.union,
-            ColsGateUp::PerColumn => &self.per_column,
+            ColsRead::Union => &self.union,
+            ColsRead::PerColumn => &self.per_column,
         }
     }
+}
+
+/// Workgroup memory of moe_down_union_f32.wgsl past its h slots, with `teams` rows per
+/// workgroup: the expert's blocks and scales `[teams, NB]`, red `[WG]`, the pair tables
+/// `5 x [8K]`, the union tables `3 x [min(E, 8K)]`, n_union.
+fn down_union_fixed(p: &MoeParams, teams: u32) -> u64 {
+    let (nb, pairs) = ((p.inter / BLOCK as u32) as u64, 8 * p.top_k as u64);
+    let umax = (p.experts as u64).min(pairs);
+    teams as u64 * nb * 20 + WG as u64 * 4 + pairs * 20 + umax * 12 + 4
+}
+
+/// moe_down_union_f32.wgsl for `t` lanes per row with as many h slots staged at once (1..=8)
+/// as fit `budget` bytes of workgroup memory, its per-column, per-item lines written out (one
+/// variable each: registers, see `down_f32_body`); `None` when not even one slot fits.
+fn down_union_src(p: &MoeParams, t: u32, budget: u64) -> Option<String> {
+    let teams = WG / t;
+    let nb = p.inter / BLOCK as u32;
+    let slot = nb as u64 * 8 * 16;
+    let g = (budget.checked_sub(down_union_fixed(p, teams))? / slot).min(8);
+    if g == 0 {
+        return None;
+    }
+    let pairs = 8 * p.top_k;
+    let j_items = (p.top_k * nb).div_ceil(t);
+    let (mut decl, mut dot, mut chain) = (String::new(), String::new(), String::new());
+    for c in 0..8 {
+        chain += &format!(
+            "if ({c}u < params.nb && cols[{c}u].done == 0u) {{
+        var acc = 0.0;
+        "
+        );
+        for j in 0..j_items {
+            decl += &format!(
+                "var d{c}_{j} = 0.0;
+    var s{c}_{j} = 0.0;
+    "
+            );
+            let item = format!(
+                "let it = lane + {j}u * T; let p = {c}u * K + item_k(it);
+            "
+            );
+            dot += &format!(
+                "{{ {item}let v = pu[p]; let s = (v >> 16u) - g0;
+                             if (it < KNB && v != NONE && (v & 0xFFFFu) == u && s < ng) {{
+                                 let b = it % NB;
+                                 d{c}_{j} = dq_block(wq[team * NB + b], xs_block(s * NB + b));
+                                 s{c}_{j} = wsc[team * NB + b];
+            }} }}
+            "
+            );
+            chain += &format!(
+                "{{ let it = lane + {j}u * T; let p = {c}u * K + item_k(it);
+                           let on = it < KNB && cid[p] != NONE;
+                           acc = select(acc, fma(cwt[p] * s{c}_{j}, d{c}_{j}, acc), on); }}
+        "
+            );
+        }
+        chain += &format!(
+            "red[li] = acc;
+        workgroupBarrier();
+                     if (lane == 0u && row < H) {{
+            var tot = 0.0;
+                         for (var j = 0u; j < T; j++) {{
+                tot += red[li + j];
+            }}
+                         if (params.accumulate != 0u) {{
+                out[{c}u * H + row] += tot;
+                         }} else {{
+                out[{c}u * H + row] = tot;
+            }}
+        }}
+                     workgroupBarrier();
+    }}
+    "
+        );
+    }
+    let c = |n: &str, v: u32| {
+        format!(
+            "const {n}: u32 = {v}u;
+"
+        )
+    };
+    let umax = p.experts.min(pairs);
+    Some(format!(
+        "{}{}{}{}{}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
+        consts(p, t, p.inter),
+        c("P", pairs),
+        c("UMAX", umax),
+        c("G", g as u32),
+        c("J", j_items),
+        include_str!("../shaders/moe_down_union_f32.wgsl")
+            .replace("//UNION_DECL", &decl)
+            .replace("//UNION_DOT", &dot)
+            .replace("//UNION_CHAIN", &chain)
+    ))
 }
 
 /// Bind groups of one layer's MoE block over columns, created once.
 #[derive(Debug)]
 pub struct MoeColsBinding {
-    form: ColsGateUp,
+    form: ColsForm,
     /// One per weight part.
     gate_up: Vec<wgpu::BindGroup>,
     down: Vec<wgpu::BindGroup>,
@@ -124,18 +275,24 @@ impl MoeKernel {
     }
 
     /// Check shapes and create the bind groups of one layer's MoE block over `b.nb` columns
-    /// (the union gate/up).
+    /// (the form [`ColsForm::DEFAULT`]).
     pub fn bind_cols(&self, ctx: &Context, b: &MoeColsBuffers<'_>) -> Result<MoeColsBinding> {
-        self.bind_cols_with(ctx, b, ColsGateUp::Union)
+        self.bind_cols_with(ctx, b, ColsForm::DEFAULT)
     }
 
-    /// As [`Self::bind_cols`] with the gate/up form chosen (benchmarks compare them; every
-    /// form writes the same route, h and out).
+    /// Whether the union down kernel is compiled (its workgroup memory fits
+    /// [`super::STAGE_BUDGET`]; it does at the real model's shapes).
+    pub fn cols_union_down(&self) -> bool {
+        self.cols.as_ref().is_some_and(|c| c.down_union.is_some())
+    }
+
+    /// As [`Self::bind_cols`] with each stage's form chosen (benchmarks compare them; every
+    /// form writes the same route, h and out bits).
     pub fn bind_cols_with(
         &self,
         ctx: &Context,
         b: &MoeColsBuffers<'_>,
-        form: ColsGateUp,
+        form: ColsForm,
     ) -> Result<MoeColsBinding> {
         let Some(pipes) = &self.cols else {
             return Err(GpuError::Shape(format!(
@@ -143,6 +300,17 @@ impl MoeKernel {
                  staged {:?}); one column at a time uses bind",
                 self.numerics, self.staged
             )));
+        };
+        let down_union = match (form.down, &pipes.down_union) {
+            (ColsRead::PerColumn, _) => None,
+            (ColsRead::Union, Some((pipe, _))) => Some(pipe),
+            (ColsRead::Union, None) => {
+                return Err(GpuError::Shape(format!(
+                    "MoE over columns: the union down kernel does not fit {STAGE_BUDGET} bytes \
+                     of workgroup memory at {:?}; use the per-column down",
+                    self.params
+                )))
+            }
         };
         check_cols(b.cols, b.nb, "MoE columns")?;
         self.check_weights(b.gate, b.up, b.down)?;
@@ -177,12 +345,21 @@ impl MoeKernel {
                 (13, whole(b.cols)),
             ];
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
-            let pipe = pipes.gate_up(form);
+            let pipe = pipes.gate_up(form.gate_up);
             gate_up.push(ctx.bind_group_at("moe.gate_up_cols", pipe, &ids, &res)?);
         }
         let mut down = Vec::with_capacity(b.down.parts.len());
         for (n, part) in b.down.parts.iter().enumerate() {
-            let params = down_params(ctx, part, p.hidden, b.residual || n > 0)?;
+            let accumulate = b.residual || n > 0;
+            let params = match down_union {
+                // The union kernel takes the column count from its params (grid z = 1).
+                Some(_) => {
+                    let (lo, hi) = expert_range(part, p.hidden, "down")?;
+                    let words = [lo, hi, accumulate as u32, b.nb];
+                    ctx.uniform("moe.down_union.params", bytemuck::cast_slice(&words))?
+                }
+                None => down_params(ctx, part, p.hidden, accumulate)?,
+            };
             let res = [
                 (0, whole(b.state)),
                 (1, whole(&params)),
@@ -194,7 +371,8 @@ impl MoeKernel {
                 (8, whole(b.cols)),
             ];
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
-            down.push(ctx.bind_group_at("moe.down_cols", &pipes.down, &ids, &res)?);
+            let pipe = down_union.unwrap_or(&pipes.down);
+            down.push(ctx.bind_group_at("moe.down_cols", pipe, &ids, &res)?);
         }
         Ok(MoeColsBinding {
             form,
@@ -205,22 +383,30 @@ impl MoeKernel {
     }
 
     /// Record one layer's MoE dispatches over the binding's columns (no host sync): gate/up per
-    /// weight part, then down per part, each with the column as the grid's z.
+    /// weight part (the column as the grid's z), then down per part (per column: z = the
+    /// column; union: one workgroup per row block for all columns).
     pub fn record_cols(&self, pass: &mut wgpu::ComputePass<'_>, ctx: &Context, b: &MoeColsBinding) {
         // bind_cols only succeeds with the column pipelines, so a binding implies them.
         let Some(pipes) = &self.cols else {
             return;
         };
         let ((ux, uy), (gx, gy)) = self.grids(ctx);
-        pass.set_pipeline(pipes.gate_up(b.form));
+        pass.set_pipeline(pipes.gate_up(b.form.gate_up));
         for bg in &b.gate_up {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(ux, uy, b.nb);
         }
-        pass.set_pipeline(&pipes.down);
+        let ((dx, dy, dz), pipe) = match (b.form.down, &pipes.down_union) {
+            (ColsRead::Union, Some((pipe, rows))) => {
+                let (x, y) = ctx.grid(self.params.hidden.div_ceil(*rows));
+                ((x, y, 1), pipe)
+            }
+            _ => ((gx, gy, b.nb), &pipes.down),
+        };
+        pass.set_pipeline(pipe);
         for bg in &b.down {
             pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(gx, gy, b.nb);
+            pass.dispatch_workgroups(dx, dy, dz);
         }
     }
 }

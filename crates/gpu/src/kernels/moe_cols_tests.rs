@@ -74,17 +74,17 @@ struct Outs {
 /// The MoE block over `cols` in one pass; route and h start as [`FILL`], out as the residuals
 /// (also when `residual` is off, so a done column's out shows it was left alone).
 fn run_cols(ctx: &Context, kern: &MoeKernel, w: &Weights, cols: &[ColIn], residual: bool) -> Outs {
-    run_cols_with(ctx, kern, w, cols, residual, ColsGateUp::Union)
+    run_cols_with(ctx, kern, w, cols, residual, None)
 }
 
-/// As [`run_cols`] with the gate/up form chosen.
+/// As [`run_cols`] with the form chosen (`None`: [`MoeKernel::bind_cols`]'s).
 fn run_cols_with(
     ctx: &Context,
     kern: &MoeKernel,
     w: &Weights,
     cols: &[ColIn],
     residual: bool,
-    form: ColsGateUp,
+    form: Option<ColsForm>,
 ) -> Outs {
     let p = kern.params;
     let nb = cols.len();
@@ -133,7 +133,11 @@ fn run_cols_with(
         out: &out,
         residual,
     };
-    let b = kern.bind_cols_with(ctx, &bufs, form).expect("bind_cols");
+    let b = match form {
+        Some(f) => kern.bind_cols_with(ctx, &bufs, f),
+        None => kern.bind_cols(ctx, &bufs),
+    }
+    .expect("bind_cols");
     assert_eq!(
         b.dispatch_count(),
         w.gate.parts.len() + w.down.parts.len(),
@@ -322,11 +326,16 @@ fn moe_cols_union_shared_rotated_disjoint_experts() {
         Overlap::Half,
         Overlap::Disjoint,
     ];
+    let mixed = ColsForm {
+        gate_up: ColsRead::PerColumn,
+        down: ColsRead::Union,
+    };
     for (n, p) in shapes.into_iter().enumerate() {
         let c = Case::new(p, 240 + n as u64);
         let w = upload(&ctx, &c);
         for (j, t) in tunes.into_iter().enumerate() {
             let kern = MoeKernel::with_f32_tuning(&ctx, p, Numerics::F32, t).unwrap();
+            assert!(kern.cols_union_down(), "{p:?} {t:?}");
             for (m, (nb, done)) in runs.into_iter().enumerate() {
                 for (q, o) in overlaps.into_iter().enumerate() {
                     let seed = 400 + (n * 64 + j * 16 + m * 4 + q) as u64;
@@ -335,12 +344,16 @@ fn moe_cols_union_shared_rotated_disjoint_experts() {
                     let residual = (j + m + q) % 2 == 0;
                     let what = format!("{p:?} {t:?} nb {nb} {o:?} residual {residual}");
                     check_cols(&ctx, &c, &kern, &w, &cols, residual, &what);
-                    // The union and per-column gate/up write the same bits everywhere.
+                    // Every form writes the same bits everywhere (the default is the union
+                    // gate/up and the per-column down).
                     let a = run_cols(&ctx, &kern, &w, &cols, residual);
-                    let b = run_cols_with(&ctx, &kern, &w, &cols, residual, ColsGateUp::PerColumn);
-                    assert_eq!(a.route, b.route, "{what}: route union vs per column");
-                    assert_same(&a.h, &b.h, &format!("{what}: h union vs per column"));
-                    assert_same(&a.out, &b.out, &format!("{what}: out union vs per column"));
+                    for f in [ColsForm::UNION, ColsForm::PER_COLUMN, mixed] {
+                        let b = run_cols_with(&ctx, &kern, &w, &cols, residual, Some(f));
+                        let what = format!("{what}: union vs {f:?}");
+                        assert_eq!(a.route, b.route, "{what}: route");
+                        assert_same(&a.h, &b.h, &format!("{what}: h"));
+                        assert_same(&a.out, &b.out, &format!("{what}: out"));
+                    }
                 }
             }
         }
@@ -357,7 +370,7 @@ fn moe_cols_real_shape() {
     let c = Case::new(p, 210);
     let w = upload(&ctx, &c);
     let kern = MoeKernel::with_numerics(&ctx, p, Numerics::F32).unwrap();
-    assert!(kern.supports_cols());
+    assert!(kern.supports_cols() && kern.cols_union_down());
     let cols = columns_of(&p, 8, 211, &[6]);
     check_cols(&ctx, &c, &kern, &w, &cols, true, "real shape nb 8");
     let cols = columns_of(&p, 3, 212, &[]);
@@ -367,6 +380,16 @@ fn moe_cols_real_shape() {
     let mut cols = columns_of(&p, 8, 213, &[3]);
     force_routes(Overlap::Rotated, &p, &mut cols);
     check_cols(&ctx, &c, &kern, &w, &cols, true, "real shape nb 8 rotated");
+    // Both stages union (the down is not the default form): the default form's bits, on the
+    // rotated columns (8 union experts) and on three random ones with the middle one done.
+    let random = columns_of(&p, 3, 214, &[1]);
+    for (cols, what) in [(&cols, "rotated nb 8"), (&random, "random nb 3")] {
+        let a = run_cols(&ctx, &kern, &w, cols, true);
+        let b = run_cols_with(&ctx, &kern, &w, cols, true, Some(ColsForm::UNION));
+        assert_eq!(a.route, b.route, "real shape {what}: route");
+        assert_same(&a.h, &b.h, &format!("real shape {what}: h"));
+        assert_same(&a.out, &b.out, &format!("real shape {what}: out"));
+    }
 }
 
 #[test]
@@ -407,6 +430,15 @@ fn moe_cols_shared_and_disjoint_experts_split_weights() {
     assert!(ws.gate.parts.len() > 1 && ws.down.parts.len() > 1);
     for residual in [true, false] {
         check_cols(&ctx, &c, &kern, &ws, &cols, residual, "split weights");
+        // Every form, split: the default form's bits (the union down walks each part's experts).
+        let a = run_cols(&ctx, &kern, &ws, &cols, residual);
+        for f in [ColsForm::UNION, ColsForm::PER_COLUMN] {
+            let b = run_cols_with(&ctx, &kern, &ws, &cols, residual, Some(f));
+            let what = format!("split weights residual {residual} {f:?}");
+            assert_eq!(a.route, b.route, "{what}: route");
+            assert_same(&a.h, &b.h, &format!("{what}: h"));
+            assert_same(&a.out, &b.out, &format!("{what}: out"));
+        }
     }
     // The split run routes as the whole-weight run (part 0 alone writes the route).
     let a = run_cols(&ctx, &kern, &w, &cols, true);
