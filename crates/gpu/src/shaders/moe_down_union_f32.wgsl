@@ -14,11 +14,12 @@
 // K experts, so a column's row cannot be split across workgroups by expert without changing
 // that order. Here one workgroup walks the union of the experts (held by this part) that the
 // live columns chose: per union expert it stages the expert's blocks of the workgroup's rows
-// (one read of those bytes) and the h slots of the pairs that chose it, and each lane computes
-// the block dots `dq_block(w, h)` of its items of those pairs into registers (d{c}_{j}, with the
-// weight scale in s{c}_{j}; host-expanded per column c < 8 and item j). After the
-// last expert each lane runs its chains in item order, acc = fma(w_k * s, d, acc) exactly as the
-// single-token kernel, and the team sums are the same ordered sums.
+// (one read of those bytes, loaded one expert ahead) and the h slots of the pairs that chose it,
+// and each lane computes the block dots `dq_block(w, h)` of its items of those pairs into
+// registers (d{c}_{j}, with the weight scale in s{c}_{j}; host-expanded per column c < 8 and
+// item j). After the last expert each lane runs its chains in item order,
+// acc = fma(w_k * s, d, acc) exactly as the single-token kernel, and the team sums are the same
+// ordered sums.
 //
 // route  [nb, 2K] u32: per column ids then f32 weight bits (gate_up output)
 // h      [nb, K*I] f32 (vec4 binding)
@@ -151,6 +152,29 @@ fn build_union(li: u32) {
     }
 }
 
+// Blocks of the workgroup's rows a thread stages per expert.
+const NW: u32 = (TEAMS * NB + WG - 1u) / WG;
+
+// The thread's share (items li + n WG) of expert e's blocks and scales in the workgroup's rows
+// (rows past H, in the last workgroup, read row H - 1 and are not written).
+fn prefetch_w(
+    e: u32,
+    wg: u32,
+    li: u32,
+    pq: ptr<function, array<vec4<u32>, NW>>,
+    ps: ptr<function, array<f32, NW>>,
+) {
+    for (var n = 0u; n < NW; n++) {
+        let i = li + n * WG;
+        if (i < TEAMS * NB) {
+            let r = min(wg * TEAMS + i / NB, H - 1u);
+            let blk = ((e - params.e_lo) * H + r) * NB + i % NB;
+            (*pq)[n] = qs[blk];
+            (*ps)[n] = scale(blk);
+        }
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main_union(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -168,17 +192,25 @@ fn main_union(
     // Per column c and item j: the block dot and the weight scale (host-expanded).
     //UNION_DECL
     let nu = workgroupUniformLoad(&n_union);
+    // The thread's share of the next union expert's blocks, loaded one expert ahead so the
+    // weight reads are in flight during the previous expert's staging and dots.
+    var pq: array<vec4<u32>, NW>;
+    var ps: array<f32, NW>;
+    if (nu > 0u) {
+        prefetch_w(ulist[0], wg, li, &pq, &ps);
+    }
     for (var u = 0u; u < nu; u++) {
         // Also the barrier between the previous expert's dots and this expert's staging.
         let ns = workgroupUniformLoad(&ucount[u]);
-        let e = ulist[u];
-        // The expert's blocks of the workgroup's rows (rows past H, in the last workgroup, read
-        // row H - 1 and are not written).
-        for (var i = li; i < TEAMS * NB; i += WG) {
-            let r = min(wg * TEAMS + i / NB, H - 1u);
-            let blk = ((e - params.e_lo) * H + r) * NB + i % NB;
-            wq[i] = qs[blk];
-            wsc[i] = scale(blk);
+        for (var n = 0u; n < NW; n++) {
+            let i = li + n * WG;
+            if (i < TEAMS * NB) {
+                wq[i] = pq[n];
+                wsc[i] = ps[n];
+            }
+        }
+        if (u + 1u < nu) {
+            prefetch_w(ulist[u + 1u], wg, li, &pq, &ps);
         }
         for (var g0 = 0u; g0 < ns; g0 += G) {
             if (g0 > 0u) {
