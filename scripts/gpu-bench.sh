@@ -6,9 +6,11 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,parity,bench,batch,fold,numerics,depth16k
-# (default: all but batch, which bench covers).
-# `kernels` needs target/release/examples/kernel_bench carried too.
+# where steps is a comma list of: fixture,synth,kernels,parity,bench,batch,fold,numerics,depth16k,load
+# (default: all but batch, which bench covers, and load).
+# `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
+# test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
+# --no-run`, then copy the executable it names).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:?set OUT}"
@@ -32,7 +34,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has bench || has batch || has fold || has numerics || has depth16k; then
+if has synth || has parity || has bench || has batch || has fold || has numerics || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -53,8 +55,28 @@ if has bench; then
   timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --batch 1,2,4 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has batch; then
-  say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4"
-  timeout 200 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 3 --batch 1,2,4 --ctx 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"
+  timeout 200 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 3 --batch 1,2,4,8 --ctx 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has load; then
+  # The server's continuous batching on the GPU: 32 concurrent clients, a fixed request count,
+  # half greedy / half sampled (one-step runs while a sampled stream lives), then all greedy
+  # (pipelined folded runs).
+  say "server load test: nibble serve --backend gpu --max-streams 8 --queue 64, 32 clients"
+  $N serve -m $MODEL --backend gpu --max-streams 8 --queue 64 --ctx 2048 --port 8080 > "$OUT/serve.log" 2>&1 &
+  SP=$!
+  up() { python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)" 2>/dev/null; }
+  for _ in $(seq 1 180); do up && break; sleep 1; done
+  for mode in mixed greedy; do
+    say "load: $mode, 96 requests x up to 64 tokens"
+    if [ $mode = greedy ]; then export NIBBLE_LOAD_GREEDY=1; fi
+    NIBBLE_LOAD_URL=http://127.0.0.1:8080 NIBBLE_LOAD_REQUESTS=96 NIBBLE_LOAD_MAX_TOKENS=64 \
+      timeout 200 target/release/load-test --ignored --nocapture 2>&1 | grep -E "^load:|test result|panicked|assert" | tee -a "$S"
+  done
+  unset NIBBLE_LOAD_GREEDY
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/metrics').read().decode())" | grep '^nibble_' | tee -a "$S"
+  kill $SP; wait $SP 2>/dev/null
+  grep -v XDG_RUNTIME "$OUT/serve.log" | tail -5 | tee -a "$S"
 fi
 if has fold; then
   # The default N (--fold) is chosen from this sweep: tg128, 3 reps each, same model and process set-up.

@@ -1,8 +1,11 @@
 //! Bounded load test on loopback (ignored by default; run it with
 //! `cargo test -p nibble-server --test load -- --ignored --nocapture`).
 //!
-//! A fixed number of requests (`NIBBLE_LOAD_REQUESTS`, default 96) from 32 concurrent clients,
-//! mixed chat/completions and streamed/whole, against the reference backend on the tiny model.
+//! A fixed number of requests (`NIBBLE_LOAD_REQUESTS`, default 96, `NIBBLE_LOAD_MAX_TOKENS` each,
+//! default 24) from 32 concurrent clients, mixed chat/completions and streamed/whole, against
+//! the reference backend on the tiny model, or against a running server at `NIBBLE_LOAD_URL`
+//! (scripts/gpu-bench.sh `load`: `nibble serve` on the GPU with the full-size model; there
+//! `NIBBLE_LOAD_QUEUE` is only the label the report prints).
 //! Every request must end in a full answer (finish reason and usage) or a clean 429/503 error
 //! body; the test prints p50/p99 latency and throughput. Each request has a 120 s timeout and the
 //! whole run a 600 s one.
@@ -37,9 +40,10 @@ async fn one(base: &str, i: usize) -> (u16, u64, Duration) {
             json!({"prompt": format!("Story {i}: once upon a time")}),
         )
     };
-    body["max_tokens"] = json!(24);
-    // Half greedy (folded runs), half sampled with a seed and top-k (host sampling per token).
-    if i % 4 < 2 {
+    body["max_tokens"] = json!(env_usize("NIBBLE_LOAD_MAX_TOKENS", 24));
+    // Half greedy (folded runs), half sampled with a seed and top-k (host sampling per token);
+    // all greedy with `NIBBLE_LOAD_GREEDY` set.
+    if i % 4 < 2 || std::env::var_os("NIBBLE_LOAD_GREEDY").is_some() {
         body["temperature"] = json!(0);
     } else {
         body["temperature"] = json!(0.7);
@@ -92,17 +96,29 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "load test: ~60 s; run explicitly"]
 async fn load_32_clients() {
-    let Some(_) = model_path() else { return };
     let total = env_usize("NIBBLE_LOAD_REQUESTS", 96);
     let queue = env_usize("NIBBLE_LOAD_QUEUE", 64);
-    let cfg = nibble_server::ServerConfig { queue, ..cfg() };
-    let srv = start(cfg, 4096).await;
+    // An external server (`nibble serve` on the GPU machine), or the reference backend here.
+    let (base, _srv) = match std::env::var("NIBBLE_LOAD_URL") {
+        Ok(url) => (url.trim_end_matches('/').to_owned(), None),
+        Err(_) => {
+            let Some(_) = model_path() else { return };
+            let cfg = nibble_server::ServerConfig { queue, ..cfg() };
+            let srv = start(cfg, 4096).await;
+            (srv.base.clone(), Some(srv))
+        }
+    };
+    // Tokens the server generated before this run (an external server may have served others).
+    let before = metric(
+        &get(&base, "/metrics", None).await.1,
+        "nibble_generated_tokens_total",
+    );
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let t0 = Instant::now();
     let run = async {
         let tasks: Vec<_> = (0..CLIENTS)
             .map(|_| {
-                let (base, next) = (srv.base.clone(), next.clone());
+                let (base, next) = (base.clone(), next.clone());
                 tokio::spawn(async move {
                     let mut out = vec![];
                     loop {
@@ -142,7 +158,10 @@ async fn load_32_clients() {
         pct(&lat, 0.99),
         lat.last().unwrap().as_secs_f64(),
     );
-    let (_, m) = get(&srv.base, "/metrics", None).await;
-    assert_eq!(metric(&m, "nibble_generated_tokens_total") as u64, tokens);
+    let (_, m) = get(&base, "/metrics", None).await;
+    assert_eq!(
+        (metric(&m, "nibble_generated_tokens_total") - before) as u64,
+        tokens
+    );
     assert_eq!(metric(&m, "nibble_queue_depth"), 0.0);
 }
