@@ -155,93 +155,79 @@ impl ColsPipelines {
     }
 }
 
-/// Workgroup memory of moe_down_union_f32.wgsl past its h slots, with `teams` rows per
-/// workgroup: the expert's blocks and scales `[teams, NB]`, red `[WG]`, the pair tables
-/// `5 x [8K]`, the union tables `3 x [min(E, 8K)]`, n_union.
-fn down_union_fixed(p: &MoeParams, teams: u32) -> u64 {
-    let (nb, pairs) = ((p.inter / BLOCK as u32) as u64, 8 * p.top_k as u64);
+/// Workgroup memory of moe_down_union_f32.wgsl besides its staged experts and h slots: red
+/// `[WG]`, the pair tables `5 x [8K]`, the union tables `4 x [min(E, 8K)]`, n_union, n_batch.
+fn down_union_fixed(p: &MoeParams) -> u64 {
+    let pairs = 8 * p.top_k as u64;
     let umax = (p.experts as u64).min(pairs);
-    teams as u64 * nb * 20 + WG as u64 * 4 + pairs * 20 + umax * 12 + 4
+    WG as u64 * 4 + pairs * 20 + umax * 16 + 8
 }
 
-/// moe_down_union_f32.wgsl for `t` lanes per row with as many h slots staged at once (1..=8)
-/// as fit `budget` bytes of workgroup memory, its per-column, per-item lines written out (one
-/// variable each: registers, see `down_f32_body`); `None` when not even one slot fits.
+/// The union experts (EB) and h slots (G) moe_down_union_f32.wgsl stages at once for `t` lanes
+/// per row: the most experts (up to 4) that leave room for at least as many slots (up to 8)
+/// within `budget` bytes; `None` when not even one expert and one slot fit. At the real shape
+/// (32 lanes): 3 experts and 4 slots, 27 KB.
+fn down_union_staging(p: &MoeParams, t: u32, budget: u64) -> Option<(u32, u32)> {
+    let nb = (p.inter / BLOCK as u32) as u64;
+    // Per expert: [WG / t, NB] blocks (16 bytes) and scales (4); per slot: [I] f32.
+    let (expert, slot) = ((WG / t) as u64 * nb * 20, nb * 32 * 4);
+    let room = budget.checked_sub(down_union_fixed(p))?;
+    let slots = |eb: u64| (room.saturating_sub(eb * expert) / slot).min(8);
+    (1..=4u64)
+        .rev()
+        .find(|&eb| slots(eb) >= eb)
+        .map(|eb| (eb as u32, slots(eb) as u32))
+}
+
+/// moe_down_union_f32.wgsl for `t` lanes per row (staging from [`down_union_staging`]), its
+/// per-column, per-item lines written out (one variable each: registers, see `down_f32_body`);
+/// `None` when its workgroup memory does not fit `budget`.
 fn down_union_src(p: &MoeParams, t: u32, budget: u64) -> Option<String> {
-    let teams = WG / t;
+    let (eb, g) = down_union_staging(p, t, budget)?;
     let nb = p.inter / BLOCK as u32;
-    let slot = nb as u64 * 8 * 16;
-    let g = (budget.checked_sub(down_union_fixed(p, teams))? / slot).min(8);
-    if g == 0 {
-        return None;
-    }
     let pairs = 8 * p.top_k;
     let j_items = (p.top_k * nb).div_ceil(t);
     let (mut decl, mut dot, mut chain) = (String::new(), String::new(), String::new());
-    for c in 0..8 {
-        chain += &format!(
-            "if ({c}u < params.nb && cols[{c}u].done == 0u) {{
-        var acc = 0.0;
-        "
+    // An item's dot is computed once and selected into its pair's column's registers (a
+    // dynamic index into a per-thread array could land in slow local memory).
+    for j in 0..j_items {
+        dot += &format!(
+            "{{ let it = lane + {j}u * T;\nif (it < KNB && it / NB == k) {{\nlet b = it % NB;\n\
+             let dv = dq_block(wq[wb + b], xs_block(s * NB + b));\nlet sv = wsc[wb + b];\n"
         );
-        for j in 0..j_items {
-            decl += &format!(
-                "var d{c}_{j} = 0.0;
-    var s{c}_{j} = 0.0;
-    "
-            );
-            let item = format!(
-                "let it = lane + {j}u * T; let p = {c}u * K + item_k(it);
-            "
-            );
+        for c in 0..8 {
             dot += &format!(
-                "{{ {item}let v = pu[p]; let s = (v >> 16u) - g0;
-                             if (it < KNB && v != NONE && (v & 0xFFFFu) == u && s < ng) {{
-                                 let b = it % NB;
-                                 d{c}_{j} = dq_block(wq[team * NB + b], xs_block(s * NB + b));
-                                 s{c}_{j} = wsc[team * NB + b];
-            }} }}
-            "
+                "d{c}_{j} = select(d{c}_{j}, dv, c == {c}u);\n\
+                 s{c}_{j} = select(s{c}_{j}, sv, c == {c}u);\n"
             );
+        }
+        dot += "} }\n";
+    }
+    for c in 0..8 {
+        chain += &format!("if ({c}u < params.nb && cols[{c}u].done == 0u) {{\nvar acc = 0.0;\n");
+        for j in 0..j_items {
+            decl += &format!("var d{c}_{j} = 0.0;\nvar s{c}_{j} = 0.0;\n");
             chain += &format!(
-                "{{ let it = lane + {j}u * T; let p = {c}u * K + item_k(it);
-                           let on = it < KNB && cid[p] != NONE;
-                           acc = select(acc, fma(cwt[p] * s{c}_{j}, d{c}_{j}, acc), on); }}
-        "
+                "{{ let it = lane + {j}u * T; let p = {c}u * K + item_k(it);\n\
+                 let on = it < KNB && cid[p] != NONE;\n\
+                 acc = select(acc, fma(cwt[p] * s{c}_{j}, d{c}_{j}, acc), on); }}\n"
             );
         }
         chain += &format!(
-            "red[li] = acc;
-        workgroupBarrier();
-                     if (lane == 0u && row < H) {{
-            var tot = 0.0;
-                         for (var j = 0u; j < T; j++) {{
-                tot += red[li + j];
-            }}
-                         if (params.accumulate != 0u) {{
-                out[{c}u * H + row] += tot;
-                         }} else {{
-                out[{c}u * H + row] = tot;
-            }}
-        }}
-                     workgroupBarrier();
-    }}
-    "
+            "red[li] = acc;\nworkgroupBarrier();\nif (lane == 0u && row < H) {{\nvar tot = 0.0;\n\
+             for (var j = 0u; j < T; j++) {{ tot += red[li + j]; }}\n\
+             if (params.accumulate != 0u) {{ out[{c}u * H + row] += tot; }} \
+             else {{ out[{c}u * H + row] = tot; }}\n}}\nworkgroupBarrier();\n}}\n"
         );
     }
-    let c = |n: &str, v: u32| {
-        format!(
-            "const {n}: u32 = {v}u;
-"
-        )
-    };
-    let umax = p.experts.min(pairs);
+    let c = |n: &str, v: u32| format!("const {n}: u32 = {v}u;\n");
     Some(format!(
-        "{}{}{}{}{}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
+        "{}{}{}{}{}{}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
         consts(p, t, p.inter),
         c("P", pairs),
-        c("UMAX", umax),
-        c("G", g as u32),
+        c("UMAX", p.experts.min(pairs)),
+        c("EB", eb),
+        c("G", g),
         c("J", j_items),
         include_str!("../shaders/moe_down_union_f32.wgsl")
             .replace("//UNION_DECL", &decl)

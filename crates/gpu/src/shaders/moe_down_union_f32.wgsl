@@ -3,7 +3,8 @@
 // bit-identical to moe_down_f32.wgsl run on its column alone.
 // Prepended by the host: consts E, K, WG, T (lanes per row: the single-token kernel's, which
 // fixes each row's summation order), H, I, NB (= I / 32), KNB (= K * NB), P (= 8 K column
-// (column, rank) pairs), UMAX (= min(E, P) union experts), G (h slots staged at once), J (items
+// (column, rank) pairs), UMAX (= min(E, P) union experts), EB (union experts staged at once),
+// G (h slots staged at once), J (items
 // per lane = ceil(KNB / T)), the `State` struct, F32_DEQ (numerics.rs: `dq_block`),
 // moe_stage_f32.wgsl and columns.wgsl.
 // Grid: ceil(H / (WG / T)) workgroups (spread over x, y); team t of a workgroup owns row
@@ -13,9 +14,10 @@
 // it = l, l + T, ... (item = (rank it / NB, block it % NB)) in one fma chain that interleaves the
 // K experts, so a column's row cannot be split across workgroups by expert without changing
 // that order. Here one workgroup walks the union of the experts (held by this part) that the
-// live columns chose: per union expert it stages the expert's blocks of the workgroup's rows
-// (one read of those bytes, loaded one expert ahead) and the h slots of the pairs that chose it,
-// and each lane computes the block dots `dq_block(w, h)` of its items of those pairs into
+// live columns chose, in batches of up to EB consecutive union experts (and G pairs): per batch
+// it stages the experts' blocks of the workgroup's rows (one read of those bytes, loaded one
+// batch ahead) and the h slots of the pairs that chose them, and each lane computes the block
+// dots `dq_block(w, h)` of its items of those pairs into
 // registers (d{c}_{j}, with the weight scale in s{c}_{j}; host-expanded per column c < 8 and
 // item j). After the last expert each lane runs its chains in item order,
 // acc = fma(w_k * s, d, acc) exactly as the single-token kernel, and the team sums are the same
@@ -42,8 +44,8 @@ const TEAMS: u32 = WG / T;
 const NONE: u32 = 0xFFFFFFFFu;
 
 var<workgroup> xs: array<vec4<f32>, G * NB * 8u>; // [G, I/4] staged h slots, swizzled per block
-var<workgroup> wq: array<vec4<u32>, TEAMS * NB>;  // [TEAMS, NB] blocks of the expert's rows
-var<workgroup> wsc: array<f32, TEAMS * NB>;       // their scales
+var<workgroup> wq: array<vec4<u32>, EB * TEAMS * NB>; // [EB, TEAMS, NB] the batch's row blocks
+var<workgroup> wsc: array<f32, EB * TEAMS * NB>;      // their scales
 var<workgroup> red: array<f32, WG>;               // [TEAMS, T] per-lane partials of one column
 // Pair p = c K + k (column c, rank k): its expert (NONE: done or absent column, or an expert
 // this part does not hold), routing weight, whether it is its expert's first pair, and
@@ -58,6 +60,10 @@ var<workgroup> ulist: array<u32, UMAX>;
 var<workgroup> ustart: array<u32, UMAX>;
 var<workgroup> ucount: array<u32, UMAX>;
 var<workgroup> n_union: u32;
+// Batches of consecutive union experts staged together (at most EB experts, and at most G
+// pairs unless one expert alone has more): first union index | experts << 12 | pairs << 16.
+var<workgroup> binfo: array<u32, UMAX>;
+var<workgroup> n_batch: u32;
 
 fn scale(i: u32) -> f32 {
     let v = unpack2x16float(sc[i >> 1u]);
@@ -149,28 +155,54 @@ fn build_union(li: u32) {
             n += pfirst[q];
         }
         n_union = n;
+        // Greedy batches in union order.
+        var nb = 0u;
+        var u0 = 0u;
+        var np = 0u;
+        for (var u = 0u; u < n; u++) {
+            let c = ucount[u];
+            if (u > u0 && (u - u0 == EB || np + c > G)) {
+                binfo[nb] = u0 | ((u - u0) << 12u) | (np << 16u);
+                nb += 1u;
+                u0 = u;
+                np = 0u;
+            }
+            np += c;
+        }
+        if (n > u0) {
+            binfo[nb] = u0 | ((n - u0) << 12u) | (np << 16u);
+            nb += 1u;
+        }
+        n_batch = nb;
     }
 }
 
 // Blocks of the workgroup's rows a thread stages per expert.
 const NW: u32 = (TEAMS * NB + WG - 1u) / WG;
 
-// The thread's share (items li + n WG) of expert e's blocks and scales in the workgroup's rows
-// (rows past H, in the last workgroup, read row H - 1 and are not written).
+// The thread's share (items li + n WG) of the blocks and scales in the workgroup's rows of the
+// `ne` experts of the batch starting at union index `u0`, at [eb * NW + n] (rows past H, in the
+// last workgroup, read row H - 1 and are not written).
 fn prefetch_w(
-    e: u32,
+    u0: u32,
+    ne: u32,
     wg: u32,
     li: u32,
-    pq: ptr<function, array<vec4<u32>, NW>>,
-    ps: ptr<function, array<f32, NW>>,
+    pq: ptr<function, array<vec4<u32>, EB * NW>>,
+    ps: ptr<function, array<f32, EB * NW>>,
 ) {
-    for (var n = 0u; n < NW; n++) {
-        let i = li + n * WG;
-        if (i < TEAMS * NB) {
-            let r = min(wg * TEAMS + i / NB, H - 1u);
-            let blk = ((e - params.e_lo) * H + r) * NB + i % NB;
-            (*pq)[n] = qs[blk];
-            (*ps)[n] = scale(blk);
+    for (var eb = 0u; eb < EB; eb++) {
+        if (eb < ne) {
+            let e = ulist[u0 + eb];
+            for (var n = 0u; n < NW; n++) {
+                let i = li + n * WG;
+                if (i < TEAMS * NB) {
+                    let r = min(wg * TEAMS + i / NB, H - 1u);
+                    let blk = ((e - params.e_lo) * H + r) * NB + i % NB;
+                    (*pq)[eb * NW + n] = qs[blk];
+                    (*ps)[eb * NW + n] = scale(blk);
+                }
+            }
         }
     }
 }
@@ -191,33 +223,41 @@ fn main_union(
     build_union(li);
     // Per column c and item j: the block dot and the weight scale (host-expanded).
     //UNION_DECL
-    let nu = workgroupUniformLoad(&n_union);
-    // The thread's share of the next union expert's blocks, loaded one expert ahead so the
-    // weight reads are in flight during the previous expert's staging and dots.
-    var pq: array<vec4<u32>, NW>;
-    var ps: array<f32, NW>;
-    if (nu > 0u) {
-        prefetch_w(ulist[0], wg, li, &pq, &ps);
+    let nbt = workgroupUniformLoad(&n_batch);
+    // The thread's share of the next batch's blocks, loaded one batch ahead so the weight
+    // reads are in flight during the previous batch's staging and dots.
+    var pq: array<vec4<u32>, EB * NW>;
+    var ps: array<f32, EB * NW>;
+    if (nbt > 0u) {
+        let b0 = binfo[0];
+        prefetch_w(b0 & 0xFFFu, (b0 >> 12u) & 0xFu, wg, li, &pq, &ps);
     }
-    for (var u = 0u; u < nu; u++) {
-        // Also the barrier between the previous expert's dots and this expert's staging.
-        let ns = workgroupUniformLoad(&ucount[u]);
-        for (var n = 0u; n < NW; n++) {
-            let i = li + n * WG;
-            if (i < TEAMS * NB) {
-                wq[i] = pq[n];
-                wsc[i] = ps[n];
+    for (var bt = 0u; bt < nbt; bt++) {
+        // Also the barrier between the previous batch's dots and this batch's staging.
+        let bi = workgroupUniformLoad(&binfo[bt]);
+        let u0 = bi & 0xFFFu;
+        let ne = (bi >> 12u) & 0xFu;
+        let np = bi >> 16u;
+        for (var eb = 0u; eb < EB; eb++) {
+            for (var n = 0u; n < NW; n++) {
+                let i = li + n * WG;
+                if (eb < ne && i < TEAMS * NB) {
+                    wq[eb * TEAMS * NB + i] = pq[eb * NW + n];
+                    wsc[eb * TEAMS * NB + i] = ps[eb * NW + n];
+                }
             }
         }
-        if (u + 1u < nu) {
-            prefetch_w(ulist[u + 1u], wg, li, &pq, &ps);
+        if (bt + 1u < nbt) {
+            let b1 = binfo[bt + 1u];
+            prefetch_w(b1 & 0xFFFu, (b1 >> 12u) & 0xFu, wg, li, &pq, &ps);
         }
-        for (var g0 = 0u; g0 < ns; g0 += G) {
+        // The batch's pairs are consecutive in `sorted`, G h slots at a time.
+        for (var g0 = 0u; g0 < np; g0 += G) {
             if (g0 > 0u) {
                 workgroupBarrier();
             }
-            let ng = min(G, ns - g0);
-            let base = ustart[u] + g0;
+            let ng = min(G, np - g0);
+            let base = ustart[u0] + g0;
             for (var i = li; i < ng * NB * 8u; i += WG) {
                 let s = i / (NB * 8u);
                 let p = sorted[base + s];
@@ -230,6 +270,8 @@ fn main_union(
                 let p = sorted[base + s];
                 let c = p / K;
                 let k = p % K;
+                // The pair's expert's blocks in wq.
+                let wb = ((pu[p] & 0xFFFFu) - u0) * TEAMS * NB + team * NB;
                 // UNION_DOT: for each item j of the lane in rank k, the block dot with staged
                 // slot s and the weight scale, into d{c}_{j} and s{c}_{j} (selected by c).
                 //UNION_DOT
