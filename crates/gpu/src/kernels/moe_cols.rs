@@ -24,9 +24,10 @@
 //! (moe_down_union_f32.wgsl): a column's output row sums its K experts' blocks in one per-lane
 //! fma chain that interleaves the experts, so the row cannot be split across workgroups by
 //! expert in one dispatch; instead each workgroup owns rows for all columns and walks the union
-//! experts one after the other, reading each expert's rows once, keeping every (column, item)
-//! block dot in registers and running the chains at the end. That serial walk (two barriers
-//! per union expert) is why it is not the default until measured on the GPU.
+//! experts in batches (3 experts and 4 h slots at the real shape, the next batch's rows loaded
+//! during the current one), reading each expert's rows once, keeping every (column, item) block
+//! dot in registers and running the chains at the end. That serial walk (two barriers per
+//! batch) is why it is not the default until measured on the GPU.
 //! [`MoeKernel::bind_cols_with`] picks any combination (kernel_bench compares them).
 
 use super::{
@@ -84,9 +85,9 @@ pub struct ColsForm {
 
 impl ColsForm {
     /// What [`MoeKernel::bind_cols`] records: the union gate/up and the per-column down. The
-    /// union down is exact too, but walks the union experts one after the other in every
-    /// workgroup (see moe_down_union_f32.wgsl): likely latency-bound on a big GPU, and ~10x
-    /// slower than the per-column down on lavapipe at nb = 8. kernel_bench times both.
+    /// union down is exact too, but walks the union experts in serial batches in every
+    /// workgroup (see moe_down_union_f32.wgsl), possibly latency-bound on a big GPU;
+    /// kernel_bench times both before it becomes the default.
     pub const DEFAULT: ColsForm = ColsForm {
         gate_up: ColsRead::Union,
         down: ColsRead::PerColumn,
