@@ -562,3 +562,52 @@ fn moe_cols_done_state_and_errors() {
     assert_eq!(kb.f32_staged(), (true, false));
     assert!(!kb.supports_cols());
 }
+
+#[test]
+fn moe_cols_union_down_staging_and_fallback() {
+    // The real shape stages 3 experts and 4 h slots in the union down (the doc's numbers).
+    let real = params(128, 8, 2048, 768, true);
+    assert_eq!(down_union_staging(&real, 32, STAGE_BUDGET), Some((3, 4)));
+    // Wide experts: one expert's rows (20 KiB) and one h slot (16 KiB) exceed the budget.
+    let wide = params(4, 1, 64, 4096, true);
+    assert_eq!(down_union_staging(&wide, 32, STAGE_BUDGET), None);
+    let Some(ctx) = gpu("moe_cols_union_down_staging_and_fallback") else {
+        return;
+    };
+    // Such a kernel has the column forms with the per-column down only: bind_cols works, the
+    // union down is refused with a clear error.
+    let kern = MoeKernel::with_numerics(&ctx, wide, Numerics::F32).unwrap();
+    assert!(kern.supports_cols() && !kern.cols_union_down());
+    let c = Case::new(wide, 250);
+    let w = upload(&ctx, &c);
+    let cols = columns_of(&wide, 2, 251, &[]);
+    check_cols(&ctx, &c, &kern, &w, &cols, true, "wide experts");
+    let err = {
+        let x = ctx.storage("x", 2 * 64 * 4).unwrap();
+        let logits = ctx.storage("logits", 2 * 4 * 4).unwrap();
+        let route = ctx.storage("route", 2 * 2 * 4).unwrap();
+        let hb = ctx.storage("h", 2 * 4096 * 4).unwrap();
+        let state = ctx.storage("state", 16).unwrap();
+        let col_buf = columns::buffer(&ctx, &[Col::active(1, 0, 0); 2]).unwrap();
+        let b = MoeColsBuffers {
+            state: &state,
+            cols: &col_buf,
+            nb: 2,
+            logits: &logits,
+            route: &route,
+            x: &x,
+            gate: &w.gate,
+            up: &w.up,
+            down: &w.down,
+            h: &hb,
+            out: &x,
+            residual: true,
+        };
+        kern.bind_cols_with(&ctx, &b, ColsForm::UNION)
+            .expect_err("union down past the budget")
+    };
+    assert!(
+        err.to_string().contains("union down kernel does not fit"),
+        "{err}"
+    );
+}
