@@ -371,7 +371,7 @@ fn main() -> anyhow::Result<()> {
     ];
     for (shape, ws, rows, cols) in &mm_shapes {
         for nb in [1u32, 2, 4, 8] {
-            let chosen = Tile::for_shape(*rows as u32, nb)?;
+            let chosen = Tile::for_shape(*rows as u32, *cols as u32, nb)?;
             let tiles: Vec<Tile> = if args.matmul_tiles {
                 Tile::all().filter(|t| t.cols == chosen.cols).collect()
             } else {

@@ -50,6 +50,8 @@ const CHUNK_BLOCK_COLS: u32 = 128;
 /// workgroup the activations each one stages (L2 traffic, `4 cols C` bytes per workgroup) rival
 /// the weight bytes (`0.56 cols` per row); below it, more workgroups keep the GPU busy.
 const TALL_ROWS: u32 = 32768;
+/// Rows of at most this many int4 blocks of 32 get 8 lanes x 2 rows per team ([`Tile::for_shape`]).
+const SHORT_ROW_BLOCKS: u32 = 64;
 
 /// The compiled tile of one dispatch: `cols` columns (`C`) x `rows_per_team` rows (`R`), each
 /// row's blocks spread over `lanes` lanes (`L`); a workgroup covers `256 / L * R` rows.
@@ -61,11 +63,16 @@ pub struct Tile {
 }
 
 impl Tile {
-    /// The tile for `nb` columns of a `rows`-row matrix: the fewest columns that hold `nb`;
-    /// for tall matrices (the lm_head) 128 rows per workgroup (4 lanes x 2 rows per team), so
-    /// the staged activations stay small next to the weights; else the most workgroups (one row
-    /// per team, as many lanes as the chunk allows: 8 or 16 rows per workgroup).
-    pub fn for_shape(rows: u32, nb: u32) -> Result<Tile> {
+    /// The tile for `nb` columns of a `rows` x `inputs` matrix: the fewest columns that hold
+    /// `nb`; for tall matrices (the lm_head) 128 rows per workgroup (4 lanes x 2 rows per team),
+    /// so the staged activations stay small next to the weights; for rows of at most 64 blocks
+    /// (qkv: 2048 inputs) 8 lanes x 2 rows per team (8 blocks per lane); else the most
+    /// workgroups (one row per team, as many lanes as the chunk allows: 8 or 16 rows per
+    /// workgroup). Measured on the H200 over every compiled tile
+    /// (docs/runs/2026-11-29-h200-matmul-tiles.txt): qkv [5120x2048] at nb = 1/2/4/8 takes
+    /// 9.9/11.2/15.2/23.1 us with 8 lanes x 2 rows against 15.6/17.2/23.6/34.3 with the widest
+    /// teams, while o_proj [2048x4096] is fastest with the widest teams.
+    pub fn for_shape(rows: u32, inputs: u32, nb: u32) -> Result<Tile> {
         check_nb(nb)?;
         let cols = COLUMN_VARIANTS
             .into_iter()
@@ -76,6 +83,12 @@ impl Tile {
                 cols,
                 rows_per_team: 2,
                 lanes: 4,
+            }
+        } else if inputs <= SHORT_ROW_BLOCKS * 32 {
+            Tile {
+                cols,
+                rows_per_team: 2,
+                lanes: 8,
             }
         } else {
             Tile {
@@ -426,7 +439,7 @@ impl MatmulKernel {
 
     /// Bind `a` with the tile [`Tile::for_shape`] picks.
     pub fn bind(&self, ctx: &Context, a: &MatmulArgs<'_>) -> Result<MatmulBinding> {
-        self.bind_tiled(ctx, a, Tile::for_shape(a.m.rows, a.nb)?)
+        self.bind_tiled(ctx, a, Tile::for_shape(a.m.rows, a.m.cols, a.nb)?)
     }
 
     /// [`Self::bind`] with the tile chosen (one of [`Tile::all`] with `cols >= nb`). For tests

@@ -565,13 +565,14 @@ fn matmul_rejects_bad_shapes() {
     assert!(k.bind_tiled(&ctx, &ok, t(8, 1, 32)).is_err());
     assert!(k.bind_tiled(&ctx, &ok, t(4, 1, 3)).is_err());
     assert!(k.bind_tiled(&ctx, &ok, t(4, 2, 32)).is_ok());
-    assert!(Tile::for_shape(100, 0).is_err());
+    assert!(Tile::for_shape(100, 2048, 0).is_err());
 }
 
 #[test]
 fn tile_choice() {
     // The fewest compiled columns holding nb; tall matrices 4 lanes x 2 rows per team (128 rows
-    // per workgroup), others one row per team on as many lanes as a chunk feeds.
+    // per workgroup); rows of <= 64 blocks 8 lanes x 2 rows (64 rows per workgroup); others one
+    // row per team on as many lanes as a chunk feeds.
     for (nb, cols, lanes) in [
         (1, 2, 32),
         (2, 2, 32),
@@ -586,12 +587,27 @@ fn tile_choice() {
                 rows_per_team: 1,
                 lanes,
             };
-            assert_eq!(
-                Tile::for_shape(rows, nb).unwrap(),
-                want,
-                "nb {nb} rows {rows}"
-            );
+            for inputs in [2080, 4096, 6144] {
+                assert_eq!(
+                    Tile::for_shape(rows, inputs, nb).unwrap(),
+                    want,
+                    "nb {nb} rows {rows} inputs {inputs}"
+                );
+            }
             assert_eq!(want.rows_per_workgroup(), 256 / lanes);
+            let short = Tile {
+                cols,
+                rows_per_team: 2,
+                lanes: 8,
+            };
+            for inputs in [32, 64, 2048] {
+                assert_eq!(
+                    Tile::for_shape(rows, inputs, nb).unwrap(),
+                    short,
+                    "nb {nb} rows {rows} inputs {inputs}"
+                );
+            }
+            assert_eq!(short.rows_per_workgroup(), 64);
         }
         for rows in [32768, 151936] {
             let want = Tile {
@@ -599,21 +615,23 @@ fn tile_choice() {
                 rows_per_team: 2,
                 lanes: 4,
             };
-            assert_eq!(
-                Tile::for_shape(rows, nb).unwrap(),
-                want,
-                "nb {nb} rows {rows}"
-            );
+            for inputs in [64, 2048, 4096] {
+                assert_eq!(
+                    Tile::for_shape(rows, inputs, nb).unwrap(),
+                    want,
+                    "nb {nb} rows {rows}"
+                );
+            }
             assert_eq!(want.rows_per_workgroup(), 128);
         }
     }
-    assert!(Tile::for_shape(100, 9).is_err());
+    assert!(Tile::for_shape(100, 2048, 9).is_err());
     assert_eq!(Tile::all().count(), 30);
     assert!(Tile::all().all(|t| t.cols * t.rows_per_team <= 16 && t.cols * t.lanes <= 128));
     // Every chosen tile is compiled.
     for nb in 1..=8 {
-        for rows in [1, 151936] {
-            let t = Tile::for_shape(rows, nb).unwrap();
+        for (rows, inputs) in [(1, 64), (1, 4096), (151936, 2048)] {
+            let t = Tile::for_shape(rows, inputs, nb).unwrap();
             assert!(Tile::all().any(|x| x == t), "{t:?}");
         }
     }
