@@ -16,7 +16,7 @@
 //! The multi-column matmul (not in the plan yet) has rows of its own at nb = 1, 2, 4, 8 columns
 //! with the tile it picks, or every compiled tile of those columns with `--matmul-tiles`; so
 //! has the MoE over columns (`moe cols`, multi-stream decode): nb = 1, 2, 4, 8 with random or
-//! shared routes, per-column, union gate/up (the default) and union gate/up + down forms.
+//! shared routes, per-column (the default), union gate/up and union gate/up + down forms.
 //! Smallest run (lavapipe): `--shapes tiny --calls 2 --reps 1`.
 
 #[path = "kernel_bench/cases.rs"]
@@ -32,7 +32,7 @@ use fixtures::RefKernel;
 use nibble_gpu::columns::{self, Col, MAX_COLUMNS};
 use nibble_gpu::context::{AdapterChoice, Context};
 use nibble_gpu::kernels::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile, B_MAX};
-use nibble_gpu::kernels::moe::{router_ref, ColsForm, MoeColsBuffers, MoeKernel};
+use nibble_gpu::kernels::moe::{router_ref, ColsForm, ColsRead, MoeColsBuffers, MoeKernel};
 use nibble_gpu::tensor::Q4Matrix;
 use nibble_gpu::Numerics;
 use nibble_model::config::Qwen3MoeConfig;
@@ -587,8 +587,14 @@ fn bench_moe_cols(
         slots.push([random, shared]);
     }
     let mut forms = vec![
-        ("per-column", ColsForm::PER_COLUMN),
-        ("union gate_up (default)", ColsForm::DEFAULT),
+        ("per-column (default)", ColsForm::PER_COLUMN),
+        (
+            "union gate_up",
+            ColsForm {
+                gate_up: ColsRead::Union,
+                down: ColsRead::PerColumn,
+            },
+        ),
     ];
     if kern.cols_union_down() {
         forms.push(("union both", ColsForm::UNION));

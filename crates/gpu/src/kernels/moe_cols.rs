@@ -11,23 +11,23 @@
 //! Only the staged f32 kernels have column forms (the real model's shapes are staged); the int8
 //! numerics and f32 past [`super::STAGE_BUDGET`] return an error here.
 //!
-//! Gate/up reads the union of the experts the live columns chose, each once
-//! (`gate_up_union_cols` in moe_gate_up_f32.wgsl): workgroup (b, k, c) routes column c, and the
-//! first (column, rank) that chose an expert owns it; the owner keeps its lanes' weight blocks
-//! of that expert in registers and applies them to every column that chose it, one staged x
-//! after the other (all 8 columns' x at once would be 64 KiB at the real shape), with the
-//! single-token dots and sums in the same order, so every h value is bit-identical to the
-//! single-token kernel's. The other workgroups exit after routing.
+//! Each stage has two exact forms ([`ColsForm`]); the default reads per column (z = the column,
+//! each column its own experts, shared only through the cache), the fastest on the H200 (run 6
+//! of docs/BENCHMARKS.md). The union forms read each chosen expert once per step:
 //!
-//! Down has two exact forms ([`ColsForm`]). Per column (`main_cols`, the default): z = the
-//! column, each column reading its own experts' rows (shared only through the cache). Union
-//! (moe_down_union_f32.wgsl): a column's output row sums its K experts' blocks in one per-lane
-//! fma chain that interleaves the experts, so the row cannot be split across workgroups by
-//! expert in one dispatch; instead each workgroup owns rows for all columns and walks the union
-//! experts in batches (3 experts and 4 h slots at the real shape, the next batch's rows loaded
+//! Union gate/up (`gate_up_union_cols` in moe_gate_up_f32.wgsl): workgroup (b, k, c) routes
+//! column c, and the first (column, rank) that chose an expert owns it; the owner keeps its
+//! lanes' weight blocks of that expert in registers and applies them to every column that chose
+//! it, one staged x after the other (all 8 columns' x at once would be 64 KiB at the real
+//! shape), with the single-token dots and sums in the same order, so every h value is
+//! bit-identical to the single-token kernel's. The other workgroups exit after routing.
+//!
+//! Union down (moe_down_union_f32.wgsl): a column's output row sums its K experts' blocks in
+//! one per-lane fma chain that interleaves the experts, so the row cannot be split across
+//! workgroups by expert in one dispatch; instead each workgroup owns rows for all columns and
+//! walks the union experts in batches (3 experts and 4 h slots at the real shape, the next batch's rows loaded
 //! during the current one), reading each expert's rows once, keeping every (column, item) block
-//! dot in registers and running the chains at the end. That serial walk (two barriers per
-//! batch) is why it is not the default until measured on the GPU.
+//! dot in registers and running the chains at the end (two barriers per batch).
 //! [`MoeKernel::bind_cols_with`] picks any combination (kernel_bench compares them).
 
 use super::{
@@ -84,14 +84,11 @@ pub struct ColsForm {
 }
 
 impl ColsForm {
-    /// What [`MoeKernel::bind_cols`] records: the union gate/up and the per-column down. The
-    /// union down is exact too, but walks the union experts in serial batches in every
-    /// workgroup (see moe_down_union_f32.wgsl), possibly latency-bound on a big GPU;
-    /// kernel_bench times both before it becomes the default.
-    pub const DEFAULT: ColsForm = ColsForm {
-        gate_up: ColsRead::Union,
-        down: ColsRead::PerColumn,
-    };
+    /// What [`MoeKernel::bind_cols`] records: both stages per column, the fastest form on the
+    /// H200 at nb = 1..8 with random or shared routes (docs/BENCHMARKS.md run 6: the cache
+    /// already serves repeated expert reads, and the union forms serialise an expert's columns
+    /// inside one workgroup).
+    pub const DEFAULT: ColsForm = ColsForm::PER_COLUMN;
     /// Both stages read the union of the chosen experts.
     pub const UNION: ColsForm = ColsForm {
         gate_up: ColsRead::Union,
@@ -262,7 +259,7 @@ impl MoeKernel {
     }
 
     /// Check shapes and create the bind groups of one layer's MoE block over `b.nb` columns
-    /// (the form [`ColsForm::DEFAULT`]).
+    /// (the form [`ColsForm::DEFAULT`]: per column).
     pub fn bind_cols(&self, ctx: &Context, b: &MoeColsBuffers<'_>) -> Result<MoeColsBinding> {
         self.bind_cols_with(ctx, b, ColsForm::DEFAULT)
     }

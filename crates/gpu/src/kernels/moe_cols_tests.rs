@@ -273,6 +273,16 @@ fn moe_cols_match_single_column_odd_shapes() {
     }
 }
 
+/// The forms with at least one union stage (the default reads per column).
+fn union_forms() -> [ColsForm; 3] {
+    let stage = |gate_up, down| ColsForm { gate_up, down };
+    [
+        ColsForm::UNION,
+        stage(ColsRead::Union, ColsRead::PerColumn),
+        stage(ColsRead::PerColumn, ColsRead::Union),
+    ]
+}
+
 /// How forced routes relate across columns.
 #[derive(Debug, Clone, Copy)]
 enum Overlap {
@@ -326,10 +336,6 @@ fn moe_cols_union_shared_rotated_disjoint_experts() {
         Overlap::Half,
         Overlap::Disjoint,
     ];
-    let mixed = ColsForm {
-        gate_up: ColsRead::PerColumn,
-        down: ColsRead::Union,
-    };
     for (n, p) in shapes.into_iter().enumerate() {
         let c = Case::new(p, 240 + n as u64);
         let w = upload(&ctx, &c);
@@ -344,12 +350,11 @@ fn moe_cols_union_shared_rotated_disjoint_experts() {
                     let residual = (j + m + q) % 2 == 0;
                     let what = format!("{p:?} {t:?} nb {nb} {o:?} residual {residual}");
                     check_cols(&ctx, &c, &kern, &w, &cols, residual, &what);
-                    // Every form writes the same bits everywhere (the default is the union
-                    // gate/up and the per-column down).
+                    // Every form writes the default's (per column) bits everywhere.
                     let a = run_cols(&ctx, &kern, &w, &cols, residual);
-                    for f in [ColsForm::UNION, ColsForm::PER_COLUMN, mixed] {
+                    for f in union_forms() {
                         let b = run_cols_with(&ctx, &kern, &w, &cols, residual, Some(f));
-                        let what = format!("{what}: union vs {f:?}");
+                        let what = format!("{what}: default vs {f:?}");
                         assert_eq!(a.route, b.route, "{what}: route");
                         assert_same(&a.h, &b.h, &format!("{what}: h"));
                         assert_same(&a.out, &b.out, &format!("{what}: out"));
@@ -380,7 +385,7 @@ fn moe_cols_real_shape() {
     let mut cols = columns_of(&p, 8, 213, &[3]);
     force_routes(Overlap::Rotated, &p, &mut cols);
     check_cols(&ctx, &c, &kern, &w, &cols, true, "real shape nb 8 rotated");
-    // Both stages union (the down is not the default form): the default form's bits, on the
+    // Both stages union: the default (per column) form's bits, on the
     // rotated columns (8 union experts) and on three random ones with the middle one done.
     let random = columns_of(&p, 3, 214, &[1]);
     for (cols, what) in [(&cols, "rotated nb 8"), (&random, "random nb 3")] {
@@ -432,7 +437,7 @@ fn moe_cols_shared_and_disjoint_experts_split_weights() {
         check_cols(&ctx, &c, &kern, &ws, &cols, residual, "split weights");
         // Every form, split: the default form's bits (the union down walks each part's experts).
         let a = run_cols(&ctx, &kern, &ws, &cols, residual);
-        for f in [ColsForm::UNION, ColsForm::PER_COLUMN] {
+        for f in union_forms() {
             let b = run_cols_with(&ctx, &kern, &ws, &cols, residual, Some(f));
             let what = format!("split weights residual {residual} {f:?}");
             assert_eq!(a.route, b.route, "{what}: route");

@@ -8,7 +8,7 @@
 // Column forms (multi-column runs, columns.rs): grid (I / R, K, nb); column c's data lie at
 // logits [c*E..], x [c*H..], route [c*2K..], h [c*K*I..]; a column whose `cols[c].done` is set
 // is skipped (its route and h untouched), and so is every column when `state.done` is set.
-// - `gate_up_union_cols` (the one recorded): workgroup (b, k, c) routes column c (writing its
+// - `gate_up_union_cols` (selectable, moe_cols.rs): workgroup (b, k, c) routes column c (writing its
 //   route slot k from b = 0, as the single-token form) and takes e = column c's k-th expert.
 //   It owns e when no live column before c chose e (a union slot in a deterministic order:
 //   the first (column, rank) that chose the expert); a workgroup that does not own its expert
@@ -18,8 +18,8 @@
 //   per step for all the columns that chose it, and every h value is bit-identical to the
 //   single-token kernel's. Whether c' chose e is its rank of e among its E logits (one pass of
 //   the `route_select` predicate), not a full routing of c'.
-// - `gate_up_routed_cols` (the per-column form, kept for side-by-side benchmarks): workgroup
-//   (b, k, c) runs `gate_up_routed` on column c, every column reading its own experts.
+// - `gate_up_routed_cols` (the default, faster on the H200): workgroup (b, k, c) runs
+//   `gate_up_routed` on column c, every column reading its own experts.
 //
 // Every workgroup first copies x into workgroup memory (swizzled, moe_stage_f32.wgsl); the
 // barriers of the routing (or of the expert-id broadcast) publish it. Then lane l of a row's team
