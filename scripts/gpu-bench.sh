@@ -51,8 +51,8 @@ if has kernels; then
   timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has bench; then
-  say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, batch 1/2/4 (multi-stream), folded vs per-token"
-  timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --batch 1,2,4 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, batch 1/2/4/8 (multi-stream), folded vs per-token"
+  timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --batch 1,2,4,8 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has batch; then
   say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"
