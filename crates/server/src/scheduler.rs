@@ -29,6 +29,7 @@ use crate::protocol::Usage;
 use nibble_engine::session::{FinishReason, GenParams, GenStats, Session};
 use nibble_engine::streams::StreamSeq;
 use nibble_engine::Tokenizer;
+use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -344,21 +345,26 @@ impl Worker {
         inputs: &[Option<u32>],
     ) -> Result<(), String> {
         let logits = self.guarded(|b| b.streams_step(inputs))?;
-        for seq in sched.running.iter_mut() {
-            let Some(s) = seq.stream.as_mut() else {
-                continue;
-            };
-            if inputs[s.slot].is_none() {
-                continue;
-            }
-            let Some(l) = &logits[s.slot] else {
-                return Err("generation failed: a stream got no logits".to_owned());
-            };
-            let events = &seq.job.events;
-            s.push_logits(l, &mut |t| events.send(Event::Text(t.to_owned())).is_ok())
-                .map_err(|e| format!("generation failed: {e:#}"))?;
-        }
-        Ok(())
+        // Each stream samples from its own [V] logits (a top-k selection or a sort over the
+        // vocabulary, milliseconds each): in parallel, so the step waits for one, not all.
+        sched
+            .running
+            .par_iter_mut()
+            .map(|seq| {
+                let Some(s) = seq.stream.as_mut() else {
+                    return Ok(());
+                };
+                if inputs[s.slot].is_none() {
+                    return Ok(());
+                }
+                let Some(l) = &logits[s.slot] else {
+                    return Err("generation failed: a stream got no logits".to_owned());
+                };
+                let events = &seq.job.events;
+                s.push_logits(l, &mut |t| events.send(Event::Text(t.to_owned())).is_ok())
+                    .map_err(|e| format!("generation failed: {e:#}"))
+            })
+            .collect()
     }
 
     /// Keep [`IN_FLIGHT`] greedy runs of [`RUN`] steps queued (restarting from the host's ids
