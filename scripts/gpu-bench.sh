@@ -6,8 +6,9 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,parity,bench,batch,fold,numerics,depth16k,load
-# (default: all but batch, which bench covers, and load).
+# where steps is a comma list of: fixture,synth,kernels,moetune,parity,bench,batch,fold,numerics,
+# depth16k,load
+# (default: all but batch, which bench covers, moetune and load).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
 # --no-run`, then copy the executable it names).
@@ -50,6 +51,10 @@ if has kernels; then
   timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 --reps 2 > /dev/null 2>&1
   timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
+if has moetune; then
+  say "kernel microbenchmark: staged f32 MoE work splits (--moe-tunings)"
+  timeout 200 target/release/examples/kernel_bench --shapes full --pos 512 --moe-tunings 2>&1 | grep -E "tuning|gate_up\+silu K=8 .* f32|down\+combine K=8 .* f32|adapter" | tee -a "$S"
+fi
 if has bench; then
   say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, batch 1/2/4/8 (multi-stream), folded vs per-token"
   timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --batch 1,2,4,8 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
@@ -67,11 +72,13 @@ if has load; then
   SP=$!
   up() { python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)" 2>/dev/null; }
   for _ in $(seq 1 180); do up && break; sleep 1; done
+  # LOAD_REQUESTS (default 288: about 60 s for the mixed run on the H200) requests of up to 64 tokens.
+  LR="${LOAD_REQUESTS:-288}"
   for mode in mixed greedy; do
-    say "load: $mode, 96 requests x up to 64 tokens"
+    say "load: $mode, $LR requests x up to 64 tokens"
     if [ $mode = greedy ]; then export NIBBLE_LOAD_GREEDY=1; fi
-    NIBBLE_LOAD_URL=http://127.0.0.1:8080 NIBBLE_LOAD_REQUESTS=96 NIBBLE_LOAD_MAX_TOKENS=64 \
-      timeout 200 target/release/load-test --ignored --nocapture 2>&1 | grep -E "^load:|test result|panicked|assert" | tee -a "$S"
+    NIBBLE_LOAD_URL=http://127.0.0.1:8080 NIBBLE_LOAD_REQUESTS=$LR NIBBLE_LOAD_MAX_TOKENS=64 \
+      timeout 240 target/release/load-test --ignored --nocapture 2>&1 | grep -E "^load:|test result|panicked|assert" | tee -a "$S"
   done
   unset NIBBLE_LOAD_GREEDY
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/metrics').read().decode())" | grep '^nibble_' | tee -a "$S"

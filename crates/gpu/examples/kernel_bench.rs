@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p nibble-gpu --example kernel_bench -- [--shapes full|tiny] [--reps N]
 //! [--calls M] [--pos P] [--numerics f32|precise-int8|int8] [--adapter NAME] [--json]
-//! [--matmul-tiles]`
+//! [--matmul-tiles] [--moe-tunings]`
 //!
 //! Every kernel the decode plan records is built with the real Qwen3-30B-A3B shapes (`full`) or
 //! the tiny model's (`tiny`, for lavapipe) and random inputs, then one call of it is recorded M
@@ -32,7 +32,9 @@ use fixtures::RefKernel;
 use nibble_gpu::columns::{self, Col, MAX_COLUMNS};
 use nibble_gpu::context::{AdapterChoice, Context};
 use nibble_gpu::kernels::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile, B_MAX};
-use nibble_gpu::kernels::moe::{router_ref, ColsForm, ColsRead, MoeColsBuffers, MoeKernel};
+use nibble_gpu::kernels::moe::{
+    router_ref, ColsForm, ColsRead, F32Tuning, MoeColsBuffers, MoeKernel,
+};
 use nibble_gpu::tensor::Q4Matrix;
 use nibble_gpu::Numerics;
 use nibble_model::config::Qwen3MoeConfig;
@@ -50,12 +52,14 @@ struct Args {
     adapter: Option<String>,
     json: bool,
     matmul_tiles: bool,
+    moe_tunings: bool,
 }
 
 impl Args {
     fn parse() -> anyhow::Result<Args> {
         let mut it = std::env::args().skip(1);
         let (mut full, mut json, mut adapter, mut matmul_tiles) = (true, false, None, false);
+        let mut moe_tunings = false;
         let (mut reps, mut calls, mut pos, mut numerics) = (None, None, None, Numerics::DEFAULT);
         while let Some(a) = it.next() {
             let mut val = || it.next().with_context(|| format!("{a} needs a value"));
@@ -72,6 +76,7 @@ impl Args {
                 "--adapter" => adapter = Some(val()?),
                 "--json" => json = true,
                 "--matmul-tiles" => matmul_tiles = true,
+                "--moe-tunings" => moe_tunings = true,
                 _ => bail!("unknown argument {a} (see the doc comment of kernel_bench.rs)"),
             }
         }
@@ -88,6 +93,7 @@ impl Args {
             adapter,
             json,
             matmul_tiles,
+            moe_tunings,
         })
     }
 }
@@ -187,7 +193,30 @@ fn main() -> anyhow::Result<()> {
     );
     let t0 = Instant::now();
     let mut rng = nibble_gpu::testing::rng(7);
-    let b = Bench::new(&ctx, &cfg, nm, (ctx_len, m as u32, working_set), &mut rng)?;
+    // `--moe-tunings`: gate/up lanes 8..64 (down default), then down lanes x rows (gate/up
+    // default), the staged f32 kernels only.
+    let d = F32Tuning::DEFAULT;
+    let tunings: Vec<F32Tuning> = if args.moe_tunings {
+        let gu = [8, 16, 32, 64].map(|gate_up_lanes| F32Tuning { gate_up_lanes, ..d });
+        let dn = [8, 16, 32, 64].into_iter().flat_map(|down_lanes| {
+            [1, 2, 4].map(|down_rows| F32Tuning {
+                down_lanes,
+                down_rows,
+                ..d
+            })
+        });
+        gu.into_iter().chain(dn).collect()
+    } else {
+        Vec::new()
+    };
+    let b = Bench::new(
+        &ctx,
+        &cfg,
+        nm,
+        (ctx_len, m as u32, working_set),
+        &tunings,
+        &mut rng,
+    )?;
     let read_bytes = read_target.min(ctx.max_binding_bytes() / (16 << 20) * (16 << 20));
     let (empty, read) = (
         RefKernel::empty(&ctx)?,
@@ -460,6 +489,38 @@ fn main() -> anyhow::Result<()> {
         r.case(sp(name, 2, l, alt, gu + dn), m, &|p, c| {
             set.kernel.record(p, &ctx, &set.full[c % l])
         })?;
+    }
+    // The f32 work-split sweep (`--moe-tunings`): each stage alone where it can be split.
+    let (gu, dn) = moe_bytes(Numerics::F32);
+    for (t, set) in &b.moe_tuned {
+        let Some((g, d)) = &set.split else { continue };
+        if t.down_lanes == F32Tuning::DEFAULT.down_lanes
+            && t.down_rows == F32Tuning::DEFAULT.down_rows
+        {
+            let un = if set.kernel.staged().0 {
+                ""
+            } else {
+                " (unstaged)"
+            };
+            let name = format!("moe gate_up f32 tuning lanes {}{un}", t.gate_up_lanes);
+            r.case(sp(name, 1, l, true, gu), m, &|p, c| {
+                set.kernel.record(p, &ctx, &g[c % l])
+            })?;
+        }
+        if t.gate_up_lanes == F32Tuning::DEFAULT.gate_up_lanes {
+            let un = if set.kernel.staged().1 {
+                ""
+            } else {
+                " (unstaged)"
+            };
+            let name = format!(
+                "moe down f32 tuning lanes {} rows {}{un}",
+                t.down_lanes, t.down_rows
+            );
+            r.case(sp(name, 1, l, true, dn), m, &|p, c| {
+                set.kernel.record(p, &ctx, &d[c % l])
+            })?;
+        }
     }
 
     // The MoE over columns (multi-stream decode, not in the single-stream plan): nb = 1..8

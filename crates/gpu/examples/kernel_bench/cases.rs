@@ -11,7 +11,7 @@ use nibble_gpu::kernels::attention::{
 };
 use nibble_gpu::kernels::embed::{EmbedBinding, EmbedKernel};
 use nibble_gpu::kernels::matvec::{Act, MatvecBinding, MatvecKernel, QuantizeKernel};
-use nibble_gpu::kernels::moe::{MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
+use nibble_gpu::kernels::moe::{F32Tuning, MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
 use nibble_gpu::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
 use nibble_gpu::state::RunState;
 use nibble_gpu::tensor::{Q4Matrix, QuantActs};
@@ -107,6 +107,8 @@ pub struct Bench {
     pub argmax_b: ArgmaxBinding,
     /// One per numerics form (ALL order); routing slots with random logits.
     pub moe: Vec<MoeSet>,
+    /// The staged f32 MoE built with other work splits (`--moe-tunings`), for a sweep.
+    pub moe_tuned: Vec<(F32Tuning, MoeSet)>,
     /// The plan's MoE binding reading the router output (for the whole step).
     pub moe_step: MoeBinding,
     _keep: Vec<wgpu::Buffer>,
@@ -122,6 +124,7 @@ impl Bench {
         cfg: &Qwen3MoeConfig,
         numerics: Numerics,
         (ctx_len, max_calls, working_set): (usize, u32, u64),
+        moe_tunings: &[F32Tuning],
         rng: &mut impl Rng,
     ) -> anyhow::Result<Bench> {
         let l = cfg.num_layers;
@@ -261,9 +264,7 @@ impl Bench {
             ));
         }
         let route_step = ctx.storage("moe.route", 8 * k as u64)?;
-        let mut moe = Vec::new();
-        for nm in Numerics::ALL {
-            let kernel = MoeKernel::with_numerics(ctx, mp, nm)?;
+        let set = |kernel: MoeKernel, nm: Numerics| -> Result<MoeSet> {
             let bind = |lg: &wgpu::Buffer,
                         route: &wgpu::Buffer,
                         g: &Q4Matrix,
@@ -303,12 +304,23 @@ impl Bench {
                 Ok((gu, dn))
             })()
             .ok();
-            moe.push(MoeSet {
+            Ok(MoeSet {
                 kernel,
                 full,
                 split,
-            });
-        }
+            })
+        };
+        let moe = Numerics::ALL
+            .into_iter()
+            .map(|nm| set(MoeKernel::with_numerics(ctx, mp, nm)?, nm))
+            .collect::<Result<Vec<_>>>()?;
+        let moe_tuned = moe_tunings
+            .iter()
+            .map(|t| {
+                let kernel = MoeKernel::with_f32_tuning(ctx, mp, Numerics::F32, *t)?;
+                Ok((*t, set(kernel, Numerics::F32)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let moe_step = {
             let s = &moe[ix(numerics)];
             let b = MoeBuffers {
@@ -359,6 +371,7 @@ impl Bench {
             embed_b,
             argmax_b,
             moe,
+            moe_tuned,
             moe_step,
             _keep: keep,
             _scratch: scratch,

@@ -245,6 +245,13 @@ fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u
 }
 
 impl MoeKernel {
+    /// Whether gate/up and down were built as the staged f32 kernels (the work split of
+    /// [`F32Tuning`] applies only to those; a split whose staging exceeds the workgroup
+    /// memory falls back to the unstaged form).
+    pub fn staged(&self) -> (bool, bool) {
+        self.staged
+    }
+
     /// Compile the router, gate/up (both routings) and down pipelines for `params` with plain
     /// int8 activations.
     pub fn new(ctx: &Context, params: MoeParams) -> Result<Self> {
