@@ -73,12 +73,13 @@ pub struct F32Tuning {
 }
 
 impl F32Tuning {
-    /// 32 x 1 for down is the layout of the dense f32 matvec for its most similar matrix (the
-    /// o-proj, [2048 x 4096] staged: 1 and 2 rows per team measured equal on the H200). Not yet
-    /// measured on the H200 for the MoE: the lead's kernel_bench sweep picks the final values.
+    /// Measured on the H200 (`kernel_bench --moe-tunings`, docs/runs/2026-11-29-h200-run9.txt,
+    /// real shapes, us per call): gate/up lanes 8/16/32/64 -> 22.3/**20.3**/31.8/50.2; down
+    /// lanes x rows 8x1 12.1, 8x2 33.9, **16x1 9.8**, 16x2 11.8, 32x1 13.3, 32x2 10.3, 64x1 23.3,
+    /// 64x2 15.6 (x4 does not fit the staging budget: unstaged, 18.7).
     pub const DEFAULT: F32Tuning = F32Tuning {
         gate_up_lanes: 16,
-        down_lanes: 32,
+        down_lanes: 16,
         down_rows: 1,
     };
 
