@@ -18,6 +18,21 @@ fn model() -> Arc<Mem> {
     model_with_vocab(21, false, 512)
 }
 
+/// A GPU backend over `m` with `streams` stream slots of `context_len` positions.
+fn streams_backend(
+    ctx: &crate::context::Context,
+    m: &Arc<Mem>,
+    context_len: usize,
+    streams: usize,
+) -> GpuBackend {
+    let opts = GpuOptions {
+        context_len,
+        streams,
+        ..Default::default()
+    };
+    GpuBackend::with_context(ctx, m.as_ref(), opts).unwrap()
+}
+
 /// The oracle's first `n` greedy ids after `prompt`.
 fn oracle(m: &Arc<Mem>, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut rb = RefBackend::new(m.clone(), 128).unwrap();
@@ -34,12 +49,7 @@ fn streams_equal_single_stream_and_oracle() {
         return;
     };
     let m = model();
-    let opts = GpuOptions {
-        context_len: 128,
-        streams: 4,
-        ..Default::default()
-    };
-    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let mut g = streams_backend(&ctx, &m, 128, 4);
     assert_eq!(g.max_streams(), 4);
     // Single-stream GPU ids for each prompt (the main sequence of the same backend).
     let single: Vec<Vec<u32>> = PROMPTS
@@ -98,12 +108,7 @@ fn streams_stop_at_eos_and_refuse_bad_input() {
         return;
     };
     let m = model();
-    let opts = GpuOptions {
-        context_len: 32,
-        streams: 2,
-        ..Default::default()
-    };
-    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let mut g = streams_backend(&ctx, &m, 32, 2);
     let want = oracle(&m, PROMPTS[0], 12);
     let f0 = argmax(&g.stream_prefill(0, 0, PROMPTS[0]).unwrap());
     let f1 = argmax(&g.stream_prefill(1, 0, PROMPTS[1]).unwrap());
@@ -159,12 +164,7 @@ fn pipelined_runs_continue_on_the_device() {
         return;
     };
     let m = model();
-    let opts = GpuOptions {
-        context_len: 64,
-        streams: 3,
-        ..Default::default()
-    };
-    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let mut g = streams_backend(&ctx, &m, 64, 3);
     let single: Vec<Vec<u32>> = PROMPTS.iter().map(|p| oracle(&m, p, 20)).collect();
     let first: Vec<Option<u32>> = PROMPTS
         .iter()
@@ -232,12 +232,7 @@ fn streams_step_logits_follow_the_oracle() {
         return;
     };
     let m = model();
-    let opts = GpuOptions {
-        context_len: 64,
-        streams: 3,
-        ..Default::default()
-    };
-    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let mut g = streams_backend(&ctx, &m, 64, 3);
     // Slot 2 first holds PROMPTS[2] minus its tail, then keeps 5 positions and is fed the rest.
     g.stream_prefill(2, 0, &[300, 301, 302, 17, 250, 1, 1, 1])
         .unwrap();
