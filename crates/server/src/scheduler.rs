@@ -456,6 +456,9 @@ impl Worker {
             let Some(seq) = sched.running.remove(o.index) else {
                 continue;
             };
+            // Before the final event: a client that reads /metrics right after its answer
+            // must not still count its own request as active.
+            self.metrics.active_streams.set(sched.running.len() as i64);
             let stats = match o.result {
                 Ok(s) => s,
                 Err(msg) => {
