@@ -329,11 +329,17 @@ impl Worker {
     /// Collect every queued greedy run into its streams.
     fn drain(&mut self, sched: &mut Scheduler) -> Result<(), String> {
         while self.in_flight > 0 {
-            let ids = self.guarded(|b| b.streams_collect())?;
-            self.in_flight -= 1;
-            if let Some(ids) = ids {
-                Self::push_ids(sched, &ids);
-            }
+            self.collect_one(sched)?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the oldest queued greedy run and hand its ids to the streams.
+    fn collect_one(&mut self, sched: &mut Scheduler) -> Result<(), String> {
+        let ids = self.guarded(|b| b.streams_collect())?;
+        self.in_flight -= 1;
+        if let Some(ids) = ids {
+            Self::push_ids(sched, &ids);
         }
         Ok(())
     }
@@ -383,12 +389,7 @@ impl Worker {
             }
             self.in_flight += 1;
         }
-        let ids = self.guarded(|b| b.streams_collect())?;
-        self.in_flight -= 1;
-        if let Some(ids) = ids {
-            Self::push_ids(sched, &ids);
-        }
-        Ok(())
+        self.collect_one(sched)
     }
 
     /// The run failed: every stream in it ends with `msg` (their slots are freed and forgotten,
