@@ -38,6 +38,10 @@ pub struct BackendArgs {
     /// cache of --ctx positions; 0 = no multi-stream path).
     #[arg(long, default_value_t = 0)]
     pub streams: usize,
+    /// GPU: keep the router in a dispatch of its own instead of folding it into the o-proj's
+    /// (for comparisons; the fold is the default).
+    #[arg(long)]
+    pub router_dispatch: bool,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -54,6 +58,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         per_token: args.per_token,
         numerics: args.numerics,
         streams: args.streams,
+        fold_router: !args.router_dispatch,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

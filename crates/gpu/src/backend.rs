@@ -45,6 +45,9 @@ pub struct GpuOptions {
     /// Independent sequences the multi-stream path decodes together (each with its own KV cache
     /// of `context_len` positions); 0: no multi-stream path is built.
     pub streams: usize,
+    /// Fold the router into the o-proj dispatch (kernels/router_fold.rs); false keeps its own
+    /// dispatch, for comparisons.
+    pub fold_router: bool,
 }
 
 impl Default for GpuOptions {
@@ -57,6 +60,7 @@ impl Default for GpuOptions {
             adapter: AdapterChoice::Auto,
             numerics: Numerics::DEFAULT,
             streams: 0,
+            fold_router: true,
         }
     }
 }
@@ -148,6 +152,7 @@ impl GpuBackend {
                 routing: opts.routing,
                 max_eos: MAX_EOS,
                 numerics: opts.numerics,
+                fold_router: opts.fold_router,
             },
         )?;
         use crate::batch::{BatchMode, BatchPlan};
@@ -188,9 +193,9 @@ impl GpuBackend {
         })
     }
 
-    /// Bytes of weights resident on the GPU.
+    /// Bytes of weights resident on the GPU (with the folded router's matrices).
     pub fn resident_bytes(&self) -> u64 {
-        self.plan.weights.resident_bytes
+        self.plan.weights.resident_bytes + self.plan.fold_bytes()
     }
 
     /// Dispatches recorded per greedy step.
@@ -222,7 +227,7 @@ impl GpuBackend {
         format!(
             "gpu adapter: {} ({:?}, {:?})\n\
              numerics: {} (int4 weights x {} activations)\n\
-             decode: fold {} ({mode}), {} dispatches per token, routing {:?}\n\
+             decode: fold {} ({mode}), {} dispatches per token, routing {:?}, router {}\n\
              prefill: {} tokens per command buffer\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions",
             info.name,
@@ -233,6 +238,11 @@ impl GpuBackend {
             o.max_run,
             self.dispatches_per_step(),
             o.routing,
+            if self.plan.fold_bytes() > 0 {
+                "folded into the o-proj"
+            } else {
+                "in its own dispatch"
+            },
             PREFILL_CHUNK,
             self.resident_bytes(),
             self.resident_bytes() as f64 / (1u64 << 20) as f64,

@@ -72,9 +72,13 @@ fn logits_match_oracle_per_step() {
     };
     for (seed, tie) in [(1, false), (2, true)] {
         let m = model(seed, tie);
-        for numerics in Numerics::ALL {
+        // Every numerics (f32 with the router folded into the o-proj), and f32 with the router
+        // in its own dispatch.
+        let forms = Numerics::ALL.map(|n| (n, true));
+        for (numerics, fold_router) in forms.into_iter().chain([(Numerics::F32, false)]) {
             let o = GpuOptions {
                 numerics,
+                fold_router,
                 ..opts(true, 4)
             };
             let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
@@ -88,7 +92,10 @@ fn logits_match_oracle_per_step() {
                 worst = worst.min(c);
                 assert_eq!(gb.position(), i + 1);
             }
-            eprintln!("seed {seed} tie {tie} {numerics}: worst per-step logits cosine {worst}");
+            eprintln!(
+                "seed {seed} tie {tie} {numerics} fold_router {fold_router}: worst per-step \
+                 logits cosine {worst}"
+            );
             // Plain int8 is allowed its quantisation noise here (parity_tests.rs holds the
             // exactness bar for the default); a wiring bug gives cosines far below this bound.
             let bar = if numerics == Numerics::Int8 {
@@ -136,6 +143,36 @@ fn greedy_folded_equals_per_token_and_oracle() {
         let r = greedy(&mut oracle, p, 128, &[]);
         assert_eq!(f, r, "default numerics vs the oracle, prompt {p:?}");
     }
+}
+
+#[test]
+fn router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens() {
+    let Some(ctx) = gpu("router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens") else {
+        return;
+    };
+    let m = model(6, false);
+    let mut folded = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 8)).unwrap();
+    let own = GpuOptions {
+        fold_router: false,
+        ..opts(false, 8)
+    };
+    let mut own = GpuBackend::with_context(&ctx, m.as_ref(), own).unwrap();
+    let layers = m.config().num_layers;
+    assert_eq!(
+        folded.dispatches_per_step() + layers,
+        own.dispatches_per_step()
+    );
+    assert!(folded.describe().contains("router folded into the o-proj"));
+    assert!(own.describe().contains("router in its own dispatch"));
+    assert!(
+        folded.resident_bytes() > own.resident_bytes(),
+        "the fold is resident"
+    );
+    let p = [7u32, 300, 41, 41];
+    let f = greedy(&mut folded, &p, 64, &[]);
+    assert_eq!(f, greedy(&mut own, &p, 64, &[]));
+    let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
+    assert_eq!(f, greedy(&mut oracle, &p, 64, &[]));
 }
 
 #[test]

@@ -1,12 +1,16 @@
 //! The decode plan: every activation buffer, the KV cache and every bind group of one sequence,
 //! created once, and the recording of decode steps into one compute pass.
 //!
-//! One step (token at `state.pos`) is, per layer, in the fused plan (f32 activations, the
+//! One step (token at `state.pos`) is, per layer, in the folded plan (f32 activations, the
 //! default): `qkv = Wqkv rmsnorm(h)` (the norm computed on load by every workgroup) · attention
 //! (q/k norm + rope + KV write + chunks, and a combine once there are several chunks -> `att`) ·
-//! `h += Wo att` · `router = Wr rmsnorm(h)` (also publishing `xn = rmsnorm(h)`) · MoE (routing
-//! fused into gate/up; `h += Σ w_k expert_k`); then `logits = Whead rmsnorm(h)` · argmax
-//! (advances the state). That is 6-7 dispatches per layer + 4 ([`DecodePlan::dispatches_per_step`]).
+//! `a = Wo att` with, in the same dispatch, the router's pre-norm logits `z = fold [att | h]`
+//! (kernels/router_fold.rs: the router needs no dispatch of its own) · MoE (gate/up normalises
+//! `h + a` on load, routes on `z / rms(h + a)`; down writes `h = (h + a) + Σ w_k expert_k`); then
+//! `logits = Whead rmsnorm(h)` · argmax (advances the state). That is 5-6 dispatches per layer + 4
+//! ([`DecodePlan::dispatches_per_step`]). The fused plan (f32, when the MoE kernels are not the
+//! staged ones) has the router dispatch instead: `h += Wo att` · `router = Wr rmsnorm(h)` (also
+//! publishing `xn`) · MoE.
 //! The int8 numerics keep the unfused form (their norms also quantise): `rmsnorm(h) -> xq` ·
 //! qkv · attention · `a = Wo att_q` · `rmsnorm(h += a) -> xn, xq` · router · MoE, and a final norm.
 //!
@@ -38,11 +42,12 @@ use crate::kernels::attention::{
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX};
-use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
+use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
+use crate::kernels::router_fold::RouterFoldKernel;
 use crate::numerics::Numerics;
 use crate::state::RunState;
-use crate::tensor::QuantActs;
+use crate::tensor::{Q4Matrix, QuantActs};
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 
 /// Choices fixed when the plan is built.
@@ -57,6 +62,9 @@ pub struct PlanOptions {
     pub max_eos: usize,
     /// The activation form of every int4 matvec (dense and MoE).
     pub numerics: Numerics,
+    /// Fold the router into the o-proj dispatch where the kernels allow (router_fold.rs; on by
+    /// default, off only for comparisons).
+    pub fold_router: bool,
 }
 
 /// Prompt tokens recorded per prefill command buffer.
@@ -77,8 +85,10 @@ struct Acts {
     att_q: Option<QuantActs>,
     /// `[H]` o-proj output.
     a: wgpu::Buffer,
-    /// `[E]` router logits, `[2K]` route, `[K*I]` expert hidden (f32, int8).
+    /// `[E]` router logits, `[E]` the folded router's pre-norm logits, `[2K]` route, `[K*I]`
+    /// expert hidden (f32, int8).
     router: wgpu::Buffer,
+    z: wgpu::Buffer,
     route: wgpu::Buffer,
     moe_h: wgpu::Buffer,
     moe_hq: Option<QuantActs>,
@@ -105,7 +115,8 @@ struct LayerBinding {
     attn: AttentionBinding,
     o: MatvecBinding,
     norm2: Option<RmsNormBinding>,
-    router: MatvecBinding,
+    /// None in the folded plan (the o-proj dispatch computes the router's logits).
+    router: Option<MatvecBinding>,
     moe: MoeBinding,
     /// Diagnostics only (the fused plan's trace): the standalone `rmsnorm(h) -> xn`.
     trace_norm1: RmsNormBinding,
@@ -137,6 +148,9 @@ pub struct DecodePlan {
     /// normalises on load); the trace uses it in both.
     final_norm: RmsNormBinding,
     fused: bool,
+    /// The router folded into the o-proj (per layer `[E, Q + H]` f32, router_fold.rs); empty
+    /// when not folded.
+    folds: Vec<wgpu::Buffer>,
     head: MatvecBinding,
     argmax: ArgmaxBinding,
     advance: AdvanceBinding,
@@ -201,6 +215,7 @@ impl DecodePlan {
             att_q: quant("att_q", q)?,
             a: f32s("a", h)?,
             router: f32s("router", cfg.num_experts)?,
+            z: f32s("z", cfg.num_experts)?,
             route: ctx.storage("route", 8 * cfg.num_experts_per_tok as u64)?,
             moe_h: f32s("moe_h", cfg.num_experts_per_tok * cfg.moe_intermediate_size)?,
             moe_hq: quant(
@@ -246,6 +261,27 @@ impl DecodePlan {
                     && matches!(&lw.router, Matrix::F32(m) if m.parts.len() == 1)
             })
             && matches!(weights.head(), HeadRef::Q4(_));
+        // The router folded into the o-proj where the MoE has the folded forms and every o-proj
+        // and router is one binding.
+        let folds = if fused
+            && opts.fold_router
+            && opts.routing == Routing::Fused
+            && k.moe.can_fold()
+            && weights.layers.iter().all(|lw| {
+                matches!(&lw.o, Matrix::Q4(m) if m.parts.len() == 1 && m.cols <= NORM_ON_LOAD_MAX)
+            }) {
+            let fk = RouterFoldKernel::new(ctx)?;
+            weights
+                .layers
+                .iter()
+                .map(|lw| match (&lw.o, &lw.router) {
+                    (Matrix::Q4(o), Matrix::F32(r)) => Ok(fk.fold(ctx, o, r, &lw.ffn_norm)?),
+                    _ => anyhow::bail!("router fold: unexpected matrix forms"),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
         fn nol<'b>(h: &'b wgpu::Buffer, weight: &'b wgpu::Buffer, eps: f32) -> NormInput<'b> {
             NormInput { h, weight, eps }
         }
@@ -275,29 +311,49 @@ impl DecodePlan {
                 residual: true,
             };
             let attn = k.attn.bind(ctx, &attn_bufs, &a.scratch)?;
-            let moe = k.moe.bind(ctx, &moe_bufs, opts.routing)?;
             let trace_norm1 = norm(None, &lw.attn_norm)?;
+            let qkv_norm = |qkv: &Q4Matrix| {
+                k.matvec
+                    .bind_q4_norm(ctx, qkv, nol(&a.h, &lw.attn_norm, eps), &a.qkv, st)
+            };
+            if let (Some(fold), Matrix::Q4(qkv), Matrix::Q4(o)) = (folds.get(l), &lw.qkv, &lw.o) {
+                let folded = MoeFolded {
+                    a: &a.a,
+                    norm_w: &lw.ffn_norm,
+                    eps,
+                    z: &a.z,
+                    xn_out: &a.xn,
+                };
+                let e = cfg.num_experts as u32;
+                layers.push(LayerBinding {
+                    norm1: None,
+                    qkv: qkv_norm(qkv)?,
+                    attn,
+                    o: k.matvec
+                        .bind_q4_router(ctx, o, &a.att, &a.h, fold, e, &a.a, &a.z, st)?,
+                    norm2: None,
+                    router: None,
+                    moe: k.moe.bind_folded(ctx, &moe_bufs, &folded)?,
+                    trace_norm1,
+                });
+                continue;
+            }
+            let moe = k.moe.bind(ctx, &moe_bufs, opts.routing)?;
             layers.push(match (fused, &lw.qkv, &lw.o, &lw.router) {
                 (true, Matrix::Q4(qkv), Matrix::Q4(o), Matrix::F32(router)) => LayerBinding {
                     norm1: None,
-                    qkv: k.matvec.bind_q4_norm(
-                        ctx,
-                        qkv,
-                        nol(&a.h, &lw.attn_norm, eps),
-                        &a.qkv,
-                        st,
-                    )?,
+                    qkv: qkv_norm(qkv)?,
                     attn,
                     o: k.matvec.bind_q4_acc(ctx, o, &a.att, &a.h, st)?,
                     norm2: None,
-                    router: k.matvec.bind_f32_norm(
+                    router: Some(k.matvec.bind_f32_norm(
                         ctx,
                         router,
                         nol(&a.h, &lw.ffn_norm, eps),
                         &a.xn,
                         &a.router,
                         st,
-                    )?,
+                    )?),
                     moe,
                     trace_norm1,
                 },
@@ -307,7 +363,14 @@ impl DecodePlan {
                     attn,
                     o: bind_matrix(ctx, &k.matvec, &lw.o, (&a.att_q, &a.att), &a.a, st)?,
                     norm2: Some(norm(Some(&a.a), &lw.ffn_norm)?),
-                    router: bind_matrix(ctx, &k.matvec, &lw.router, (&a.xq, &a.xn), &a.router, st)?,
+                    router: Some(bind_matrix(
+                        ctx,
+                        &k.matvec,
+                        &lw.router,
+                        (&a.xq, &a.xn),
+                        &a.router,
+                        st,
+                    )?),
                     moe,
                     trace_norm1,
                 },
@@ -346,6 +409,7 @@ impl DecodePlan {
             layers,
             final_norm,
             fused,
+            folds,
             head,
             argmax,
             advance,
@@ -373,7 +437,9 @@ impl DecodePlan {
         if let Some(n) = &lb.norm2 {
             k.norm.record(pass, n);
         }
-        k.matvec.record(pass, &lb.router);
+        if let Some(r) = &lb.router {
+            k.matvec.record(pass, r);
+        }
         k.moe.record(pass, &self.ctx, &lb.moe);
     }
 
@@ -494,22 +560,41 @@ impl DecodePlan {
             out.push((name("attn"), ctx.read_f32(&a.att, q)?));
             let h_before = ctx.read_f32(&a.h, h)?;
             ctx.run_pass(|p| self.k.matvec.record(p, &lb.o))?;
-            if let Some(norm2) = &lb.norm2 {
-                out.push((name("attn_out"), ctx.read_f32(&a.a, h)?));
-                ctx.run_pass(|p| self.k.norm.record(p, norm2))?;
-            }
-            let h_attn = ctx.read_f32(&a.h, h)?;
-            if lb.norm2.is_none() {
-                // The fused o-proj added into h: its output is the difference.
-                let o: Vec<f32> = h_attn.iter().zip(&h_before).map(|(x, y)| x - y).collect();
-                out.push((name("attn_out"), o));
-            }
+            let h_attn = match (&lb.norm2, &lb.router) {
+                (Some(norm2), _) => {
+                    out.push((name("attn_out"), ctx.read_f32(&a.a, h)?));
+                    ctx.run_pass(|p| self.k.norm.record(p, norm2))?;
+                    ctx.read_f32(&a.h, h)?
+                }
+                (None, Some(_)) => {
+                    // The fused o-proj added into h: its output is the difference.
+                    let h_attn = ctx.read_f32(&a.h, h)?;
+                    let o = h_attn.iter().zip(&h_before).map(|(x, y)| x - y).collect();
+                    out.push((name("attn_out"), o));
+                    h_attn
+                }
+                (None, None) => {
+                    // Folded: the MoE's down adds a into h; h + a here is what it computes.
+                    let o = ctx.read_f32(&a.a, h)?;
+                    let h_attn = h_before.iter().zip(&o).map(|(x, y)| x + y).collect();
+                    out.push((name("attn_out"), o));
+                    h_attn
+                }
+            };
             out.push((name("h_attn"), h_attn.clone()));
-            ctx.run_pass(|p| self.k.matvec.record(p, &lb.router))?;
-            // Written by norm2, or published by the fused router.
+            if let Some(router) = &lb.router {
+                ctx.run_pass(|p| self.k.matvec.record(p, router))?;
+            }
+            // The folded gate/up publishes both; else norm2 or the fused router wrote them.
+            let moe_run = || ctx.run_pass(|p| self.k.moe.record(p, ctx, &lb.moe));
+            if lb.router.is_none() {
+                moe_run()?;
+            }
             out.push((name("ffn_norm"), ctx.read_f32(&a.xn, h)?));
             out.push((name("router_logits"), ctx.read_f32(&a.router, e)?));
-            ctx.run_pass(|p| self.k.moe.record(p, ctx, &lb.moe))?;
+            if lb.router.is_some() {
+                moe_run()?;
+            }
             let route = ctx.read_u32(&a.route, 2 * k)?; // [2K]: ids, then f32 weight bits
             out.push((
                 name("moe_experts"),
@@ -558,6 +643,27 @@ impl DecodePlan {
         (&self.acts.k_cache, &self.acts.v_cache)
     }
 
+    /// Recompute layer `layer`'s folded router from its o-proj, router and norm weight on the
+    /// GPU (after plant.rs changed one of them); a no-op when the router is not folded.
+    pub fn refold(&self, layer: usize) -> anyhow::Result<()> {
+        let (Some(out), Some(lw)) = (self.folds.get(layer), self.weights.layers.get(layer)) else {
+            return Ok(());
+        };
+        match (&lw.o, &lw.router) {
+            (Matrix::Q4(o), Matrix::F32(r)) => {
+                RouterFoldKernel::new(&self.ctx)?.fold_into(&self.ctx, o, r, &lw.ffn_norm, out)?;
+                Ok(())
+            }
+            _ => anyhow::bail!("router fold: unexpected matrix forms"),
+        }
+    }
+
+    /// Bytes of the folded router matrices (router_fold.rs; 0 when the router has its own
+    /// dispatch).
+    pub fn fold_bytes(&self) -> u64 {
+        self.folds.iter().map(|b| b.size()).sum()
+    }
+
     /// Dispatches one recorded step issues (with argmax), at position 0 (attention takes one
     /// dispatch per layer while a chunk covers the context, two after).
     pub fn dispatches_per_step(&self) -> usize {
@@ -570,7 +676,7 @@ impl DecodePlan {
                     + lb.norm2.is_some() as usize
                     + count(&lb.qkv)
                     + count(&lb.o)
-                    + count(&lb.router)
+                    + lb.router.as_ref().map_or(0, count)
                     + self.k.attn.dispatches(&lb.attn, 0) as usize
                     + MoeKernel::dispatches(self.opts.routing) as usize
             })

@@ -118,8 +118,9 @@ pub fn plant_error(plan: &DecodePlan, layer: usize, target: PlantTarget) -> Resu
     };
     match target {
         PlantTarget::Qkv => dense(&lw.qkv),
-        PlantTarget::O => dense(&lw.o),
-        PlantTarget::Router => dense(&lw.router),
+        // The folded router (router_fold.rs) is computed from both: recompute it.
+        PlantTarget::O => dense(&lw.o).and_then(|_| plan.refold(layer)),
+        PlantTarget::Router => dense(&lw.router).and_then(|_| plan.refold(layer)),
         PlantTarget::Gate => corrupt(plan, &lw.gate, cfg.moe_intermediate_size as u32),
         PlantTarget::Up => corrupt(plan, &lw.up, cfg.moe_intermediate_size as u32),
         PlantTarget::Down => corrupt(plan, &lw.down, cfg.hidden_size as u32),

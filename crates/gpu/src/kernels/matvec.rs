@@ -55,10 +55,14 @@ pub enum Fused {
     Norm,
     /// `y += m · x`: the residual add after the matvec.
     Acc,
+    /// `y = m · x` plus, in E extra workgroups, the folded router's pre-norm logits
+    /// `z = fold · [x | h]` (router_fold.rs): h is the residual stream, which nothing in the
+    /// dispatch writes.
+    Router,
 }
 
 impl Fused {
-    const ALL: [Fused; 3] = [Fused::Plain, Fused::Norm, Fused::Acc];
+    const ALL: [Fused; 4] = [Fused::Plain, Fused::Norm, Fused::Acc, Fused::Router];
     fn index(self) -> usize {
         self as usize
     }
@@ -189,19 +193,60 @@ fn q4f_body(r: u32) -> String {
         .replace("//ROWS_STORE", &store)
 }
 
+/// WGSL: `extra_rows` of every matvec_q4f form but the folded router's.
+const NO_EXTRA_ROWS: &str = "fn extra_rows(wg: u32, li: u32) -> bool { return false; }\n";
+
+/// WGSL: the folded router's workgroups of the o-proj dispatch ([`Fused::Router`]). Params: p1 =
+/// workgroups of the matrix rows (those come first), p2 = E, p3 = Q/4 (the matrix's columns);
+/// the fold rows are `[Q + H]` with H = p.rows. One row per workgroup, 256 lanes striding it by
+/// vec4, then a tree reduction in `red`.
+const ROUTER_ROWS: &str = "
+@group(0) @binding(7) var<storage, read> fold_h: array<vec4<f32>>; // [H/4] residual stream
+@group(0) @binding(8) var<storage, read> fold_w: array<vec4<f32>>; // [E, (Q + H)/4] router fold
+@group(0) @binding(9) var<storage, read_write> fold_z: array<f32>; // [E] pre-norm logits
+fn extra_rows(wg: u32, li: u32) -> bool {
+    if (wg < p.p1) { return false; }
+    let e = wg - p.p1;
+    let q4 = p.p3;
+    let c4 = q4 + p.rows / 4u;
+    var acc = 0.0;
+    if (e < p.p2) {
+        for (var c = li; c < c4; c += 256u) {
+            var x: vec4<f32>;
+            if (c < q4) { x = act_x[c]; } else { x = fold_h[c - q4]; }
+            acc += dot(fold_w[e * c4 + c], x);
+        }
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var st = 128u; st > 0u; st >>= 1u) {
+        if (li < st) { red[li] += red[li + st]; }
+        workgroupBarrier();
+    }
+    if (li == 0u && e < p.p2) { fold_z[e] = red[0]; }
+    return true;
+}
+";
+
 /// Input snippet of matvec_q4f.wgsl for `f`.
 fn q4f_input(f: Fused) -> String {
     match f {
         Fused::Norm => format!(
             "@group(0) @binding(2) var<storage, read> nol_h: array<vec4<f32>>; // [n/4] residual stream
 @group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>; // [n/4] RMSNorm weight
-{NORM_ON_LOAD}{SWIZZLE}{F32_DEQ}
+{NORM_ON_LOAD}{SWIZZLE}{F32_DEQ}{NO_EXTRA_ROWS}
+const ACC: bool = false;
+"
+        ),
+        Fused::Router => format!(
+            "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
+{COPY_ON_LOAD}{SWIZZLE}{F32_DEQ}{ROUTER_ROWS}
 const ACC: bool = false;
 "
         ),
         _ => format!(
             "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
-{COPY_ON_LOAD}{SWIZZLE}{F32_DEQ}
+{COPY_ON_LOAD}{SWIZZLE}{F32_DEQ}{NO_EXTRA_ROWS}
 const ACC: bool = {};
 ",
             f == Fused::Acc
@@ -291,7 +336,7 @@ impl MatvecKernel {
                 )?);
             }
         }
-        let mut q4f = Vec::with_capacity(9);
+        let mut q4f = Vec::with_capacity(12);
         for f in Fused::ALL {
             for r in F32_ROWS_PER_TEAM {
                 q4f.push(ctx.compute(
@@ -373,6 +418,72 @@ impl MatvecKernel {
         let which = Which::Q4F(rows_index(rpt)?, Fused::Acc);
         let entries = vec![(2, x.as_entire_binding())];
         self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, 0.0)
+    }
+
+    /// `a[0..rows] = m · x` (f32 `x[cols]`) and, in the same dispatch, the folded router's
+    /// `z[0..E] = fold · [x | h]` (`fold` `[E, cols + rows]` from router_fold.rs, `h [rows]` the
+    /// residual stream, read only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_q4_router(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        x: &wgpu::Buffer,
+        h: &wgpu::Buffer,
+        fold: &wgpu::Buffer,
+        experts: u32,
+        a: &wgpu::Buffer,
+        z: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+    ) -> Result<MatvecBinding> {
+        check_x(x, m.cols, "matvec_q4 (router)")?;
+        check_x(h, m.rows, "matvec_q4 (router) residual")?;
+        check_out(a, m.rows, "matvec_q4 (router)")?;
+        check_out(z, experts, "matvec_q4 (router) logits")?;
+        let fold_bytes = experts as u64 * (m.cols + m.rows) as u64 * 4;
+        if m.cols > NORM_ON_LOAD_MAX || m.parts.len() != 1 || fold.size() < fold_bytes {
+            return Err(GpuError::Shape(format!(
+                "matvec_q4 (router): [{}, {}] in {} parts with a fold of {} bytes (need one \
+                 part, at most {NORM_ON_LOAD_MAX} columns and {fold_bytes} bytes)",
+                m.rows,
+                m.cols,
+                m.parts.len(),
+                fold.size()
+            )));
+        }
+        let rpt = f32_rows_per_team(m.rows);
+        let which = Which::Q4F(rows_index(rpt)?, Fused::Router);
+        let n_rows = m.rows.div_ceil(8 * rpt);
+        let grid = ctx.grid(n_rows + experts);
+        let words = [
+            m.rows,
+            m.cols / BLOCK as u32,
+            0,
+            grid.0,
+            0,
+            n_rows,
+            experts,
+            m.cols / 4,
+        ];
+        let p = ctx.uniform("matvec.params", bytemuck::cast_slice(&words))?;
+        let part = &m.parts[0];
+        let entries = [
+            (0, part.qs.as_entire_binding()),
+            (1, part.scales.as_entire_binding()),
+            (2, x.as_entire_binding()),
+            (4, a.as_entire_binding()),
+            (5, p.as_entire_binding()),
+            (6, state.as_entire_binding()),
+            (7, h.as_entire_binding()),
+            (8, fold.as_entire_binding()),
+            (9, z.as_entire_binding()),
+        ];
+        let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
+        let bg = ctx.bind_group_at("matvec_q4.router", self.pipeline(which), &ids, &res)?;
+        Ok(MatvecBinding {
+            pipeline: which,
+            dispatches: vec![(bg, grid)],
+        })
     }
 
     /// `y[0..rows] = m · rmsnorm(h)`: the RMSNorm before the matvec fused into it.

@@ -465,3 +465,62 @@ fn q4_f32_past_the_staging_limit_uses_the_unstaged_form() {
     let e = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).err().unwrap();
     assert!(e.to_string().contains("4096"), "{e}");
 }
+
+#[test]
+fn q4_with_folded_router_matches_reference() {
+    use crate::kernels::router_fold::RouterFoldKernel;
+    let Some(ctx) = gpu("q4_with_folded_router_matches_reference") else {
+        return;
+    };
+    let k = MatvecKernel::new(&ctx).unwrap();
+    let fk = RouterFoldKernel::new(&ctx).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    let mut r = rng(15);
+    // (H = o rows, Q = o cols, E): odd expert counts, rows not a multiple of 8, Q != H.
+    for &(hd, q, e) in &[(32, 32, 1), (40, 64, 5), (96, 160, 16), (4096, 32, 2)] {
+        let wb = rand_q4_0(&mut r, hd, q);
+        let att = rand_f32(&mut r, q, -1.0, 1.0);
+        let h = rand_f32(&mut r, hd, -2.0, 2.0);
+        let wr = rand_f32(&mut r, e * hd, -1.0, 1.0);
+        let wn = rand_f32(&mut r, hd, 0.5, 1.5);
+        let o = Q4Matrix::upload(&ctx, "o", hd, q, 1, &[&wb]).unwrap();
+        let router = F32Matrix::upload(&ctx, "router", e, hd, &wr).unwrap();
+        let up = |v: &[f32]| ctx.storage_init("v", bytemuck::cast_slice(v)).unwrap();
+        let (att_b, h_b, wn_b) = (up(&att), up(&h), up(&wn));
+        let fold = fk.fold(&ctx, &o, &router, &wn_b).unwrap();
+        let a_b = ctx.storage("a", hd as u64 * 4).unwrap();
+        let z_b = ctx.storage("z", e as u64 * 4).unwrap();
+        // NaN-fill so an output the kernel forgets fails the comparison.
+        ctx.write(&a_b, 0, &vec![0xFF; hd * 4]);
+        ctx.write(&z_b, 0, &vec![0xFF; e * 4]);
+        let b = k
+            .bind_q4_router(&ctx, &o, &att_b, &h_b, &fold, e as u32, &a_b, &z_b, &state)
+            .unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let deq = dequant_q4_0(&wb, hd, q);
+        let a = ctx.read_f32(&a_b, hd).unwrap();
+        let a_ref = matvec_f32_ref(&deq, hd, q, &att);
+        assert_rows(&a, &a_ref, &deq, &att, 2e-6, &format!("o [{hd}, {q}]"));
+        // z against the unfolded product: Wr diag(w) (h + Wo att), in f64.
+        let z = ctx.read_f32(&z_b, e).unwrap();
+        let z_ref: Vec<f32> = (0..e)
+            .map(|ei| {
+                (0..hd)
+                    .map(|i| {
+                        wr[ei * hd + i] as f64 * wn[i] as f64 * (h[i] as f64 + a_ref[i] as f64)
+                    })
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        assert_close(&z, &z_ref, 1e-3, 1e-4, &format!("z E{e} [{hd}, {q}]"));
+    }
+    // A fold of the wrong size is refused.
+    let o = Q4Matrix::upload(&ctx, "o", 32, 32, 1, &[&rand_q4_0(&mut r, 32, 32)]).unwrap();
+    let small = ctx.storage("fold", 4 * 64 * 4 - 4).unwrap();
+    let v = ctx.storage("v", 32 * 4).unwrap();
+    let err = k
+        .bind_q4_router(&ctx, &o, &v, &v, &small, 4, &v, &v, &state)
+        .err()
+        .expect("short fold");
+    assert!(err.to_string().contains("fold"), "{err}");
+}

@@ -18,5 +18,6 @@ pub mod norm;
 #[cfg(test)]
 mod numerics_tests;
 pub mod router_cols;
+pub mod router_fold;
 #[cfg(test)]
 mod step_tests;

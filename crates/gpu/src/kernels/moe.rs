@@ -175,6 +175,9 @@ pub struct MoeKernel {
     gate_up: wgpu::ComputePipeline,
     gate_up_routed: wgpu::ComputePipeline,
     down: wgpu::ComputePipeline,
+    /// The folded router's forms (router_fold.rs): `gate_up_folded` and down's `main_add`;
+    /// only when both stages are the staged f32 kernels.
+    folded: Option<(wgpu::ComputePipeline, wgpu::ComputePipeline)>,
     /// Column forms (moe_cols.rs): only when both stages are the staged f32 kernels.
     cols: Option<cols::ColsPipelines>,
 }
@@ -205,10 +208,27 @@ pub struct MoeBuffers<'a> {
     pub residual: bool,
 }
 
+/// The folded router's extra inputs of one layer (router_fold.rs).
+#[derive(Debug, Clone, Copy)]
+pub struct MoeFolded<'a> {
+    /// `[H]` the o-proj output (not yet added into the residual stream).
+    pub a: &'a wgpu::Buffer,
+    /// `[H]` the post-attention RMSNorm weight, and its eps.
+    pub norm_w: &'a wgpu::Buffer,
+    pub eps: f32,
+    /// `[E]` the router's pre-norm logits `fold · [att | h]`.
+    pub z: &'a wgpu::Buffer,
+    /// `[H]` receives `rmsnorm(h + a)` (diagnostics).
+    pub xn_out: &'a wgpu::Buffer,
+}
+
 /// Bind groups of one layer, created once.
 #[derive(Debug)]
 pub struct MoeBinding {
     routing: Routing,
+    /// Bound by [`MoeKernel::bind_folded`]: gate/up is `gate_up_folded` and the first down
+    /// part `main_add`.
+    folded: bool,
     router: Option<wgpu::BindGroup>,
     /// One per weight part.
     gate_up: Vec<wgpu::BindGroup>,
@@ -341,10 +361,16 @@ impl MoeKernel {
         };
         let dm = ctx.module("moe.down", &down_src)?;
         let down = ctx.pipeline("moe.down", &dm, "main")?;
-        let cols = if staged == (true, true) {
-            Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t)?)
+        let (cols, folded) = if staged == (true, true) {
+            (
+                Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t)?),
+                Some((
+                    ctx.pipeline("moe.gate_up_folded", &gu, "gate_up_folded")?,
+                    ctx.pipeline("moe.down_add", &dm, "main_add")?,
+                )),
+            )
         } else {
-            None
+            (None, None)
         };
         Ok(MoeKernel {
             params,
@@ -356,6 +382,7 @@ impl MoeKernel {
             gate_up,
             gate_up_routed,
             down,
+            folded,
             cols,
         })
     }
@@ -445,7 +472,102 @@ impl MoeKernel {
         }
         Ok(MoeBinding {
             routing,
+            folded: false,
             router,
+            gate_up,
+            down,
+        })
+    }
+
+    /// Whether [`Self::bind_folded`] is available (both stages are the staged f32 kernels).
+    pub fn can_fold(&self) -> bool {
+        self.folded.is_some()
+    }
+
+    /// Bind one layer for the folded router (router_fold.rs): gate/up stages
+    /// `x = rmsnorm(h + a)` itself (`h` = `b.out`, the residual stream before the o-proj) and
+    /// routes on `z / rms(h + a)`; the first down part writes `out = (h + a) + y`. `b.logits`
+    /// and `f.xn_out` receive the logits and `x` (diagnostics); `b.x` is not read.
+    pub fn bind_folded(
+        &self,
+        ctx: &Context,
+        b: &MoeBuffers<'_>,
+        f: &MoeFolded<'_>,
+    ) -> Result<MoeBinding> {
+        let Some((gu_pipe, add_pipe)) = &self.folded else {
+            return Err(GpuError::Shape(
+                "MoE: the folded router needs the staged f32 kernels".into(),
+            ));
+        };
+        let p = &self.params;
+        let (e, k, h, i) = (p.experts, p.top_k, p.hidden, p.inter);
+        self.check_weights(b.gate, b.up, b.down)?;
+        need(b.state, 16, "state")?;
+        need(b.logits, e as u64 * 4, "logits")?;
+        need(f.z, e as u64 * 4, "z")?;
+        need(b.route, 2 * k as u64 * 4, "route")?;
+        need(b.h, (k * i) as u64 * 4, "h")?;
+        for (buf, what) in [
+            (b.out, "out"),
+            (f.a, "a"),
+            (f.norm_w, "norm weight"),
+            (f.xn_out, "xn"),
+        ] {
+            need(buf, h as u64 * 4, what)?;
+        }
+        if !f.eps.is_finite() || f.eps < 0.0 {
+            return Err(GpuError::Shape(format!(
+                "MoE: eps {} is not a finite >= 0",
+                f.eps
+            )));
+        }
+        let mut gate_up = Vec::new();
+        for (n, (g, u)) in b.gate.parts.iter().zip(&b.up.parts).enumerate() {
+            let params = gate_up_params_eps(ctx, g, u, i, n, f.eps)?;
+            let res = [
+                (0, whole(b.state)),
+                (1, whole(&params)),
+                (3, whole(b.route)),
+                (6, whole(&g.qs)),
+                (7, whole(&g.scales)),
+                (8, whole(&u.qs)),
+                (9, whole(&u.scales)),
+                (10, whole(b.h)),
+                (14, whole(b.out)),
+                (15, whole(f.a)),
+                (16, whole(f.norm_w)),
+                (17, whole(f.z)),
+                (18, whole(f.xn_out)),
+                (19, whole(b.logits)),
+            ];
+            let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
+            gate_up.push(ctx.bind_group_at("moe.gate_up_folded", gu_pipe, &ids, &res)?);
+        }
+        let mut down = Vec::new();
+        for (n, part) in b.down.parts.iter().enumerate() {
+            let params = down_params(ctx, part, h, n > 0)?;
+            let mut res = vec![
+                (0, whole(b.state)),
+                (1, whole(&params)),
+                (2, whole(b.route)),
+                (3, whole(b.h)),
+                (5, whole(&part.qs)),
+                (6, whole(&part.scales)),
+                (7, whole(b.out)),
+            ];
+            let pipe = if n == 0 {
+                res.push((9, whole(f.a)));
+                add_pipe
+            } else {
+                &self.down
+            };
+            let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
+            down.push(ctx.bind_group_at("moe.down", pipe, &ids, &res)?);
+        }
+        Ok(MoeBinding {
+            routing: Routing::Fused,
+            folded: true,
+            router: None,
             gate_up,
             down,
         })
@@ -458,17 +580,24 @@ impl MoeKernel {
             pass.set_bind_group(0, router, &[]);
             pass.dispatch_workgroups(1, 1, 1);
         }
-        pass.set_pipeline(match b.routing {
-            Routing::Fused => &self.gate_up_routed,
-            Routing::Separate => &self.gate_up,
+        let folded = self.folded.as_ref().filter(|_| b.folded);
+        pass.set_pipeline(match (folded, b.routing) {
+            (Some((gu, _)), _) => gu,
+            (None, Routing::Fused) => &self.gate_up_routed,
+            (None, Routing::Separate) => &self.gate_up,
         });
         let ((ux, uy), (gx, gy)) = self.grids(ctx);
         for bg in &b.gate_up {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(ux, uy, 1);
         }
-        pass.set_pipeline(&self.down);
-        for bg in &b.down {
+        for (n, bg) in b.down.iter().enumerate() {
+            if n == 0 || (n == 1 && folded.is_some()) {
+                pass.set_pipeline(match folded {
+                    Some((_, add)) if n == 0 => add,
+                    _ => &self.down,
+                });
+            }
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(gx, gy, 1);
         }
@@ -591,6 +720,18 @@ fn gate_up_params(
     i: u32,
     n: usize,
 ) -> Result<wgpu::Buffer> {
+    gate_up_params_eps(ctx, g, u, i, n, 0.0)
+}
+
+/// [`gate_up_params`] with the folded form's RMSNorm `eps` in the last word.
+fn gate_up_params_eps(
+    ctx: &Context,
+    g: &crate::tensor::Q4Part,
+    u: &crate::tensor::Q4Part,
+    i: u32,
+    n: usize,
+    eps: f32,
+) -> Result<wgpu::Buffer> {
     let (lo, hi) = expert_range(g, i, "gate")?;
     if expert_range(u, i, "up")? != (lo, hi) {
         return Err(GpuError::Shape(
@@ -599,7 +740,7 @@ fn gate_up_params(
     }
     ctx.uniform(
         "moe.gate_up.params",
-        bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, 0]),
+        bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, eps.to_bits()]),
     )
 }
 

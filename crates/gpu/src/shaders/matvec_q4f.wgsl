@@ -14,7 +14,8 @@
 // unswizzled, or straight from global memory, those reads stride 128 bytes across lanes (32
 // cache lines or a 32-way bank conflict per instruction), which is what limited the f32 matvec.
 // Partials meet in shared memory; one barrier, then one thread per row adds its team's 32 lanes
-// (no subgroup-size assumption).
+// (no subgroup-size assumption). The input snippet also declares `extra_rows(wg, li) -> bool`
+// (false, except for the folded router's workgroups).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
 @group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;      // [rows * bpr] nibble blocks
 @group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
@@ -34,6 +35,9 @@ fn scale(i: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     // Uniform across the dispatch, so no barrier is skipped by only part of a workgroup.
     if (state.done != 0u) { return; }
+    // Workgroups past the matrix's (the folded router's rows, matvec.rs Fused::Router) run
+    // `extra_rows` instead; the test is uniform per workgroup.
+    if (extra_rows(wid.x + wid.y * p.gx, li)) { return; }
     nol_stage(li, p.bpr * 8u, p.eps);
     let team = li / T;
     let lane = li % T;

@@ -78,7 +78,37 @@ fn main(
     if (state.done != 0u) {
         return;
     }
-    down_rows(wid.x + wid.y * nwg.x, li, 0u);
+    let wg = wid.x + wid.y * nwg.x;
+    let tot = down_rows(wg, li, 0u);
+    let row = wg * ROWS + li;
+    if (li < ROWS && row < H) {
+        if (params.accumulate != 0u) {
+            out[row] += tot;
+        } else {
+            out[row] = tot;
+        }
+    }
+}
+
+// The folded plan's first part (router_fold.rs): out = (out + a) + y, the o-proj's residual add
+// that its dispatch left to this one (same rounding as adding a first, as the oracle does).
+@group(0) @binding(9) var<storage, read> add_a: array<f32>; // [H]
+
+@compute @workgroup_size(WG)
+fn main_add(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    if (state.done != 0u) {
+        return;
+    }
+    let wg = wid.x + wid.y * nwg.x;
+    let tot = down_rows(wg, li, 0u);
+    let row = wg * ROWS + li;
+    if (li < ROWS && row < H) {
+        out[row] = (out[row] + add_a[row]) + tot;
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -92,11 +122,21 @@ fn main_cols(
     if (state.done != 0u || c >= 8u || cols[c].done != 0u) {
         return;
     }
-    down_rows(wid.x + wid.y * nwg.x, li, c);
+    let wg = wid.x + wid.y * nwg.x;
+    let tot = down_rows(wg, li, c);
+    let row = wg * ROWS + li;
+    if (li < ROWS && row < H) {
+        if (params.accumulate != 0u) {
+            out[c * H + row] += tot;
+        } else {
+            out[c * H + row] = tot;
+        }
+    }
 }
 
-// The rows of linear workgroup `wg` for column `col` (0 for one token).
-fn down_rows(wg: u32, li: u32, col: u32) {
+// The rows of linear workgroup `wg` for column `col` (0 for one token): thread li < ROWS
+// returns the sum of its row wg * ROWS + li (meaningful when that row is < H).
+fn down_rows(wg: u32, li: u32, col: u32) -> f32 {
     let rbase = col * 2u * K;
     for (var k = li; k < K; k += WG) {
         ids[k] = min(route[rbase + k], E - 1u);
@@ -124,16 +164,11 @@ fn down_rows(wg: u32, li: u32, col: u32) {
     //ROWS_STORE
     workgroupBarrier();
     // One barrier: thread li < ROWS adds the T partials of the workgroup's row li.
-    let row = wg * ROWS + li;
-    if (li < ROWS && row < H) {
-        var tot = 0.0;
+    var tot = 0.0;
+    if (li < ROWS) {
         for (var j = 0u; j < T; j++) {
             tot += red[li * T + j];
         }
-        if (params.accumulate != 0u) {
-            out[col * H + row] += tot;
-        } else {
-            out[col * H + row] = tot;
-        }
     }
+    return tot;
 }

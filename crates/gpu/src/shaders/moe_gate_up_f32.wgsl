@@ -170,6 +170,82 @@ fn routed(wid: vec2<u32>, li: u32, col: u32) {
     expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, col * K * I);
 }
 
+// Folded router (router_fold.rs, the fused single-token plan): the input is rmsnorm(h + a) and
+// the logits are z / rms(h + a), z = fold · [att | h] from the o-proj dispatch. Params.pad holds
+// the RMSNorm eps (f32 bits).
+@group(0) @binding(14) var<storage, read> fold_h: array<vec4<f32>>;  // [H/4] residual before the o-proj
+@group(0) @binding(15) var<storage, read> fold_a: array<vec4<f32>>;  // [H/4] o-proj output
+@group(0) @binding(16) var<storage, read> fold_w: array<vec4<f32>>;  // [H/4] RMSNorm weight
+@group(0) @binding(17) var<storage, read> fold_z: array<f32>;        // [E] pre-norm logits
+// Published by workgroup (0, 0) of the part that writes the route, for diagnostics (the
+// plan's trace): the normalised input [H/4] and the logits [E].
+@group(0) @binding(18) var<storage, read_write> pub_x: array<vec4<f32>>;
+@group(0) @binding(19) var<storage, read_write> pub_lg: array<f32>;
+
+// Partials of the sum of squares: WG / 16 per thread of the first level.
+const NRED: u32 = WG / 16u;
+
+@compute @workgroup_size(WG)
+fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (state.done != 0u) {
+        return;
+    }
+    // Stage h + a and load z together; then the sum of squares in two levels (the shape of
+    // matvec.rs NORM_ON_LOAD: every workgroup adds the same partials in the same order, so
+    // all agree on the scale and on the route).
+    var ss = 0.0;
+    for (var i = li; i < NB * 8u; i += WG) {
+        let v = fold_h[i] + fold_a[i];
+        xs[xs_slot(i)] = v;
+        ss += dot(v, v);
+    }
+    for (var e = li; e < E; e += WG) {
+        lg[e] = fold_z[e];
+    }
+    red_g[li] = ss;
+    workgroupBarrier();
+    if (li < 16u) {
+        var s = 0.0;
+        for (var j = 0u; j < NRED; j++) {
+            s += red_g[NRED * li + j];
+        }
+        red_u[li] = s;
+    }
+    workgroupBarrier();
+    var tot = 0.0;
+    for (var j = 0u; j < 16u; j++) {
+        tot += red_u[j];
+    }
+    let inv = inverseSqrt(tot / f32(H) + bitcast<f32>(params.pad));
+    for (var i = li; i < NB * 8u; i += WG) {
+        let s = xs_slot(i);
+        xs[s] = xs[s] * inv * fold_w[i];
+    }
+    for (var e = li; e < E; e += WG) {
+        lg[e] = lg[e] * inv;
+    }
+    // route_rank's barriers publish xs and lg.
+    route_rank(li);
+    let k = wid.y;
+    let first = params.write_route != 0u && wid.x == 0u;
+    if (li == 0u) {
+        slot_e = top_e[k];
+        if (first) {
+            route[k] = top_e[k];
+            route[K + k] = bitcast<u32>(route_weight(k));
+        }
+    }
+    if (first && k == 0u) {
+        for (var i = li; i < NB * 8u; i += WG) {
+            pub_x[i] = xs[xs_slot(i)];
+        }
+        for (var e = li; e < E; e += WG) {
+            pub_lg[e] = lg[e];
+        }
+    }
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, 0u);
+}
+
 // Blocks per lane of one row (the last one only on lanes below NB % T).
 const NBT: u32 = (NB + T - 1u) / T;
 

@@ -17,6 +17,12 @@ fn route_select(li: u32, base: u32) {
     for (var e = li; e < E; e += WG) {
         lg[e] = logits[base + e];
     }
+    route_rank(li);
+}
+
+// Fill top_e[0..K] from `lg` as the caller filled it (the barrier here publishes it). Call from
+// uniform control flow by the whole workgroup.
+fn route_rank(li: u32) {
     // A NaN logit could leave a rank unclaimed: default to expert 0 so ids stay in range.
     for (var r = li; r < K; r += WG) {
         top_e[r] = 0u;
