@@ -178,17 +178,25 @@ const SWIZZLE: &str =
 
 /// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team.
 fn q4f_body(r: u32) -> String {
-    let (mut decl, mut body, mut store) = (String::new(), String::new(), String::new());
+    let (mut pre, mut decl, mut first) = (String::new(), String::new(), String::new());
+    let (mut body, mut store) = (String::new(), String::new());
     for i in 0..r {
+        pre += &format!(
+            "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
+             let pq{i} = qs[r{i} * p.bpr + b0]; let ps{i} = scale(r{i} * p.bpr + b0);\n    "
+        );
         decl += &format!("var acc{i} = 0.0;\n    ");
+        first += &format!("acc{i} = ps{i} * dq_block(pq{i}, x);\n        ");
         body += &format!(
-            "{{ let row = select(0u, row0 + {i}u, row0 + {i}u < p.rows); let blk = row * p.bpr + b; \
+            "{{ let blk = r{i} * p.bpr + b; \
              acc{i} = fma(scale(blk), dq_block(qs[blk], x), acc{i}); }}\n        "
         );
         store += &format!("red[(team * R + {i}u) * T + lane] = acc{i};\n    ");
     }
     include_str!("../shaders/matvec_q4f.wgsl")
+        .replace("//ROWS_PREFETCH", &pre)
         .replace("//ROWS_DECL", &decl)
+        .replace("//ROWS_FIRST", &first)
         .replace("//ROWS_BODY", &body)
         .replace("//ROWS_STORE", &store)
 }

@@ -31,6 +31,16 @@ fn scale(i: u32) -> f32 {
     return select(v.x, v.y, (i & 1u) == 1u);
 }
 
+// The 32 staged activations of block b, in element order.
+fn xblock(b: u32) -> array<vec4<f32>, 8> {
+    let s = b & 7u;
+    return array<vec4<f32>, 8>(
+        nol_xs[b * 8u + (s & 7u)], nol_xs[b * 8u + ((s + 1u) & 7u)],
+        nol_xs[b * 8u + ((s + 2u) & 7u)], nol_xs[b * 8u + ((s + 3u) & 7u)],
+        nol_xs[b * 8u + ((s + 4u) & 7u)], nol_xs[b * 8u + ((s + 5u) & 7u)],
+        nol_xs[b * 8u + ((s + 6u) & 7u)], nol_xs[b * 8u + ((s + 7u) & 7u)]);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     // Uniform across the dispatch, so no barrier is skipped by only part of a workgroup.
@@ -38,22 +48,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Workgroups past the matrix's (the folded router's rows, matvec.rs Fused::Router) run
     // `extra_rows` instead; the test is uniform per workgroup.
     if (extra_rows(wid.x + wid.y * p.gx, li)) { return; }
-    nol_stage(li, p.bpr * 8u, p.eps);
     let team = li / T;
     let lane = li % T;
     let row0 = (wid.x + wid.y * p.gx) * (8u * R) + team * R;
-    // ROWS_DECL, ROWS_BODY, ROWS_STORE: expanded by the host once per row of the team (acc0,
-    // acc1, ..): separate variables, since a per-thread array indexed in a loop may be placed in
-    // slow local memory by the driver's compiler.
+    // ROWS_PREFETCH, ROWS_DECL, ROWS_FIRST, ROWS_BODY, ROWS_STORE: expanded by the host once
+    // per row of the team (acc0, acc1, ..): separate variables, since a per-thread array indexed
+    // in a loop may be placed in slow local memory by the driver's compiler. Rows past the end
+    // read row 0 (always there) and are never written.
+    // The lane's first block of each row is loaded before the staging, so those loads are in
+    // flight while the workgroup stages (and normalises) the input instead of after it.
+    let b0 = min(lane, p.bpr - 1u);
+    //ROWS_PREFETCH
+    nol_stage(li, p.bpr * 8u, p.eps);
     //ROWS_DECL
-    for (var b = lane; b < p.bpr; b += T) {
-        let s = b & 7u;
-        let x = array<vec4<f32>, 8>(
-            nol_xs[b * 8u + (s & 7u)], nol_xs[b * 8u + ((s + 1u) & 7u)],
-            nol_xs[b * 8u + ((s + 2u) & 7u)], nol_xs[b * 8u + ((s + 3u) & 7u)],
-            nol_xs[b * 8u + ((s + 4u) & 7u)], nol_xs[b * 8u + ((s + 5u) & 7u)],
-            nol_xs[b * 8u + ((s + 6u) & 7u)], nol_xs[b * 8u + ((s + 7u) & 7u)]);
-        // Rows past the end read row 0 (always there) and are never written.
+    if (lane < p.bpr) {
+        let x = xblock(lane);
+        //ROWS_FIRST
+    }
+    for (var b = lane + T; b < p.bpr; b += T) {
+        let x = xblock(b);
         //ROWS_BODY
     }
     //ROWS_STORE

@@ -30,14 +30,15 @@ fn route_rank(li: u32) {
     workgroupBarrier();
     for (var e = li; e < E; e += WG) {
         let v = lg[e];
-        // Split at e so each comparison is one op: below e ties count (u >= v), above they
-        // do not (u > v); the same predicate as (u > v || (u == v && j < e)), NaN included.
+        // Below e ties count (u >= v), above they do not (u > v): the predicate
+        // (u > v || (u == v && j < e)), NaN included; j = e adds 0. One loop with the constant
+        // trip count E (not two split at e): the compiler can unroll it and keep many of the
+        // (broadcast) shared loads in flight, where the dependent per-thread bounds left a
+        // serial chain of E load latencies in every workgroup before any weight was read.
         var rank = 0u;
-        for (var j = 0u; j < e; j++) {
-            rank += u32(lg[j] >= v);
-        }
-        for (var j = e + 1u; j < E; j++) {
-            rank += u32(lg[j] > v);
+        for (var j = 0u; j < E; j++) {
+            let u = lg[j];
+            rank += select(u32(u > v), u32(u >= v), j < e);
         }
         if (rank < K) {
             top_e[rank] = e;
