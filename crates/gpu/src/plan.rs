@@ -41,6 +41,7 @@ use crate::kernels::attention::{
     AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
+use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX};
 use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
@@ -130,6 +131,15 @@ struct Kernels {
     attn: AttentionKernel,
     moe: MoeKernel,
     advance: AdvanceKernel,
+    matmul: MatmulKernel,
+}
+
+/// The lm_head: the fused plan's int4 head is the one-column matmul (its tall-matrix tile read
+/// 151936 x 2048 in 88 us vs the matvec's 116 on the H200, kernel_bench 2026-11-29), normalising
+/// on load; otherwise a matvec.
+enum HeadBinding {
+    Matvec(MatvecBinding),
+    Matmul(MatmulBinding),
 }
 
 /// One layer's diagnostics: `h [H]` after the layer and its expert ids `[K]`, best first.
@@ -151,7 +161,7 @@ pub struct DecodePlan {
     /// The router folded into the o-proj (per layer `[E, Q + H]` f32, router_fold.rs); empty
     /// when not folded.
     folds: Vec<wgpu::Buffer>,
-    head: MatvecBinding,
+    head: HeadBinding,
     argmax: ArgmaxBinding,
     advance: AdvanceBinding,
 }
@@ -199,6 +209,7 @@ impl DecodePlan {
             attn: AttentionKernel::new(ctx, ap)?,
             moe: MoeKernel::with_numerics(ctx, mp, opts.numerics)?,
             advance: AdvanceKernel::new(ctx)?,
+            matmul: MatmulKernel::new(ctx)?,
         };
         let nq = opts.numerics;
         let quant = |label: &str, n: usize| QuantActs::for_numerics(ctx, label, n, nq);
@@ -379,12 +390,23 @@ impl DecodePlan {
         let embed = k.embed.bind(ctx, &weights.embed, &a.h, st)?;
         let final_norm = norm(None, &weights.out_norm)?;
         let head = match weights.head() {
-            HeadRef::Q4(m) if fused => {
-                k.matvec
-                    .bind_q4_norm(ctx, m, nol(&a.h, &weights.out_norm, eps), &a.logits, st)?
+            HeadRef::Q4(m) if fused => HeadBinding::Matmul(k.matmul.bind(
+                ctx,
+                &MatmulArgs {
+                    m,
+                    input: MatmulInput::Norm(nol(&a.h, &weights.out_norm, eps)),
+                    nb: 1,
+                    y: &a.logits,
+                    y_stride: cfg.vocab_size as u32,
+                    state: st,
+                },
+            )?),
+            HeadRef::Q4(m) => {
+                HeadBinding::Matvec(k.matvec.bind_q4(ctx, m, act(&a.xq, &a.xn), &a.logits, st)?)
             }
-            HeadRef::Q4(m) => k.matvec.bind_q4(ctx, m, act(&a.xq, &a.xn), &a.logits, st)?,
-            HeadRef::F32(m) => k.matvec.bind_f32(ctx, m, &a.xn, &a.logits, st)?,
+            HeadRef::F32(m) => {
+                HeadBinding::Matvec(k.matvec.bind_f32(ctx, m, &a.xn, &a.logits, st)?)
+            }
         };
         let placeholder_eos = vec![u32::MAX; opts.max_eos.max(1)];
         let argmax = k.argmax.bind(
@@ -443,13 +465,20 @@ impl DecodePlan {
         k.moe.record(pass, &self.ctx, &lb.moe);
     }
 
+    fn record_head(&self, pass: &mut wgpu::ComputePass<'_>) {
+        match &self.head {
+            HeadBinding::Matvec(b) => self.k.matvec.record(pass, b),
+            HeadBinding::Matmul(b) => self.k.matmul.record(pass, b),
+        }
+    }
+
     /// Record one step; `argmax` adds the on-GPU argmax + state advance.
     fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
         self.record_layers(pass, pos_bound);
         if !self.fused {
             self.k.norm.record(pass, &self.final_norm);
         }
-        self.k.matvec.record(pass, &self.head);
+        self.record_head(pass);
         if argmax {
             self.k.argmax.record(pass, &self.argmax);
         }
@@ -497,7 +526,7 @@ impl DecodePlan {
                     if !self.fused {
                         self.k.norm.record(p, &self.final_norm);
                     }
-                    self.k.matvec.record(p, &self.head);
+                    self.record_head(p);
                 }
             })?;
         }
@@ -611,7 +640,7 @@ impl DecodePlan {
         }
         ctx.run_pass(|p| self.k.norm.record(p, &self.final_norm))?;
         out.push(("final_norm".to_string(), ctx.read_f32(&a.xn, h)?));
-        ctx.run_pass(|p| self.k.matvec.record(p, &self.head))?;
+        ctx.run_pass(|p| self.record_head(p))?;
         out.push((
             "logits".to_string(),
             ctx.read_f32(&a.logits, cfg.vocab_size)?,
@@ -681,6 +710,10 @@ impl DecodePlan {
                     + MoeKernel::dispatches(self.opts.routing) as usize
             })
             .sum();
-        self.embed.dispatch_count() + per_layer + !self.fused as usize + count(&self.head) + 2
+        let head = match &self.head {
+            HeadBinding::Matvec(b) => b.dispatch_count(),
+            HeadBinding::Matmul(b) => b.dispatch_count(),
+        };
+        self.embed.dispatch_count() + per_layer + !self.fused as usize + head + 2
     }
 }
