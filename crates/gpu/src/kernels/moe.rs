@@ -325,7 +325,7 @@ impl MoeKernel {
             format!(
                 "{}{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
                 consts(p, gate_up_t, p.hidden),
-                gate_up_f32_src(p, gate_up_t)
+                include_str!("../shaders/moe_gate_up_f32.wgsl")
             )
         } else {
             format!(
@@ -698,28 +698,6 @@ fn down_f32_body(p: &MoeParams, t: u32, rt: u32) -> String {
         .replace("//ITEMS_LOAD", &load)
         .replace("//ITEMS_DOT", &dot)
         .replace("//ROWS_STORE", &store)
-}
-
-/// moe_gate_up_f32.wgsl with `expert_rows`' per-item lines written out for `t` lanes per row:
-/// item j of a lane is block `lane + j * t`, ceil(NB / t) of them, each with its gate and up
-/// block and scales in variables of their own, all loaded before the first dot.
-fn gate_up_f32_src(p: &MoeParams, t: u32) -> String {
-    let items = (p.hidden / BLOCK as u32).div_ceil(t);
-    let (mut load, mut dot) = (String::new(), String::new());
-    for j in 0..items {
-        load += &format!(
-            "let b{j} = min(lane + {j}u * T, NB - 1u); let k{j} = wrow * NB + b{j}; \
-             let gq{j} = gate_qs[k{j}]; let uq{j} = up_qs[k{j}]; \
-             let gs{j} = gscale(k{j}); let us{j} = uscale(k{j});\n    "
-        );
-        dot += &format!(
-            "if (lane + {j}u * T < NB) {{ let x = xs_block(b{j}); \
-             acc += vec2<f32>(gs{j} * dq_block(gq{j}, x), us{j} * dq_block(uq{j}, x)); }}\n        "
-        );
-    }
-    include_str!("../shaders/moe_gate_up_f32.wgsl")
-        .replace("//GU_LOAD", &load)
-        .replace("//GU_DOT", &dot)
 }
 
 /// Error unless `buf` holds at least `bytes`.

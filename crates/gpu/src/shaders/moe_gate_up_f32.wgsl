@@ -74,6 +74,15 @@ fn uscale(i: u32) -> f32 {
     return select(v.x, v.y, (i & 1u) == 1u);
 }
 
+// One weight block b of row `wrow` for gate and up, scaled: (gate, up) partial sums.
+fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
+    let blk = wrow * NB + b;
+    let g = gate_qs[blk];
+    let u = up_qs[blk];
+    let x = xs_block(b);
+    return vec2<f32>(gscale(blk) * dq_block(g, x), uscale(blk) * dq_block(u, x));
+}
+
 // Rows [R wid.x, +R) of expert e for slot k, written to h [hbase + k*I..] (hbase: the column's
 // first h element). `e` is workgroup-uniform; every thread calls it (it has a barrier), a part
 // that does not hold e computes nothing.
@@ -84,17 +93,15 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32) {
     let row = bx * R + team;
     let wrow = (select(params.e_lo, e, held) - params.e_lo) * I + row;
     var acc = vec2<f32>(0.0);
-    // GU_LOAD (host-expanded, moe.rs `gate_up_f32_src`): every weight block and scale of the
-    // lane, blocks lane + j T for j < ceil(NB / T), loaded into separate variables before any
-    // is used, so all of the lane's loads are in flight at once (a loop left them to the
-    // compiler, which issued them a block at a time). Past NB (the last item of some lanes)
-    // the loads read block NB - 1 and are not used; a part that does not hold e reads its
-    // first expert and uses nothing.
-    //GU_LOAD
     if (held) {
-        // GU_DOT: acc += (scale * dot) of gate and up for each item below NB, in item order
-        // (`union_rows` repeats these sums bit for bit).
-        //GU_DOT
+        // A constant trip count lets the compiler unroll and issue the lane's weight loads
+        // together (few workgroups: latency, not bandwidth, limits).
+        for (var j = 0u; j < NB / T; j++) {
+            acc += gu_block(wrow, lane + j * T);
+        }
+        if (lane < NB % T) {
+            acc += gu_block(wrow, lane + (NB / T) * T);
+        }
     }
     red_g[li] = acc.x;
     red_u[li] = acc.y;
