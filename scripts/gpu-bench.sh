@@ -6,8 +6,8 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,moetune,parity,bench,routerab,batch,fold,
-# numerics,depth16k,load
+# where steps is a comma list of: fixture,synth,kernels,moetune,parity,bench,routerab,ab,batch,
+# fold,numerics,depth16k,load
 # (default: all but batch, which bench covers, moetune and load).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -21,7 +21,7 @@ for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export XDG_RUNTIME_DIR=/tmp
-N=target/release/nibble
+N="${NIBBLE_BIN:-target/release/nibble}"
 TOK=vendor/qwen3-tokenizer/tokenizer.json
 MODEL=/tmp/q30.gguf
 S="$OUT/summary.txt"
@@ -35,7 +35,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has bench || has routerab || has batch || has fold || has numerics || has depth16k || has load; then
+if has synth || has parity || has bench || has routerab || has ab || has batch || has fold || has numerics || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -66,6 +66,16 @@ if has routerab; then
   timeout 300 $N bench -m $MODEL --backend gpu --router-dispatch -p 512 -n 128 --reps 5 --depth 0,4096 --ctx 4700 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
   say "bench gpu (router folded, the default): tg128 at depth 0 and 4096, pp512"
   timeout 300 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --ctx 4700 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has ab; then
+  # A/B of builds: every binary carried in target/ab/ (e.g. nibble-<commit>, built here from
+  # each commit), tg128 after a 512-token prompt, two rounds interleaved so drift hits all alike.
+  for round in 1 2; do
+    for b in target/ab/nibble-*; do
+      say "ab round $round: $(basename $b) tg128"
+      timeout 120 $b bench -m $MODEL --backend gpu -p 512 -n 128 --reps 3 --depth 0 --ctx 1024 2>&1 | grep -E "^tg128|^pp512" | tee -a "$S"
+    done
+  done
 fi
 if has batch; then
   say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"
