@@ -64,8 +64,10 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     let g = GpuBackend::new(weights, opts)?;
     if args.verbose {
         eprintln!(
-            "gpu: {} dispatches per token, {:.3} GB resident, numerics {}, fold {}{}",
+            "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
+             numerics {}, fold {}{}",
             g.dispatches_per_step(),
+            g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
             args.numerics,
             args.fold,

@@ -203,6 +203,13 @@ impl GpuBackend {
         self.plan.dispatches_per_step()
     }
 
+    /// Dispatches per greedy step at the last position of the context (the most: attention
+    /// adds a combine once the context spans several chunks).
+    pub fn dispatches_per_step_max(&self) -> usize {
+        let last = self.context_len().saturating_sub(1) as u32;
+        self.plan.dispatches_per_step_at(last)
+    }
+
     /// The plan (diagnostics and tests).
     pub fn plan(&self) -> &DecodePlan {
         &self.plan
@@ -227,7 +234,8 @@ impl GpuBackend {
         format!(
             "gpu adapter: {} ({:?}, {:?})\n\
              numerics: {} (int4 weights x {} activations)\n\
-             decode: fold {} ({mode}), {} dispatches per token, routing {:?}, router {}\n\
+             decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
+             routing {:?}, router {}\n\
              prefill: {} tokens per command buffer\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions",
             info.name,
@@ -237,6 +245,7 @@ impl GpuBackend {
             o.numerics,
             o.max_run,
             self.dispatches_per_step(),
+            self.dispatches_per_step_max(),
             o.routing,
             if self.plan.fold_bytes() > 0 {
                 "folded into the o-proj"

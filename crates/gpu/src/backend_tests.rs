@@ -162,6 +162,11 @@ fn router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens() {
         folded.dispatches_per_step() + layers,
         own.dispatches_per_step()
     );
+    // Past the first attention chunk (16 positions) each layer adds the combine dispatch.
+    assert_eq!(
+        folded.dispatches_per_step_max(),
+        folded.dispatches_per_step() + layers
+    );
     assert!(folded.describe().contains("router folded into the o-proj"));
     assert!(own.describe().contains("router in its own dispatch"));
     assert!(

@@ -696,6 +696,11 @@ impl DecodePlan {
     /// Dispatches one recorded step issues (with argmax), at position 0 (attention takes one
     /// dispatch per layer while a chunk covers the context, two after).
     pub fn dispatches_per_step(&self) -> usize {
+        self.dispatches_per_step_at(0)
+    }
+
+    /// [`Self::dispatches_per_step`] for a step at a position up to `pos_bound`.
+    pub fn dispatches_per_step_at(&self, pos_bound: u32) -> usize {
         let count = |b: &MatvecBinding| b.dispatch_count();
         let per_layer: usize = self
             .layers
@@ -706,7 +711,7 @@ impl DecodePlan {
                     + count(&lb.qkv)
                     + count(&lb.o)
                     + lb.router.as_ref().map_or(0, count)
-                    + self.k.attn.dispatches(&lb.attn, 0) as usize
+                    + self.k.attn.dispatches(&lb.attn, pos_bound) as usize
                     + MoeKernel::dispatches(self.opts.routing) as usize
             })
             .sum();

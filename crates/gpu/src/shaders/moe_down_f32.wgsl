@@ -69,6 +69,16 @@ fn item_blk(it: u32, crow: u32) -> u32 {
     return (el * H + crow) * NB + it % NB;
 }
 
+// Thread li's row of linear workgroup wid.x + wid.y * nwg.x for column `col` and its sum (`ok`:
+// the thread has a row below H). Every thread calls it (down_rows has barriers).
+struct RowSum { row: u32, tot: f32, ok: bool };
+fn row_sum(wid: vec3<u32>, nwg: vec3<u32>, li: u32, col: u32) -> RowSum {
+    let wg = wid.x + wid.y * nwg.x;
+    let tot = down_rows(wg, li, col);
+    let row = wg * ROWS + li;
+    return RowSum(row, tot, li < ROWS && row < H);
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -78,14 +88,12 @@ fn main(
     if (state.done != 0u) {
         return;
     }
-    let wg = wid.x + wid.y * nwg.x;
-    let tot = down_rows(wg, li, 0u);
-    let row = wg * ROWS + li;
-    if (li < ROWS && row < H) {
+    let r = row_sum(wid, nwg, li, 0u);
+    if (r.ok) {
         if (params.accumulate != 0u) {
-            out[row] += tot;
+            out[r.row] += r.tot;
         } else {
-            out[row] = tot;
+            out[r.row] = r.tot;
         }
     }
 }
@@ -103,11 +111,9 @@ fn main_add(
     if (state.done != 0u) {
         return;
     }
-    let wg = wid.x + wid.y * nwg.x;
-    let tot = down_rows(wg, li, 0u);
-    let row = wg * ROWS + li;
-    if (li < ROWS && row < H) {
-        out[row] = (out[row] + add_a[row]) + tot;
+    let r = row_sum(wid, nwg, li, 0u);
+    if (r.ok) {
+        out[r.row] = (out[r.row] + add_a[r.row]) + r.tot;
     }
 }
 
@@ -122,14 +128,12 @@ fn main_cols(
     if (state.done != 0u || c >= 8u || cols[c].done != 0u) {
         return;
     }
-    let wg = wid.x + wid.y * nwg.x;
-    let tot = down_rows(wg, li, c);
-    let row = wg * ROWS + li;
-    if (li < ROWS && row < H) {
+    let r = row_sum(wid, nwg, li, c);
+    if (r.ok) {
         if (params.accumulate != 0u) {
-            out[c * H + row] += tot;
+            out[c * H + r.row] += r.tot;
         } else {
-            out[c * H + row] = tot;
+            out[c * H + r.row] = r.tot;
         }
     }
 }
