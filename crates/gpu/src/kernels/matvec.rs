@@ -1,7 +1,7 @@
 //! Matrix-vector products: int4 (repacked Q4_0) weights with activations in any
 //! [`Numerics`] form (int8 via `dot4I8Packed` is the fastest: ~2.4x the f32-activation variant on
-//! an H200; precise int8 is two int8 parts; f32), a plain f32 matvec (router), and the
-//! activation quantiser.
+//! an H200; precise int8 is two int8 parts; f32) and a plain f32 matvec (router). The activation
+//! quantiser the int8 forms read from is in quantize.rs (re-exported here).
 //!
 //! Every matvec uses 256-thread workgroups and a shared-memory reduction, so no subgroup
 //! size is assumed: 8 rows x 32 lanes for int4 x int8; 8 teams x 32 lanes of 1, 2 or 4 rows each
@@ -10,12 +10,18 @@
 //! big GPU with 16 workgroups), else 8 rows x 32 lanes. A matrix split across bindings is one dispatch
 //! per part, each writing its rows at `row_start` of the one output vector. All kernels return
 //! immediately when the run state says `done`.
+//!
+//! The int4 x f32 form has fused variants ([`Fused`]): RMSNorm on load (the qkv), the residual
+//! add (the o-proj of the fused plan), and the o-proj with the folded router's logits computed in
+//! extra workgroups of the same dispatch (`Fused::Router`, kernels/router_fold.rs).
 
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_in_wgsl, act_out_wgsl, Numerics, F32_DEQ};
+use crate::numerics::{act_in_wgsl, Numerics, F32_DEQ};
 use crate::state::with_state;
-use crate::tensor::{F32Matrix, Q4Matrix, QuantActs, BLOCK};
+use crate::tensor::{F32Matrix, Q4Matrix, BLOCK};
 
+/// The activation quantiser lives in quantize.rs; re-exported where its users look for it.
+pub use super::quantize::{QuantizeBinding, QuantizeKernel};
 pub use crate::numerics::Act;
 
 /// Rows per int4 x int8 matvec workgroup (must match `RPW` in the shader).
@@ -690,87 +696,6 @@ fn check_norm_input(x: &NormInput<'_>, cols: u32, what: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The activation quantiser: f32 `x[n]` -> [`QuantActs`] (one thread per block of 32).
-pub struct QuantizeKernel {
-    /// Plain and precise int8 outputs.
-    plain: wgpu::ComputePipeline,
-    precise: wgpu::ComputePipeline,
-}
-
-/// Bind group of one quantisation.
-pub struct QuantizeBinding {
-    precise: bool,
-    bg: wgpu::BindGroup,
-    grid: (u32, u32),
-}
-
-impl QuantizeKernel {
-    pub fn new(ctx: &Context) -> Result<QuantizeKernel> {
-        let src = |n: Numerics| {
-            let body = include_str!("../shaders/quantize.wgsl");
-            with_state(&format!("{}{body}", act_out_wgsl(n, 1, 2)))
-        };
-        Ok(QuantizeKernel {
-            plain: ctx.compute("quantize", &src(Numerics::Int8), "main")?,
-            precise: ctx.compute("quantize.precise", &src(Numerics::PreciseInt8), "main")?,
-        })
-    }
-
-    /// Quantise the first `out.n` values of `x` into `out`.
-    pub fn bind(
-        &self,
-        ctx: &Context,
-        x: &wgpu::Buffer,
-        out: &QuantActs,
-        state: &wgpu::Buffer,
-    ) -> Result<QuantizeBinding> {
-        if x.size() < out.n as u64 * 4 {
-            return Err(GpuError::Shape(format!(
-                "quantize: x holds {} bytes for {} values",
-                x.size(),
-                out.n
-            )));
-        }
-        let blocks = out.n / BLOCK as u32;
-        let grid = ctx.grid(blocks.div_ceil(64));
-        let p = ctx.uniform(
-            "quantize.params",
-            bytemuck::cast_slice(&[blocks, grid.0, 0, 0]),
-        )?;
-        let pipe = if out.precise {
-            &self.precise
-        } else {
-            &self.plain
-        };
-        let bg = ctx.bind_group(
-            "quantize",
-            pipe,
-            &[
-                x.as_entire_binding(),
-                out.q.as_entire_binding(),
-                out.s.as_entire_binding(),
-                p.as_entire_binding(),
-                state.as_entire_binding(),
-            ],
-        )?;
-        Ok(QuantizeBinding {
-            precise: out.precise,
-            bg,
-            grid,
-        })
-    }
-
-    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &QuantizeBinding) {
-        pass.set_pipeline(if b.precise {
-            &self.precise
-        } else {
-            &self.plain
-        });
-        pass.set_bind_group(0, &b.bg, &[]);
-        pass.dispatch_workgroups(b.grid.0, b.grid.1, 1);
-    }
 }
 
 /// Scalar reference of the Q4 x int8 matvec: exactly the integer arithmetic of the kernel, in f64.

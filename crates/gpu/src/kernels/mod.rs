@@ -17,6 +17,7 @@ pub mod moe;
 pub mod norm;
 #[cfg(test)]
 mod numerics_tests;
+pub mod quantize;
 pub mod router_cols;
 pub mod router_fold;
 #[cfg(test)]
