@@ -79,6 +79,15 @@ fn row_sum(wid: vec3<u32>, nwg: vec3<u32>, li: u32, col: u32) -> RowSum {
     return RowSum(row, tot, li < ROWS && row < H);
 }
 
+// Add `tot` into out[i] (the residual, or a later part) or write it, as params say.
+fn store(i: u32, tot: f32) {
+    if (params.accumulate != 0u) {
+        out[i] += tot;
+    } else {
+        out[i] = tot;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -90,11 +99,7 @@ fn main(
     }
     let r = row_sum(wid, nwg, li, 0u);
     if (r.ok) {
-        if (params.accumulate != 0u) {
-            out[r.row] += r.tot;
-        } else {
-            out[r.row] = r.tot;
-        }
+        store(r.row, r.tot);
     }
 }
 
@@ -130,11 +135,7 @@ fn main_cols(
     }
     let r = row_sum(wid, nwg, li, c);
     if (r.ok) {
-        if (params.accumulate != 0u) {
-            out[c * H + r.row] += r.tot;
-        } else {
-            out[c * H + r.row] = r.tot;
-        }
+        store(c * H + r.row, r.tot);
     }
 }
 
