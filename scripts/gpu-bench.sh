@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,moetune,parity,bench,routerab,ab,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,routerab,ab,batch,
 # fold,numerics,depth16k,load
 # (default: all but batch, which bench covers, moetune and load).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -50,6 +50,25 @@ if has kernels; then
   # a discarded warm-up invocation first.
   timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 --reps 2 > /dev/null 2>&1
   timeout 120 target/release/examples/kernel_bench --shapes full --pos 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has hot; then
+  # The same kernels with every weight read from L2 (--hot: one copy, one MoE route) against the
+  # usual streamed-from-memory rows: what prefetching a kernel's weights could buy at most.
+  say "kernel microbenchmark (pos 128): cold (streamed) then --hot (L2-resident weights)"
+  timeout 120 target/release/examples/kernel_bench --shapes full --pos 128 --reps 2 > /dev/null 2>&1
+  timeout 120 target/release/examples/kernel_bench --shapes full --pos 128 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  timeout 120 target/release/examples/kernel_bench --shapes full --pos 128 --hot 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has kbab; then
+  # A/B of kernel_bench builds: every target/ab/kb-* (built here from each variant), pos 128,
+  # two interleaved rounds after a discarded warm-up; the per-call rows only.
+  timeout 120 "$(ls target/ab/kb-* | head -1)" --shapes full --pos 128 --reps 2 > /dev/null 2>&1
+  for round in 1 2; do
+    for b in target/ab/kb-*; do
+      say "kbab round $round: $(basename $b)"
+      timeout 120 $b --shapes full --pos 128 ${KB_ARGS:-} 2>&1 | grep -E "^  " | grep -v -E "cols|tuning|int8|matmul (qkv|o_proj)| r[124] " | tee -a "$S"
+    done
+  done
 fi
 if has moetune; then
   say "kernel microbenchmark: staged f32 MoE work splits (--moe-tunings)"

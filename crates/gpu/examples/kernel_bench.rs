@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p nibble-gpu --example kernel_bench -- [--shapes full|tiny] [--reps N]
 //! [--calls M] [--pos P] [--numerics f32|precise-int8|int8] [--adapter NAME] [--json]
-//! [--matmul-tiles] [--moe-tunings]`
+//! [--matmul-tiles] [--moe-tunings] [--hot]`
 //!
 //! Every kernel the decode plan records is built with the real Qwen3-30B-A3B shapes (`full`) or
 //! the tiny model's (`tiny`, for lavapipe) and random inputs, then one call of it is recorded M
@@ -17,6 +17,8 @@
 //! with the tile it picks, or every compiled tile of those columns with `--matmul-tiles`; so
 //! has the MoE over columns (`moe cols`, multi-stream decode): nb = 1, 2, 4, 8 with random or
 //! shared routes, per-column (the default), union gate/up and union gate/up + down forms.
+//! `--hot` keeps ONE copy of every weight and one MoE route, so repeated calls read from L2
+//! (what a kernel would cost were its weights prefetched).
 //! Smallest run (lavapipe): `--shapes tiny --calls 2 --reps 1`.
 
 #[path = "kernel_bench/cases.rs"]
@@ -53,13 +55,14 @@ struct Args {
     json: bool,
     matmul_tiles: bool,
     moe_tunings: bool,
+    hot: bool,
 }
 
 impl Args {
     fn parse() -> anyhow::Result<Args> {
         let mut it = std::env::args().skip(1);
         let (mut full, mut json, mut adapter, mut matmul_tiles) = (true, false, None, false);
-        let mut moe_tunings = false;
+        let (mut moe_tunings, mut hot) = (false, false);
         let (mut reps, mut calls, mut pos, mut numerics) = (None, None, None, Numerics::DEFAULT);
         while let Some(a) = it.next() {
             let mut val = || it.next().with_context(|| format!("{a} needs a value"));
@@ -77,6 +80,7 @@ impl Args {
                 "--json" => json = true,
                 "--matmul-tiles" => matmul_tiles = true,
                 "--moe-tunings" => moe_tunings = true,
+                "--hot" => hot = true,
                 _ => bail!("unknown argument {a} (see the doc comment of kernel_bench.rs)"),
             }
         }
@@ -94,6 +98,7 @@ impl Args {
             json,
             matmul_tiles,
             moe_tunings,
+            hot,
         })
     }
 }
@@ -213,7 +218,12 @@ fn main() -> anyhow::Result<()> {
         &ctx,
         &cfg,
         nm,
-        (ctx_len, m as u32, working_set),
+        (
+            ctx_len,
+            m as u32,
+            if args.hot { 0 } else { working_set },
+            if args.hot { 1 } else { l },
+        ),
         &tunings,
         &mut rng,
     )?;
@@ -266,6 +276,33 @@ fn main() -> anyhow::Result<()> {
     let count = ctx.read_u32(&empty.buf, 1)?[0];
     let want = (m * (args.reps + 1)) as u32;
     anyhow::ensure!(count == want, "empty chain ran {count} times, want {want}");
+    // Memory latency: a chain of dependent loads, 1 and 64 hops per call, through a cycle of
+    // 512 KiB (L2) and of the read buffer's size (DRAM on a big GPU; 128-byte lines apart).
+    for (what, bytes) in [("L2", 512u64 << 10), ("memory", read_bytes.min(256 << 20))] {
+        let entries = (bytes / 128) as usize;
+        for hops in [1u32, 64] {
+            let chase = RefKernel::chase(&ctx, &mut rng, entries, 32, hops)?;
+            let name = format!(
+                "ref: chase {hops} dependent loads ({what}, {} KiB)",
+                bytes >> 10
+            );
+            r.case(sp(name, 1, 0, true, 0), m, &|p, _| chase.record(p))?;
+        }
+    }
+    // Fixed costs: 256-thread workgroups storing a word, with barrier rounds or a uniform load.
+    for (groups, barriers, uniform) in [
+        (1u32, 0u32, false),
+        (1, 16, false),
+        (1, 0, true),
+        (132, 0, false),
+        (1056, 0, false),
+        (1056, 16, false),
+    ] {
+        let probe = RefKernel::probe(&ctx, groups, barriers, uniform)?;
+        let u = if uniform { " + uniform load" } else { "" };
+        let name = format!("ref: {groups} wg x 256, {barriers} barrier rounds{u}");
+        r.case(sp(name, 1, 0, true, 0), m, &|p, _| probe.record(p))?;
+    }
     let name = format!("ref: read {} MiB (sum)", read_bytes >> 20);
     r.case(sp(name, 1, 0, true, read_bytes), m.min(50), &|p, _| {
         read.record(p)
@@ -358,14 +395,13 @@ fn main() -> anyhow::Result<()> {
             b.matvec
                 .bind_q4_with(&ctx, w, x.act(Numerics::F32), y, &b.state, rpt)
         };
-        let qkv = vec![
-            bind(&b.qkv_w[0], &b.xn, &b.qkv_out)?,
-            bind(&b.qkv_w[1], &b.xn, &b.qkv_out)?,
-        ];
-        let o = vec![
-            bind(&b.o_w[0], &b.att, &b.a)?,
-            bind(&b.o_w[1], &b.att, &b.a)?,
-        ];
+        // Every copy, so these rows read from memory as the plain rows above do.
+        let qkv = (b.qkv_w.iter())
+            .map(|w| bind(w, &b.xn, &b.qkv_out))
+            .collect::<Result<Vec<_>, _>>()?;
+        let o = (b.o_w.iter())
+            .map(|w| bind(w, &b.att, &b.a))
+            .collect::<Result<Vec<_>, _>>()?;
         let head = vec![bind(&b.head_w, &b.xn, &b.logits)?];
         for (name, binds, bytes) in [
             (format!("matvec qkv [{qr}x{h}] f32 r{rpt}"), &qkv, q4(qr, h)),
@@ -465,6 +501,22 @@ fn main() -> anyhow::Result<()> {
         };
         r.case(s, m, &|p, c| b.attn.record(p, &b.attn_b[c % l], pos))?;
     }
+    for pos in [1u32, 64, 128, 255] {
+        let s = Spec {
+            name: format!(
+                "attention one chunk per kv head @pos {pos} ({} dispatch)",
+                b.attn_one.dispatches(&b.attn_one_b[0], pos)
+            ),
+            disp: 1,
+            per_token: l,
+            alt: true,
+            bytes: (qd as u64 + 4 * kvd as u64 + 2 * pos as u64 * kvd as u64) * 4,
+            pos,
+        };
+        r.case(s, m, &|p, c| {
+            b.attn_one.record(p, &b.attn_one_b[c % l], pos)
+        })?;
+    }
 
     // MoE: gate/up and down alone when the kernel allows it, else together.
     let moe_bytes = |mv: Numerics| {
@@ -477,17 +529,17 @@ fn main() -> anyhow::Result<()> {
         if let Some((g, d)) = &set.split {
             let name = format!("moe gate_up+silu K={k} [{i}x{h}] {mv}");
             r.case(sp(name, 1, l, mv != nm, gu), m, &|p, c| {
-                set.kernel.record(p, &ctx, &g[c % l])
+                set.kernel.record(p, &ctx, &g[c % g.len()])
             })?;
             let name = format!("moe down+combine K={k} [{h}x{i}] {mv}");
             r.case(sp(name, 1, l, mv != nm, dn), m, &|p, c| {
-                set.kernel.record(p, &ctx, &d[c % l])
+                set.kernel.record(p, &ctx, &d[c % d.len()])
             })?;
         }
         let name = format!("moe gate_up+down (as plan) {mv}");
         let alt = mv != nm || set.split.is_some();
         r.case(sp(name, 2, l, alt, gu + dn), m, &|p, c| {
-            set.kernel.record(p, &ctx, &set.full[c % l])
+            set.kernel.record(p, &ctx, &set.full[c % set.full.len()])
         })?;
     }
     // The f32 work-split sweep (`--moe-tunings`): each stage alone where it can be split.
@@ -504,7 +556,7 @@ fn main() -> anyhow::Result<()> {
             };
             let name = format!("moe gate_up f32 tuning lanes {}{un}", t.gate_up_lanes);
             r.case(sp(name, 1, l, true, gu), m, &|p, c| {
-                set.kernel.record(p, &ctx, &g[c % l])
+                set.kernel.record(p, &ctx, &g[c % g.len()])
             })?;
         }
         if t.gate_up_lanes == F32Tuning::DEFAULT.gate_up_lanes {
@@ -518,7 +570,7 @@ fn main() -> anyhow::Result<()> {
                 t.down_lanes, t.down_rows
             );
             r.case(sp(name, 1, l, true, dn), m, &|p, c| {
-                set.kernel.record(p, &ctx, &d[c % l])
+                set.kernel.record(p, &ctx, &d[c % d.len()])
             })?;
         }
     }

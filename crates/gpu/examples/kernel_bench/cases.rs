@@ -100,6 +100,9 @@ pub struct Bench {
     pub o_b: Vec<MatvecBinding>,
     pub router_b: Vec<MatvecBinding>,
     pub attn_b: Vec<AttentionBinding>,
+    /// One chunk per kv head while it fits (256 positions): single dispatch, 4 workgroups.
+    pub attn_one: AttentionKernel,
+    pub attn_one_b: Vec<AttentionBinding>,
     pub head_b: MatvecBinding,
     /// rmsnorm(+quant), add+rmsnorm(+quant), plain rmsnorm.
     pub norm_b: [RmsNormBinding; 3],
@@ -113,22 +116,24 @@ pub struct Bench {
     pub moe_step: MoeBinding,
     _keep: Vec<wgpu::Buffer>,
     _scratch: AttentionScratch,
+    _scratch_one: AttentionScratch,
 }
 
 impl Bench {
     /// Build it all; `ctx_len` KV rows, `max_calls` the most argmax calls per pass. Dense
-    /// per-layer matrices get at least `layers` copies and enough to span `working_set` bytes
+    /// per-layer matrices get at least `min_copies` copies (`layers`, or 1 for `--hot`) and enough to span `working_set` bytes
     /// (small ones like the 1 MB router would otherwise stay in L2 across 48 copies).
     pub fn new(
         ctx: &Context,
         cfg: &Qwen3MoeConfig,
         numerics: Numerics,
-        (ctx_len, max_calls, working_set): (usize, u32, u64),
+        (ctx_len, max_calls, working_set, min_copies): (usize, u32, u64, usize),
         moe_tunings: &[F32Tuning],
         rng: &mut impl Rng,
     ) -> anyhow::Result<Bench> {
         let l = cfg.num_layers;
-        let n_copies = |bytes: usize| (working_set.div_ceil(bytes as u64) as usize).clamp(l, 1024);
+        let n_copies =
+            |bytes: usize| (working_set.div_ceil(bytes as u64) as usize).clamp(min_copies, 1024);
         let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
         let (e, k, i, v) = (
             cfg.num_experts,
@@ -188,21 +193,32 @@ impl Bench {
             rand_buf(ctx, "v_cache", rng, ctx_len * kv, -1.0, 1.0)?,
             l,
         )?;
-        let attn_b = (0..l)
-            .map(|j| {
-                let bufs = AttentionBuffers {
-                    state: st,
-                    qkv: &qkv_out,
-                    q_norm: &q_norm,
-                    k_norm: &k_norm,
-                    k_cache: &k_cache[j],
-                    v_cache: &v_cache[j],
-                    out: &att.f,
-                    out_q: att.quant(numerics),
-                };
-                attn.bind(ctx, &bufs, &scratch)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let bind_attn = |attn: &AttentionKernel, scratch: &AttentionScratch| {
+            (0..l)
+                .map(|j| {
+                    let bufs = AttentionBuffers {
+                        state: st,
+                        qkv: &qkv_out,
+                        q_norm: &q_norm,
+                        k_norm: &k_norm,
+                        k_cache: &k_cache[j],
+                        v_cache: &v_cache[j],
+                        out: &att.f,
+                        out_q: att.quant(numerics),
+                    };
+                    attn.bind(ctx, &bufs, scratch)
+                })
+                .collect::<Result<Vec<_>>>()
+        };
+        let attn_b = bind_attn(&attn, &scratch)?;
+        // One chunk per kv head up to 256 positions (no combine): the alternative split.
+        let attn_one = AttentionKernel::with_split(
+            ctx,
+            AttentionParams::from_config(cfg, ctx_len)?,
+            Some((1, 256)),
+        )?;
+        let scratch_one = attn_one.scratch(ctx)?;
+        let attn_one_b = bind_attn(&attn_one, &scratch_one)?;
 
         let norm = RmsNormKernel::new(ctx)?;
         let w = rand_buf(ctx, "norm_w", rng, h, 0.5, 1.5)?;
@@ -250,7 +266,7 @@ impl Bench {
             no_parts((e * h) as u32, i as u32),
         );
         let mut slots = Vec::new();
-        for _ in 0..l {
+        for _ in 0..min_copies {
             let lg = rand_buf(ctx, "moe.logits", rng, e, -2.0, 2.0)?;
             let mut ids: Vec<u32> = (0..e as u32).collect();
             for j in 0..k {
@@ -366,6 +382,8 @@ impl Bench {
             o_b,
             router_b,
             attn_b,
+            attn_one,
+            attn_one_b,
             head_b,
             norm_b,
             embed_b,
@@ -375,6 +393,7 @@ impl Bench {
             moe_step,
             _keep: keep,
             _scratch: scratch,
+            _scratch_one: scratch_one,
         })
     }
 
@@ -395,11 +414,12 @@ impl Bench {
         self.embed.record(pass, &self.embed_b);
         for j in 0..self.layers {
             self.norm.record(pass, &self.norm_b[0]);
-            self.matvec.record(pass, &self.qkv_b[j]);
+            self.matvec.record(pass, &self.qkv_b[j % self.qkv_b.len()]);
             self.attn.record(pass, &self.attn_b[j], pos);
-            self.matvec.record(pass, &self.o_b[j]);
+            self.matvec.record(pass, &self.o_b[j % self.o_b.len()]);
             self.norm.record(pass, &self.norm_b[1]);
-            self.matvec.record(pass, &self.router_b[j]);
+            self.matvec
+                .record(pass, &self.router_b[j % self.router_b.len()]);
             moe.record(pass, &self.ctx, &self.moe_step);
         }
         self.norm.record(pass, &self.norm_b[0]);

@@ -129,6 +129,35 @@ const EMPTY_WGSL: &str = "
 fn main() { c[0] = c[0] + 1u; }
 ";
 
+const PROBE_WGSL: &str = "
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@group(0) @binding(1) var<uniform> u: vec4<u32>;
+var<workgroup> sh: array<u32, 256>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    var v = li;
+    for (var k = 0u; k < NBAR; k++) {
+        sh[li] = v;
+        workgroupBarrier();
+        v = sh[(li + 1u) & 255u] + 1u;
+        workgroupBarrier();
+    }
+    if (UNI) { v += u.x; }
+    out[wid.x * 256u + li] = v;
+}
+";
+
+const CHASE_WGSL: &str = "
+@group(0) @binding(0) var<storage, read> next: array<u32>;
+@group(0) @binding(1) var<storage, read_write> cur: array<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    var i = cur[0];
+    for (var k = 0u; k < HOPS; k++) { i = next[i]; }
+    cur[0] = i;
+}
+";
+
 const READ_WGSL: &str = "
 @group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> dst: array<u32>;
@@ -192,6 +221,69 @@ impl RefKernel {
             "bench.read",
             &pipeline,
             &[buf.as_entire_binding(), dst.as_entire_binding()],
+        )?;
+        Ok(RefKernel {
+            pipeline,
+            bg,
+            groups,
+            buf,
+        })
+    }
+
+    /// One thread following `hops` dependent loads through a random cycle over `entries` slots
+    /// `stride` u32 apart (Sattolo's shuffle: one cycle through every slot), continuing where
+    /// the previous call stopped: each hop costs one memory latency, from L2 for a cycle that
+    /// fits in it, from DRAM for one far larger than it.
+    pub fn chase(
+        ctx: &Context,
+        rng: &mut impl Rng,
+        entries: usize,
+        stride: usize,
+        hops: u32,
+    ) -> Result<RefKernel> {
+        let mut order: Vec<u32> = (0..entries as u32).collect();
+        for i in (1..entries).rev() {
+            order.swap(i, rng.random_range(0..i));
+        }
+        let mut next = vec![0u32; entries * stride];
+        for (i, &slot) in order.iter().enumerate() {
+            let to = order[(i + 1) % entries];
+            next[slot as usize * stride] = to * stride as u32;
+        }
+        let src = ctx.storage_init("bench.chase", bytemuck::cast_slice(&next))?;
+        let cur = ctx.storage("bench.chase.cur", 4)?;
+        let wgsl = CHASE_WGSL.replace("HOPS", &format!("{hops}u"));
+        let pipeline = ctx.compute("bench.chase", &wgsl, "main")?;
+        let bg = ctx.bind_group(
+            "bench.chase",
+            &pipeline,
+            &[src.as_entire_binding(), cur.as_entire_binding()],
+        )?;
+        Ok(RefKernel {
+            pipeline,
+            bg,
+            groups: 1,
+            buf: src,
+        })
+    }
+
+    /// `groups` workgroups of 256 threads that each store one word, after `barriers` rounds of
+    /// (shared store, barrier, neighbour's shared load, barrier) and, with `uniform`, adding a
+    /// uniform-buffer word: the fixed costs every kernel's chain is made of.
+    pub fn probe(ctx: &Context, groups: u32, barriers: u32, uniform: bool) -> Result<RefKernel> {
+        let wgsl = PROBE_WGSL
+            .replace("NBAR", &format!("{barriers}u"))
+            .replace("UNI", if uniform { "true" } else { "false" });
+        let pipeline = ctx.compute("bench.probe", &wgsl, "main")?;
+        let buf = ctx.storage("bench.probe.out", groups as u64 * 256 * 4)?;
+        let u = ctx.uniform(
+            "bench.probe.u",
+            &[1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        )?;
+        let bg = ctx.bind_group(
+            "bench.probe",
+            &pipeline,
+            &[buf.as_entire_binding(), u.as_entire_binding()],
         )?;
         Ok(RefKernel {
             pipeline,

@@ -276,8 +276,9 @@ impl AttentionKernel {
     }
 
     /// [`Self::new`] with the split's target chunks per kv head and chunk cap overridden (tests
-    /// reach the long-context geometry with small caches this way).
-    pub(crate) fn with_split(
+    /// reach the long-context geometry with small caches this way; kernel_bench times other
+    /// splits).
+    pub fn with_split(
         ctx: &Context,
         params: AttentionParams,
         over: Option<(u32, u32)>,

@@ -156,11 +156,23 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
             let g = i / P;
             let t = i % P;
             if (t < rows) {
-                var acc = 0.0;
-                for (var d = 0u; d < D4; d++) {
-                    acc += dot(qs[g * D4 + d], tile[t * DP + d]);
+                // Four independent partial sums: a one-accumulator chain of D4 dots is what
+                // bounds this loop (shared-memory loads are cheap next to the dependent adds).
+                let qb = g * D4;
+                let kb = t * DP;
+                var a = vec4<f32>(0.0);
+                var d = 0u;
+                for (; d + 4u <= D4; d += 4u) {
+                    a += vec4<f32>(
+                        dot(qs[qb + d], tile[kb + d]),
+                        dot(qs[qb + d + 1u], tile[kb + d + 1u]),
+                        dot(qs[qb + d + 2u], tile[kb + d + 2u]),
+                        dot(qs[qb + d + 3u], tile[kb + d + 3u]));
                 }
-                sc[g * CMAX + tt + t] = acc;
+                for (; d < D4; d++) {
+                    a.x += dot(qs[qb + d], tile[kb + d]);
+                }
+                sc[g * CMAX + tt + t] = (a.x + a.y) + (a.z + a.w);
             }
         }
     }
@@ -220,11 +232,18 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
             if (o < G * D4) {
                 let gg = o / D4;
                 let d = o % D4;
+                // Two chains (even and odd rows) instead of one.
                 var a = acc[j];
-                for (var t = 0u; t < rows; t++) {
-                    a += sc[gg * CMAX + tt + t] * tile[t * DP + d];
+                var b = vec4<f32>(0.0);
+                var t = 0u;
+                for (; t + 2u <= rows; t += 2u) {
+                    a = fma(vec4<f32>(sc[gg * CMAX + tt + t]), tile[t * DP + d], a);
+                    b = fma(vec4<f32>(sc[gg * CMAX + tt + t + 1u]), tile[(t + 1u) * DP + d], b);
                 }
-                acc[j] = a;
+                if (t < rows) {
+                    a = fma(vec4<f32>(sc[gg * CMAX + tt + t]), tile[t * DP + d], a);
+                }
+                acc[j] = a + b;
             }
         }
     }

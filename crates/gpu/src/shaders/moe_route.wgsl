@@ -35,11 +35,20 @@ fn route_rank(li: u32) {
         // trip count E (not two split at e): the compiler can unroll it and keep many of the
         // (broadcast) shared loads in flight, where the dependent per-thread bounds left a
         // serial chain of E load latencies in every workgroup before any weight was read.
-        var rank = 0u;
-        for (var j = 0u; j < E; j++) {
-            let u = lg[j];
-            rank += select(u32(u > v), u32(u >= v), j < e);
+        // Four partial counts (integer: the order does not matter): one counter would make the
+        // E adds a dependent chain.
+        var rk = vec4<u32>(0u);
+        var j = 0u;
+        for (; j + 4u <= E; j += 4u) {
+            let u = vec4<f32>(lg[j], lg[j + 1u], lg[j + 2u], lg[j + 3u]);
+            let jj = vec4<u32>(j, j + 1u, j + 2u, j + 3u);
+            rk += select(vec4<u32>(u > vec4<f32>(v)), vec4<u32>(u >= vec4<f32>(v)), jj < vec4<u32>(e));
         }
+        for (; j < E; j++) {
+            let u = lg[j];
+            rk.x += select(u32(u > v), u32(u >= v), j < e);
+        }
+        let rank = (rk.x + rk.y) + (rk.z + rk.w);
         if (rank < K) {
             top_e[rank] = e;
         }
