@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,routerab,ab,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,batch,
 # fold,numerics,depth16k,load
 # (default: all but batch, which bench covers, moetune and load).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -35,7 +35,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has bench || has routerab || has ab || has batch || has fold || has numerics || has depth16k || has load; then
+if has synth || has parity || has bench || has profile || has routerab || has ab || has batch || has fold || has numerics || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -77,6 +77,11 @@ fi
 if has bench; then
   say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, batch 1/2/4/8 (multi-stream), folded vs per-token"
   timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --batch 1,2,4,8 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has profile; then
+  # Where one step's GPU time goes in the real plan (timestamps after every op), at three depths.
+  say "bench gpu --profile 64,1024,4096: per-op GPU time of one greedy step"
+  timeout 300 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 3 --depth 0 --profile 64,1024,4096 --ctx 4200 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has routerab; then
   # The same bench with the router in its own dispatch (--router-dispatch): the A/B of the router

@@ -23,6 +23,17 @@ pub use reference::RefBackend;
 /// oracle's trace names ([`reference::TRACE_NAMES`], per-layer ones as `l{layer}.{name}`).
 pub type StepTrace = Vec<(String, Vec<f32>)>;
 
+/// GPU time of one kind of op over one decode step ([`Backend::profile_step`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTime {
+    /// The op, e.g. `"qkv matvec"`.
+    pub op: String,
+    /// How many times the step runs it (per layer ops: once per layer).
+    pub calls: usize,
+    /// Total GPU microseconds over the step.
+    pub us: f64,
+}
+
 /// A decoding backend: chosen once at start-up (`--backend ref|gpu`); the engine knows only this trait.
 pub trait Backend: Send {
     /// Short name, e.g. `"ref"`.
@@ -109,6 +120,14 @@ pub trait Backend: Send {
     /// The device's plain read bandwidth in GB/s, measured now (a benchmark puts its implied
     /// weight-streaming rate against it). `Ok(None)`: the backend has no such probe.
     fn read_bandwidth_gbps(&mut self) -> anyhow::Result<Option<f64>> {
+        Ok(None)
+    }
+    /// Diagnostics: the GPU time of every op of one greedy decode step at the current position,
+    /// recorded the fast path's way with a timestamp after each op (the median step of `reps`),
+    /// in the order the step first runs them. Nothing is appended (a KV row past the position may
+    /// be written, as a later step overwrites it). `Ok(None)`: not supported by this backend.
+    fn profile_step(&mut self, reps: usize) -> anyhow::Result<Option<Vec<OpTime>>> {
+        let _ = reps;
         Ok(None)
     }
     /// Diagnostics: append `token` like [`Backend::step`] and return the named intermediates of

@@ -38,6 +38,11 @@ pub struct Args {
     /// Also measure the per-token (unfolded) GPU path in the same run.
     #[arg(long)]
     compare_per_token: bool,
+    /// Also print where one decode step's GPU time goes, op by op, at these context positions
+    /// (e.g. `--profile 64,4096`): the step recorded the fast path's way with a timestamp after
+    /// every op (GPU backend only).
+    #[arg(long, value_delimiter = ',')]
+    profile: Vec<usize>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -61,6 +66,15 @@ struct Stat {
     reps: usize,
 }
 
+/// GPU time of one op kind over a decode step at `pos` (`--profile`).
+#[derive(Serialize, Debug)]
+struct OpRow {
+    pos: usize,
+    op: String,
+    calls: usize,
+    us: f64,
+}
+
 #[derive(Serialize, Debug)]
 struct Report {
     model: String,
@@ -72,6 +86,36 @@ struct Report {
     warmup_tps: f64,
     warmup_tokens: usize,
     stats: Vec<Stat>,
+    profile: Vec<OpRow>,
+}
+
+/// `--profile`: per-op GPU time of one step at each position (after a prefill to it).
+fn profile(b: &mut dyn Backend, positions: &[usize], reps: usize) -> Result<Vec<OpRow>> {
+    let mut rows = vec![];
+    for &pos in positions {
+        anyhow::ensure!(
+            pos < b.context_len(),
+            "--profile position {pos} is outside the context of {} (raise --ctx)",
+            b.context_len()
+        );
+        b.truncate(0)?;
+        if pos > 0 {
+            b.prefill(&prompt_ids(pos))?;
+        }
+        let Some(ops) = b.profile_step(reps)? else {
+            anyhow::bail!(
+                "--profile: backend {} cannot time ops on the device",
+                b.name()
+            );
+        };
+        rows.extend(ops.into_iter().map(|o| OpRow {
+            pos,
+            op: o.op,
+            calls: o.calls,
+            us: o.us,
+        }));
+    }
+    Ok(rows)
 }
 
 fn stat(test: String, mut tps: Vec<f64>) -> Stat {
@@ -232,6 +276,7 @@ pub fn run(a: Args) -> Result<()> {
             stats.push(s);
         }
     }
+    let profile_rows = profile(b.as_mut(), &a.profile, reps)?;
     // After the timed tests, so its 1 GiB scratch buffer is not resident during them.
     let read_gbps = b.read_bandwidth_gbps()?;
     drop(b);
@@ -253,6 +298,7 @@ pub fn run(a: Args) -> Result<()> {
         warmup_tps,
         warmup_tokens: w.len(),
         stats,
+        profile: profile_rows,
     };
     if let Some(path) = &a.plot {
         let points: Vec<crate::plot::Point> = report
@@ -325,6 +371,33 @@ pub fn run(a: Args) -> Result<()> {
             "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13} {:>9}{per}",
             s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs_col, share
         );
+    }
+    for &pos in &a.profile {
+        let ops: Vec<&OpRow> = report.profile.iter().filter(|o| o.pos == pos).collect();
+        // The calibration row (timestamps with nothing between) is not part of the step.
+        let total: f64 = ops
+            .iter()
+            .filter(|o| !o.op.starts_with('('))
+            .map(|o| o.us)
+            .sum();
+        println!(
+            "profile: one greedy step from position {pos} on, GPU {total:.1} us (the median of \
+             {reps} steps after 4 warm-up steps, all in one pass)"
+        );
+        println!(
+            "  {:<28} {:>6} {:>11} {:>9} {:>6}",
+            "op", "calls", "us/step", "us/call", "share"
+        );
+        for o in ops {
+            println!(
+                "  {:<28} {:>6} {:>11.1} {:>9.2} {:>5.1}%",
+                o.op,
+                o.calls,
+                o.us,
+                o.us / o.calls as f64,
+                100.0 * o.us / total
+            );
+        }
     }
     Ok(())
 }

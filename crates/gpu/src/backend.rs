@@ -22,7 +22,7 @@ use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
 use crate::weights::GpuWeights;
 use anyhow::{bail, ensure, Result};
-use nibble_backend::{argmax, Backend, StepTrace};
+use nibble_backend::{argmax, Backend, OpTime, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::WeightSource;
 
@@ -540,6 +540,16 @@ impl Backend for GpuBackend {
             1 << 30,
             10,
         )?))
+    }
+
+    /// [`DecodePlan::profile_step`] at the current position (token 0: any id times the same).
+    fn profile_step(&mut self, reps: usize) -> Result<Option<Vec<OpTime>>> {
+        ensure!(
+            self.pos < self.context_len(),
+            "the context of {} positions is full",
+            self.context_len()
+        );
+        Ok(self.plan.profile_step(0, self.pos, reps)?)
     }
 
     /// One op per submit with a readback each ([`DecodePlan::trace_step`]).

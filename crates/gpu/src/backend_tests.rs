@@ -232,3 +232,67 @@ fn bad_input_is_an_error_and_keeps_position() {
     assert_eq!(b.decode_greedy(1, 8, &[]).unwrap().len(), 8);
     assert_eq!(b.position(), 8);
 }
+
+#[test]
+fn profile_names_every_op_of_the_step_and_appends_nothing() {
+    let Some(ctx) = gpu("profile_names_every_op_of_the_step_and_appends_nothing") else {
+        return;
+    };
+    if !ctx
+        .features
+        .contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+    {
+        eprintln!("skipped: no timestamps inside passes on this adapter");
+        return;
+    }
+    let m = model(4, false);
+    let l = m.cfg.num_layers;
+    let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 4)).unwrap();
+    // Position 0 (one attention chunk), then past the first chunk (chunks + combine).
+    for (prefill, attention) in [
+        (0usize, &["attention (one chunk)"][..]),
+        (40, &["attention chunks", "attention combine"][..]),
+    ] {
+        gb.truncate(0).unwrap();
+        if prefill > 0 {
+            gb.prefill(&(0..prefill as u32).collect::<Vec<_>>())
+                .unwrap();
+        }
+        let ops = gb
+            .profile_step(2)
+            .unwrap()
+            .expect("timestamps are supported");
+        assert_eq!(gb.position(), prefill, "profiling appends nothing");
+        let names: Vec<&str> = ops.iter().map(|o| o.op.as_str()).collect();
+        let mut want = vec!["embed", "qkv matvec"];
+        want.extend(attention);
+        want.extend([
+            "o-proj + folded router",
+            "moe gate/up",
+            "moe down",
+            "lm_head",
+            "argmax",
+        ]);
+        want.push(crate::profile::MARK_OP);
+        assert_eq!(names, want, "at position {prefill}");
+        for o in &ops {
+            let once = ["embed", "lm_head", "argmax", crate::profile::MARK_OP];
+            let per_layer = !once.contains(&o.op.as_str());
+            assert_eq!(o.calls, if per_layer { l } else { 1 }, "{}", o.op);
+            assert!(o.us.is_finite() && o.us >= 0.0, "{}: {} us", o.op, o.us);
+        }
+        assert!(ops.iter().map(|o| o.us).sum::<f64>() > 0.0);
+    }
+    // A full context is an error, not a step past it.
+    let mut small = GpuBackend::with_context(
+        &ctx,
+        m.as_ref(),
+        GpuOptions {
+            context_len: 4,
+            ..opts(false, 4)
+        },
+    )
+    .unwrap();
+    small.prefill(&[1, 2, 3, 4]).unwrap();
+    assert!(small.profile_step(1).is_err());
+}

@@ -15,6 +15,7 @@
 //! - [`plan`]: activations, KV cache, bind groups; recording one step / a run of N steps.
 //! - [`stream`]: greedy requests in runs, run k+1 recorded while run k executes.
 //! - [`plant`]: deliberate weight corruption, to test the parity localiser.
+//! - [`profile`]: per-op GPU time of one decode step in the real plan (`nibble bench --profile`).
 //! - [`backend`]: [`GpuBackend`], the `nibble_backend::Backend` implementation.
 //!
 //! Kernel API convention: `XxxKernel::new(&ctx, params) -> Result<Self>` compiles the
@@ -37,6 +38,7 @@ pub mod numerics;
 mod parity_tests;
 pub mod plan;
 pub mod plant;
+pub mod profile;
 pub mod state;
 pub mod stream;
 #[cfg(test)]

@@ -449,20 +449,44 @@ impl DecodePlan {
     }
 
     fn record_layer(&self, pass: &mut wgpu::ComputePass<'_>, lb: &LayerBinding, pos_bound: u32) {
+        self.record_layer_marked(pass, lb, pos_bound, &mut |_, _| {});
+    }
+
+    /// [`Self::record_layer`] calling `mark(pass, op)` after each op's dispatches (the
+    /// profile's timestamps, profile.rs).
+    fn record_layer_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        lb: &LayerBinding,
+        pos_bound: u32,
+        mark: &mut F,
+    ) {
         let k = &self.k;
         if let Some(n) = &lb.norm1 {
             k.norm.record(pass, n);
+            mark(pass, "rmsnorm (attention input)");
         }
         k.matvec.record(pass, &lb.qkv);
-        k.attn.record(pass, &lb.attn, pos_bound);
+        mark(pass, "qkv matvec");
+        k.attn.record_marked(pass, &lb.attn, pos_bound, mark);
         k.matvec.record(pass, &lb.o);
+        mark(
+            pass,
+            if self.opts.fold_router && lb.router.is_none() {
+                "o-proj + folded router"
+            } else {
+                "o-proj"
+            },
+        );
         if let Some(n) = &lb.norm2 {
             k.norm.record(pass, n);
+            mark(pass, "rmsnorm (MoE input)");
         }
         if let Some(r) = &lb.router {
             k.matvec.record(pass, r);
+            mark(pass, "router matvec");
         }
-        k.moe.record(pass, &self.ctx, &lb.moe);
+        k.moe.record_marked(pass, &self.ctx, &lb.moe, mark);
     }
 
     fn record_head(&self, pass: &mut wgpu::ComputePass<'_>) {
@@ -474,13 +498,31 @@ impl DecodePlan {
 
     /// Record one step; `argmax` adds the on-GPU argmax + state advance.
     fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
-        self.record_layers(pass, pos_bound);
+        self.record_step_marked(pass, pos_bound, argmax, &mut |_, _| {});
+    }
+
+    /// [`Self::record_step`] calling `mark(pass, op)` after each op (profile.rs).
+    pub(crate) fn record_step_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        pos_bound: u32,
+        argmax: bool,
+        mark: &mut F,
+    ) {
+        self.k.embed.record(pass, &self.embed);
+        mark(pass, "embed");
+        for lb in &self.layers {
+            self.record_layer_marked(pass, lb, pos_bound, mark);
+        }
         if !self.fused {
             self.k.norm.record(pass, &self.final_norm);
+            mark(pass, "final rmsnorm");
         }
         self.record_head(pass);
+        mark(pass, "lm_head");
         if argmax {
             self.k.argmax.record(pass, &self.argmax);
+            mark(pass, "argmax");
         }
     }
 

@@ -519,23 +519,37 @@ impl AttentionKernel {
     /// knows it: start + step); chunks past the real position exit at once, so any bound >= pos
     /// is correct and `ctx - 1` always is.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &AttentionBinding, pos_bound: u32) {
+        self.record_marked(pass, b, pos_bound, &mut |_, _| {});
+    }
+
+    /// [`Self::record`] calling `mark(pass, op)` after each dispatch (the plan's profile).
+    pub fn record_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        b: &AttentionBinding,
+        pos_bound: u32,
+        mark: &mut F,
+    ) {
         let p = &self.params;
         if let Some(single) = self.single_for(b, pos_bound) {
             pass.set_pipeline(&self.single);
             pass.set_bind_group(0, single, &[]);
             pass.dispatch_workgroups(1, p.kv_heads, 1);
+            mark(pass, "attention (one chunk)");
             return;
         }
         let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
         pass.set_pipeline(&self.chunk);
         pass.set_bind_group(0, &b.chunk, &[]);
         pass.dispatch_workgroups(chunks, p.kv_heads, 1);
+        mark(pass, "attention chunks");
         match (&self.combine_q8, b.quantized) {
             (Some(q8), Some(i)) => pass.set_pipeline(&q8[i]),
             _ => pass.set_pipeline(&self.combine),
         }
         pass.set_bind_group(0, &b.combine, &[]);
         pass.dispatch_workgroups(p.heads, 1, 1);
+        mark(pass, "attention combine");
     }
 
     /// Dispatches [`Self::record`] issues for binding `b` at `pos_bound`: 1 while one chunk

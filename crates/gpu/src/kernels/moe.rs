@@ -579,10 +579,22 @@ impl MoeKernel {
 
     /// Record the MoE dispatches of one layer (no host sync).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, ctx: &Context, b: &MoeBinding) {
+        self.record_marked(pass, ctx, b, &mut |_, _| {});
+    }
+
+    /// [`Self::record`] calling `mark(pass, op)` after each stage (the plan's profile).
+    pub fn record_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        ctx: &Context,
+        b: &MoeBinding,
+        mark: &mut F,
+    ) {
         if let Some(router) = &b.router {
             pass.set_pipeline(&self.router);
             pass.set_bind_group(0, router, &[]);
             pass.dispatch_workgroups(1, 1, 1);
+            mark(pass, "moe router");
         }
         let folded = self.folded.as_ref().filter(|_| b.folded);
         pass.set_pipeline(match (folded, b.routing) {
@@ -595,6 +607,7 @@ impl MoeKernel {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(ux, uy, 1);
         }
+        mark(pass, "moe gate/up");
         for (n, bg) in b.down.iter().enumerate() {
             if n == 0 || (n == 1 && folded.is_some()) {
                 pass.set_pipeline(match folded {
@@ -605,6 +618,7 @@ impl MoeKernel {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(gx, gy, 1);
         }
+        mark(pass, "moe down");
     }
 
     /// Grids (x, y) of one column of gate/up and of down.
