@@ -93,11 +93,12 @@ if has routerab; then
 fi
 if has ab; then
   # A/B of builds: every binary carried in target/ab/ (e.g. nibble-<commit>, built here from
-  # each commit), tg128 after a 512-token prompt, two rounds interleaved so drift hits all alike.
+  # each commit), tg128 and pp512 (or the bench arguments in AB_ARGS), two rounds interleaved so
+  # drift hits all alike.
   for round in 1 2; do
     for b in target/ab/nibble-*; do
       say "ab round $round: $(basename $b) tg128"
-      timeout 120 $b bench -m $MODEL --backend gpu -p 512 -n 128 --reps 3 --depth 0 --ctx 1024 2>&1 | grep -E "^tg128|^pp512" | tee -a "$S"
+      timeout 150 $b bench -m $MODEL --backend gpu ${AB_ARGS:--p 512 -n 128 --reps 3 --depth 0 --ctx 1024} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
 fi

@@ -18,7 +18,10 @@
 //! has the MoE over columns (`moe cols`, multi-stream decode): nb = 1, 2, 4, 8 with random or
 //! shared routes, per-column (the default), union gate/up and union gate/up + down forms.
 //! `--hot` keeps ONE copy of every weight and one MoE route, so repeated calls read from L2
-//! (what a kernel would cost were its weights prefetched).
+//! (what a kernel would cost were its weights prefetched). Reference rows time the fixed costs
+//! (empty dispatch, dependent-load chains through L2 and DRAM, 256-thread workgroups with
+//! barrier rounds); attention also has rows for other sequence splits (one chunk per kv head,
+//! 256 and 512 chunks per kv head).
 //! Smallest run (lavapipe): `--shapes tiny --calls 2 --reps 1`.
 
 #[path = "kernel_bench/cases.rs"]
@@ -500,6 +503,22 @@ fn main() -> anyhow::Result<()> {
             pos,
         };
         r.case(s, m, &|p, c| b.attn.record(p, &b.attn_b[c % l], pos))?;
+    }
+    for (target, k, _, binds) in &b.attn_many {
+        for &pos in &positions {
+            let s = Spec {
+                name: format!(
+                    "attention {target} chunks/kv head @pos {pos} ({} dispatches)",
+                    k.dispatches(&binds[0], pos)
+                ),
+                disp: k.dispatches(&binds[0], pos) as usize,
+                per_token: l,
+                alt: true,
+                bytes: (qd as u64 + 4 * kvd as u64 + 2 * pos as u64 * kvd as u64) * 4,
+                pos,
+            };
+            r.case(s, m, &|p, c| k.record(p, &binds[c % l], pos))?;
+        }
     }
     for pos in [1u32, 64, 128, 255] {
         let s = Spec {

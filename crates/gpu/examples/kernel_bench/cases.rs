@@ -103,6 +103,13 @@ pub struct Bench {
     /// One chunk per kv head while it fits (256 positions): single dispatch, 4 workgroups.
     pub attn_one: AttentionKernel,
     pub attn_one_b: Vec<AttentionBinding>,
+    /// Splits with more chunks per kv head: (target, kernel, scratch, bindings).
+    pub attn_many: Vec<(
+        u32,
+        AttentionKernel,
+        AttentionScratch,
+        Vec<AttentionBinding>,
+    )>,
     pub head_b: MatvecBinding,
     /// rmsnorm(+quant), add+rmsnorm(+quant), plain rmsnorm.
     pub norm_b: [RmsNormBinding; 3],
@@ -219,6 +226,19 @@ impl Bench {
         )?;
         let scratch_one = attn_one.scratch(ctx)?;
         let attn_one_b = bind_attn(&attn_one, &scratch_one)?;
+        // More, shorter chunks at long contexts: 256 and 512 chunks per kv head (the default
+        // aims at 512 workgroups in all, 128 per kv head at Qwen3's 4 kv heads).
+        let mut attn_many = Vec::new();
+        for target in [256u32, 512] {
+            let k = AttentionKernel::with_split(
+                ctx,
+                AttentionParams::from_config(cfg, ctx_len)?,
+                Some((target, 256)),
+            )?;
+            let sc = k.scratch(ctx)?;
+            let b = bind_attn(&k, &sc)?;
+            attn_many.push((target, k, sc, b));
+        }
 
         let norm = RmsNormKernel::new(ctx)?;
         let w = rand_buf(ctx, "norm_w", rng, h, 0.5, 1.5)?;
@@ -384,6 +404,7 @@ impl Bench {
             attn_b,
             attn_one,
             attn_one_b,
+            attn_many,
             head_b,
             norm_b,
             embed_b,

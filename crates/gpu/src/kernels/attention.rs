@@ -43,9 +43,11 @@ use crate::tensor::QuantActs;
 /// 64 and this: 256 at Qwen3 shapes; small shapes stay small, which lavapipe (a CPU, paying for
 /// every invocation at every barrier) needs.
 const CHUNK_WG: u32 = 256;
-/// Chunk workgroups (chunks x kv heads) the split aims for once the context is long: a few per
-/// SM of a big GPU (132 on an H200), while the combine stays a short reduction.
-const TARGET_WORKGROUPS: u32 = 512;
+/// Chunk workgroups (chunks x kv heads) the split aims for once the context is long: ~8 per SM
+/// of a big GPU (132 on an H200), while the combine stays a short reduction. Chunk + combine at
+/// position 4096 on the H200: 38.2 us at 512, 33.4 at 1024, 44.3 at 2048 (docs/BENCHMARKS.md
+/// run 25); shorter contexts alike.
+const TARGET_WORKGROUPS: u32 = 1024;
 /// Preferred cap on the chunk length (the score buffer of a chunk lives in shared memory).
 const CHUNK_CAP: u32 = 256;
 /// Cap on the positions of one shared-memory tile.
