@@ -181,22 +181,35 @@ pub struct RefKernel {
     pipeline: wgpu::ComputePipeline,
     bg: wgpu::BindGroup,
     groups: u32,
-    /// The empty kernel's counter / the read kernel's source.
+    /// The empty kernel's counter / the read, chase kernels' source / the probe's output.
     pub buf: wgpu::Buffer,
 }
 
 impl RefKernel {
-    /// A dependent chain of one-thread dispatches, each incrementing `buf[0]`.
-    pub fn empty(ctx: &Context) -> Result<RefKernel> {
-        let pipeline = ctx.compute("bench.empty", EMPTY_WGSL, "main")?;
-        let buf = ctx.storage("bench.counter", 4)?;
-        let bg = ctx.bind_group("bench.empty", &pipeline, &[buf.as_entire_binding()])?;
+    /// Pipeline `main` of `wgsl`, its bind group over `bufs` (bindings 0, 1, ..) and the grid.
+    fn build(
+        ctx: &Context,
+        label: &str,
+        wgsl: &str,
+        bufs: &[&wgpu::Buffer],
+        groups: u32,
+        buf: wgpu::Buffer,
+    ) -> Result<RefKernel> {
+        let pipeline = ctx.compute(label, wgsl, "main")?;
+        let entries: Vec<_> = bufs.iter().map(|b| b.as_entire_binding()).collect();
+        let bg = ctx.bind_group(label, &pipeline, &entries)?;
         Ok(RefKernel {
             pipeline,
             bg,
-            groups: 1,
+            groups,
             buf,
         })
+    }
+
+    /// A dependent chain of one-thread dispatches, each incrementing `buf[0]`.
+    pub fn empty(ctx: &Context) -> Result<RefKernel> {
+        let buf = ctx.storage("bench.counter", 4)?;
+        Self::build(ctx, "bench.empty", EMPTY_WGSL, &[&buf], 1, buf.clone())
     }
 
     /// Sum of a random buffer of `bytes` (a multiple of 16 MiB): the achievable read bandwidth.
@@ -216,18 +229,14 @@ impl RefKernel {
             .clamp(1, ctx.limits.max_compute_workgroups_per_dimension as u64)
             as u32;
         let dst = ctx.storage("bench.read.dst", groups as u64 * 256 * 4)?;
-        let pipeline = ctx.compute("bench.read", READ_WGSL, "main")?;
-        let bg = ctx.bind_group(
+        Self::build(
+            ctx,
             "bench.read",
-            &pipeline,
-            &[buf.as_entire_binding(), dst.as_entire_binding()],
-        )?;
-        Ok(RefKernel {
-            pipeline,
-            bg,
+            READ_WGSL,
+            &[&buf, &dst],
             groups,
-            buf,
-        })
+            buf.clone(),
+        )
     }
 
     /// One thread following `hops` dependent loads through a random cycle over `entries` slots
@@ -253,18 +262,7 @@ impl RefKernel {
         let src = ctx.storage_init("bench.chase", bytemuck::cast_slice(&next))?;
         let cur = ctx.storage("bench.chase.cur", 4)?;
         let wgsl = CHASE_WGSL.replace("HOPS", &format!("{hops}u"));
-        let pipeline = ctx.compute("bench.chase", &wgsl, "main")?;
-        let bg = ctx.bind_group(
-            "bench.chase",
-            &pipeline,
-            &[src.as_entire_binding(), cur.as_entire_binding()],
-        )?;
-        Ok(RefKernel {
-            pipeline,
-            bg,
-            groups: 1,
-            buf: src,
-        })
+        Self::build(ctx, "bench.chase", &wgsl, &[&src, &cur], 1, src.clone())
     }
 
     /// `groups` workgroups of 256 threads that each store one word, after `barriers` rounds of
@@ -274,23 +272,9 @@ impl RefKernel {
         let wgsl = PROBE_WGSL
             .replace("NBAR", &format!("{barriers}u"))
             .replace("UNI", if uniform { "true" } else { "false" });
-        let pipeline = ctx.compute("bench.probe", &wgsl, "main")?;
         let buf = ctx.storage("bench.probe.out", groups as u64 * 256 * 4)?;
-        let u = ctx.uniform(
-            "bench.probe.u",
-            &[1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        )?;
-        let bg = ctx.bind_group(
-            "bench.probe",
-            &pipeline,
-            &[buf.as_entire_binding(), u.as_entire_binding()],
-        )?;
-        Ok(RefKernel {
-            pipeline,
-            bg,
-            groups,
-            buf,
-        })
+        let u = ctx.uniform("bench.probe.u", bytemuck::bytes_of(&[1u32, 0, 0, 0]))?;
+        Self::build(ctx, "bench.probe", &wgsl, &[&buf, &u], groups, buf.clone())
     }
 
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
