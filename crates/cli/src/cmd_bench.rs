@@ -93,11 +93,6 @@ struct Report {
 fn profile(b: &mut dyn Backend, positions: &[usize], reps: usize) -> Result<Vec<OpRow>> {
     let mut rows = vec![];
     for &pos in positions {
-        anyhow::ensure!(
-            pos < b.context_len(),
-            "--profile position {pos} is outside the context of {} (raise --ctx)",
-            b.context_len()
-        );
         b.truncate(0)?;
         if pos > 0 {
             b.prefill(&prompt_ids(pos))?;
@@ -209,6 +204,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut b = backends::make(&bargs, model.weights.clone())?;
     let name = b.name();
+    // Bad --profile positions fail before the timed tests, not after them.
+    if let Some(p) = a.profile.iter().find(|p| **p >= b.context_len()) {
+        anyhow::bail!(
+            "--profile position {p} is outside the context of {} (raise --ctx)",
+            b.context_len()
+        );
+    }
     // Warm-up: one generation run, timed and reported apart.
     let t = Instant::now();
     b.truncate(0)?;

@@ -162,8 +162,38 @@ fn bad_plant_spec_is_a_clear_error() {
     }
 }
 
+/// `--profile` errors: a position past the context (before any test runs), and a backend that
+/// cannot time ops on a device (the oracle).
+#[test]
+fn bench_profile_bad_requests_are_clear_errors() {
+    for (backend, pos, msg) in [
+        ("ref", "0", "cannot time ops"),
+        ("ref", "64", "outside the context of 64"),
+    ] {
+        let out = nibble()
+            .args([
+                "bench",
+                "--backend",
+                backend,
+                "-p",
+                "0",
+                "-n",
+                "2",
+                "--reps",
+                "1",
+            ])
+            .args(["--ctx", "64", "--profile", pos, "-m"])
+            .arg(model())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{backend} {pos}");
+        let err = text(&out.stderr);
+        assert!(err.contains(msg), "{backend} {pos}: {err}");
+    }
+}
+
 /// `nibble bench` on the GPU backend: generation at two depths, pp, the read bandwidth measured
-/// in the same run, JSON and the SVG plot.
+/// in the same run, JSON, the per-op profile and the SVG plot.
 #[test]
 fn bench_reports_depths_bandwidth_and_plots() {
     if !have_gpu("bench_reports_depths_bandwidth_and_plots") {
@@ -184,7 +214,17 @@ fn bench_reports_depths_bandwidth_and_plots() {
             "--reps",
             "2",
         ])
-        .args(["--depth", "0,20", "--ctx", "64", "--batch", "1,2", "--plot"])
+        .args([
+            "--depth",
+            "0,20",
+            "--ctx",
+            "64",
+            "--batch",
+            "1,2",
+            "--profile",
+            "3,40",
+        ])
+        .arg("--plot")
         .arg(&svg)
         .arg("-m")
         .arg(model())
@@ -215,6 +255,29 @@ fn bench_reports_depths_bandwidth_and_plots() {
             s["max_tps"].as_f64().unwrap(),
         );
         assert!(lo > 0.0 && lo <= med && med <= hi, "{s}");
+    }
+    // --profile: every op of a step at both positions, per-layer ops once per layer.
+    let layers = 4;
+    let profile = json["profile"].as_array().unwrap();
+    for pos in [3, 40] {
+        let ops: Vec<&Value> = profile.iter().filter(|o| o["pos"] == pos).collect();
+        let names: Vec<&str> = ops.iter().map(|o| o["op"].as_str().unwrap()).collect();
+        for want in [
+            "embed",
+            "qkv matvec",
+            "moe gate/up",
+            "moe down",
+            "lm_head",
+            "argmax",
+        ] {
+            assert!(names.contains(&want), "{pos}: {names:?}");
+        }
+        let qkv = ops.iter().find(|o| o["op"] == "qkv matvec").unwrap();
+        assert_eq!(qkv["calls"], layers, "{qkv}");
+        for o in ops {
+            let us = o["us"].as_f64().unwrap();
+            assert!(us.is_finite() && us >= 0.0, "{o}");
+        }
     }
     let read = json["read_gbps"].as_f64().unwrap();
     assert!(read > 0.0 && read.is_finite(), "{json}");

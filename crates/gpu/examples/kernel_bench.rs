@@ -11,7 +11,8 @@
 //! rotate over `layers` copies so calls stream from memory (see `fixtures.rs`). Reported per
 //! call: GPU time (timestamps), wall time, host record time, bytes moved and GB/s; rows are
 //! sorted by time per token = time per call x calls per token in the plan (48 layers), with the
-//! sum compared against the whole step recorded the plan's way, the empty-dispatch chain and
+//! sum compared against the whole step recorded in the plan's unfused form (the int8 numerics'
+//! form; the default folded plan is profiled by `nibble bench --profile`), the empty-dispatch chain and
 //! a plain 1 GiB read (reference lines). `--json` prints JSON on stdout, the table on stderr.
 //! The multi-column matmul (not in the plan yet) has rows of its own at nb = 1, 2, 4, 8 columns
 //! with the tile it picks, or every compiled tile of those columns with `--matmul-tiles`; so
@@ -611,13 +612,18 @@ fn main() -> anyhow::Result<()> {
         &|p, _| b.argmax.record(p, &b.argmax_b),
     )?;
 
-    // The whole step as the plan records it: the sum of the rows above should match.
+    // The whole step in the plan's unfused form (separate norms and router dispatch: the int8
+    // numerics' form), which the rows above model; the default folded plan records fewer,
+    // fused dispatches (its per-op weights: `nibble bench --profile`).
     let plan: Vec<&Row> = r.rows.iter().filter(|x| !x.alt).collect();
     let disp_token: usize = plan.iter().map(|x| x.disp * x.per_token).sum();
     let bytes_token: u64 = plan.iter().map(|x| x.bytes * x.per_token as u64).sum();
     let sum_us: f64 = plan.iter().map(|x| x.us_token()).sum();
     let s = Spec {
-        name: format!("whole step @pos {}.. ({disp_token} dispatches)", args.pos),
+        name: format!(
+            "whole step, unfused form @pos {}.. ({disp_token} dispatches)",
+            args.pos
+        ),
         disp: disp_token,
         per_token: 1,
         alt: true,
@@ -645,7 +651,7 @@ fn main() -> anyhow::Result<()> {
         }
     );
     let footer = format!(
-        "plan rows: {disp_token} dispatches/token, {:.1} MB/token, sum {sum_us:.1} us/token = {:.1} tok/s\n\
+        "unfused-form rows: {disp_token} dispatches/token, {:.1} MB/token, sum {sum_us:.1} us/token = {:.1} tok/s\n\
          whole step measured: {step:.1} us/token = {:.1} tok/s on the GPU, plus {:.1} us/token \
          of host recording (not overlapped with the GPU in a folded run)\n\
          floors: dispatch {empty_us:.2} us x {disp_token} = {:.1} us; bytes at {read_gbps:.1} GB/s = {:.1} us\n\
