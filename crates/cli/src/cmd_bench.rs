@@ -384,7 +384,7 @@ pub fn run(a: Args) -> Result<()> {
             .sum();
         println!(
             "profile: one greedy step from position {pos} on, GPU {total:.1} us (the median of \
-             {reps} steps after 4 warm-up steps, all in one pass)"
+             up to {reps} steps after 4 warm-up steps, all in one pass)"
         );
         println!(
             "  {:<28} {:>6} {:>11} {:>9} {:>6}",

@@ -26,7 +26,8 @@ const CALIB: u32 = 9;
 pub const MARK_OP: &str = "(timestamp pair, nothing between)";
 
 impl DecodePlan {
-    /// Per-op GPU time of one greedy step (the median of `reps` measured steps at positions
+    /// Per-op GPU time of one greedy step (the median of `reps` measured steps, fewer if their
+    /// timestamps would not fit in one query set, at positions
     /// `pos + WARM ..`, after `WARM` unmeasured ones, all in one pass and one submit; fewer when
     /// the context ends first), summed over the layers per op kind, in first-run order.
     /// `Ok(None)` when the device cannot write timestamps inside passes. Writes the KV rows of
@@ -49,18 +50,28 @@ impl DecodePlan {
             mapped_at_creation: false,
         });
         let period = self.ctx.queue.get_timestamp_period() as f64;
-        // All steps in ONE pass and one submit, as a folded run: a submit per step leaves the
-        // GPU idle in between and its clocks fall (the steps then measured ~1.5x slower than
-        // the same steps in a run). The first WARM steps only warm up; each step after writes
-        // its timestamps. Positions advance like a run's (within the context).
+        // All steps in ONE pass and one submit, as a folded run records them (a submit per
+        // step, tried first, gave the same totals: BENCHMARKS run 22). The first WARM steps
+        // only warm up; each step after writes its timestamps. Positions advance like a run's
+        // (within the context).
+        // Marks per step, counted on a recording that is never submitted, so the measured
+        // steps fit in one query set (fewer than `reps` when they would not).
+        let mut per_step = 0u32;
+        {
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            self.record_step_marked(&mut pass, pos as u32, true, &mut |_, _| per_step += 1);
+        }
+        let fit = ((MAX_MARKS - CALIB) / (per_step + 1)).max(1) as usize;
+        let reps = reps.clamp(1, fit);
         let room = self.opts.context_len.saturating_sub(pos).max(1);
-        let steps = (WARM + reps.max(1)).min(room);
-        let warm = steps.saturating_sub(reps.max(1)).min(WARM);
+        let steps = (WARM + reps).min(room);
+        let warm = steps.saturating_sub(reps).min(WARM);
         // The argmax's run length covers every step (no EOS), so none becomes a no-op.
         self.start_greedy(token, pos, steps as u32, &[])?;
         let mut labels: Vec<Vec<&'static str>> = Vec::new();
+        // Timestamps written so far (indices past MAX_MARKS are counted, not written).
         let mut next = 0u32;
-        let mut overflow = false;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
@@ -78,10 +89,8 @@ impl DecodePlan {
                 self.record_step_marked(&mut pass, bound, true, &mut |p, op| {
                     if next < MAX_MARKS {
                         p.write_timestamp(&set, next);
-                        ops.push(op);
-                    } else {
-                        overflow = true;
                     }
+                    ops.push(op);
                     next += 1;
                 });
                 labels.push(ops);
@@ -94,7 +103,7 @@ impl DecodePlan {
                 next += 1;
             }
         }
-        if overflow {
+        if next > MAX_MARKS {
             return Err(GpuError::Shape(format!(
                 "profile: {steps} steps need more than {MAX_MARKS} timestamps (fewer reps)"
             )));
