@@ -22,7 +22,7 @@
 //! (what a kernel would cost were its weights prefetched). Reference rows time the fixed costs
 //! (empty dispatch, dependent-load chains through L2 and DRAM, 256-thread workgroups with
 //! barrier rounds); attention also has rows for other sequence splits (one chunk per kv head,
-//! 256 and 512 chunks per kv head).
+//! 128 and 512 chunks per kv head) and wider tiles (4 and 8 loads per thread).
 //! Smallest run (lavapipe): `--shapes tiny --calls 2 --reps 1`.
 
 #[path = "kernel_bench/cases.rs"]
@@ -505,11 +505,11 @@ fn main() -> anyhow::Result<()> {
         };
         r.case(s, m, &|p, c| b.attn.record(p, &b.attn_b[c % l], pos))?;
     }
-    for (target, k, _, binds) in &b.attn_many {
+    for (label, k, _, binds) in &b.attn_many {
         for &pos in &positions {
             let s = Spec {
                 name: format!(
-                    "attention {target} chunks/kv head @pos {pos} ({} dispatches)",
+                    "attention {label} @pos {pos} ({} dispatches)",
                     k.dispatches(&binds[0], pos)
                 ),
                 disp: k.dispatches(&binds[0], pos) as usize,

@@ -103,9 +103,9 @@ pub struct Bench {
     /// One chunk per kv head while it fits (256 positions): single dispatch, 4 workgroups.
     pub attn_one: AttentionKernel,
     pub attn_one_b: Vec<AttentionBinding>,
-    /// Splits with more chunks per kv head: (target, kernel, scratch, bindings).
+    /// Other splits and tiles: (label, kernel, scratch, bindings).
     pub attn_many: Vec<(
-        u32,
+        &'static str,
         AttentionKernel,
         AttentionScratch,
         Vec<AttentionBinding>,
@@ -226,18 +226,23 @@ impl Bench {
         )?;
         let scratch_one = attn_one.scratch(ctx)?;
         let attn_one_b = bind_attn(&attn_one, &scratch_one)?;
-        // More, shorter chunks at long contexts: 256 and 512 chunks per kv head (the default
-        // aims at 512 workgroups in all, 128 per kv head at Qwen3's 4 kv heads).
+        // Other splits and tiles (the default aims at 1024 workgroups, 256 chunks per kv head
+        // at Qwen3's 4 kv heads, tiles of 2 loads per thread): 128 and 512 chunks per kv head,
+        // tiles of 4 and 8 loads per thread.
         let mut attn_many = Vec::new();
-        for target in [256u32, 512] {
-            let k = AttentionKernel::with_split(
-                ctx,
-                AttentionParams::from_config(cfg, ctx_len)?,
-                Some((target, 256)),
-            )?;
+        for (label, over, loads) in [
+            ("128 chunks/kv head", Some((128u32, 256u32)), 2u32),
+            ("512 chunks/kv head", Some((512, 256)), 2),
+            ("tiles of 4 loads/thread", None, 4),
+            ("tiles of 8 loads/thread", None, 8),
+        ] {
+            let params = AttentionParams::from_config(cfg, ctx_len)?;
+            let Ok(k) = AttentionKernel::with_split_tile(ctx, params, over, loads) else {
+                continue; // e.g. a tile past this device's workgroup memory
+            };
             let sc = k.scratch(ctx)?;
             let b = bind_attn(&k, &sc)?;
-            attn_many.push((target, k, sc, b));
+            attn_many.push((label, k, sc, b));
         }
 
         let norm = RmsNormKernel::new(ctx)?;

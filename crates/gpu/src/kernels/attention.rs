@@ -52,6 +52,9 @@ const TARGET_WORKGROUPS: u32 = 1024;
 const CHUNK_CAP: u32 = 256;
 /// Cap on the positions of one shared-memory tile.
 const TILE_CAP: u32 = 64;
+/// Cache loads per thread per tile (the tile holds `TILE_LOADS * WG / (D/4)` rows): two keeps
+/// each thread's loads in flight together without a long register-held batch.
+pub const TILE_LOADS: u32 = 2;
 
 /// How the sequence is split, fixed per kernel: chunk length `chunk_len(n)` for `n` positions is
 /// `min` while `ceil(n / target) <= min`, else `ceil(n / target)` rounded up to whole tiles,
@@ -271,6 +274,32 @@ fn f32_const(name: &str, v: f32) -> String {
     format!("const {name}: f32 = {v:e};\n")
 }
 
+/// attention.wgsl with `stage`'s per-load lines written out for `lpt` loads per thread: all the
+/// loads (element e = li + j WG of the tile: row e / D4, vec4 e % D4), then all the stores.
+fn stage_body(lpt: u32) -> String {
+    let (mut loads, mut stores) = (String::new(), String::new());
+    for j in 0..lpt {
+        loads += &format!(
+            "let e{j} = li + {j}u * WG;
+    let r{j} = e{j} / D4;
+    let s{j} = ((s.row0 + t0 + r{j}) * HKV + h) * D4 + e{j} % D4;
+    var a{j} = vec4<f32>(0.0);
+    if (e{j} < n) {{
+        if (is_v) {{
+            if (t0 + r{j} == own) {{ a{j} = qkv[vb + e{j} % D4]; }} else {{ a{j} = v_cache[s{j}]; }}
+        }} else {{
+            if (t0 + r{j} == own) {{ a{j} = kown[e{j} % D4]; }} else {{ a{j} = k_cache[s{j}]; }}
+        }}
+    }}
+    "
+        );
+        stores += &format!("if (e{j} < n) {{ tile[r{j} * DP + e{j} % D4] = a{j}; }}\n    ");
+    }
+    include_str!("../shaders/attention.wgsl")
+        .replace("//STAGE_LOADS", &loads)
+        .replace("//STAGE_STORES", &stores)
+}
+
 impl AttentionKernel {
     /// Compile the pipelines for `params` and upload the RoPE table.
     pub fn new(ctx: &Context, params: AttentionParams) -> Result<Self> {
@@ -285,13 +314,29 @@ impl AttentionKernel {
         params: AttentionParams,
         over: Option<(u32, u32)>,
     ) -> Result<Self> {
+        Self::with_split_tile(ctx, params, over, TILE_LOADS)
+    }
+
+    /// [`Self::with_split`] with `tile_loads` cache loads per thread per tile instead of
+    /// [`TILE_LOADS`] (1..=16; wider tiles mean fewer tile rounds per chunk, for benchmarks).
+    pub fn with_split_tile(
+        ctx: &Context,
+        params: AttentionParams,
+        over: Option<(u32, u32)>,
+        tile_loads: u32,
+    ) -> Result<Self> {
         params.validate()?;
+        if !(1..=16).contains(&tile_loads) {
+            return Err(GpuError::Shape(format!(
+                "attention: {tile_loads} loads per thread per tile (expected 1..=16)"
+            )));
+        }
         let p = &params;
         let (d, g) = (p.head_dim, p.group());
         let d4 = d / 4;
         let wg = (g * d4).next_power_of_two().clamp(64, CHUNK_WG);
         let cwg = (8 * d4).next_power_of_two().clamp(64, CHUNK_WG);
-        let tile = (2 * wg / d4).clamp(1, TILE_CAP);
+        let tile = (tile_loads * wg / d4).clamp(1, TILE_CAP);
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
         // Chunk kernel shared memory: qs + tile + red + stat + kown + cst + rms, plus 4*G bytes
         // per chunk position.
@@ -346,11 +391,12 @@ impl AttentionKernel {
         // <= WG / (G + 1) (at least 1) per head vector in the q/k norm reduction.
         let lg = 1u32 << (wg / g).ilog2();
         let lr = 1u32 << (wg / (g + 1)).max(1).ilog2();
+        let lpt = (tile * d4).div_ceil(wg);
         let chunk_src = src(
             wg,
             &[u32_const("LG", lg), u32_const("LR", lr)].concat(),
             &[
-                include_str!("../shaders/attention.wgsl"),
+                stage_body(lpt).as_str(),
                 include_str!("../shaders/attention_rope.wgsl"),
             ]
             .concat(),

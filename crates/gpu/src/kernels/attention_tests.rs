@@ -14,6 +14,8 @@ struct Case {
     v_cache: Vec<f32>,
     /// Split override (target chunks per kv head, chunk cap) for [`AttentionKernel::with_split`].
     split: Option<(u32, u32)>,
+    /// Cache loads per thread per tile ([`AttentionKernel::with_split_tile`]).
+    tile_loads: u32,
 }
 
 impl Case {
@@ -30,6 +32,7 @@ impl Case {
             k_cache: rand_f32(&mut r, cache, -1.5, 1.5),
             v_cache: rand_f32(&mut r, cache, -1.0, 1.0),
             split: None,
+            tile_loads: TILE_LOADS,
         }
     }
 }
@@ -47,7 +50,7 @@ struct Outputs {
 
 /// Upload `c`, run one step at `pos` (optionally with the done flag set), read everything back.
 fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: bool) -> Outputs {
-    let k = AttentionKernel::with_split(ctx, c.p, c.split).expect("kernel");
+    let k = AttentionKernel::with_split_tile(ctx, c.p, c.split, c.tile_loads).expect("kernel");
     let f = |label: &str, v: &[f32]| {
         ctx.storage_init(label, bytemuck::cast_slice(v))
             .expect("buffer")
@@ -124,8 +127,21 @@ fn check_step_split(
     pos_bound: u32,
     seed: u64,
 ) -> u32 {
+    check_step_tile(ctx, p, split, TILE_LOADS, (pos, pos_bound), seed)
+}
+
+/// [`check_step_split`] with `tile_loads` cache loads per thread per tile.
+fn check_step_tile(
+    ctx: &Context,
+    p: AttentionParams,
+    split: Option<(u32, u32)>,
+    tile_loads: u32,
+    (pos, pos_bound): (u32, u32),
+    seed: u64,
+) -> u32 {
     let mut c = Case::new(p, seed);
     c.split = split;
+    c.tile_loads = tile_loads;
     let o = run(ctx, &c, pos, pos_bound, false, false);
     let what = format!("{p:?} pos {pos}");
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
@@ -251,6 +267,30 @@ fn attention_long_context_many_chunks() {
     // 2048 positions in 32 chunks of 64 with the real GQA ratio (reduced head count).
     let p = params(8, 1, 128, 2048, 64);
     check_step(&ctx, p, 2047, 2047, 50);
+}
+
+#[test]
+fn attention_wider_tiles_match_reference() {
+    let Some(ctx) = gpu("attention_wider_tiles_match_reference") else {
+        return;
+    };
+    // G = 4, D = 32 (64-thread workgroups): 1, 4 and 8 loads per thread give tiles of 8, 32 and
+    // 64 rows; one long chunk per kv head (target 1, cap 256) walks several tiles, the last one
+    // partial, with the owning position in the first, a middle or the last tile.
+    let p = params(8, 2, 32, 300, 16);
+    for (i, loads) in [1u32, 4, 8].into_iter().enumerate() {
+        for (j, pos) in [0u32, 9, 31, 32, 100, 255].into_iter().enumerate() {
+            let seed = 70 + 10 * i as u64 + j as u64;
+            check_step_tile(&ctx, p, Some((1, 256)), loads, (pos, pos), seed);
+        }
+        // And the default split (chunks + combine) at a long position.
+        check_step_tile(&ctx, p, None, loads, (299, 299), 90 + i as u64);
+    }
+    // The real head shape: 4 loads per thread, a tile of 32 rows.
+    let q = params(32, 4, 128, 200, 16);
+    check_step_tile(&ctx, q, Some((1, 256)), 4, (150, 150), 95);
+    assert!(AttentionKernel::with_split_tile(&ctx, p, None, 0).is_err());
+    assert!(AttentionKernel::with_split_tile(&ctx, p, None, 17).is_err());
 }
 
 /// The split's host-side arithmetic: every position's chunks cover it exactly once, fit the

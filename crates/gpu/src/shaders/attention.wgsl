@@ -4,10 +4,11 @@
 // Prepended by the host: consts D, D4 (= D/4), HQ, HKV, G (= HQ/HKV), C (minimum chunk length),
 // CTX (cache rows), NC (the partial stride: the most chunks any position uses), WG (power of
 // two), LG (power-of-two lanes per query head in the softmax reductions, LG * G <= WG), LR (lanes
-// per head in the norm reduction), P (positions per tile, P * D4 <= 2 * WG), DP (= D4 + 1, padded
-// tile row), CMAX (maximum chunk length), OPT (= ceil(G * D4 / WG) outputs per thread), SCALE
-// (= 1/sqrt(D)), EPS, the `State` struct and `chunk_len(n)` (the chunk length used for n
-// positions, shared with the combine).
+// per head in the norm reduction), P (positions per tile; P * D4 <= LPT * WG, LPT the cache
+// loads per thread per tile that the host writes out in `stage`), DP (= D4 + 1, padded tile
+// row), CMAX (maximum chunk length), OPT (= ceil(G * D4 / WG) outputs per thread), SCALE (=
+// 1/sqrt(D)), EPS, the `State` struct and `chunk_len(n)` (the chunk length used for n positions,
+// shared with the combine).
 //
 // Grid (chunks, HKV). Workgroup (c, h) handles positions [c*L, min((c+1)*L, pos+1)) with
 // L = chunk_len(pos+1) for the G query heads sharing kv head h, so each K/V row is read once for
@@ -15,8 +16,8 @@
 // workgroup per kv head whose chunk holds `pos` (the last one) also norms and ropes k of head h,
 // writes it and the raw v to cache row `pos`, and uses these values for that row instead of
 // reading the cache (writes of the same dispatch are not guaranteed visible to loads). K and V
-// come through shared-memory tiles of P rows loaded coalesced (at most two loads in flight per
-// thread, no long serial chains); scores are one thread per (head, position).
+// come through shared-memory tiles of P rows loaded coalesced (LPT loads in flight per thread,
+// two by default; no long serial chains); scores are one thread per (head, position).
 // The body (`attend`) works on one `Site`: the position and the offsets of one token's data. The
 // single-token entry points below take the run state's position at offset 0; the column forms
 // (attention_chunk_cols.wgsl) take column `wid.z`'s position, slot and offsets.
@@ -71,42 +72,18 @@ var<workgroup> stat: array<vec2<f32>, G>;
 var<workgroup> kown: array<vec4<f32>, D4>;
 
 // Stage `rows` cache rows of site `s` starting at position t0 of kv head h into `tile`: element
-// e < rows * D4 is row e / D4, vec4 e % D4. Position `own` (or none: 0xffffffff) comes from this
-// workgroup's own k (`kown`) and raw v (qkv) rather than the cache. Both loads are issued before
-// either store.
+// e < rows * D4 is row e / D4, vec4 e % D4; thread li takes elements li + j WG, j < LPT (P * D4
+// <= LPT * WG). Position `own` (or none: 0xffffffff) comes from this workgroup's own k (`kown`)
+// and raw v (qkv) rather than the cache. All the thread's loads are issued before any store.
 fn stage(s: Site, is_v: bool, t0: u32, h: u32, rows: u32, li: u32, own: u32) {
     let n = rows * D4;
-    let e0 = li;
-    let e1 = li + WG;
-    let r0 = e0 / D4;
-    let r1 = e1 / D4;
-    let s0 = ((s.row0 + t0 + r0) * HKV + h) * D4 + e0 % D4;
-    let s1 = ((s.row0 + t0 + r1) * HKV + h) * D4 + e1 % D4;
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
     // vec4 index of kv head h's raw v in qkv.
     let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
-    if (is_v) {
-        if (e0 < n) {
-            if (t0 + r0 == own) { a = qkv[vb + e0 % D4]; } else { a = v_cache[s0]; }
-        }
-        if (e1 < n) {
-            if (t0 + r1 == own) { b = qkv[vb + e1 % D4]; } else { b = v_cache[s1]; }
-        }
-    } else {
-        if (e0 < n) {
-            if (t0 + r0 == own) { a = kown[e0 % D4]; } else { a = k_cache[s0]; }
-        }
-        if (e1 < n) {
-            if (t0 + r1 == own) { b = kown[e1 % D4]; } else { b = k_cache[s1]; }
-        }
-    }
-    if (e0 < n) {
-        tile[r0 * DP + e0 % D4] = a;
-    }
-    if (e1 < n) {
-        tile[r1 * DP + e1 % D4] = b;
-    }
+    // STAGE_LOADS, STAGE_STORES: expanded by the host (attention.rs `stage_body`) once per load
+    // j < LPT into separate variables (e{j}, a{j}): a per-thread array indexed in a loop may be
+    // placed in slow local memory by the driver's compiler.
+    //STAGE_LOADS
+    //STAGE_STORES
 }
 
 // The whole kernel for site `s` (the caller has checked the done flags). Constants per entry
