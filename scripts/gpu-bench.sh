@@ -8,14 +8,14 @@
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,batch,
 # fold,numerics,depth16k,load
-# (default: all but batch, which bench covers, moetune and load).
+# (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
 # --no-run`, then copy the executable it names).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:?set OUT}"
-STEPS="${1:-fixture,synth,kernels,parity,bench,fold,numerics,depth16k}"
+STEPS="${1:-fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k}"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done
 ldconfig
