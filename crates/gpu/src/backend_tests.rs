@@ -283,6 +283,40 @@ fn profile_names_every_op_of_the_step_and_appends_nothing() {
         }
         assert!(ops.iter().map(|o| o.us).sum::<f64>() > 0.0);
     }
+    // The other plan forms name their extra ops: the router in its own dispatch (f32 without
+    // the fold), and the unfused int8 form with its norms and final norm.
+    for (numerics, fold_router, extra) in [
+        (Numerics::F32, false, &["o-proj", "router matvec"][..]),
+        (
+            Numerics::Int8,
+            true,
+            &[
+                "rmsnorm (attention input)",
+                "rmsnorm (MoE input)",
+                "router matvec",
+                "final rmsnorm",
+            ][..],
+        ),
+    ] {
+        let o = GpuOptions {
+            numerics,
+            fold_router,
+            ..opts(false, 4)
+        };
+        let mut b = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
+        let ops = b
+            .profile_step(1)
+            .unwrap()
+            .expect("timestamps are supported");
+        let names: Vec<&str> = ops.iter().map(|o| o.op.as_str()).collect();
+        for want in extra {
+            assert!(
+                names.contains(want),
+                "{numerics} fold {fold_router}: {names:?}"
+            );
+        }
+        assert!(!names.contains(&"o-proj + folded router"), "{names:?}");
+    }
     // A full context is an error, not a step past it.
     let mut small = GpuBackend::with_context(
         &ctx,
