@@ -269,6 +269,22 @@ fn attention_long_context_many_chunks() {
     check_step(&ctx, p, 2047, 2047, 50);
 }
 
+/// The default split at Qwen3-30B-A3B's attention shape is the one measured (BENCHMARKS run
+/// 25): 1024 workgroups, i.e. 256 chunks per kv head, 16-position chunks up to 4096 positions.
+#[test]
+fn attention_default_split_at_qwen3_shape() {
+    let Some(ctx) = gpu("attention_default_split_at_qwen3_shape") else {
+        return;
+    };
+    let k = AttentionKernel::new(&ctx, params(32, 4, 128, 8192, 16)).expect("kernel");
+    let s = k.split();
+    assert_eq!((s.target, s.min, s.tile), (256, 16, 16));
+    assert_eq!(
+        [64u32, 4096, 4097, 8192].map(|n| (s.chunk_len(n), s.chunks(n))),
+        [(16, 4), (16, 256), (32, 129), (32, 256)]
+    );
+}
+
 #[test]
 fn attention_wider_tiles_match_reference() {
     let Some(ctx) = gpu("attention_wider_tiles_match_reference") else {
@@ -310,6 +326,21 @@ fn attention_split_bounds_hold_for_every_position() {
             min: 16,
             max: 256,
             tile: 16,
+            ctx: 40960,
+        },
+        // The default at Qwen3's shapes (1024 workgroups over 4 kv heads), 16- and 32-row tiles.
+        Split {
+            target: 256,
+            min: 16,
+            max: 256,
+            tile: 16,
+            ctx: 40960,
+        },
+        Split {
+            target: 256,
+            min: 16,
+            max: 256,
+            tile: 32,
             ctx: 40960,
         },
         Split {
