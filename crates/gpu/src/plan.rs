@@ -441,10 +441,20 @@ impl DecodePlan {
     /// Record the embedding and every layer for a token at a position `<= pos_bound` (the KV
     /// rows are written; `h` holds the last layer's output).
     fn record_layers(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32) {
-        let k = &self.k;
-        k.embed.record(pass, &self.embed);
+        self.record_layers_marked(pass, pos_bound, &mut |_, _| {});
+    }
+
+    /// [`Self::record_layers`] calling `mark(pass, op)` after each op (profile.rs).
+    fn record_layers_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        pos_bound: u32,
+        mark: &mut F,
+    ) {
+        self.k.embed.record(pass, &self.embed);
+        mark(pass, "embed");
         for lb in &self.layers {
-            self.record_layer(pass, lb, pos_bound);
+            self.record_layer_marked(pass, lb, pos_bound, mark);
         }
     }
 
@@ -509,11 +519,7 @@ impl DecodePlan {
         argmax: bool,
         mark: &mut F,
     ) {
-        self.k.embed.record(pass, &self.embed);
-        mark(pass, "embed");
-        for lb in &self.layers {
-            self.record_layer_marked(pass, lb, pos_bound, mark);
-        }
+        self.record_layers_marked(pass, pos_bound, mark);
         if !self.fused {
             self.k.norm.record(pass, &self.final_norm);
             mark(pass, "final rmsnorm");
