@@ -42,6 +42,10 @@ pub struct BackendArgs {
     /// (for comparisons; the fold is the default).
     #[arg(long)]
     pub router_dispatch: bool,
+    /// GPU: decode a lone multi-stream sequence on the column kernels too, instead of on the
+    /// single-sequence plan in its KV slot (for comparisons; the single plan is the default).
+    #[arg(long)]
+    pub columns_alone: bool,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -59,6 +63,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         numerics: args.numerics,
         streams: args.streams,
         fold_router: !args.router_dispatch,
+        lone_stream: !args.columns_alone,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

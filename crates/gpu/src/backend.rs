@@ -20,6 +20,7 @@ use crate::context::{AdapterChoice, Context};
 use crate::kernels::moe::Routing;
 use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
+use crate::stream::GreedyRuns;
 use crate::weights::GpuWeights;
 use anyhow::{bail, ensure, Result};
 use nibble_backend::{argmax, Backend, OpTime, StepTrace};
@@ -48,6 +49,10 @@ pub struct GpuOptions {
     /// Fold the router into the o-proj dispatch (kernels/router_fold.rs); false keeps its own
     /// dispatch, for comparisons.
     pub fold_router: bool,
+    /// When exactly one stream of the multi-stream path is live and greedy, decode it on the
+    /// single-sequence plan in its KV slot (plan_slots.rs; faster than the column kernels at
+    /// one column); false keeps it on the columns, for comparisons.
+    pub lone_stream: bool,
 }
 
 impl Default for GpuOptions {
@@ -61,6 +66,7 @@ impl Default for GpuOptions {
             numerics: Numerics::DEFAULT,
             streams: 0,
             fold_router: true,
+            lone_stream: true,
         }
     }
 }
@@ -84,6 +90,11 @@ pub struct GpuBackend {
     stream_live: Vec<bool>,
     stream_queued: usize,
     stream_runs: std::collections::VecDeque<usize>,
+    /// The lone stream's greedy runs on the plan, in its KV slot (`None`: the column path
+    /// runs, or nothing): its slot and the runs' queue.
+    lone: Option<(usize, GreedyRuns)>,
+    /// Whether a lone stream may take the plan ([`GpuOptions::lone_stream`] and slots bound).
+    lone_path: bool,
 }
 
 impl GpuBackend {
@@ -143,7 +154,7 @@ impl GpuBackend {
         );
         ensure!(opts.fold > 0, "fold must be at least 1");
         let weights = GpuWeights::upload(ctx, source)?;
-        let plan = DecodePlan::new(
+        let mut plan = DecodePlan::new(
             ctx,
             weights,
             PlanOptions {
@@ -167,6 +178,13 @@ impl GpuBackend {
                 BatchMode::Streams,
             )?),
         };
+        let lone_path = match &batch {
+            Some(b) if opts.lone_stream => {
+                let (k, v) = b.kv_caches();
+                plan.bind_slots(k, v, b.streams())?
+            }
+            _ => false,
+        };
         let prefill = if opts.numerics.quantized() || opts.per_token {
             None
         } else {
@@ -188,6 +206,8 @@ impl GpuBackend {
             stream_live: vec![false; opts.streams],
             stream_queued: 0,
             stream_runs: Default::default(),
+            lone: None,
+            lone_path,
             batch,
             prefill,
         })
@@ -264,6 +284,21 @@ impl GpuBackend {
         if t as usize >= v {
             bail!("token id {t} is outside the vocabulary of {v} tokens");
         }
+        Ok(())
+    }
+
+    /// Something is about to rewrite the plan's run state or the columns (a main-sequence op,
+    /// a stream prefill, a one-step run, a restart): no lone-stream run may be queued, and
+    /// the lone pipeline ends, so the next greedy stream run restarts (as the columns' does).
+    fn lone_idle(&mut self, what: &str) -> Result<()> {
+        if let Some((_, runs)) = &self.lone {
+            ensure!(
+                runs.queued_runs() == 0,
+                "{what} with {} multi-stream runs queued: collect them first",
+                runs.queued_runs()
+            );
+        }
+        self.lone = None;
         Ok(())
     }
 
@@ -390,6 +425,7 @@ impl Backend for GpuBackend {
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         ensure!(!tokens.is_empty(), "prefill of an empty token list");
+        self.lone_idle("prefill")?;
         for t in tokens {
             self.check_token(*t)?;
         }
@@ -436,6 +472,7 @@ impl Backend for GpuBackend {
             prompt.len(),
             self.context_len()
         );
+        self.lone_idle("stream prefill")?;
         let b = self.batch.as_mut().expect("checked above");
         ensure!(
             b.queued_runs() == 0,
@@ -473,9 +510,28 @@ impl Backend for GpuBackend {
     ) -> Result<usize> {
         if let Some(tokens) = restart {
             let seqs = self.stream_inputs(tokens, 0)?;
+            self.lone_idle("restart")?;
+            let ctx = self.context_len();
             let b = self.batch.as_mut().expect("stream_inputs checked the path");
-            if !b.restart(&seqs, eos)? {
-                return Ok(0);
+            let mut live = seqs.iter().enumerate().filter(|(_, q)| q.is_some());
+            match (live.next(), live.next()) {
+                // One greedy stream: the single-sequence plan in its KV slot (plan_slots.rs).
+                (Some((slot, &Some((token, pos)))), None) if self.lone_path => {
+                    b.idle("restart")?;
+                    ensure!(
+                        eos.len() <= MAX_EOS,
+                        "at most {MAX_EOS} EOS ids, got {}",
+                        eos.len()
+                    );
+                    let n = u32::try_from(ctx - pos)?;
+                    let runs = self.plan.begin_runs(Some(slot), token, pos, n, eos)?;
+                    self.lone = Some((slot, runs));
+                }
+                _ => {
+                    if !b.restart(&seqs, eos)? {
+                        return Ok(0);
+                    }
+                }
             }
             self.stream_live = seqs.iter().map(Option::is_some).collect();
             self.stream_live.resize(b.streams(), false);
@@ -490,11 +546,19 @@ impl Backend for GpuBackend {
             .map(|s| ctx.saturating_sub(self.stream_pos[s] + self.stream_queued))
             .min()
             .unwrap_or(0);
-        let n = n.min(room);
+        let mut n = n.min(room);
         if n == 0 {
             return Ok(0);
         }
-        b.queue_run(n as u32)?;
+        match &mut self.lone {
+            Some((_, runs)) => {
+                n = runs.submit(&self.plan, n as u32)? as usize;
+                if n == 0 {
+                    return Ok(0);
+                }
+            }
+            None => b.queue_run(n as u32)?,
+        }
         self.stream_queued += n;
         self.stream_runs.push_back(n);
         Ok(n)
@@ -504,6 +568,18 @@ impl Backend for GpuBackend {
         let Some(b) = self.batch.as_mut() else {
             bail!("no multi-stream path: the GPU backend was built with 0 streams");
         };
+        if let Some((slot, runs)) = &mut self.lone {
+            // A restart needs every queued run collected, so runs are queued on the plan or
+            // on the columns, never both.
+            let Some(out) = runs.wait_next(&self.plan)? else {
+                return Ok(None);
+            };
+            self.stream_queued -= self.stream_runs.pop_front().unwrap_or(0);
+            self.stream_pos[*slot] += out.ids.len();
+            let mut ids = vec![Vec::new(); b.streams()];
+            ids[*slot] = out.ids;
+            return Ok(Some(ids));
+        }
         let Some(ids) = b.collect()? else {
             return Ok(None);
         };
@@ -518,13 +594,16 @@ impl Backend for GpuBackend {
         let Some(b) = self.batch.as_mut() else {
             bail!("no multi-stream path: the GPU backend was built with 0 streams");
         };
-        b.end_column(slot)?;
+        if self.lone.as_ref().is_none_or(|(s, _)| *s != slot) {
+            b.end_column(slot)?;
+        }
         self.stream_live[slot] = false;
         Ok(())
     }
 
     fn streams_step(&mut self, tokens: &[Option<u32>]) -> Result<Vec<Option<Vec<f32>>>> {
         let seqs = self.stream_inputs(tokens, 1)?;
+        self.lone_idle("a one-step run")?;
         let b = self.batch.as_mut().expect("stream_inputs checked the path");
         let logits = b.step_logits(&seqs)?;
         for (s, q) in seqs.iter().enumerate() {
@@ -544,6 +623,7 @@ impl Backend for GpuBackend {
 
     /// [`DecodePlan::profile_step`] at the current position (token 0: any id times the same).
     fn profile_step(&mut self, reps: usize) -> Result<Option<Vec<OpTime>>> {
+        self.lone_idle("a profiled step")?;
         ensure!(
             self.pos < self.context_len(),
             "the context of {} positions is full",
@@ -555,6 +635,7 @@ impl Backend for GpuBackend {
     /// One op per submit with a readback each ([`DecodePlan::trace_step`]).
     fn trace_step(&mut self, token: u32) -> Result<Option<StepTrace>> {
         self.check_token(token)?;
+        self.lone_idle("a traced step")?;
         ensure!(
             self.pos < self.context_len(),
             "the context of {} positions is full",
@@ -567,6 +648,7 @@ impl Backend for GpuBackend {
 
     fn decode_greedy(&mut self, token: u32, n: usize, eos: &[u32]) -> Result<Vec<u32>> {
         self.check_greedy(token, n, eos)?;
+        self.lone_idle("greedy decode")?;
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -615,6 +697,7 @@ impl Backend for GpuBackend {
         on_ids: &mut dyn FnMut(&[u32]) -> bool,
     ) -> Result<usize> {
         self.check_greedy(token, n, eos)?;
+        self.lone_idle("greedy decode")?;
         if n == 0 {
             return Ok(0);
         }

@@ -64,8 +64,12 @@ struct Bufs {
     out_tokens: wgpu::Buffer,
     /// Kept alive by the bind groups too; listed so the shapes are documented in one place:
     /// h `[B, H]`, xn `[B, H]`, qkv `[B, Q + 2 KV]`, att `[B, Q]`, router `[B, E]`,
-    /// route `[B, 2K]`, moe_h `[B, K*I]`, caches `[B, ctx, Hkv, D]` per layer.
+    /// route `[B, 2K]`, moe_h `[B, K*I]`.
     _keep: Vec<wgpu::Buffer>,
+    /// Per layer `[B, ctx, Hkv, D]` f32 (streams: slot-major; prefill: the decode plan's own
+    /// `[ctx, Hkv, D]`).
+    k_cache: Vec<wgpu::Buffer>,
+    v_cache: Vec<wgpu::Buffer>,
     _scratch: AttentionScratch,
 }
 
@@ -350,9 +354,7 @@ impl BatchPlan {
                 eos: &[u32::MAX; MAX_EOS],
             },
         )?;
-        let mut keep = vec![hb, xn, qkv, att, router, route, moe_h];
-        keep.extend(k_cache);
-        keep.extend(v_cache);
+        let keep = vec![hb, xn, qkv, att, router, route, moe_h];
         Ok(BatchPlan {
             ctx: ctx.clone(),
             streams: b,
@@ -370,6 +372,8 @@ impl BatchPlan {
                 logits,
                 out_tokens,
                 _keep: keep,
+                k_cache,
+                v_cache,
                 _scratch: scratch,
             },
             embed,
@@ -383,6 +387,11 @@ impl BatchPlan {
     /// Streams (columns, KV slots).
     pub fn streams(&self) -> usize {
         self.streams as usize
+    }
+
+    /// The per-layer KV caches (K, V): `[B, ctx, Hkv, D]`, slot `s` at `s * ctx * Hkv * D`.
+    pub(crate) fn kv_caches(&self) -> (&[wgpu::Buffer], &[wgpu::Buffer]) {
+        (&self.bufs.k_cache, &self.bufs.v_cache)
     }
 
     /// Batched prefill (a [`BatchMode::Prefill`] plan): `tokens` at positions `pos..` of the
@@ -680,7 +689,7 @@ impl BatchPlan {
 
     /// Refuse to touch the columns while runs are queued (their state lives there); the next
     /// greedy run must restart.
-    fn idle(&mut self, what: &str) -> Result<()> {
+    pub(crate) fn idle(&mut self, what: &str) -> Result<()> {
         ensure!(
             self.pipe.queued.is_empty(),
             "{what} with {} multi-stream runs queued: collect them first",

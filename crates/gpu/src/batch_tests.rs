@@ -326,3 +326,73 @@ fn batched_prefill_equals_token_by_token_and_oracle() {
     }
     assert_eq!(a, want, "greedy after batched prefill vs the oracle");
 }
+
+/// A lone greedy stream runs on the single-sequence plan in its KV slot (plan_slots.rs), slot 1
+/// so the cache offset is not 0: its ids equal the oracle's with the lone path on and off
+/// (`lone_stream: false` keeps it on the columns); a second stream joining continues both on
+/// the columns from the rows the plan wrote, and once it is gone the first goes back to the
+/// plan, still exact; a stream ended mid-pipeline keeps the ids of the run already queued; the
+/// plan's own sequence is refused while a lone run is queued.
+#[test]
+fn lone_stream_runs_on_the_plan_in_its_slot() {
+    let Some(ctx) = gpu("lone_stream_runs_on_the_plan_in_its_slot") else {
+        return;
+    };
+    let m = model();
+    let want: Vec<Vec<u32>> = PROMPTS[..2].iter().map(|p| oracle(&m, p, 30)).collect();
+    for lone in [true, false] {
+        let opts = GpuOptions {
+            context_len: 64,
+            streams: 2,
+            lone_stream: lone,
+            ..Default::default()
+        };
+        let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+        let mut got0 = vec![argmax(&g.stream_prefill(1, 0, PROMPTS[0]).unwrap())];
+        let last = |v: &Vec<u32>| Some(*v.last().unwrap());
+        assert_eq!(
+            g.streams_queue(Some(&[None, last(&got0)]), 4, &[]).unwrap(),
+            4
+        );
+        assert_eq!(g.streams_queue(None, 4, &[]).unwrap(), 4);
+        if lone {
+            assert!(
+                g.prefill(&[1]).is_err(),
+                "main prefill while lone runs queue"
+            );
+            assert!(
+                g.decode_greedy(1, 2, &[]).is_err(),
+                "main decode while queued"
+            );
+        }
+        for _ in 0..2 {
+            let ids = g.streams_collect().unwrap().expect("a queued run");
+            assert!(ids[0].is_empty(), "slot 0 is not live");
+            got0.extend_from_slice(&ids[1]);
+        }
+        assert_eq!(got0[..], want[0][..9], "lone {lone}: alone");
+        // A second stream joins in slot 0: both decode on the columns.
+        let mut got1 = vec![argmax(&g.stream_prefill(0, 0, PROMPTS[1]).unwrap())];
+        let both = [last(&got1), last(&got0)];
+        assert_eq!(g.streams_queue(Some(&both), 5, &[]).unwrap(), 5);
+        let ids = g.streams_collect().unwrap().unwrap();
+        got1.extend_from_slice(&ids[0]);
+        got0.extend_from_slice(&ids[1]);
+        // Slot 0 left: slot 1 alone again, ended while its second run is queued.
+        assert_eq!(
+            g.streams_queue(Some(&[None, last(&got0)]), 3, &[]).unwrap(),
+            3
+        );
+        assert_eq!(g.streams_queue(None, 3, &[]).unwrap(), 3);
+        g.streams_end(1).unwrap();
+        assert_eq!(g.streams_queue(None, 3, &[]).unwrap(), 0, "nothing live");
+        for _ in 0..2 {
+            got0.extend_from_slice(&g.streams_collect().unwrap().unwrap()[1]);
+        }
+        assert!(g.streams_collect().unwrap().is_none());
+        assert_eq!(got0[..], want[0][..20], "lone {lone}: stream 0");
+        assert_eq!(got1[..], want[1][..6], "lone {lone}: stream 1");
+        // The main sequence works again once the runs are collected.
+        assert_eq!(argmax(&g.prefill(PROMPTS[0]).unwrap()), want[0][0]);
+    }
+}

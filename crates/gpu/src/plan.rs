@@ -164,6 +164,9 @@ pub struct DecodePlan {
     head: HeadBinding,
     argmax: ArgmaxBinding,
     advance: AdvanceBinding,
+    /// `[slot][layer]` attention bindings on the multi-stream KV slots (plan_slots.rs): a
+    /// lone stream decodes here in place. Empty until [`DecodePlan::bind_slots`].
+    slot_attn: Vec<Vec<AttentionBinding>>,
 }
 
 /// The form of an activation a Q4 matvec reads: the quantised copy when there is one.
@@ -435,13 +438,14 @@ impl DecodePlan {
             head,
             argmax,
             advance,
+            slot_attn: Vec::new(),
         })
     }
 
     /// Record the embedding and every layer for a token at a position `<= pos_bound` (the KV
     /// rows are written; `h` holds the last layer's output).
     fn record_layers(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32) {
-        self.record_layers_marked(pass, pos_bound, &mut |_, _| {});
+        self.record_layers_marked(pass, pos_bound, None, &mut |_, _| {});
     }
 
     /// [`Self::record_layers`] calling `mark(pass, op)` after each op (profile.rs).
@@ -449,25 +453,28 @@ impl DecodePlan {
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         pos_bound: u32,
+        slot: Option<usize>,
         mark: &mut F,
     ) {
         self.k.embed.record(pass, &self.embed);
         mark(pass, "embed");
-        for lb in &self.layers {
-            self.record_layer_marked(pass, lb, pos_bound, mark);
+        for (l, lb) in self.layers.iter().enumerate() {
+            let attn = slot.map_or(&lb.attn, |s| &self.slot_attn[s][l]);
+            self.record_layer_marked(pass, lb, attn, pos_bound, mark);
         }
     }
 
     fn record_layer(&self, pass: &mut wgpu::ComputePass<'_>, lb: &LayerBinding, pos_bound: u32) {
-        self.record_layer_marked(pass, lb, pos_bound, &mut |_, _| {});
+        self.record_layer_marked(pass, lb, &lb.attn, pos_bound, &mut |_, _| {});
     }
 
     /// [`Self::record_layer`] calling `mark(pass, op)` after each op's dispatches (the
-    /// profile's timestamps, profile.rs).
+    /// profile's timestamps, profile.rs); `attn` is `lb.attn` or a KV slot's binding.
     fn record_layer_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         lb: &LayerBinding,
+        attn: &AttentionBinding,
         pos_bound: u32,
         mark: &mut F,
     ) {
@@ -478,7 +485,7 @@ impl DecodePlan {
         }
         k.matvec.record(pass, &lb.qkv);
         mark(pass, "qkv matvec");
-        k.attn.record_marked(pass, &lb.attn, pos_bound, mark);
+        k.attn.record_marked(pass, attn, pos_bound, mark);
         k.matvec.record(pass, &lb.o);
         mark(
             pass,
@@ -508,18 +515,20 @@ impl DecodePlan {
 
     /// Record one step; `argmax` adds the on-GPU argmax + state advance.
     fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
-        self.record_step_marked(pass, pos_bound, argmax, &mut |_, _| {});
+        self.record_step_marked(pass, pos_bound, argmax, None, &mut |_, _| {});
     }
 
-    /// [`Self::record_step`] calling `mark(pass, op)` after each op (profile.rs).
+    /// [`Self::record_step`] calling `mark(pass, op)` after each op (profile.rs), on the
+    /// plan's own cache (`slot` None) or on multi-stream KV slot `slot` (plan_slots.rs).
     pub(crate) fn record_step_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         pos_bound: u32,
         argmax: bool,
+        slot: Option<usize>,
         mark: &mut F,
     ) {
-        self.record_layers_marked(pass, pos_bound, mark);
+        self.record_layers_marked(pass, pos_bound, slot, mark);
         if !self.fused {
             self.k.norm.record(pass, &self.final_norm);
             mark(pass, "final rmsnorm");
@@ -704,9 +713,15 @@ impl DecodePlan {
         Ok(())
     }
 
-    /// Record one greedy step (with the argmax) at a position `<= pos_bound`.
-    pub(crate) fn record_greedy_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32) {
-        self.record_step(pass, pos_bound, true);
+    /// Record one greedy step (with the argmax) at a position `<= pos_bound`, on the plan's
+    /// cache or on multi-stream KV slot `slot` ([`DecodePlan::bind_slots`]).
+    pub(crate) fn record_greedy_step(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        pos_bound: u32,
+        slot: Option<usize>,
+    ) {
+        self.record_step_marked(pass, pos_bound, true, slot, &mut |_, _| {});
     }
 
     /// The run-state buffer and `out_tokens` (`[max(context_len, max_run)]` u32).
@@ -770,3 +785,6 @@ impl DecodePlan {
         self.embed.dispatch_count() + per_layer + !self.fused as usize + head + 2
     }
 }
+
+#[path = "plan_slots.rs"]
+mod slots;

@@ -37,19 +37,44 @@ impl DecodePlan {
         run: u32,
         eos: &[u32],
     ) -> Result<GreedyStream<'_>> {
-        if run == 0 || pos + n as usize > self.opts.context_len {
+        if run == 0 {
+            return Err(GpuError::Shape("greedy runs of 0 steps".into()));
+        }
+        Ok(GreedyStream {
+            plan: self,
+            run,
+            runs: self.begin_runs(None, token, pos, n, eos)?,
+        })
+    }
+
+    /// Start a greedy request of `n` steps from `token` at `pos` on the plan's own cache
+    /// (`slot` None) or on multi-stream KV slot `slot` ([`DecodePlan::bind_slots`]): writes
+    /// the state, the argmax's run length and EOS ids once. The caller guarantees `token < V`.
+    pub(crate) fn begin_runs(
+        &self,
+        slot: Option<usize>,
+        token: u32,
+        pos: usize,
+        n: u32,
+        eos: &[u32],
+    ) -> Result<GreedyRuns> {
+        if pos + n as usize > self.opts.context_len {
             return Err(GpuError::Shape(format!(
-                "greedy request of {n} steps in runs of {run} at position {pos} \
-                 (context {})",
+                "greedy request of {n} steps at position {pos} (context {})",
                 self.opts.context_len
             )));
         }
+        if let Some(s) = slot.filter(|s| *s >= self.slots()) {
+            return Err(GpuError::Shape(format!(
+                "KV slot {s} of {} bound",
+                self.slots()
+            )));
+        }
         self.start_greedy(token, pos, n, eos)?;
-        Ok(GreedyStream {
-            plan: self,
+        Ok(GreedyRuns {
+            slot,
             pos,
             n,
-            run,
             next: 0,
             queued: VecDeque::with_capacity(2),
         })
@@ -80,39 +105,41 @@ pub struct RunOutput {
     pub state: RunState,
 }
 
-/// A greedy request of `n` steps recorded in runs, each run its own command buffer, with the
-/// next run queued on the GPU while the host waits for (and handles) the current one.
+/// The runs of one greedy request on a [`DecodePlan`] (its cache or a KV slot), each run its
+/// own command buffer: the queue of submitted runs, owned apart from the plan so a backend can
+/// keep it between calls (the lone multi-stream path) while [`GreedyStream`] borrows the plan.
 ///
 /// Dropping it with runs still queued is harmless: they execute (as no-ops once `done` is
 /// set) and their readback buffers are freed when they finish.
-pub struct GreedyStream<'p> {
-    plan: &'p DecodePlan,
+pub(crate) struct GreedyRuns {
+    /// None: the plan's own cache; else the multi-stream KV slot.
+    slot: Option<usize>,
     /// Position of the request's first step.
     pos: usize,
     n: u32,
-    run: u32,
     /// The first step not recorded yet (`n` once every run is queued or the request ended).
     next: u32,
-    /// Submitted runs, oldest first (at most two).
+    /// Submitted runs, oldest first.
     queued: VecDeque<QueuedRun>,
 }
 
-impl GreedyStream<'_> {
-    /// Record the next run (steps `next..next + run`, positions `pos + step`) into its own
-    /// command buffer and submit it without waiting. Returns false when no step is left.
-    fn submit_next(&mut self) -> Result<bool> {
-        if self.next >= self.n {
-            return Ok(false);
+impl GreedyRuns {
+    /// Record the next run (up to `run` steps from `next`, positions `pos + step`) into its
+    /// own command buffer and submit it without waiting. Returns the steps queued (0 when
+    /// none is left).
+    pub(crate) fn submit(&mut self, p: &DecodePlan, run: u32) -> Result<u32> {
+        if self.next >= self.n || run == 0 {
+            return Ok(0);
         }
-        let (p, first) = (self.plan, self.next);
-        let len = self.run.min(self.n - first);
+        let first = self.next;
+        let len = run.min(self.n - first);
         let ctx = &p.ctx;
         let readback = ctx.readback_buffer("run.readback", STATE_BYTES + len as u64 * 4);
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             for s in first..first + len {
-                p.record_greedy_step(&mut pass, (self.pos + s as usize) as u32);
+                p.record_greedy_step(&mut pass, (self.pos + s as usize) as u32, self.slot);
             }
         }
         // Copies after the pass see the state and ids as this run left them, whatever the
@@ -134,15 +161,15 @@ impl GreedyStream<'_> {
             index,
         });
         self.next += len;
-        Ok(true)
+        Ok(len)
     }
 
     /// Wait for the oldest queued run only (later ones keep running) and read its output.
-    fn wait_next(&mut self) -> Result<Option<RunOutput>> {
+    pub(crate) fn wait_next(&mut self, p: &DecodePlan) -> Result<Option<RunOutput>> {
         let Some(q) = self.queued.pop_front() else {
             return Ok(None);
         };
-        let bytes = self.plan.ctx.map_read(&q.readback, q.index)?;
+        let bytes = p.ctx.map_read(&q.readback, q.index)?;
         let want = (STATE_BYTES + q.len as u64 * 4) as usize;
         if bytes.len() < want {
             return Err(GpuError::Map(format!(
@@ -164,27 +191,48 @@ impl GreedyStream<'_> {
         }))
     }
 
-    /// The next run's output, in order; `None` once every run has been read. Before waiting
-    /// for run k it records and submits run k+1 (if any step is left), so the GPU never idles
-    /// while the host records.
-    pub fn next_run(&mut self) -> Result<Option<RunOutput>> {
-        while self.queued.len() < 2 && self.submit_next()? {}
-        self.wait_next()
-    }
-
     /// Runs submitted and not yet read back.
-    pub fn queued_runs(&self) -> usize {
+    pub(crate) fn queued_runs(&self) -> usize {
         self.queued.len()
     }
 
     /// Stop recording; wait for the runs already queued (they still execute) and return the
     /// last one's state, i.e. what the GPU really wrote (`None` when nothing was queued).
-    pub fn drain(&mut self) -> Result<Option<RunState>> {
+    pub(crate) fn drain(&mut self, p: &DecodePlan) -> Result<Option<RunState>> {
         self.next = self.n;
         let mut last = None;
-        while let Some(o) = self.wait_next()? {
+        while let Some(o) = self.wait_next(p)? {
             last = Some(o.state);
         }
         Ok(last)
+    }
+}
+
+/// A greedy request of `n` steps recorded in runs of `run` steps, with the next run queued on
+/// the GPU while the host waits for (and handles) the current one.
+pub struct GreedyStream<'p> {
+    plan: &'p DecodePlan,
+    run: u32,
+    runs: GreedyRuns,
+}
+
+impl GreedyStream<'_> {
+    /// The next run's output, in order; `None` once every run has been read. Before waiting
+    /// for run k it records and submits run k+1 (if any step is left), so the GPU never idles
+    /// while the host records.
+    pub fn next_run(&mut self) -> Result<Option<RunOutput>> {
+        while self.runs.queued_runs() < 2 && self.runs.submit(self.plan, self.run)? > 0 {}
+        self.runs.wait_next(self.plan)
+    }
+
+    /// Runs submitted and not yet read back.
+    pub fn queued_runs(&self) -> usize {
+        self.runs.queued_runs()
+    }
+
+    /// Stop recording; wait for the runs already queued (they still execute) and return the
+    /// last one's state, i.e. what the GPU really wrote (`None` when nothing was queued).
+    pub fn drain(&mut self) -> Result<Option<RunState>> {
+        self.runs.drain(self.plan)
     }
 }

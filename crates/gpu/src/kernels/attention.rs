@@ -478,15 +478,43 @@ impl AttentionKernel {
         b: &AttentionBuffers<'_>,
         scratch: &AttentionScratch,
     ) -> Result<AttentionBinding> {
+        self.bind_at(ctx, b, scratch, 0)
+    }
+
+    /// [`Self::bind`] with the cache `[ctx, Hkv, D]` starting `kv_offset` bytes into
+    /// `k_cache` and `v_cache`: one slot of a multi-stream cache `[B, ctx, Hkv, D]`, so the
+    /// single-sequence plan can decode a lone stream in place (plan_slots.rs). The offset
+    /// must be a multiple of the device's storage-offset alignment.
+    pub fn bind_at(
+        &self,
+        ctx: &Context,
+        b: &AttentionBuffers<'_>,
+        scratch: &AttentionScratch,
+        kv_offset: u64,
+    ) -> Result<AttentionBinding> {
         let p = &self.params;
         let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
+        let cache = p.ctx as u64 * hkv * d * 4;
+        let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
+        if kv_offset % align != 0 {
+            return Err(GpuError::Shape(format!(
+                "attention cache offset {kv_offset} is not a multiple of {align}"
+            )));
+        }
         need(b.state, 4, "state")?;
         need(b.qkv, (hq + 2 * hkv) * d, "qkv")?;
         need(b.q_norm, d, "q_norm")?;
         need(b.k_norm, d, "k_norm")?;
-        need(b.k_cache, p.ctx as u64 * hkv * d, "k_cache")?;
-        need(b.v_cache, p.ctx as u64 * hkv * d, "v_cache")?;
+        need(b.k_cache, (kv_offset + cache) / 4, "k_cache")?;
+        need(b.v_cache, (kv_offset + cache) / 4, "v_cache")?;
         need(b.out, hq * d, "out")?;
+        let range = |buf| {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: buf,
+                offset: kv_offset,
+                size: std::num::NonZeroU64::new(cache),
+            })
+        };
         // Both entry points share one body, so both layouts hold every binding.
         let chunk_res = [
             whole(b.state),
@@ -494,8 +522,8 @@ impl AttentionKernel {
             whole(b.q_norm),
             whole(b.k_norm),
             whole(&self.inv_freq),
-            whole(b.k_cache),
-            whole(b.v_cache),
+            range(b.k_cache),
+            range(b.v_cache),
             whole(&scratch.part_o),
             whole(&scratch.part_ml),
             whole(b.out),

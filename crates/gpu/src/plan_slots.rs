@@ -1,0 +1,66 @@
+//! A lone stream of the multi-stream path decoded by the single-sequence plan, in place.
+//!
+//! The multi-stream path ([`crate::batch`]) keeps one KV slot per stream (`[B, ctx, Hkv, D]`
+//! per layer, slot-major). When only one stream is live, its column kernels are slower than
+//! this plan's (no folded router, matmul tiles sized for several columns): 256.5 against 280.8
+//! tok/s on the H200 (docs/BENCHMARKS.md run 26). So the plan also holds, per slot, attention
+//! bindings whose cache is that slot's region of the multi-stream cache: a lone greedy stream
+//! runs the plan's own steps ([`crate::stream::GreedyRuns`]) reading and writing its KV rows
+//! where the column kernels do, and when a second stream joins, the column runs continue from
+//! the same rows. Nothing is copied either way.
+
+use super::DecodePlan;
+use crate::context::Result;
+use crate::kernels::attention::AttentionBuffers;
+
+impl DecodePlan {
+    /// Bind the attention of every layer to each of the `slots` KV slots of the multi-stream
+    /// caches `k`, `v` (per layer `[slots, ctx, Hkv, D]` f32, this plan's `ctx`). Returns
+    /// false, binding nothing, when a slot's byte offset is not a multiple of the device's
+    /// storage-offset alignment (some tiny models at odd context lengths; Qwen3's 2 KiB per
+    /// position always is): the lone stream then stays on the columns.
+    pub(crate) fn bind_slots(
+        &mut self,
+        k: &[wgpu::Buffer],
+        v: &[wgpu::Buffer],
+        slots: usize,
+    ) -> Result<bool> {
+        let cfg = &self.weights.cfg;
+        let slot_bytes = (self.opts.context_len * cfg.kv_dim()) as u64 * 4;
+        let align = self.ctx.limits.min_storage_buffer_offset_alignment as u64;
+        if slots > 1 && slot_bytes % align != 0 {
+            return Ok(false);
+        }
+        let a = &self.acts;
+        let mut all = Vec::with_capacity(slots);
+        for s in 0..slots {
+            let mut layers = Vec::with_capacity(cfg.num_layers);
+            for (l, lw) in self.weights.layers.iter().enumerate() {
+                let bufs = AttentionBuffers {
+                    state: &a.state,
+                    qkv: &a.qkv,
+                    q_norm: &lw.q_norm,
+                    k_norm: &lw.k_norm,
+                    k_cache: &k[l],
+                    v_cache: &v[l],
+                    out: &a.att,
+                    out_q: a.att_q.as_ref(),
+                };
+                layers.push(self.k.attn.bind_at(
+                    &self.ctx,
+                    &bufs,
+                    &a.scratch,
+                    s as u64 * slot_bytes,
+                )?);
+            }
+            all.push(layers);
+        }
+        self.slot_attn = all;
+        Ok(true)
+    }
+
+    /// KV slots bound by [`Self::bind_slots`].
+    pub(crate) fn slots(&self) -> usize {
+        self.slot_attn.len()
+    }
+}
