@@ -110,7 +110,7 @@ if has lone; then
     for mode in plan columns; do
       say "lone round $round: batch 1 on the $mode"
       extra=""; [ $mode = columns ] && extra="--columns-alone"
-      timeout 150 $N bench -m $MODEL --backend gpu $extra -p 0 -n 128 --reps 3 --batch 1 --ctx 512 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+      timeout 150 $N bench -m $MODEL --backend gpu $extra -p 0 -n 128 --reps 3 --batch 1,2 --ctx 512 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
 fi
