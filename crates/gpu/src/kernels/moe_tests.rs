@@ -299,11 +299,14 @@ fn moe_odd_shapes_and_no_renormalise() {
     let Some(ctx) = gpu("moe_odd_shapes_and_no_renormalise") else {
         return;
     };
-    // H = 96 (3 blocks for 8 lanes), I = 32 (one block), K = 1 and K = E, norm_topk_prob off.
+    // H = 96 (3 blocks for 8 lanes), I = 32 (one block), K = 1 and K = E, norm_topk_prob off;
+    // E = 160 > WG / 2: the routing rank's one-thread-per-expert form (moe_route.wgsl; up to
+    // 128 experts, two threads share each expert's count).
     for (n, p) in [
         params(5, 1, 96, 32, false),
         params(6, 6, 96, 96, true),
         params(24, 3, 160, 32, false),
+        params(160, 8, 64, 32, true),
     ]
     .into_iter()
     .enumerate()

@@ -20,37 +20,67 @@ fn route_select(li: u32, base: u32) {
     route_rank(li);
 }
 
+// Rank counts of the second half of the logits (`route_rank`'s split form).
+var<workgroup> rank_hi: array<u32, E>;
+
+// Where the split form's first half of the logits ends (a multiple of 4 near E / 2).
+const RANK_SPLIT: u32 = (E / 8u) * 4u;
+
+// #{j in [j0, j1) : lg[j] ranks above lg[e]}: the predicate (u > v || (u == v && j < e)), NaN
+// included (j = e adds 0). A constant-stride loop over vec4s of broadcast shared loads, four
+// partial counts (integer, so the order does not matter; one counter would make the adds a
+// dependent chain); the bounds are workgroup constants, so the compiler can unroll it.
+fn rank_count(e: u32, v: f32, j0: u32, j1: u32) -> u32 {
+    var rk = vec4<u32>(0u);
+    var j = j0;
+    for (; j + 4u <= j1; j += 4u) {
+        let u = vec4<f32>(lg[j], lg[j + 1u], lg[j + 2u], lg[j + 3u]);
+        let jj = vec4<u32>(j, j + 1u, j + 2u, j + 3u);
+        rk += select(vec4<u32>(u > vec4<f32>(v)), vec4<u32>(u >= vec4<f32>(v)), jj < vec4<u32>(e));
+    }
+    for (; j < j1; j++) {
+        let u = lg[j];
+        rk.x += select(u32(u > v), u32(u >= v), j < e);
+    }
+    return (rk.x + rk.y) + (rk.z + rk.w);
+}
+
 // Fill top_e[0..K] from `lg` as the caller filled it (the barrier here publishes it). Call from
 // uniform control flow by the whole workgroup.
+//
+// Selection by rank (above): every expert's rank is a count over all E logits, with no
+// reductions. When the workgroup has two threads per expert (WG >= 2E: Qwen3's 128 experts in
+// 256 threads), thread e counts the first RANK_SPLIT logits and thread E + e the rest, and one
+// more barrier adds the halves: the serial loop every workgroup runs before it can read a weight
+// is half as long (the counts, so the ranks, are the same): tg128 +1.4% on the H200
+// (docs/BENCHMARKS.md run 30).
 fn route_rank(li: u32) {
     // A NaN logit could leave a rank unclaimed: default to expert 0 so ids stay in range.
     for (var r = li; r < K; r += WG) {
         top_e[r] = 0u;
     }
     workgroupBarrier();
-    for (var e = li; e < E; e += WG) {
-        let v = lg[e];
-        // Below e ties count (u >= v), above they do not (u > v): the predicate
-        // (u > v || (u == v && j < e)), NaN included; j = e adds 0. One loop with the constant
-        // trip count E (not two split at e): the compiler can unroll it and keep many of the
-        // (broadcast) shared loads in flight, where the dependent per-thread bounds left a
-        // serial chain of E load latencies in every workgroup before any weight was read.
-        // Four partial counts (integer: the order does not matter): one counter would make the
-        // E adds a dependent chain.
-        var rk = vec4<u32>(0u);
-        var j = 0u;
-        for (; j + 4u <= E; j += 4u) {
-            let u = vec4<f32>(lg[j], lg[j + 1u], lg[j + 2u], lg[j + 3u]);
-            let jj = vec4<u32>(j, j + 1u, j + 2u, j + 3u);
-            rk += select(vec4<u32>(u > vec4<f32>(v)), vec4<u32>(u >= vec4<f32>(v)), jj < vec4<u32>(e));
+    if (2u * E <= WG) {
+        var lo = 0u;
+        if (li < E) {
+            lo = rank_count(li, lg[li], 0u, RANK_SPLIT);
+        } else if (li < 2u * E) {
+            let e = li - E;
+            rank_hi[e] = rank_count(e, lg[e], RANK_SPLIT, E);
         }
-        for (; j < E; j++) {
-            let u = lg[j];
-            rk.x += select(u32(u > v), u32(u >= v), j < e);
+        workgroupBarrier();
+        if (li < E) {
+            let rank = lo + rank_hi[li];
+            if (rank < K) {
+                top_e[rank] = li;
+            }
         }
-        let rank = (rk.x + rk.y) + (rk.z + rk.w);
-        if (rank < K) {
-            top_e[rank] = e;
+    } else {
+        for (var e = li; e < E; e += WG) {
+            let rank = rank_count(e, lg[e], 0u, E);
+            if (rank < K) {
+                top_e[rank] = e;
+            }
         }
     }
     workgroupBarrier();
