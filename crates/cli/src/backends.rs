@@ -70,7 +70,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     if args.verbose {
         eprintln!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
-             numerics {}, fold {}{}",
+             numerics {}, fold {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
@@ -80,6 +80,10 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
                 " (per-token path)"
             } else {
                 ""
+            },
+            match g.streams_summary() {
+                x if x.is_empty() => x,
+                x => format!(", {x}"),
             }
         );
     }

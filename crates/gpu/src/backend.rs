@@ -243,6 +243,23 @@ impl GpuBackend {
 
     /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
     /// resident bytes, prefill chunk.
+    /// The multi-stream path in words (empty without it): slots, and where a lone greedy
+    /// stream decodes (`GpuOptions::lone_stream`).
+    pub fn streams_summary(&self) -> String {
+        match &self.batch {
+            None => String::new(),
+            Some(b) => format!(
+                "{} stream slots, a lone greedy stream on the {}",
+                b.streams(),
+                if self.lone_path {
+                    "single-sequence plan"
+                } else {
+                    "multi-stream kernels"
+                }
+            ),
+        }
+    }
+
     pub fn describe(&self) -> String {
         let info = &self.plan.ctx.info;
         let o = &self.plan.opts;
@@ -257,7 +274,7 @@ impl GpuBackend {
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
              routing {:?}, router {}\n\
              prefill: {} tokens per command buffer\n\
-             resident weights: {} bytes ({:.1} MiB), context {} positions",
+             resident weights: {} bytes ({:.1} MiB), context {} positions{}",
             info.name,
             info.device_type,
             info.backend,
@@ -276,6 +293,10 @@ impl GpuBackend {
             self.resident_bytes(),
             self.resident_bytes() as f64 / (1u64 << 20) as f64,
             o.context_len,
+            match self.streams_summary() {
+                x if x.is_empty() => x,
+                x => format!("\nmulti-stream: {x}"),
+            },
         )
     }
 

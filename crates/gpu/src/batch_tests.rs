@@ -348,6 +348,12 @@ fn lone_stream_runs_on_the_plan_in_its_slot() {
             ..Default::default()
         };
         let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+        let place = if lone {
+            "single-sequence plan"
+        } else {
+            "multi-stream kernels"
+        };
+        assert!(g.describe().contains(place), "{}", g.describe());
         let mut got0 = vec![argmax(&g.stream_prefill(1, 0, PROMPTS[0]).unwrap())];
         let last = |v: &Vec<u32>| Some(*v.last().unwrap());
         assert_eq!(
