@@ -22,29 +22,30 @@
 //! (what a kernel would cost were its weights prefetched). Reference rows time the fixed costs
 //! (empty dispatch, dependent-load chains through L2 and DRAM, 256-thread workgroups with
 //! barrier rounds); attention also has rows for other sequence splits (one chunk per kv head,
-//! 128 and 512 chunks per kv head) and wider tiles (4 and 8 loads per thread).
+//! 128 and 512 chunks per kv head) and wider tiles (4 and 8 loads per thread). Rows marked
+//! "(as plan)" bind a kernel the way the default f32 plan does where that differs from the
+//! plain row: the qkv matvec normalising its input on load, the MoE gate/up normalising h + a
+//! and routing on the folded router's logits (the plain MoE rows are the routed, unfolded form).
 //! Smallest run (lavapipe): `--shapes tiny --calls 2 --reps 1`.
 
 #[path = "kernel_bench/cases.rs"]
 mod cases;
 #[path = "kernel_bench/fixtures.rs"]
 mod fixtures;
+#[path = "kernel_bench/moe_cols.rs"]
+mod moe_cols;
 #[path = "kernel_bench/timing.rs"]
 mod timing;
 
 use anyhow::{bail, Context as _};
 use cases::Bench;
 use fixtures::RefKernel;
-use nibble_gpu::columns::{self, Col, MAX_COLUMNS};
 use nibble_gpu::context::{AdapterChoice, Context};
 use nibble_gpu::kernels::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile, B_MAX};
-use nibble_gpu::kernels::moe::{
-    router_ref, ColsForm, ColsRead, F32Tuning, MoeColsBuffers, MoeKernel,
-};
+use nibble_gpu::kernels::moe::F32Tuning;
 use nibble_gpu::tensor::Q4Matrix;
 use nibble_gpu::Numerics;
 use nibble_model::config::Qwen3MoeConfig;
-use rand::{Rng, RngCore};
 use std::time::Instant;
 use timing::{Row, Timer};
 
@@ -392,6 +393,18 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
+    // The qkv matvec as the default plan records it: the RMSNorm recomputed on load by every
+    // workgroup (the rows above read a normalised input).
+    if let Some(first) = b.qkv_nol_b.first() {
+        let qr = qd + 2 * kvd;
+        let name = format!("matvec qkv [{qr}x{h}] f32 norm on load (as plan)");
+        let bytes = q4(qr, h) + 2 * h4 + 4 * qr as u64;
+        r.case(
+            sp(name, first.dispatch_count(), l, true, bytes),
+            m,
+            &|p, c| b.matvec.record(p, &b.qkv_nol_b[c % b.qkv_nol_b.len()]),
+        )?;
+    }
     // The f32 form's rows per team, each shape at every choice (the plan picks by rows).
     for rpt in nibble_gpu::kernels::matvec::F32_ROWS_PER_TEAM {
         let qr = qd + 2 * kvd;
@@ -556,14 +569,27 @@ fn main() -> anyhow::Result<()> {
                 set.kernel.record(p, &ctx, &d[c % d.len()])
             })?;
         }
-        let name = format!("moe gate_up+down (as plan) {mv}");
+        let name = format!("moe gate_up+down (routed, unfolded) {mv}");
         let alt = mv != nm || set.split.is_some();
         r.case(sp(name, 2, l, alt, gu + dn), m, &|p, c| {
             set.kernel.record(p, &ctx, &set.full[c % set.full.len()])
         })?;
     }
-    // The f32 work-split sweep (`--moe-tunings`): each stage alone where it can be split.
+    // The MoE as the default single-token plan records it: gate/up normalising h + a on load
+    // and routing on the folded router's logits (router_fold.rs), alone and with down.
     let (gu, dn) = moe_bytes(Numerics::F32);
+    let set = b.moe_set(Numerics::F32);
+    if let Some((both, gate_up)) = &set.folded {
+        let name = format!("moe gate_up+silu folded (as plan) K={k} f32");
+        r.case(sp(name, 1, l, true, gu + h4), m, &|p, c| {
+            set.kernel.record(p, &ctx, &gate_up[c % gate_up.len()])
+        })?;
+        let name = "moe gate_up folded + down (as plan) f32".to_string();
+        r.case(sp(name, 2, l, true, gu + h4 + dn), m, &|p, c| {
+            set.kernel.record(p, &ctx, &both[c % both.len()])
+        })?;
+    }
+    // The f32 work-split sweep (`--moe-tunings`): each stage alone where it can be split.
     for (t, set) in &b.moe_tuned {
         let Some((g, d)) = &set.split else { continue };
         if t.down_lanes == F32Tuning::DEFAULT.down_lanes
@@ -602,7 +628,7 @@ fn main() -> anyhow::Result<()> {
     // forms read K experts per column from the cache hierarchy) plus the activations.
     let cols_k = &b.moe_set(Numerics::F32).kernel;
     if cols_k.supports_cols() {
-        bench_moe_cols(&ctx, &mut r, &sp, cols_k, m, &mut rng)?;
+        moe_cols::bench_moe_cols(&ctx, &mut r, &sp, cols_k, m, &mut rng)?;
     }
 
     let bytes = 4 * v as u64 + 8 * (v as u64).div_ceil(2048);
@@ -680,111 +706,6 @@ fn main() -> anyhow::Result<()> {
         println!("{}", timing::json(&r.rows, &meta));
     } else {
         println!("{text}");
-    }
-    Ok(())
-}
-
-/// Routing slots the column MoE rows rotate over, so consecutive calls read different experts
-/// (one slot's union at nb = 1 would stay in an H200's L2).
-const COL_SLOTS: usize = 16;
-
-/// Rows of the MoE over columns: every form of [`ColsForm`] at nb = 1, 2, 4, 8, with random
-/// and shared routes (see the call site).
-fn bench_moe_cols(
-    ctx: &Context,
-    r: &mut Runner<'_>,
-    sp: &dyn Fn(String, usize, usize, bool, u64) -> Spec,
-    kern: &MoeKernel,
-    m: usize,
-    rng: &mut impl Rng,
-) -> anyhow::Result<()> {
-    let p = kern.params;
-    let (e, k, h, i) = (
-        p.experts as usize,
-        p.top_k as usize,
-        p.hidden as usize,
-        p.inter as usize,
-    );
-    let nmax = MAX_COLUMNS;
-    let gate = fixtures::q4_copies(ctx, rng, (e * i, h, i), 1)?.remove(0);
-    let up = fixtures::q4_copies(ctx, rng, (e * i, h, i), 1)?.remove(0);
-    let down = fixtures::q4_copies(ctx, rng, (e * h, i, h), 1)?.remove(0);
-    let f32s = |label: &str, n: usize, rng: &mut dyn RngCore| {
-        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        ctx.storage_init(label, bytemuck::cast_slice(&v))
-    };
-    let x = f32s("cols.x", nmax * h, rng)?;
-    let out = f32s("cols.out", nmax * h, rng)?;
-    let route = ctx.storage("cols.route", (nmax * 2 * k * 4) as u64)?;
-    let hbuf = ctx.storage("cols.h", (nmax * k * i * 4) as u64)?;
-    // Per slot: logits [8, E] for both route patterns.
-    let mut slots: Vec<[Vec<f32>; 2]> = Vec::new();
-    for _ in 0..COL_SLOTS {
-        let random: Vec<f32> = (0..nmax * e).map(|_| rng.random_range(-2.0..2.0)).collect();
-        let shared = random[..e].repeat(nmax);
-        slots.push([random, shared]);
-    }
-    let mut forms = vec![
-        ("per-column (default)", ColsForm::PER_COLUMN),
-        (
-            "union gate_up",
-            ColsForm {
-                gate_up: ColsRead::Union,
-                down: ColsRead::PerColumn,
-            },
-        ),
-    ];
-    if kern.cols_union_down() {
-        forms.push(("union both", ColsForm::UNION));
-    }
-    for nb in [1usize, 2, 4, 8] {
-        let cols = columns::buffer(ctx, &vec![Col::active(1, 1, 0); nb])?;
-        for (pat, pname) in ["random", "shared"].into_iter().enumerate() {
-            // The mean union size over the slots, from the reference router.
-            let mut union = 0usize;
-            let mut logits = Vec::new();
-            for sl in &slots {
-                let lg = &sl[pat][..nb * e];
-                let mut ids: Vec<u32> = lg
-                    .chunks(e)
-                    .flat_map(|c| router_ref(c, k, p.norm_topk_prob).0)
-                    .collect();
-                ids.sort_unstable();
-                ids.dedup();
-                union += ids.len();
-                logits.push(ctx.storage_init("cols.logits", bytemuck::cast_slice(lg))?);
-            }
-            let union = union as f64 / COL_SLOTS as f64;
-            let weights = (union * 3.0 * q4(i, h) as f64) as u64;
-            let acts = 4 * nb as u64 * (e + 2 * h + 2 * k * i + 2 * h) as u64;
-            for (fname, form) in &forms {
-                let binds = logits
-                    .iter()
-                    .map(|lg| {
-                        let bufs = MoeColsBuffers {
-                            state: &r.b.state,
-                            cols: &cols,
-                            nb: nb as u32,
-                            logits: lg,
-                            route: &route,
-                            x: &x,
-                            gate: &gate,
-                            up: &up,
-                            down: &down,
-                            h: &hbuf,
-                            out: &out,
-                            residual: true,
-                        };
-                        kern.bind_cols_with(ctx, &bufs, *form)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let name = format!("moe cols nb={nb} {pname} (union {union:.1} experts) {fname}");
-                let disp = binds[0].dispatch_count();
-                r.case(sp(name, disp, 0, true, weights + acts), m, &|pass, c| {
-                    kern.record_cols(pass, ctx, &binds[c % binds.len()])
-                })?;
-            }
-        }
     }
     Ok(())
 }

@@ -10,8 +10,10 @@ use nibble_gpu::kernels::attention::{
     AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
 };
 use nibble_gpu::kernels::embed::{EmbedBinding, EmbedKernel};
-use nibble_gpu::kernels::matvec::{Act, MatvecBinding, MatvecKernel, QuantizeKernel};
-use nibble_gpu::kernels::moe::{F32Tuning, MoeBinding, MoeBuffers, MoeKernel, MoeParams, Routing};
+use nibble_gpu::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, QuantizeKernel};
+use nibble_gpu::kernels::moe::{
+    F32Tuning, MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing,
+};
 use nibble_gpu::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
 use nibble_gpu::state::RunState;
 use nibble_gpu::tensor::{Q4Matrix, QuantActs};
@@ -69,6 +71,10 @@ pub struct MoeSet {
     pub full: Vec<MoeBinding>,
     /// gate/up alone and down alone (`None` if the kernel refuses a matrix without parts).
     pub split: Option<(Vec<MoeBinding>, Vec<MoeBinding>)>,
+    /// The single-token plan's form (router folded into the o-proj, kernels/router_fold.rs):
+    /// gate/up normalising `h + a` on load and routing on `z / rms(h + a)`, then down; and
+    /// that gate/up alone. `None` where the kernel has no folded form (the int8 numerics).
+    pub folded: Option<(Vec<MoeBinding>, Vec<MoeBinding>)>,
 }
 
 /// Everything one decode step uses (shapes from `cfg`; `L` = `layers` copies).
@@ -97,6 +103,9 @@ pub struct Bench {
     pub head_w: Q4Matrix,
     /// Bindings per layer in the plan's numerics.
     pub qkv_b: Vec<MatvecBinding>,
+    /// The qkv matvec as the f32 plan binds it: RMSNorm of the residual stream on load (empty
+    /// for the int8 numerics, whose plan keeps a norm dispatch).
+    pub qkv_nol_b: Vec<MatvecBinding>,
     pub o_b: Vec<MatvecBinding>,
     pub router_b: Vec<MatvecBinding>,
     pub attn_b: Vec<AttentionBinding>,
@@ -171,6 +180,19 @@ impl Bench {
             .iter()
             .map(|m| matvec.bind_q4(ctx, m, x, &qkv_out, st))
             .collect::<Result<Vec<_>>>()?;
+        let norm_w = rand_buf(ctx, "norm_w", rng, h, 0.5, 1.5)?;
+        let nol = NormInput {
+            h: &hbuf,
+            weight: &norm_w,
+            eps: cfg.rms_norm_eps,
+        };
+        let qkv_nol_b = match numerics {
+            Numerics::F32 => qkv_w
+                .iter()
+                .map(|m| matvec.bind_q4_norm(ctx, m, nol, &qkv_out, st))
+                .collect::<Result<Vec<_>>>()?,
+            _ => Vec::new(),
+        };
         let o_b = o_w
             .iter()
             .map(|m| matvec.bind_q4(ctx, m, att.act(numerics), &a, st))
@@ -345,10 +367,47 @@ impl Bench {
                 Ok((gu, dn))
             })()
             .ok();
+            // The folded form publishes its normalised input and logits (diagnostics): its
+            // `logits` is written, so the slot's logits go in as `z` only.
+            let (xn_out, lg_out) = (f32s("moe.xn_out", h)?, f32s("moe.lg_out", e)?);
+            let folded = (|| -> Result<_> {
+                let bind = |lg: &wgpu::Buffer, route: &wgpu::Buffer, dn: &Q4Matrix| {
+                    let b = MoeBuffers {
+                        state: st,
+                        logits: &lg_out,
+                        route,
+                        x: xn.act(nm),
+                        gate: &gate,
+                        up: &up,
+                        down: dn,
+                        h: &moe_h.f,
+                        h_q: moe_h.quant(nm),
+                        out: &hbuf,
+                        residual: true,
+                    };
+                    let f = MoeFolded {
+                        a: &a,
+                        norm_w: &norm_w,
+                        eps: cfg.rms_norm_eps,
+                        z: lg,
+                        xn_out: &xn_out,
+                    };
+                    kernel.bind_folded(ctx, &b, &f)
+                };
+                let both = (slots.iter())
+                    .map(|(lg, r)| bind(lg, r, &down))
+                    .collect::<Result<Vec<_>>>()?;
+                let gu = (slots.iter())
+                    .map(|(lg, r)| bind(lg, r, &none_d))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((both, gu))
+            })()
+            .ok();
             Ok(MoeSet {
                 kernel,
                 full,
                 split,
+                folded,
             })
         };
         let moe = Numerics::ALL
@@ -404,6 +463,7 @@ impl Bench {
             o_w,
             head_w,
             qkv_b,
+            qkv_nol_b,
             o_b,
             router_b,
             attn_b,
