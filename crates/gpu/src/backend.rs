@@ -241,8 +241,6 @@ impl GpuBackend {
         crate::plant::plant_error(&self.plan, layer, target)
     }
 
-    /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
-    /// resident bytes, prefill chunk.
     /// The multi-stream path in words (empty without it): slots, and where a lone greedy
     /// stream decodes (`GpuOptions::lone_stream`).
     pub fn streams_summary(&self) -> String {
@@ -260,6 +258,8 @@ impl GpuBackend {
         }
     }
 
+    /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
+    /// resident bytes, prefill chunk, and the multi-stream path when there is one.
     pub fn describe(&self) -> String {
         let info = &self.plan.ctx.info;
         let o = &self.plan.opts;
