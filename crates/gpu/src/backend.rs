@@ -626,6 +626,18 @@ impl Backend for GpuBackend {
         let seqs = self.stream_inputs(tokens, 1)?;
         self.lone_idle("a one-step run")?;
         let b = self.batch.as_mut().expect("stream_inputs checked the path");
+        let mut fed = seqs.iter().enumerate().filter(|(_, q)| q.is_some());
+        if let (Some((slot, &Some((token, pos)))), None, true) =
+            (fed.next(), fed.next(), self.lone_path)
+        {
+            // One stream fed: the single-sequence plan's step in its KV slot (plan_slots.rs).
+            b.idle("a one-step run")?;
+            let logits = self.plan.step_logits_slot(slot, token, pos)?;
+            self.stream_pos[slot] += 1;
+            let mut out = vec![None; seqs.len()];
+            out[slot] = Some(logits);
+            return Ok(out);
+        }
         let logits = b.step_logits(&seqs)?;
         for (s, q) in seqs.iter().enumerate() {
             self.stream_pos[s] += q.is_some() as usize;

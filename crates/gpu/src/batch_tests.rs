@@ -332,7 +332,8 @@ fn batched_prefill_equals_token_by_token_and_oracle() {
 /// (`lone_stream: false` keeps it on the columns); a second stream joining continues both on
 /// the columns from the rows the plan wrote, and once it is gone the first goes back to the
 /// plan, still exact; a stream ended mid-pipeline keeps the ids of the run already queued; the
-/// plan's own sequence is refused while a lone run is queued.
+/// plan's own sequence is refused while a lone run is queued; one-step runs of the lone stream
+/// (sampled requests) follow the oracle and hand over to greedy runs.
 #[test]
 fn lone_stream_runs_on_the_plan_in_its_slot() {
     let Some(ctx) = gpu("lone_stream_runs_on_the_plan_in_its_slot") else {
@@ -398,6 +399,33 @@ fn lone_stream_runs_on_the_plan_in_its_slot() {
         assert!(g.streams_collect().unwrap().is_none());
         assert_eq!(got0[..], want[0][..20], "lone {lone}: stream 0");
         assert_eq!(got1[..], want[1][..6], "lone {lone}: stream 1");
+        // One-step runs of slot 1 alone (a sampled request's path) continue it: logits against
+        // the oracle's along the same ids, then a greedy run picks up after them.
+        let mut rb = RefBackend::new(m.clone(), 64).unwrap();
+        rb.prefill(PROMPTS[0]).unwrap();
+        for &t in &want[0][..19] {
+            rb.step(t).unwrap();
+        }
+        for j in 19..22 {
+            let out = g.streams_step(&[None, Some(want[0][j])]).unwrap();
+            assert!(out[0].is_none(), "slot 0 was not fed");
+            let l = out[1].as_ref().expect("slot 1's logits");
+            let oracle = rb.step(want[0][j]).unwrap();
+            let cos = cosine(l, &oracle);
+            assert!(cos >= 0.99999, "lone {lone}: one-step {j}: cosine {cos}");
+            assert_eq!(argmax(l), want[0][j + 1], "lone {lone}: one-step {j}");
+        }
+        assert_eq!(
+            g.streams_queue(Some(&[None, Some(want[0][22])]), 4, &[])
+                .unwrap(),
+            4
+        );
+        let ids = g.streams_collect().unwrap().unwrap();
+        assert_eq!(
+            ids[1][..],
+            want[0][23..27],
+            "lone {lone}: greedy after one-steps"
+        );
         // The main sequence works again once the runs are collected.
         assert_eq!(argmax(&g.prefill(PROMPTS[0]).unwrap()), want[0][0]);
     }

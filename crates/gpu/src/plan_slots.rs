@@ -7,7 +7,8 @@
 //! bindings whose cache is that slot's region of the multi-stream cache: a lone greedy stream
 //! runs the plan's own steps ([`crate::stream::GreedyRuns`]) reading and writing its KV rows
 //! where the column kernels do, and when a second stream joins, the column runs continue from
-//! the same rows. Nothing is copied either way.
+//! the same rows. Nothing is copied either way. A lone sampled stream's one-step runs (logits
+//! read back for the host's sampler) take the plan's step the same way.
 
 use super::DecodePlan;
 use crate::context::Result;
@@ -57,6 +58,24 @@ impl DecodePlan {
         }
         self.slot_attn = all;
         Ok(true)
+    }
+
+    /// Process `token` at `pos` of multi-stream KV slot `slot` (its row `pos` is written) and
+    /// return the logits `[V]`: a lone sampled stream's one-step run. The caller guarantees
+    /// `token < V` and `pos < context_len`.
+    pub(crate) fn step_logits_slot(&self, slot: usize, token: u32, pos: usize) -> Result<Vec<f32>> {
+        if slot >= self.slots() {
+            return Err(crate::context::GpuError::Shape(format!(
+                "KV slot {slot} of {} bound",
+                self.slots()
+            )));
+        }
+        self.set_state(token, pos);
+        self.ctx.run_pass(|p| {
+            self.record_step_marked(p, pos as u32, false, Some(slot), &mut |_, _| {})
+        })?;
+        self.ctx
+            .read_f32(&self.acts.logits, self.weights.cfg.vocab_size)
     }
 
     /// KV slots bound by [`Self::bind_slots`].
