@@ -2,8 +2,9 @@
 //!
 //! The multi-stream path ([`crate::batch`]) keeps one KV slot per stream (`[B, ctx, Hkv, D]`
 //! per layer, slot-major). When only one stream is live, its column kernels are slower than
-//! this plan's (no folded router, matmul tiles sized for several columns): 256.5 against 280.8
-//! tok/s on the H200 (docs/BENCHMARKS.md run 26). So the plan also holds, per slot, attention
+//! this plan's (no folded router, matmul tiles sized for several columns): 268.0 against 284.5
+//! tok/s on the H200, side by side (docs/BENCHMARKS.md run 28). So the plan also holds, per
+//! slot, attention
 //! bindings whose cache is that slot's region of the multi-stream cache: a lone greedy stream
 //! runs the plan's own steps ([`crate::stream::GreedyRuns`]) reading and writing its KV rows
 //! where the column kernels do, and when a second stream joins, the column runs continue from
