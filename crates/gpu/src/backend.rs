@@ -71,6 +71,18 @@ impl Default for GpuOptions {
     }
 }
 
+/// `(slot, token, position)` of the only stream fed in `seqs`; `None` when none or several are.
+fn lone_input(seqs: &[Option<(u32, usize)>]) -> Option<(usize, u32, usize)> {
+    let mut fed = seqs
+        .iter()
+        .enumerate()
+        .filter_map(|(s, q)| q.map(|(t, p)| (s, t, p)));
+    match (fed.next(), fed.next()) {
+        (Some(one), None) => Some(one),
+        _ => None,
+    }
+}
+
 /// Most EOS ids a folded run can stop on.
 const MAX_EOS: usize = 16;
 
@@ -534,10 +546,9 @@ impl Backend for GpuBackend {
             self.lone_idle("restart")?;
             let ctx = self.context_len();
             let b = self.batch.as_mut().expect("stream_inputs checked the path");
-            let mut live = seqs.iter().enumerate().filter(|(_, q)| q.is_some());
-            match (live.next(), live.next()) {
+            match lone_input(&seqs).filter(|_| self.lone_path) {
                 // One greedy stream: the single-sequence plan in its KV slot (plan_slots.rs).
-                (Some((slot, &Some((token, pos)))), None) if self.lone_path => {
+                Some((slot, token, pos)) => {
                     b.idle("restart")?;
                     ensure!(
                         eos.len() <= MAX_EOS,
@@ -548,7 +559,7 @@ impl Backend for GpuBackend {
                     let runs = self.plan.begin_runs(Some(slot), token, pos, n, eos)?;
                     self.lone = Some((slot, runs));
                 }
-                _ => {
+                None => {
                     if !b.restart(&seqs, eos)? {
                         return Ok(0);
                     }
@@ -626,10 +637,7 @@ impl Backend for GpuBackend {
         let seqs = self.stream_inputs(tokens, 1)?;
         self.lone_idle("a one-step run")?;
         let b = self.batch.as_mut().expect("stream_inputs checked the path");
-        let mut fed = seqs.iter().enumerate().filter(|(_, q)| q.is_some());
-        if let (Some((slot, &Some((token, pos)))), None, true) =
-            (fed.next(), fed.next(), self.lone_path)
-        {
+        if let Some((slot, token, pos)) = lone_input(&seqs).filter(|_| self.lone_path) {
             // One stream fed: the single-sequence plan's step in its KV slot (plan_slots.rs).
             b.idle("a one-step run")?;
             let logits = self.plan.step_logits_slot(slot, token, pos)?;
