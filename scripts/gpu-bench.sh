@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,combineab,batch,
 # fold,numerics,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -35,7 +35,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has bench || has profile || has routerab || has ab || has lone || has batch || has fold || has numerics || has depth16k || has load; then
+if has synth || has parity || has bench || has profile || has routerab || has ab || has lone || has combineab || has batch || has fold || has numerics || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -111,6 +111,18 @@ if has lone; then
       say "lone round $round: batch 1 on the $mode"
       extra=""; [ $mode = columns ] && extra="--columns-alone"
       timeout 150 $N bench -m $MODEL --backend gpu $extra -p 0 -n 128 --reps 3 --batch 1,2 --ctx 512 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+    done
+  done
+fi
+if has combineab; then
+  # The attention's chunk merge: in the last chunk workgroup of each kv head (fused, the default
+  # on Vulkan) against its own dispatch (--combine-dispatch), two interleaved rounds, tg128 at
+  # depth 0 and 4096 and pp512 (the prefill's column kernels keep the dispatch either way).
+  for round in 1 2; do
+    for mode in fused dispatch; do
+      say "combineab round $round: attention combine $mode"
+      extra=""; [ $mode = dispatch ] && extra="--combine-dispatch"
+      timeout 200 $N bench -m $MODEL --backend gpu $extra ${CAB_ARGS:--p 0 -n 128 --reps 3 --depth 0,4096 --ctx 4300} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
 fi

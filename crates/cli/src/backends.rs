@@ -46,6 +46,10 @@ pub struct BackendArgs {
     /// single-sequence plan in its KV slot (for comparisons; the single plan is the default).
     #[arg(long)]
     pub columns_alone: bool,
+    /// GPU: merge the attention's chunks in a dispatch of their own instead of in the last
+    /// chunk workgroup of each kv head (for comparisons; fused is the default on Vulkan).
+    #[arg(long)]
+    pub combine_dispatch: bool,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -64,6 +68,9 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         streams: args.streams,
         fold_router: !args.router_dispatch,
         lone_stream: !args.columns_alone,
+        attention_combine: args
+            .combine_dispatch
+            .then_some(nibble_gpu::kernels::attention::Combine::Dispatch),
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

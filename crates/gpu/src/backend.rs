@@ -17,6 +17,7 @@
 //! - Position bookkeeping follows the trait: a failing call leaves `position()` unchanged.
 
 use crate::context::{AdapterChoice, Context};
+use crate::kernels::attention::Combine;
 use crate::kernels::moe::Routing;
 use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
@@ -53,6 +54,9 @@ pub struct GpuOptions {
     /// single-sequence plan in its KV slot (plan_slots.rs; faster than the column kernels at
     /// one column); false keeps it on the columns, for comparisons.
     pub lone_stream: bool,
+    /// Where the single-sequence attention merges its chunks; `None`: the backend's default
+    /// ([`Combine::for_context`]: fused on Vulkan). `Some(Combine::Dispatch)` for comparisons.
+    pub attention_combine: Option<Combine>,
 }
 
 impl Default for GpuOptions {
@@ -67,6 +71,7 @@ impl Default for GpuOptions {
             streams: 0,
             fold_router: true,
             lone_stream: true,
+            attention_combine: None,
         }
     }
 }
@@ -176,6 +181,7 @@ impl GpuBackend {
                 max_eos: MAX_EOS,
                 numerics: opts.numerics,
                 fold_router: opts.fold_router,
+                attention_combine: opts.attention_combine,
             },
         )?;
         use crate::batch::{BatchMode, BatchPlan};
@@ -284,7 +290,7 @@ impl GpuBackend {
             "gpu adapter: {} ({:?}, {:?})\n\
              numerics: {} (int4 weights x {} activations)\n\
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
-             routing {:?}, router {}\n\
+             routing {:?}, router {}, attention combine {}\n\
              prefill: {} tokens per command buffer\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions{}",
             info.name,
@@ -300,6 +306,10 @@ impl GpuBackend {
                 "folded into the o-proj"
             } else {
                 "in its own dispatch"
+            },
+            match self.plan.attention_combine() {
+                Combine::Fused => "fused into the chunks",
+                Combine::Dispatch => "in its own dispatch",
             },
             PREFILL_CHUNK,
             self.resident_bytes(),

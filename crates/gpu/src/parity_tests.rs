@@ -7,6 +7,7 @@
 
 use crate::backend::{GpuBackend, GpuOptions};
 use crate::backend_tests::model_with_vocab;
+use crate::kernels::attention::Combine;
 use crate::numerics::Numerics;
 use crate::plan::PREFILL_CHUNK;
 use crate::testing::{cosine, gpu};
@@ -28,6 +29,9 @@ fn opts(numerics: Numerics) -> GpuOptions {
         ..Default::default()
     }
 }
+
+/// The attention merge under test: `None` is the backend's default (fused on lavapipe).
+type Merge = Option<Combine>;
 
 /// The oracle's greedy run: ids and the logits each id was chosen from.
 struct OracleRun {
@@ -67,20 +71,25 @@ fn measure(gb: &mut GpuBackend, prompt: &[u32], want: &OracleRun) -> (usize, f64
     (agree, worst)
 }
 
-/// Measure `variants` on the 3 prompts; assert the bar for the default one. Returns nothing:
-/// the per-variant summary lines (`PARITY ...`) are printed for docs/BENCHMARKS.md.
-fn parity(test: &str, variants: &[Numerics]) {
+/// Measure `variants` on the first `prompts` of the 3 prompts with the attention merged as
+/// `merge`; assert the bar for the default numerics. Returns nothing: the per-variant summary
+/// lines (`PARITY ...`) are printed for docs/BENCHMARKS.md.
+fn parity(test: &str, variants: &[Numerics], merge: Merge, prompts: usize) {
     let Some(ctx) = gpu(test) else {
         return;
     };
     // Seed 0: the synthetic model the product ships (`SynthParams::default()`, `synth --seed 0`).
     let m = model_with_vocab(0, false, VOCAB);
-    let runs: Vec<OracleRun> = PROMPTS
+    let runs: Vec<OracleRun> = PROMPTS[..prompts]
         .iter()
         .map(|p| oracle(&mut RefBackend::new(m.clone(), 256).unwrap(), p))
         .collect();
     for &n in variants {
-        let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(n)).unwrap();
+        let o = GpuOptions {
+            attention_combine: merge,
+            ..opts(n)
+        };
+        let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
         let (mut min_agree, mut min_cos) = (STEPS, 1f64);
         for (p, want) in PROMPTS.iter().zip(&runs) {
             let (agree, worst) = measure(&mut gb, p, want);
@@ -108,6 +117,20 @@ fn default_numerics_meets_the_oracle_parity_bar() {
     parity(
         "default_numerics_meets_the_oracle_parity_bar",
         &[Numerics::DEFAULT],
+        None,
+        PROMPTS.len(),
+    );
+}
+
+/// The attention's separate combine dispatch (the default off Vulkan) keeps the bar too (one
+/// prompt: the default test above covers the rest of the plan).
+#[test]
+fn combine_dispatch_meets_the_oracle_parity_bar() {
+    parity(
+        "combine_dispatch_meets_the_oracle_parity_bar",
+        &[Numerics::DEFAULT],
+        Some(Combine::Dispatch),
+        1,
     );
 }
 
@@ -116,7 +139,12 @@ fn default_numerics_meets_the_oracle_parity_bar() {
 #[test]
 #[ignore]
 fn numerics_variants_parity_report() {
-    parity("numerics_variants_parity_report", &Numerics::ALL);
+    parity(
+        "numerics_variants_parity_report",
+        &Numerics::ALL,
+        None,
+        PROMPTS.len(),
+    );
 }
 
 #[test]

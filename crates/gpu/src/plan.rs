@@ -38,7 +38,7 @@ use crate::context::{Context, Result};
 use crate::kernels::advance::{AdvanceBinding, AdvanceKernel};
 use crate::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
 use crate::kernels::attention::{
-    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
+    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch, Combine,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
@@ -66,6 +66,8 @@ pub struct PlanOptions {
     /// Fold the router into the o-proj dispatch where the kernels allow (router_fold.rs; on by
     /// default, off only for comparisons).
     pub fold_router: bool,
+    /// Where the attention merges its chunks (`None`: [`Combine::for_context`]).
+    pub attention_combine: Option<Combine>,
 }
 
 /// Prompt tokens recorded per prefill command buffer.
@@ -209,7 +211,8 @@ impl DecodePlan {
             norm: RmsNormKernel::new(ctx)?,
             embed: EmbedKernel::new(ctx)?,
             argmax: ArgmaxKernel::new(ctx)?,
-            attn: AttentionKernel::new(ctx, ap)?,
+            attn: AttentionKernel::new(ctx, ap)?
+                .with_combine(opts.attention_combine.unwrap_or(Combine::for_context(ctx))),
             moe: MoeKernel::with_numerics(ctx, mp, opts.numerics)?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,
@@ -748,6 +751,11 @@ impl DecodePlan {
             }
             _ => anyhow::bail!("router fold: unexpected matrix forms"),
         }
+    }
+
+    /// Where the attention merges chunk partials ([`Combine`]).
+    pub fn attention_combine(&self) -> Combine {
+        self.k.attn.combine()
     }
 
     /// Bytes of the folded router matrices (router_fold.rs; 0 when the router has its own

@@ -7,7 +7,7 @@ use crate::fixtures::{copies, f32_copies, no_parts, q4_copies, rand_buf};
 use nibble_gpu::context::{Context, Result};
 use nibble_gpu::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
 use nibble_gpu::kernels::attention::{
-    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
+    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch, Combine,
 };
 use nibble_gpu::kernels::embed::{EmbedBinding, EmbedKernel};
 use nibble_gpu::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, QuantizeKernel};
@@ -251,17 +251,29 @@ impl Bench {
         // Other splits and tiles (the default aims at 1024 workgroups, 256 chunks per kv head
         // at Qwen3's 4 kv heads, tiles of 2 loads per thread): 128 and 512 chunks per kv head,
         // tiles of 4 and 8 loads per thread.
+        // The combine as its own dispatch or fused into the chunks (the default on Vulkan).
         let mut attn_many = Vec::new();
-        for (label, over, loads) in [
-            ("128 chunks/kv head", Some((128u32, 256u32)), 2u32),
-            ("512 chunks/kv head", Some((512, 256)), 2),
-            ("tiles of 4 loads/thread", None, 4),
-            ("tiles of 8 loads/thread", None, 8),
+        let other = match attn.combine() {
+            Combine::Fused => ("combine dispatch", Combine::Dispatch),
+            Combine::Dispatch => ("combine fused", Combine::Fused),
+        };
+        for (label, over, loads, merge) in [
+            (other.0, None, 2, other.1),
+            (
+                "128 chunks/kv head",
+                Some((128u32, 256u32)),
+                2u32,
+                attn.combine(),
+            ),
+            ("512 chunks/kv head", Some((512, 256)), 2, attn.combine()),
+            ("tiles of 4 loads/thread", None, 4, attn.combine()),
+            ("tiles of 8 loads/thread", None, 8, attn.combine()),
         ] {
             let params = AttentionParams::from_config(cfg, ctx_len)?;
             let Ok(k) = AttentionKernel::with_split_tile(ctx, params, over, loads) else {
                 continue; // e.g. a tile past this device's workgroup memory
             };
+            let k = k.with_combine(merge);
             let sc = k.scratch(ctx)?;
             let b = bind_attn(&k, &sc)?;
             attn_many.push((label, k, sc, b));

@@ -1,6 +1,7 @@
 //! Attention kernels (formats-spec §1.4 steps 3-6, §1.5, §1.6) and their scalar references.
 //!
-//! One or two dispatches per layer, all reading the position from the run-state buffer:
+//! One or two dispatches per layer (one with the fused combine, below), all reading the
+//! position from the run-state buffer:
 //! 1. `chunk`: flash-decoding split of the single-query GQA attention over positions `0..=pos`
 //!    in chunks; one workgroup per (chunk, kv head) serves the `G = Hq/Hkv` query heads of that
 //!    kv head, so every K/V row is read once. Grid `(chunks, Hkv)`. Each workgroup first applies
@@ -17,6 +18,11 @@
 //!    every thread of the workgroup taking a slice of the chunks.
 //!    `combine_q8` additionally writes the output int8-quantised (tensor.rs layout) for the
 //!    o-proj int4 matvec. Grid `Hq`.
+//!
+//! With [`Combine::Fused`] (the default on Vulkan) the combine runs inside the chunk dispatch:
+//! each chunk workgroup publishes its partials, counts itself in a per-kv-head atomic, and the
+//! last one to arrive merges the G heads' chunks (`fused` in attention.wgsl): one dispatch per
+//! layer at every position. The scratch's `arrive` counters are back at zero after each dispatch.
 //!
 //! When the host's position bound guarantees one chunk (`pos_bound + 1 <= ` the minimum chunk
 //! length, or more generally [`Split::chunks_bound`] of 1) and the output is f32 only, the
@@ -55,6 +61,29 @@ const TILE_CAP: u32 = 64;
 /// Cache loads per thread per tile (the tile holds `TILE_LOADS * WG / (D/4)` rows): two keeps
 /// each thread's loads in flight together without a long register-held batch.
 pub const TILE_LOADS: u32 = 2;
+
+/// Where the chunk partials are merged once a position needs several chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// A `combine` dispatch after the chunks: two dispatches per layer (any backend).
+    Dispatch,
+    /// Inside the chunk dispatch, by the last chunk workgroup of each kv head to finish
+    /// (`fused` in attention.wgsl: an atomic arrival count between device-scope barriers):
+    /// one dispatch per layer. Vulkan only, where naga's `storageBarrier` is a device-scope
+    /// acquire/release; Metal's and D3D's translations promise less, so they keep the dispatch.
+    Fused,
+}
+
+impl Combine {
+    /// The default for `ctx`'s backend: [`Combine::Fused`] on Vulkan, else [`Combine::Dispatch`].
+    pub fn for_context(ctx: &Context) -> Combine {
+        if ctx.info.backend == wgpu::Backend::Vulkan {
+            Combine::Fused
+        } else {
+            Combine::Dispatch
+        }
+    }
+}
 
 /// How the sequence is split, fixed per kernel: chunk length `chunk_len(n)` for `n` positions is
 /// `min` while `ceil(n / target) <= min`, else `ceil(n / target)` rounded up to whole tiles,
@@ -212,6 +241,10 @@ pub struct AttentionKernel {
     chunk: wgpu::ComputePipeline,
     /// `chunk` for a one-chunk grid, writing the final f32 output (no combine).
     single: wgpu::ComputePipeline,
+    /// `chunk` with the combine in the last chunk workgroup of each kv head ([`Combine::Fused`]).
+    fused: wgpu::ComputePipeline,
+    /// Which of `fused` or `chunk` + `combine` records positions needing several chunks.
+    merge: Combine,
     combine: wgpu::ComputePipeline,
     /// Quantised output: plain and precise int8 (`None` unless `D % 32 == 0`).
     combine_q8: Option<[wgpu::ComputePipeline; 2]>,
@@ -249,6 +282,8 @@ pub struct AttentionBuffers<'a> {
 pub struct AttentionScratch {
     part_o: wgpu::Buffer,
     part_ml: wgpu::Buffer,
+    /// `[B, Hkv]` u32 chunk arrival counts of the fused combine, zero between dispatches.
+    arrive: wgpu::Buffer,
     /// B: columns the partials hold.
     columns: u32,
 }
@@ -259,6 +294,9 @@ pub struct AttentionBinding {
     chunk: wgpu::BindGroup,
     /// For the `single` pipeline; `None` when the output is quantised (that needs the combine).
     single: Option<wgpu::BindGroup>,
+    /// For the `fused` pipeline; `None` when the output is quantised or the kernel's
+    /// [`Combine`] is the dispatch.
+    fused: Option<wgpu::BindGroup>,
     combine: wgpu::BindGroup,
     /// Index into `combine_q8` when the output is quantised.
     quantized: Option<usize>,
@@ -404,6 +442,7 @@ impl AttentionKernel {
         let module = ctx.module("attention.chunk", &chunk_src)?;
         let chunk = ctx.pipeline("attention.chunk", &module, "chunk")?;
         let single = ctx.pipeline("attention.single", &module, "single")?;
+        let fused = ctx.pipeline("attention.fused", &module, "fused")?;
         let combine_src = |n: Numerics| {
             src(
                 cwg,
@@ -432,6 +471,8 @@ impl AttentionKernel {
             params,
             chunk,
             single,
+            fused,
+            merge: Combine::for_context(ctx),
             combine,
             combine_q8,
             inv_freq,
@@ -442,6 +483,18 @@ impl AttentionKernel {
             },
             cols: Default::default(),
         })
+    }
+
+    /// This kernel with the partials merged as `merge` says ([`Combine::for_context`] by
+    /// default; tests and benchmarks compare both). Takes effect for bindings made after.
+    pub fn with_combine(mut self, merge: Combine) -> Self {
+        self.merge = merge;
+        self
+    }
+
+    /// How this kernel merges chunk partials.
+    pub fn combine(&self) -> Combine {
+        self.merge
     }
 
     /// The sequence split this kernel uses.
@@ -467,6 +520,7 @@ impl AttentionKernel {
         Ok(AttentionScratch {
             part_o: ctx.storage("attention.part_o", n * p.head_dim as u64 * 4)?,
             part_ml: ctx.storage("attention.part_ml", n * 8)?,
+            arrive: ctx.storage("attention.arrive", columns as u64 * p.kv_heads as u64 * 4)?,
             columns,
         })
     }
@@ -533,6 +587,15 @@ impl AttentionKernel {
             None => Some(ctx.bind_group("attention.single", &self.single, &chunk_res)?),
             Some(_) => None,
         };
+        let fused = match (b.out_q, self.merge) {
+            (None, Combine::Fused) => {
+                let mut res = chunk_res.to_vec();
+                res.push(whole(&scratch.arrive));
+                let at: Vec<u32> = (0..10).chain([12]).collect();
+                Some(ctx.bind_group_at("attention.fused", &self.fused, &at, &res)?)
+            }
+            _ => None,
+        };
         let mut res = vec![
             whole(b.state),
             whole(&scratch.part_o),
@@ -564,6 +627,7 @@ impl AttentionKernel {
         Ok(AttentionBinding {
             chunk,
             single,
+            fused,
             combine,
             quantized: b.out_q.map(|q| q.precise as usize),
         })
@@ -590,8 +654,8 @@ impl AttentionKernel {
         pos_bound.min(self.params.ctx - 1) + 1
     }
 
-    /// Record one layer's attention: `single` alone when [`Self::dispatches`] is 1, else `chunk`
-    /// then `combine`. `pos_bound` is an upper bound of the position this step runs at (the host
+    /// Record one layer's attention: `single` alone while one chunk covers `pos_bound`, else
+    /// `fused` when the binding has it, else `chunk` then `combine` ([`Self::dispatches`]). `pos_bound` is an upper bound of the position this step runs at (the host
     /// knows it: start + step); chunks past the real position exit at once, so any bound >= pos
     /// is correct and `ctx - 1` always is.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &AttentionBinding, pos_bound: u32) {
@@ -615,6 +679,13 @@ impl AttentionKernel {
             return;
         }
         let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
+        if let Some(fused) = &b.fused {
+            pass.set_pipeline(&self.fused);
+            pass.set_bind_group(0, fused, &[]);
+            pass.dispatch_workgroups(chunks, p.kv_heads, 1);
+            mark(pass, "attention chunks+combine");
+            return;
+        }
         pass.set_pipeline(&self.chunk);
         pass.set_bind_group(0, &b.chunk, &[]);
         pass.dispatch_workgroups(chunks, p.kv_heads, 1);
@@ -629,91 +700,15 @@ impl AttentionKernel {
     }
 
     /// Dispatches [`Self::record`] issues for binding `b` at `pos_bound`: 1 while one chunk
-    /// covers every position up to the bound and the output is f32 only, else 2.
+    /// covers every position up to the bound and the output is f32 only, or with the fused
+    /// combine, else 2.
     pub fn dispatches(&self, b: &AttentionBinding, pos_bound: u32) -> u32 {
-        if self.single_for(b, pos_bound).is_some() {
+        if self.single_for(b, pos_bound).is_some() || b.fused.is_some() {
             1
         } else {
             2
         }
     }
-}
-
-/// Scalar reference of the q/k norm + RoPE done inside the chunk kernel: returns (roped q `[Hq*D]`, roped k `[Hkv*D]`) from the
-/// raw fused `qkv`. Norm in f64; angle `f32(pos) * inv_freq` rounded in f32 as HF does, then
-/// cos/sin in f64.
-pub fn rope_ref(
-    p: &AttentionParams,
-    qkv: &[f32],
-    q_norm: &[f32],
-    k_norm: &[f32],
-    pos: u32,
-) -> (Vec<f32>, Vec<f32>) {
-    let d = p.head_dim as usize;
-    let half = d / 2;
-    let freqs = inv_freq(p.rope_theta, d);
-    let head = |x: &[f32], w: &[f32]| -> Vec<f32> {
-        let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
-        let r = 1.0 / (ms + p.eps as f64).sqrt();
-        let y: Vec<f64> = x
-            .iter()
-            .zip(w)
-            .map(|(v, w)| *v as f64 * r * *w as f64)
-            .collect();
-        let mut out = vec![0f32; d];
-        for i in 0..half {
-            let a = (pos as f32 * freqs[i]) as f64;
-            let (s, c) = a.sin_cos();
-            out[i] = (y[i] * c - y[i + half] * s) as f32;
-            out[i + half] = (y[i + half] * c + y[i] * s) as f32;
-        }
-        out
-    };
-    let (hq, hkv) = (p.heads as usize, p.kv_heads as usize);
-    let q = (0..hq)
-        .flat_map(|j| head(&qkv[j * d..(j + 1) * d], q_norm))
-        .collect();
-    let k = (0..hkv)
-        .flat_map(|j| head(&qkv[(hq + j) * d..(hq + j + 1) * d], k_norm))
-        .collect();
-    (q, k)
-}
-
-/// Scalar reference of single-query GQA attention at `pos` (f64 softmax): `q [Hq*D]`,
-/// caches `[ctx, Hkv, D]`, output `[Hq*D]`.
-pub fn attention_ref(
-    p: &AttentionParams,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    pos: u32,
-) -> Vec<f32> {
-    let (d, hkv, g) = (p.head_dim as usize, p.kv_heads as usize, p.group() as usize);
-    let n = pos as usize + 1;
-    let mut out = vec![0f32; p.heads as usize * d];
-    for j in 0..p.heads as usize {
-        let kvh = j / g;
-        let qj = &q[j * d..(j + 1) * d];
-        let row = |t: usize| (t * hkv + kvh) * d;
-        let s: Vec<f64> = (0..n)
-            .map(|t| {
-                let k = &k_cache[row(t)..row(t) + d];
-                qj.iter()
-                    .zip(k)
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum::<f64>()
-                    / (d as f64).sqrt()
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
-        let l: f64 = e.iter().sum();
-        for i in 0..d {
-            let acc: f64 = (0..n).map(|t| e[t] * v_cache[row(t) + i] as f64).sum();
-            out[j * d + i] = (acc / l) as f32;
-        }
-    }
-    out
 }
 
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
@@ -731,6 +726,10 @@ fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[path = "attention_ref.rs"]
+mod reference;
+pub use reference::{attention_ref, rope_ref};
 
 #[path = "attention_cols.rs"]
 mod cols;

@@ -16,6 +16,11 @@ struct Case {
     split: Option<(u32, u32)>,
     /// Cache loads per thread per tile ([`AttentionKernel::with_split_tile`]).
     tile_loads: u32,
+    /// Where the partials merge ([`AttentionKernel::with_combine`]).
+    merge: Combine,
+    /// Record the step this many times, clearing the output between (the fused combine's
+    /// arrival counters must be back at zero after each dispatch).
+    repeats: u32,
 }
 
 impl Case {
@@ -33,6 +38,8 @@ impl Case {
             v_cache: rand_f32(&mut r, cache, -1.0, 1.0),
             split: None,
             tile_loads: TILE_LOADS,
+            merge: Combine::Dispatch,
+            repeats: 1,
         }
     }
 }
@@ -50,7 +57,9 @@ struct Outputs {
 
 /// Upload `c`, run one step at `pos` (optionally with the done flag set), read everything back.
 fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: bool) -> Outputs {
-    let k = AttentionKernel::with_split_tile(ctx, c.p, c.split, c.tile_loads).expect("kernel");
+    let k = AttentionKernel::with_split_tile(ctx, c.p, c.split, c.tile_loads)
+        .expect("kernel")
+        .with_combine(c.merge);
     let f = |label: &str, v: &[f32]| {
         ctx.storage_init(label, bytemuck::cast_slice(v))
             .expect("buffer")
@@ -77,8 +86,17 @@ fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: boo
     };
     let b = k.bind(ctx, &bufs, &scratch).expect("bind");
     let dispatches = k.dispatches(&b, pos_bound);
-    ctx.run_pass(|pass| k.record(pass, &b, pos_bound))
-        .expect("run");
+    for r in 0..c.repeats {
+        if r > 0 {
+            // A stale output must not pass for a fresh one.
+            ctx.write(&out, 0, bytemuck::cast_slice(&vec![f32::NAN; n_out]));
+            // The step wrote row pos; put the original cache back so the step repeats exactly.
+            ctx.write(&kc, 0, bytemuck::cast_slice(&c.k_cache));
+            ctx.write(&vc, 0, bytemuck::cast_slice(&c.v_cache));
+        }
+        ctx.run_pass(|pass| k.record(pass, &b, pos_bound))
+            .expect("run");
+    }
     Outputs {
         qkv: ctx.read_f32(&qkv, c.qkv.len()).unwrap(),
         k_cache: ctx.read_f32(&kc, c.k_cache.len()).unwrap(),
@@ -142,6 +160,12 @@ fn check_step_tile(
     let mut c = Case::new(p, seed);
     c.split = split;
     c.tile_loads = tile_loads;
+    check_case(ctx, c, (pos, pos_bound))
+}
+
+/// The checks of [`check_step`] for a prepared case.
+fn check_case(ctx: &Context, c: Case, (pos, pos_bound): (u32, u32)) -> u32 {
+    let p = c.p;
     let o = run(ctx, &c, pos, pos_bound, false, false);
     let what = format!("{p:?} pos {pos}");
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
@@ -230,6 +254,41 @@ fn attention_single_and_chunked_positions() {
             // A loose bound takes the chunk + combine pair even when pos is in the first chunk.
             let loose = check_step(&ctx, p, pos, n - 1, seed + 1);
             assert_eq!(loose, 2, "{p:?} pos {pos} bound {}: dispatches", n - 1);
+        }
+    }
+}
+
+/// The fused combine (the last chunk workgroup of each kv head merges the partials) against
+/// the reference at one chunk, a few and many (split overrides: up to 64 chunks per kv head),
+/// with tight and loose bounds: always one dispatch. Each step runs three times on one scratch
+/// with the output cleared between, so an arrival counter left non-zero fails the later runs.
+#[test]
+fn attention_fused_combine_matches_reference() {
+    let Some(ctx) = gpu("attention_fused_combine_matches_reference") else {
+        return;
+    };
+    // (heads, kv_heads, head_dim, ctx, chunk, split override)
+    let shapes = [
+        (6, 2, 36, 100, 7, None),
+        (5, 1, 20, 64, 5, None),
+        (64, 1, 4, 40, 4, None),
+        (32, 4, 128, 384, 16, None),
+        (8, 2, 32, 1100, 4, Some((64, 16))),
+    ];
+    for (i, (hq, hkv, d, n, chunk, split)) in shapes.into_iter().enumerate() {
+        let p = params(hq, hkv, d, n, chunk);
+        for (j, pos) in [0, chunk - 1, chunk, 3 * chunk + 1, n / 2, n - 1]
+            .into_iter()
+            .enumerate()
+        {
+            for (k, bound) in [pos, n - 1].into_iter().enumerate() {
+                let mut c = Case::new(p, 500 + 40 * i as u64 + 4 * j as u64 + k as u64);
+                c.split = split;
+                c.merge = Combine::Fused;
+                c.repeats = 3;
+                let disp = check_case(&ctx, c, (pos, bound));
+                assert_eq!(disp, 1, "{p:?} pos {pos} bound {bound}: dispatches");
+            }
         }
     }
 }

@@ -26,6 +26,8 @@
 //            (attention_combine.wgsl) merges the chunks.
 //   `single` for a grid of one chunk per kv head (the host guarantees pos + 1 <= chunk_len):
 //            normalises and writes the final f32 output itself.
+//   `fused`  `chunk`, then the last chunk of each kv head to finish combines (f32 output only,
+//            Vulkan only): one dispatch at every position.
 //
 // Shapes for B columns (B = 1 for the single-token entry points):
 // qkv      [B, HQ*D | HKV*D | HKV*D] f32 viewed as vec4: raw q|k|v projection (read only)
@@ -34,7 +36,8 @@
 //          k and the raw v (single token: one slot)
 // part_o   [B, HQ, NC, D] f32 viewed as vec4: Σ_t exp(s_t - m_c) v_t over the chunk
 // part_ml  [B, HQ, NC] vec2<f32>: (m_c, l_c) = (max_t s_t, Σ_t exp(s_t - m_c))
-// out      [B, HQ*D] f32 viewed as vec4 (`single` only)
+// out      [B, HQ*D] f32 viewed as vec4 (`single`, `fused`)
+// arrive   [B, HKV] atomic u32 (`fused`)
 
 @group(0) @binding(0) var<storage, read> state: State;
 @group(0) @binding(1) var<storage, read> qkv: array<vec4<f32>>;
@@ -266,4 +269,77 @@ fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         return;
     }
     attend(wid, li, state_site(), true, true);
+}
+
+// Fused forms only: chunks that have finished, per (column, kv head) [B * HKV]; 0 between
+// dispatches (the last chunk of a kv head puts its counter back). Binding 12: the column forms
+// take 10 and 11.
+@group(0) @binding(12) var<storage, read_write> arrive: array<atomic<u32>>;
+var<workgroup> last_in: u32;
+
+// Merge the nc chunk partials of the G query heads of kv head h into `out`, as `combine` does
+// (attention_combine.wgsl) but inside the chunk dispatch: thread (g, d4) walks the chunks itself
+// (two passes: the max, then the weighted sums); nc is small where the plan uses this.
+fn combine_group(s: Site, h: u32, nc: u32, li: u32) {
+    for (var j = 0u; j < OPT; j++) {
+        let o = li + j * WG;
+        if (o < G * D4) {
+            let qh = s.qh0 + h * G + o / D4;
+            let d4 = o % D4;
+            var m = -3.4028235e38;
+            for (var c = 0u; c < nc; c++) {
+                m = max(m, part_ml[qh * NC + c].x);
+            }
+            var l = 0.0;
+            var a = vec4<f32>(0.0);
+            for (var c = 0u; c < nc; c++) {
+                let ml = part_ml[qh * NC + c];
+                let w = exp(ml.x - m);
+                l += w * ml.y;
+                a = fma(vec4<f32>(w), part_o[(qh * NC + c) * D4 + d4], a);
+            }
+            out[qh * D4 + d4] = a * (1.0 / l);
+        }
+    }
+}
+
+// `chunk` then, in the last chunk workgroup of each kv head to finish, the combine: one
+// dispatch per layer at every position. Each chunk publishes its partials (storageBarrier:
+// device-scope release in naga's SPIR-V), then counts itself in `arrive[ai]`; the one that
+// counts last (after a device-scope acquire) reads every chunk's partials. Vulkan only
+// (attention.rs `Combine`): other backends' barriers are not guaranteed to order memory across
+// workgroups. One chunk: `single`'s path (no partials, no count).
+fn attend_fused(wid: vec3<u32>, li: u32, s: Site, ai: u32, write_kv: bool) {
+    let n = min(s.pos + 1u, CTX);
+    let cl = chunk_len(n);
+    let nc = (n + cl - 1u) / cl;
+    if (nc == 1u) {
+        attend(wid, li, s, true, write_kv);
+        return;
+    }
+    // Workgroups past the last chunk neither attend nor count.
+    if (wid.x >= nc) {
+        return;
+    }
+    attend(wid, li, s, false, write_kv);
+    storageBarrier();
+    if (li == 0u) {
+        last_in = u32(atomicAdd(&arrive[ai], 1u) + 1u == nc);
+    }
+    if (workgroupUniformLoad(&last_in) == 0u) {
+        return;
+    }
+    storageBarrier();
+    if (li == 0u) {
+        atomicStore(&arrive[ai], 0u);
+    }
+    combine_group(s, wid.y, nc, li);
+}
+
+@compute @workgroup_size(WG)
+fn fused(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    if (state.done != 0u) {
+        return;
+    }
+    attend_fused(wid, li, state_site(), wid.y, true);
 }
