@@ -7,7 +7,8 @@ use crate::fixtures::{copies, f32_copies, no_parts, q4_copies, rand_buf};
 use nibble_gpu::context::{Context, Result};
 use nibble_gpu::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
 use nibble_gpu::kernels::attention::{
-    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch, Combine,
+    AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
+    Combine, FUSED_MAX_CHUNKS,
 };
 use nibble_gpu::kernels::embed::{EmbedBinding, EmbedKernel};
 use nibble_gpu::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, QuantizeKernel};
@@ -257,23 +258,25 @@ impl Bench {
             Combine::Fused => ("combine dispatch", Combine::Dispatch),
             Combine::Dispatch => ("combine fused", Combine::Fused),
         };
-        for (label, over, loads, merge) in [
-            (other.0, None, 2, other.1),
+        let dflt = (attn.combine(), FUSED_MAX_CHUNKS);
+        for (label, over, loads, (merge, fused_max)) in [
+            (other.0, None, 2, (other.1, FUSED_MAX_CHUNKS)),
             (
-                "128 chunks/kv head",
-                Some((128u32, 256u32)),
-                2u32,
-                attn.combine(),
+                "combine fused, any chunk count",
+                None,
+                2,
+                (Combine::Fused, u32::MAX),
             ),
-            ("512 chunks/kv head", Some((512, 256)), 2, attn.combine()),
-            ("tiles of 4 loads/thread", None, 4, attn.combine()),
-            ("tiles of 8 loads/thread", None, 8, attn.combine()),
+            ("128 chunks/kv head", Some((128u32, 256u32)), 2u32, dflt),
+            ("512 chunks/kv head", Some((512, 256)), 2, dflt),
+            ("tiles of 4 loads/thread", None, 4, dflt),
+            ("tiles of 8 loads/thread", None, 8, dflt),
         ] {
             let params = AttentionParams::from_config(cfg, ctx_len)?;
             let Ok(k) = AttentionKernel::with_split_tile(ctx, params, over, loads) else {
                 continue; // e.g. a tile past this device's workgroup memory
             };
-            let k = k.with_combine(merge);
+            let k = k.with_combine(merge).with_fused_max_chunks(fused_max);
             let sc = k.scratch(ctx)?;
             let b = bind_attn(&k, &sc)?;
             attn_many.push((label, k, sc, b));

@@ -56,6 +56,10 @@ const CHUNK_WG: u32 = 256;
 const TARGET_WORKGROUPS: u32 = 1024;
 /// Preferred cap on the chunk length (the score buffer of a chunk lives in shared memory).
 const CHUNK_CAP: u32 = 256;
+/// Most chunks per kv head the fused combine merges ([`Combine::Fused`]): its last workgroup
+/// walks them alone (8 at a time), so past this the separate combine dispatch, which spreads
+/// them over every query head's workgroup, is faster. Measured on the H200 (BENCHMARKS run 34).
+pub const FUSED_MAX_CHUNKS: u32 = 64;
 /// Cap on the positions of one shared-memory tile.
 const TILE_CAP: u32 = 64;
 /// Cache loads per thread per tile (the tile holds `TILE_LOADS * WG / (D/4)` rows): two keeps
@@ -245,6 +249,8 @@ pub struct AttentionKernel {
     fused: wgpu::ComputePipeline,
     /// Which of `fused` or `chunk` + `combine` records positions needing several chunks.
     merge: Combine,
+    /// `fused` only while a step's chunks per kv head stay within this ([`FUSED_MAX_CHUNKS`]).
+    fused_max: u32,
     combine: wgpu::ComputePipeline,
     /// Quantised output: plain and precise int8 (`None` unless `D % 32 == 0`).
     combine_q8: Option<[wgpu::ComputePipeline; 2]>,
@@ -473,6 +479,7 @@ impl AttentionKernel {
             single,
             fused,
             merge: Combine::for_context(ctx),
+            fused_max: FUSED_MAX_CHUNKS,
             combine,
             combine_q8,
             inv_freq,
@@ -489,6 +496,13 @@ impl AttentionKernel {
     /// default; tests and benchmarks compare both). Takes effect for bindings made after.
     pub fn with_combine(mut self, merge: Combine) -> Self {
         self.merge = merge;
+        self
+    }
+
+    /// This kernel with the fused combine serving steps of up to `chunks` chunks per kv head
+    /// (benchmarks time it past [`FUSED_MAX_CHUNKS`]).
+    pub fn with_fused_max_chunks(mut self, chunks: u32) -> Self {
+        self.fused_max = chunks;
         self
     }
 
@@ -644,6 +658,17 @@ impl AttentionKernel {
         b.single.as_ref().filter(|_| one)
     }
 
+    /// The bind group of the `fused` variant when it serves `pos_bound`: the binding has it and
+    /// the bound needs at most `fused_max` chunks per kv head.
+    fn fused_for<'b>(
+        &self,
+        b: &'b AttentionBinding,
+        pos_bound: u32,
+    ) -> Option<&'b wgpu::BindGroup> {
+        let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
+        b.fused.as_ref().filter(|_| chunks <= self.fused_max)
+    }
+
     /// Whether one chunk covers every position up to `pos_bound` (the `single` variants).
     fn one_chunk(&self, pos_bound: u32) -> bool {
         self.split.chunks_bound(self.positions_bound(pos_bound)) == 1
@@ -655,7 +680,7 @@ impl AttentionKernel {
     }
 
     /// Record one layer's attention: `single` alone while one chunk covers `pos_bound`, else
-    /// `fused` when the binding has it, else `chunk` then `combine` ([`Self::dispatches`]). `pos_bound` is an upper bound of the position this step runs at (the host
+    /// `fused` when it serves the bound, else `chunk` then `combine` ([`Self::dispatches`]). `pos_bound` is an upper bound of the position this step runs at (the host
     /// knows it: start + step); chunks past the real position exit at once, so any bound >= pos
     /// is correct and `ctx - 1` always is.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &AttentionBinding, pos_bound: u32) {
@@ -679,7 +704,7 @@ impl AttentionKernel {
             return;
         }
         let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
-        if let Some(fused) = &b.fused {
+        if let Some(fused) = self.fused_for(b, pos_bound) {
             pass.set_pipeline(&self.fused);
             pass.set_bind_group(0, fused, &[]);
             pass.dispatch_workgroups(chunks, p.kv_heads, 1);
@@ -700,10 +725,10 @@ impl AttentionKernel {
     }
 
     /// Dispatches [`Self::record`] issues for binding `b` at `pos_bound`: 1 while one chunk
-    /// covers every position up to the bound and the output is f32 only, or with the fused
-    /// combine, else 2.
+    /// covers every position up to the bound and the output is f32 only, or while the fused
+    /// combine serves the bound, else 2.
     pub fn dispatches(&self, b: &AttentionBinding, pos_bound: u32) -> u32 {
-        if self.single_for(b, pos_bound).is_some() || b.fused.is_some() {
+        if self.single_for(b, pos_bound).is_some() || self.fused_for(b, pos_bound).is_some() {
             1
         } else {
             2

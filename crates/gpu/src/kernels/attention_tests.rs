@@ -16,8 +16,10 @@ struct Case {
     split: Option<(u32, u32)>,
     /// Cache loads per thread per tile ([`AttentionKernel::with_split_tile`]).
     tile_loads: u32,
-    /// Where the partials merge ([`AttentionKernel::with_combine`]).
+    /// Where the partials merge ([`AttentionKernel::with_combine`]) and up to how many chunks
+    /// per kv head the fused form serves ([`AttentionKernel::with_fused_max_chunks`]).
     merge: Combine,
+    fused_max: u32,
     /// Record the step this many times, clearing the output between (the fused combine's
     /// arrival counters must be back at zero after each dispatch).
     repeats: u32,
@@ -39,6 +41,7 @@ impl Case {
             split: None,
             tile_loads: TILE_LOADS,
             merge: Combine::Dispatch,
+            fused_max: FUSED_MAX_CHUNKS,
             repeats: 1,
         }
     }
@@ -59,7 +62,8 @@ struct Outputs {
 fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: bool) -> Outputs {
     let k = AttentionKernel::with_split_tile(ctx, c.p, c.split, c.tile_loads)
         .expect("kernel")
-        .with_combine(c.merge);
+        .with_combine(c.merge)
+        .with_fused_max_chunks(c.fused_max);
     let f = |label: &str, v: &[f32]| {
         ctx.storage_init(label, bytemuck::cast_slice(v))
             .expect("buffer")
@@ -259,8 +263,8 @@ fn attention_single_and_chunked_positions() {
 }
 
 /// The fused combine (the last chunk workgroup of each kv head merges the partials) against
-/// the reference at one chunk, a few and many (split overrides: up to 64 chunks per kv head),
-/// with tight and loose bounds: always one dispatch. Each step runs three times on one scratch
+/// the reference at one chunk, a few and many (split overrides: up to 69 chunks per kv head),
+/// with tight and loose bounds: always one dispatch (the chunk limit lifted). Each step runs three times on one scratch
 /// with the output cleared between, so an arrival counter left non-zero fails the later runs.
 #[test]
 fn attention_fused_combine_matches_reference() {
@@ -285,11 +289,25 @@ fn attention_fused_combine_matches_reference() {
                 let mut c = Case::new(p, 500 + 40 * i as u64 + 4 * j as u64 + k as u64);
                 c.split = split;
                 c.merge = Combine::Fused;
+                // Every chunk count of these shapes (up to 69 per kv head) on the fused form.
+                c.fused_max = u32::MAX;
                 c.repeats = 3;
                 let disp = check_case(&ctx, c, (pos, bound));
                 assert_eq!(disp, 1, "{p:?} pos {pos} bound {bound}: dispatches");
             }
         }
+    }
+    // Past the fused form's chunk limit the pair of dispatches takes over (and agrees).
+    let p = params(6, 2, 36, 100, 7);
+    for (pos, want) in [(6u32, 1u32), (7, 1), (13, 1), (14, 2), (99, 2)] {
+        let mut c = Case::new(p, 700 + pos as u64);
+        c.merge = Combine::Fused;
+        c.fused_max = 2;
+        assert_eq!(
+            check_case(&ctx, c, (pos, pos)),
+            want,
+            "pos {pos}: dispatches"
+        );
     }
 }
 
