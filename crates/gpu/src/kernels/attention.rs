@@ -57,9 +57,11 @@ const TARGET_WORKGROUPS: u32 = 1024;
 /// Preferred cap on the chunk length (the score buffer of a chunk lives in shared memory).
 const CHUNK_CAP: u32 = 256;
 /// Most chunks per kv head the fused combine merges ([`Combine::Fused`]): its last workgroup
-/// walks them alone (8 at a time), so past this the separate combine dispatch, which spreads
-/// them over every query head's workgroup, is faster. Measured on the H200 (BENCHMARKS run 34).
-pub const FUSED_MAX_CHUNKS: u32 = 64;
+/// walks them serially (~0.3 us each), so past this the separate combine dispatch, which
+/// spreads them over every query head's workgroup, is faster. H200, kernel_bench (BENCHMARKS
+/// runs 33-34): fused vs dispatch 12.7 vs 13.2 us at 8 chunks (pos 128), 21.6 vs 14.6 at 32;
+/// the whole token gains ~2 us per layer more than the kernel alone, so break-even is ~16.
+pub const FUSED_MAX_CHUNKS: u32 = 16;
 /// Cap on the positions of one shared-memory tile.
 const TILE_CAP: u32 = 64;
 /// Cache loads per thread per tile (the tile holds `TILE_LOADS * WG / (D/4)` rows): two keeps

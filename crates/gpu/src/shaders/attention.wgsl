@@ -277,15 +277,12 @@ fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 @group(0) @binding(12) var<storage, read_write> arrive: array<atomic<u32>>;
 var<workgroup> last_in: u32;
 
-// Chunks whose partials one thread loads together in the fused combine (independent loads in
-// flight instead of one L2 round trip per chunk).
-const CB: u32 = 8u;
-
 // Merge the nc chunk partials of the G query heads of kv head h into `out`, as `combine` does
-// (attention_combine.wgsl) but inside the chunk dispatch: thread (g, d4) walks the chunks itself,
-// CB at a time (all their loads first), keeping a running max and rescaling its sums by
-// exp(m_old - m_new) when the max grows (one pass; the result matches the two-pass combine up to
-// rounding).
+// (attention_combine.wgsl) but inside the chunk dispatch: thread (g, d4) walks the chunks itself
+// (two passes: the max, then the weighted sums), so each chunk costs a round trip to L2 (~0.3 us
+// per chunk on the H200): the host keeps this to few chunks (attention.rs FUSED_MAX_CHUNKS).
+// Kept lean on purpose: the combine's registers count against the whole chunk kernel's
+// occupancy (loading 8 chunks at a time made every position slower, BENCHMARKS run 34).
 fn combine_group(s: Site, h: u32, nc: u32, li: u32) {
     for (var j = 0u; j < OPT; j++) {
         let o = li + j * WG;
@@ -293,30 +290,16 @@ fn combine_group(s: Site, h: u32, nc: u32, li: u32) {
             let qh = s.qh0 + h * G + o / D4;
             let d4 = o % D4;
             var m = -3.4028235e38;
+            for (var c = 0u; c < nc; c++) {
+                m = max(m, part_ml[qh * NC + c].x);
+            }
             var l = 0.0;
             var a = vec4<f32>(0.0);
-            for (var c0 = 0u; c0 < nc; c0 += CB) {
-                var ml: array<vec2<f32>, CB>;
-                var ov: array<vec4<f32>, CB>;
-                // Past nc: chunk nc - 1 again (a valid address), weighted 0 below.
-                for (var k = 0u; k < CB; k++) {
-                    let c = min(c0 + k, nc - 1u);
-                    ml[k] = part_ml[qh * NC + c];
-                    ov[k] = part_o[(qh * NC + c) * D4 + d4];
-                }
-                var mn = m;
-                for (var k = 0u; k < CB; k++) {
-                    mn = max(mn, ml[k].x);
-                }
-                let r = exp(m - mn);
-                l *= r;
-                a *= r;
-                for (var k = 0u; k < CB; k++) {
-                    let w = select(0.0, exp(ml[k].x - mn), c0 + k < nc);
-                    l += w * ml[k].y;
-                    a = fma(vec4<f32>(w), ov[k], a);
-                }
-                m = mn;
+            for (var c = 0u; c < nc; c++) {
+                let ml = part_ml[qh * NC + c];
+                let w = exp(ml.x - m);
+                l += w * ml.y;
+                a = fma(vec4<f32>(w), part_o[(qh * NC + c) * D4 + d4], a);
             }
             out[qh * D4 + d4] = a * (1.0 / l);
         }
