@@ -150,15 +150,27 @@ fn tg_at(b: &mut dyn Backend, depth: usize, n: usize, reps: usize) -> Result<Vec
     Ok(out)
 }
 
+/// The prompt of stream `s` in rep `r` of [`tg_batch`].
+fn batch_prompt(r: usize, s: usize) -> [u32; 2] {
+    [1000 + (r * 8 + s) as u32, 2000 + s as u32]
+}
+
 /// Aggregate tokens/s of `reps` multi-stream runs: `bsz` streams, each prefilled with its own
 /// short prompt, then `n` greedy tokens decoded together (no EOS) the way the server does:
-/// runs of [`RUN`] steps, [`IN_FLIGHT`] of them queued on the device at once.
-fn tg_batch(b: &mut dyn Backend, bsz: usize, n: usize, reps: usize) -> Result<Vec<f64>> {
+/// runs of [`RUN`] steps, [`IN_FLIGHT`] of them queued on the device at once. Also returns
+/// the ids each stream decoded in the first rep.
+fn tg_batch(
+    b: &mut dyn Backend,
+    bsz: usize,
+    n: usize,
+    reps: usize,
+) -> Result<(Vec<f64>, Vec<Vec<u32>>)> {
     let mut out = vec![];
+    let mut first_ids = vec![vec![]; bsz];
     for r in 0..reps {
         let mut first = vec![];
         for s in 0..bsz {
-            let logits = b.stream_prefill(s, 0, &[1000 + (r * 8 + s) as u32, 2000 + s as u32])?;
+            let logits = b.stream_prefill(s, 0, &batch_prompt(r, s))?;
             first.push(Some(argmax(&logits)));
         }
         let t = Instant::now();
@@ -176,11 +188,33 @@ fn tg_batch(b: &mut dyn Backend, bsz: usize, n: usize, reps: usize) -> Result<Ve
             let ids = b.streams_collect()?.expect("a run is queued");
             in_flight -= 1;
             total += ids.iter().map(|v| v.len()).sum::<usize>();
+            if r == 0 {
+                for (all, got) in first_ids.iter_mut().zip(&ids) {
+                    all.extend_from_slice(got);
+                }
+            }
         }
         anyhow::ensure!(total == bsz * n, "{total} ids from {bsz} x {n} steps");
         out.push(total as f64 / t.elapsed().as_secs_f64());
     }
-    Ok(out)
+    for s in 0..bsz {
+        b.streams_end(s)?;
+    }
+    Ok((out, first_ids))
+}
+
+/// How many of the streams' first-rep ids ([`tg_batch`]) equal single-stream greedy decoding of
+/// the same prompt on the same backend (the multi-stream path's promise, checked where the
+/// speed is measured).
+fn streams_match_single(b: &mut dyn Backend, n: usize, ids: &[Vec<u32>]) -> Result<usize> {
+    let mut same = 0;
+    for (s, got) in ids.iter().enumerate() {
+        b.truncate(0)?;
+        let first = argmax(&b.prefill(&batch_prompt(0, s))?);
+        same += (b.decode_greedy(first, n, &[])? == *got) as usize;
+    }
+    b.truncate(0)?;
+    Ok(same)
 }
 
 fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
@@ -272,7 +306,13 @@ pub fn run(a: Args) -> Result<()> {
         );
         // B=1 through the multi-stream path too, so the ratios compare like with like.
         for &bsz in &a.batch {
-            let tps = tg_batch(b.as_mut(), bsz, a.gen, reps)?;
+            let (tps, ids) = tg_batch(b.as_mut(), bsz, a.gen, reps)?;
+            let same = streams_match_single(b.as_mut(), a.gen, &ids)?;
+            println!(
+                "batch {bsz}: {same}/{bsz} streams' {} greedy ids equal single-stream decoding{}",
+                a.gen,
+                if same == bsz { "" } else { "  MISMATCH" }
+            );
             let mut s = stat(format!("tg{} batch {bsz}", a.gen), tps);
             s.batch = Some(bsz);
             stats.push(s);

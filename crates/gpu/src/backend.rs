@@ -54,8 +54,9 @@ pub struct GpuOptions {
     /// single-sequence plan in its KV slot (plan_slots.rs; faster than the column kernels at
     /// one column); false keeps it on the columns, for comparisons.
     pub lone_stream: bool,
-    /// Where the single-sequence attention merges its chunks; `None`: the backend's default
-    /// ([`Combine::for_context`]: fused on Vulkan). `Some(Combine::Dispatch)` for comparisons.
+    /// Where the attention (single-sequence and multi-stream) merges its chunks; `None`: the
+    /// backend's default ([`Combine::for_context`]: fused on Vulkan). `Some(Combine::Dispatch)`
+    /// for comparisons.
     pub attention_combine: Option<Combine>,
 }
 
@@ -185,14 +186,15 @@ impl GpuBackend {
             },
         )?;
         use crate::batch::{BatchMode, BatchPlan};
+        let merge = opts.attention_combine.unwrap_or(Combine::for_context(ctx));
         let batch = match opts.streams {
             0 => None,
             n => Some(BatchPlan::new(
                 ctx,
                 &plan.weights,
-                n,
-                opts.context_len,
+                (n, opts.context_len),
                 opts.numerics,
+                merge,
                 BatchMode::Streams,
             )?),
         };
@@ -210,9 +212,9 @@ impl GpuBackend {
             Some(BatchPlan::new(
                 ctx,
                 &plan.weights,
-                crate::columns::MAX_COLUMNS,
-                opts.context_len,
+                (crate::columns::MAX_COLUMNS, opts.context_len),
                 opts.numerics,
+                merge,
                 BatchMode::Prefill { k_cache, v_cache },
             )?)
         };

@@ -2,6 +2,7 @@
 //! (tiny config, 512-token vocabulary, synth's Q4_0 matrices and F32 norms/router).
 
 use crate::backend::{GpuBackend, GpuOptions};
+use crate::kernels::attention::Combine;
 use crate::numerics::Numerics;
 use crate::testing::{cosine, gpu};
 use nibble_backend::{Backend, RefBackend};
@@ -152,8 +153,10 @@ fn router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens() {
     };
     let m = model(6, false);
     let mut folded = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 8)).unwrap();
+    // The router in its own dispatch, and the attention's combine in its own too.
     let own = GpuOptions {
         fold_router: false,
+        attention_combine: Some(Combine::Dispatch),
         ..opts(false, 8)
     };
     let mut own = GpuBackend::with_context(&ctx, m.as_ref(), own).unwrap();
@@ -162,11 +165,23 @@ fn router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens() {
         folded.dispatches_per_step() + layers,
         own.dispatches_per_step()
     );
-    // Past the first attention chunk (16 positions) each layer adds the combine dispatch.
+    // Past the first attention chunk (16 positions) each layer adds the combine dispatch,
+    // unless the combine is fused into the chunks, which at 16 chunks per kv head (this
+    // 256-position context) it always is on Vulkan.
+    assert_eq!(
+        own.dispatches_per_step_max(),
+        own.dispatches_per_step() + layers
+    );
+    let fused = folded.plan().attention_combine() == Combine::Fused;
     assert_eq!(
         folded.dispatches_per_step_max(),
-        folded.dispatches_per_step() + layers
+        folded.dispatches_per_step() + if fused { 0 } else { layers }
     );
+    assert!(folded.describe().contains(if fused {
+        "attention combine fused"
+    } else {
+        "attention combine in its own"
+    }));
     assert!(folded.describe().contains("router folded into the o-proj"));
     assert!(own.describe().contains("router in its own dispatch"));
     assert!(
@@ -248,11 +263,13 @@ fn profile_names_every_op_of_the_step_and_appends_nothing() {
     let m = model(4, false);
     let l = m.cfg.num_layers;
     let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 4)).unwrap();
-    // Position 0 (one attention chunk), then past the first chunk (chunks + combine).
-    for (prefill, attention) in [
-        (0usize, &["attention (one chunk)"][..]),
-        (40, &["attention chunks", "attention combine"][..]),
-    ] {
+    // Position 0 (one attention chunk), then past the first chunk (chunks + combine, in one
+    // dispatch where the combine is fused).
+    let several = match gb.plan().attention_combine() {
+        Combine::Fused => &["attention chunks+combine"][..],
+        Combine::Dispatch => &["attention chunks", "attention combine"][..],
+    };
+    for (prefill, attention) in [(0usize, &["attention (one chunk)"][..]), (40, several)] {
         gb.truncate(0).unwrap();
         if prefill > 0 {
             gb.prefill(&(0..prefill as u32).collect::<Vec<_>>())

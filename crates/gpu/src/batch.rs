@@ -27,7 +27,7 @@ use crate::context::{Context, Result as GpuResult};
 use crate::kernels::argmax::{ArgmaxBinding, ArgmaxColsArgs, ArgmaxKernel};
 use crate::kernels::attention::{
     AttentionColsBinding, AttentionColsBuffers, AttentionKernel, AttentionParams, AttentionScratch,
-    ColumnMode,
+    ColumnMode, Combine,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
@@ -146,13 +146,14 @@ pub enum BatchMode<'a> {
 }
 
 impl BatchPlan {
-    /// Allocate `streams` KV slots of `context_len` positions and bind every layer of `w`.
+    /// Allocate `streams` KV slots of `context_len` positions and bind every layer of `w`; the
+    /// attention merges its chunks as `merge` says.
     pub fn new(
         ctx: &Context,
         w: &GpuWeights,
-        streams: usize,
-        context_len: usize,
+        (streams, context_len): (usize, usize),
         numerics: Numerics,
+        merge: Combine,
         mode: BatchMode<'_>,
     ) -> Result<BatchPlan> {
         ensure!(
@@ -176,7 +177,7 @@ impl BatchPlan {
         let bs = streams;
         let f32s = |label: &str, n: usize| ctx.storage(label, (bs * n) as u64 * 4);
         let ap = AttentionParams::from_config(cfg, context_len)?;
-        let attn_k = AttentionKernel::new(ctx, ap)?;
+        let attn_k = AttentionKernel::new(ctx, ap)?.with_combine(merge);
         let moe_k = MoeKernel::with_numerics(ctx, MoeParams::from_config(cfg)?, numerics)?;
         let state = RunState::default().buffer(ctx)?;
         let cols = columns::buffer(ctx, &[])?;

@@ -46,6 +46,8 @@ pub(super) struct ColsPipelines {
     chunk: wgpu::ComputePipeline,
     single: wgpu::ComputePipeline,
     combine: wgpu::ComputePipeline,
+    /// The chunk form with the combine fused in ([`super::Combine::Fused`]).
+    fused: wgpu::ComputePipeline,
     /// `kv_write_cols`, prefill mode only.
     kv_write: Option<wgpu::ComputePipeline>,
 }
@@ -81,6 +83,8 @@ pub struct AttentionColsBinding {
     chunk: wgpu::BindGroup,
     single: wgpu::BindGroup,
     combine: wgpu::BindGroup,
+    /// With [`super::Combine::Fused`] only.
+    fused: Option<wgpu::BindGroup>,
     /// Prefill mode only.
     kv_write: Option<wgpu::BindGroup>,
     columns: u32,
@@ -138,15 +142,17 @@ impl AttentionKernel {
         ]
         .concat();
         let module = ctx.module("attention.chunk_cols", &chunk_src)?;
-        let (chunk, single, kv_write) = match mode {
+        let (chunk, single, fused, kv_write) = match mode {
             ColumnMode::Independent => (
                 ctx.pipeline("attention.chunk_cols", &module, "chunk_cols")?,
                 ctx.pipeline("attention.single_cols", &module, "single_cols")?,
+                ctx.pipeline("attention.fused_cols", &module, "fused_cols")?,
                 None,
             ),
             ColumnMode::Prefill => (
                 ctx.pipeline("attention.chunk_cols_read", &module, "chunk_cols_read")?,
                 ctx.pipeline("attention.single_cols_read", &module, "single_cols_read")?,
+                ctx.pipeline("attention.fused_cols_read", &module, "fused_cols_read")?,
                 Some(ctx.pipeline("attention.kv_write_cols", &module, "kv_write_cols")?),
             ),
         };
@@ -156,6 +162,7 @@ impl AttentionKernel {
             chunk,
             single,
             combine,
+            fused,
             kv_write,
         };
         Ok(slot.get_or_init(|| built).clone())
@@ -218,6 +225,15 @@ impl AttentionKernel {
         ];
         let chunk = ctx.bind_group("attention.chunk_cols", &pipes.chunk, &res)?;
         let single = ctx.bind_group("attention.single_cols", &pipes.single, &res)?;
+        let fused = match self.merge {
+            super::Combine::Fused => {
+                let mut r = res.to_vec();
+                r.push(whole(&scratch.arrive));
+                let at: Vec<u32> = (0..12).chain([12]).collect();
+                Some(ctx.bind_group_at("attention.fused_cols", &pipes.fused, &at, &r)?)
+            }
+            super::Combine::Dispatch => None,
+        };
         // The KV write touches no partial and no output: its derived layout omits them.
         let kv_write = match &pipes.kv_write {
             Some(pipe) => {
@@ -246,6 +262,7 @@ impl AttentionKernel {
             chunk,
             single,
             combine,
+            fused,
             kv_write,
             columns: b.columns,
             mode: b.mode,
@@ -254,7 +271,8 @@ impl AttentionKernel {
 
     /// Record one layer's attention over columns `0..nb` (`1 <= nb <= b.columns()`): in prefill
     /// mode the KV write first, then `single_cols` alone when one chunk covers every position up
-    /// to `pos_bound`, else `chunk_cols` and `combine_cols`. `pos_bound` bounds every column's
+    /// to `pos_bound`, else the fused form while it serves the bound (as [`Self::record`]), else
+    /// `chunk_cols` and `combine_cols`. `pos_bound` bounds every column's
     /// position (chunks past a column's position exit at once; `ctx - 1` is always correct).
     pub fn record_cols(
         &self,
@@ -282,6 +300,12 @@ impl AttentionKernel {
             return Ok(());
         }
         let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
+        if let Some(fused) = b.fused.as_ref().filter(|_| chunks <= self.fused_max) {
+            pass.set_pipeline(&b.pipes.fused);
+            pass.set_bind_group(0, fused, &[]);
+            pass.dispatch_workgroups(chunks, p.kv_heads, nb);
+            return Ok(());
+        }
         pass.set_pipeline(&b.pipes.chunk);
         pass.set_bind_group(0, &b.chunk, &[]);
         pass.dispatch_workgroups(chunks, p.kv_heads, nb);
@@ -294,7 +318,13 @@ impl AttentionKernel {
     /// Dispatches [`Self::record_cols`] issues for `b` at `pos_bound`: 1 or 2 (as
     /// [`Self::dispatches`] for an f32 output), plus the KV write in prefill mode.
     pub fn dispatches_cols(&self, b: &AttentionColsBinding, pos_bound: u32) -> u32 {
-        let attend = if self.one_chunk(pos_bound) { 1 } else { 2 };
+        let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
+        let fused = b.fused.is_some() && chunks <= self.fused_max;
+        let attend = if self.one_chunk(pos_bound) || fused {
+            1
+        } else {
+            2
+        };
         attend + b.kv_write.is_some() as u32
     }
 }

@@ -2,7 +2,7 @@
 //! `attention_ref`) and, for prefill, against the single-token kernel run token by token.
 
 use super::super::tests::params;
-use super::super::{attention_ref, rope_ref, AttentionBuffers, AttentionParams};
+use super::super::{attention_ref, rope_ref, AttentionBuffers, AttentionParams, Combine};
 use super::*;
 use crate::columns::{self, Col};
 use crate::testing::{assert_close, gpu, rand_f32, rng};
@@ -342,7 +342,17 @@ fn attention_cols_independent_slots_and_positions() {
     // G = 2, D = 32, chunk 16, 8 slots of 64 rows; live columns have distinct slots (the
     // mode's contract).
     let p = params(4, 2, 32, 64, 16);
-    let k = AttentionKernel::new(&ctx, p).expect("kernel");
+    for merge in [Combine::Dispatch, Combine::Fused] {
+        independent_slots_and_positions(&ctx, p, merge);
+    }
+}
+
+/// [`attention_cols_independent_slots_and_positions`] with the chunks merged as `merge` (the
+/// fused form serves every position of this 4-chunk cache in one dispatch).
+fn independent_slots_and_positions(ctx: &Context, p: AttentionParams, merge: Combine) {
+    let k = AttentionKernel::new(ctx, p)
+        .expect("kernel")
+        .with_combine(merge);
     let a = Col::active;
     let cases: [(u32, Vec<Col>); 4] = [
         // nb = 1 at position 0 in slot 2.
@@ -382,15 +392,16 @@ fn attention_cols_independent_slots_and_positions() {
     for (i, (nb, cols)) in cases.into_iter().enumerate() {
         let c = ColsCase::new(p, nb, 8, cols, 300 + i as u64);
         let max = c.cols.iter().map(|c| c.pos).max().unwrap_or(0);
-        let tight = check_independent(&ctx, &k, &c, max, nb);
-        assert_eq!(tight, if max < 16 { 1 } else { 2 }, "nb {nb}: dispatches");
+        let tight = check_independent(ctx, &k, &c, max, nb);
+        let two = if merge == Combine::Fused { 1 } else { 2 };
+        assert_eq!(tight, if max < 16 { 1 } else { two }, "nb {nb}: dispatches");
         // A loose bound: chunks past every position exit without touching anything.
-        assert_eq!(check_independent(&ctx, &k, &c, 63, nb), 2);
+        assert_eq!(check_independent(ctx, &k, &c, 63, nb), two);
     }
     // Fewer columns recorded than the buffers hold: the rest stay untouched.
     let cols = (0..6).map(|j| a(j, 3 * j + 2, 7 - j)).collect();
     let c = ColsCase::new(p, 6, 8, cols, 320);
-    check_independent(&ctx, &k, &c, 40, 4);
+    check_independent(ctx, &k, &c, 40, 4);
 }
 
 #[test]
@@ -399,7 +410,17 @@ fn attention_cols_prefill_matches_token_by_token() {
         return;
     };
     let p = params(4, 2, 32, 64, 16);
-    let k = AttentionKernel::new(&ctx, p).expect("kernel");
+    for merge in [Combine::Dispatch, Combine::Fused] {
+        prefill_matches_token_by_token(&ctx, p, merge);
+    }
+}
+
+/// [`attention_cols_prefill_matches_token_by_token`] with the chunks merged as `merge` (fused:
+/// the KV write and one attention dispatch at every bound of this 4-chunk cache).
+fn prefill_matches_token_by_token(ctx: &Context, p: AttentionParams, merge: Combine) {
+    let k = AttentionKernel::new(ctx, p)
+        .expect("kernel")
+        .with_combine(merge);
     // (slots, slot, p0, nb, bound): nb 1, 2, 3, 8 from position 0 (one chunk: KV write +
     // single), across the chunk edge, deep into the cache, and up to the last row.
     for (i, (slots, slot, p0, nb, bound, dispatches)) in [
@@ -421,8 +442,16 @@ fn attention_cols_prefill_matches_token_by_token() {
             nb,
             bound,
         };
-        let got = check_prefill(&ctx, &k, p, f, 400 + i as u64);
-        assert_eq!(got, dispatches, "p0 {p0} nb {nb} bound {bound}: dispatches");
+        let got = check_prefill(ctx, &k, p, f, 400 + i as u64);
+        let want = if merge == Combine::Fused {
+            2
+        } else {
+            dispatches
+        };
+        assert_eq!(
+            got, want,
+            "{merge:?} p0 {p0} nb {nb} bound {bound}: dispatches"
+        );
     }
 }
 
@@ -489,24 +518,30 @@ fn attention_cols_qwen3_shape_and_long_split() {
     check_prefill(&ctx, &k, p, f, 601);
     // The long-context split with a small cache (target 8 chunks per kv head, cap 128): chunks
     // of 4, 16, 64 and 128 for the columns' positions in one dispatch.
+    // Both merges (fused: the last of up to 8 chunks per column and kv head merges).
     let p = params(8, 2, 32, 1100, 4);
-    let k = AttentionKernel::with_split(&ctx, p, Some((8, 128))).expect("kernel");
-    let cols = vec![
-        Col::active(1, 31, 0),
-        Col::active(2, 40, 1),
-        Col::active(3, 511, 2),
-        Col::active(4, 1099, 3),
-    ];
-    let c = ColsCase::new(p, 4, 4, cols, 610);
-    check_independent(&ctx, &k, &c, 1099, 4);
-    let f = Prefill {
-        slots: 1,
-        slot: 0,
-        p0: 1020,
-        nb: 8,
-        bound: 1027,
-    };
-    check_prefill(&ctx, &k, p, f, 611);
+    for merge in [Combine::Dispatch, Combine::Fused] {
+        let k = AttentionKernel::with_split(&ctx, p, Some((8, 128)))
+            .expect("kernel")
+            .with_combine(merge);
+        let cols = vec![
+            Col::active(1, 31, 0),
+            Col::active(2, 40, 1),
+            Col::active(3, 511, 2),
+            Col::active(4, 1099, 3),
+        ];
+        let c = ColsCase::new(p, 4, 4, cols, 610);
+        let want = if merge == Combine::Fused { 1 } else { 2 };
+        assert_eq!(check_independent(&ctx, &k, &c, 1099, 4), want, "{merge:?}");
+        let f = Prefill {
+            slots: 1,
+            slot: 0,
+            p0: 1020,
+            nb: 8,
+            bound: 1027,
+        };
+        check_prefill(&ctx, &k, p, f, 611);
+    }
 }
 
 #[test]

@@ -14,6 +14,8 @@
 //                                          positions): every row, the column's own included,
 //                                          comes from the cache, so column c sees the rows of
 //                                          columns < c written in the same step.
+//   `fused_cols`, `fused_cols_read`        the chunk forms with the combine fused in (per
+//                                          column and kv head: attention.wgsl `fused`).
 
 // Column c's site: its position, its q|k|v, its slot's rows, its partial / output heads.
 fn col_site(c: u32) -> Site {
@@ -69,4 +71,23 @@ fn kv_write_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         k_cache[row + d] = roped4(s.qkv, h, G, d);
         v_cache[row + d] = qkv[vb + d];
     }
+}
+
+// The fused forms (`fused` in attention.wgsl, per column): the last chunk workgroup of (column
+// c, kv head h) to finish merges that column's partials; counter c * HKV + h.
+fn attend_col_fused(wid: vec3<u32>, li: u32, write_kv: bool) {
+    if (state.done != 0u || !col_live(wid.z)) {
+        return;
+    }
+    attend_fused(wid, li, col_site(wid.z), wid.z * HKV + wid.y, write_kv);
+}
+
+@compute @workgroup_size(WG)
+fn fused_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    attend_col_fused(wid, li, true);
+}
+
+@compute @workgroup_size(WG)
+fn fused_cols_read(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    attend_col_fused(wid, li, false);
 }
