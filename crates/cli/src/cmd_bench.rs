@@ -60,6 +60,10 @@ struct Stat {
     depth: Option<usize>,
     /// Sequences decoded together (multi-stream tests; tok/s are aggregate over them).
     batch: Option<usize>,
+    /// Multi-stream tests: how many of the `batch` streams' greedy ids (first rep) equal
+    /// single-stream decoding of the same prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    streams_equal_single: Option<usize>,
     median_tps: f64,
     min_tps: f64,
     max_tps: f64,
@@ -119,6 +123,7 @@ fn stat(test: String, mut tps: Vec<f64>) -> Stat {
         test,
         depth: None,
         batch: None,
+        streams_equal_single: None,
         median_tps: tps[tps.len() / 2],
         min_tps: tps[0],
         max_tps: tps[tps.len() - 1],
@@ -308,12 +313,8 @@ pub fn run(a: Args) -> Result<()> {
         for &bsz in &a.batch {
             let (tps, ids) = tg_batch(b.as_mut(), bsz, a.gen, reps)?;
             let same = streams_match_single(b.as_mut(), a.gen, &ids)?;
-            println!(
-                "batch {bsz}: {same}/{bsz} streams' {} greedy ids equal single-stream decoding{}",
-                a.gen,
-                if same == bsz { "" } else { "  MISMATCH" }
-            );
             let mut s = stat(format!("tg{} batch {bsz}", a.gen), tps);
+            s.streams_equal_single = Some(same);
             s.batch = Some(bsz);
             stats.push(s);
         }
@@ -402,7 +403,11 @@ pub fn run(a: Args) -> Result<()> {
         let single = s.batch.is_none() && s.test.starts_with("tg");
         let gbs = s.median_tps * report.weight_bytes_per_token as f64 / 1e9;
         let per = s.batch.map_or(String::new(), |b| {
-            format!("  ({:.1} tok/s per stream)", s.median_tps / b as f64)
+            let same = s.streams_equal_single.map_or(String::new(), |n| {
+                let flag = if n == b { "" } else { " MISMATCH" };
+                format!("; ids of {n}/{b} streams equal single-stream{flag}")
+            });
+            format!("  ({:.1} tok/s per stream{same})", s.median_tps / b as f64)
         });
         let (gbs_col, share) = match (single, report.read_gbps) {
             (true, Some(r)) => (format!("{gbs:.0}"), format!("{:.0}%", 100.0 * gbs / r)),

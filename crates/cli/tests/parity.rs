@@ -248,6 +248,9 @@ fn bench_reports_depths_bandwidth_and_plots() {
     );
     assert_eq!(stats[1]["depth"], 20);
     assert_eq!(stats[5]["batch"], 2);
+    // Each stream's greedy ids equal single-stream decoding of its prompt.
+    assert_eq!(stats[4]["streams_equal_single"], 1, "{json}");
+    assert_eq!(stats[5]["streams_equal_single"], 2, "{json}");
     for s in stats {
         let (lo, med, hi) = (
             s["min_tps"].as_f64().unwrap(),

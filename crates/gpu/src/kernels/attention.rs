@@ -58,9 +58,11 @@ const TARGET_WORKGROUPS: u32 = 1024;
 const CHUNK_CAP: u32 = 256;
 /// Most chunks per kv head the fused combine merges ([`Combine::Fused`]): its last workgroup
 /// walks them serially (~0.3 us each), so past this the separate combine dispatch, which
-/// spreads them over every query head's workgroup, is faster. H200, kernel_bench (BENCHMARKS
-/// runs 33-34): fused vs dispatch 12.7 vs 13.2 us at 8 chunks (pos 128), 21.6 vs 14.6 at 32;
-/// the whole token gains ~2 us per layer more than the kernel alone, so break-even is ~16.
+/// spreads them over every query head's workgroup, is faster. H200 (BENCHMARKS runs 33-39):
+/// kernel_bench fused vs dispatch 12.7 vs 13.2 us at 8 chunks (pos 128), 21.6 vs 14.6 at 32;
+/// whole token, limit 16 against 8 at depth 128 (9-16 chunks): 278.2 / 278.0 vs 278.1 / 278.1
+/// tok/s (even); limit 16 against 32 at depth 256 (17-24 chunks): 277.5 / 278.5 vs 270.0 /
+/// 269.2 (the dispatch pair 3% faster there).
 pub const FUSED_MAX_CHUNKS: u32 = 16;
 /// Cap on the positions of one shared-memory tile.
 const TILE_CAP: u32 = 64;
