@@ -102,29 +102,29 @@ if has ab; then
     done
   done
 fi
+# The default build against itself with one comparison flag, two interleaved rounds so drift
+# hits both alike: flag_ab STEP LABEL-DEFAULT LABEL-FLAG FLAG BENCH-ARGS...
+flag_ab() {
+  local step=$1 dflt=$2 alt=$3 flag=$4; shift 4
+  for round in 1 2; do
+    for mode in "$dflt" "$alt"; do
+      say "$step round $round: $mode"
+      extra=""; [ "$mode" = "$alt" ] && extra="$flag"
+      timeout 200 $N bench -m $MODEL --backend gpu $extra "$@" 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+    done
+  done
+}
 if has lone; then
   # A lone multi-stream sequence (what a single user of `nibble serve` gets) on the
   # single-sequence plan in its KV slot (the default) against the column kernels
-  # (--columns-alone), two interleaved rounds; the single-stream tg128 row comes with each.
-  for round in 1 2; do
-    for mode in plan columns; do
-      say "lone round $round: batch 1 on the $mode"
-      extra=""; [ $mode = columns ] && extra="--columns-alone"
-      timeout 150 $N bench -m $MODEL --backend gpu $extra -p 0 -n 128 --reps 3 --batch 1,2 --ctx 512 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
-    done
-  done
+  # (--columns-alone); the single-stream tg128 row comes with each.
+  flag_ab lone "batch 1 on the plan" "batch 1 on the columns" --columns-alone -p 0 -n 128 --reps 3 --batch 1,2 --ctx 512
 fi
 if has combineab; then
   # The attention's chunk merge: in the last chunk workgroup of each kv head (fused, the default
-  # on Vulkan) against its own dispatch (--combine-dispatch), two interleaved rounds, tg128 at
-  # depth 0 and 4096 and pp512 (the prefill's column kernels keep the dispatch either way).
-  for round in 1 2; do
-    for mode in fused dispatch; do
-      say "combineab round $round: attention combine $mode"
-      extra=""; [ $mode = dispatch ] && extra="--combine-dispatch"
-      timeout 200 $N bench -m $MODEL --backend gpu $extra ${CAB_ARGS:--p 0 -n 128 --reps 3 --depth 0,4096 --ctx 4300} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
-    done
-  done
+  # on Vulkan) against its own dispatch (--combine-dispatch); tg128 at depth 0 and 4096 by
+  # default (CAB_ARGS: other bench arguments).
+  flag_ab combineab "attention combine fused" "attention combine dispatch" --combine-dispatch ${CAB_ARGS:--p 0 -n 128 --reps 3 --depth 0,4096 --ctx 4300}
 fi
 if has batch; then
   say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"
