@@ -22,7 +22,9 @@
 //! With [`Combine::Fused`] (the default on Vulkan) the combine runs inside the chunk dispatch:
 //! each chunk workgroup publishes its partials, counts itself in a per-kv-head atomic, and the
 //! last one to arrive merges the G heads' chunks (`fused` in attention.wgsl): one dispatch per
-//! layer at every position. The scratch's `arrive` counters are back at zero after each dispatch.
+//! layer while a step needs at most [`FUSED_MAX_CHUNKS`] chunks per kv head (the last workgroup
+//! walks them serially), the pair beyond. The scratch's `arrive` counters are back at zero
+//! after each dispatch.
 //!
 //! When the host's position bound guarantees one chunk (`pos_bound + 1 <= ` the minimum chunk
 //! length, or more generally [`Split::chunks_bound`] of 1) and the output is f32 only, the
@@ -669,8 +671,13 @@ impl AttentionKernel {
         b: &'b AttentionBinding,
         pos_bound: u32,
     ) -> Option<&'b wgpu::BindGroup> {
-        let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
-        b.fused.as_ref().filter(|_| chunks <= self.fused_max)
+        b.fused.as_ref().filter(|_| self.fused_serves(pos_bound))
+    }
+
+    /// Whether a step at a position up to `pos_bound` needs at most `fused_max` chunks per kv
+    /// head (the fused combine's limit).
+    fn fused_serves(&self, pos_bound: u32) -> bool {
+        self.split.chunks_bound(self.positions_bound(pos_bound)) <= self.fused_max
     }
 
     /// Whether one chunk covers every position up to `pos_bound` (the `single` variants).

@@ -300,7 +300,7 @@ impl AttentionKernel {
             return Ok(());
         }
         let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
-        if let Some(fused) = b.fused.as_ref().filter(|_| chunks <= self.fused_max) {
+        if let Some(fused) = b.fused.as_ref().filter(|_| self.fused_serves(pos_bound)) {
             pass.set_pipeline(&b.pipes.fused);
             pass.set_bind_group(0, fused, &[]);
             pass.dispatch_workgroups(chunks, p.kv_heads, nb);
@@ -318,8 +318,7 @@ impl AttentionKernel {
     /// Dispatches [`Self::record_cols`] issues for `b` at `pos_bound`: 1 or 2 (as
     /// [`Self::dispatches`] for an f32 output), plus the KV write in prefill mode.
     pub fn dispatches_cols(&self, b: &AttentionColsBinding, pos_bound: u32) -> u32 {
-        let chunks = self.split.chunks_bound(self.positions_bound(pos_bound));
-        let fused = b.fused.is_some() && chunks <= self.fused_max;
+        let fused = b.fused.is_some() && self.fused_serves(pos_bound);
         let attend = if self.one_chunk(pos_bound) || fused {
             1
         } else {

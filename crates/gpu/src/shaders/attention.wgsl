@@ -27,7 +27,7 @@
 //   `single` for a grid of one chunk per kv head (the host guarantees pos + 1 <= chunk_len):
 //            normalises and writes the final f32 output itself.
 //   `fused`  `chunk`, then the last chunk of each kv head to finish combines (f32 output only,
-//            Vulkan only): one dispatch at every position.
+//            Vulkan only): one dispatch where the host uses it (few chunks).
 //
 // Shapes for B columns (B = 1 for the single-token entry points):
 // qkv      [B, HQ*D | HKV*D | HKV*D] f32 viewed as vec4: raw q|k|v projection (read only)
@@ -307,7 +307,7 @@ fn combine_group(s: Site, h: u32, nc: u32, li: u32) {
 }
 
 // `chunk` then, in the last chunk workgroup of each kv head to finish, the combine: one
-// dispatch per layer at every position. Each chunk publishes its partials (storageBarrier:
+// dispatch per layer (the host uses it up to FUSED_MAX_CHUNKS chunks per kv head). Each chunk publishes its partials (storageBarrier:
 // device-scope release in naga's SPIR-V), then counts itself in `arrive[ai]`; the one that
 // counts last (after a device-scope acquire) reads every chunk's partials. Vulkan only
 // (attention.rs `Combine`): other backends' barriers are not guaranteed to order memory across
