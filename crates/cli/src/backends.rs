@@ -77,12 +77,13 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     if args.verbose {
         eprintln!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
-             numerics {}, fold {}{}{}",
+             numerics {}, fold {}, attention combine {:?}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
             args.numerics,
             args.fold,
+            g.plan().attention_combine(),
             if args.per_token {
                 " (per-token path)"
             } else {
