@@ -50,6 +50,11 @@ pub struct BackendArgs {
     /// chunk workgroup of each kv head (for comparisons; fused is the default on Vulkan).
     #[arg(long)]
     pub combine_dispatch: bool,
+    /// GPU: split each MoE down row block's 8 expert slots over this many workgroups (1, 2,
+    /// 4 or 8; the last to finish adds their sums). Default: 4 on Vulkan, 1 elsewhere; set it
+    /// for comparisons.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub moe_down_split: Option<u32>,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -71,19 +76,21 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         attention_combine: args
             .combine_dispatch
             .then_some(nibble_gpu::kernels::attention::Combine::Dispatch),
+        moe_down_split: args.moe_down_split,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;
     if args.verbose {
         eprintln!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
-             numerics {}, fold {}, attention combine {:?}{}{}",
+             numerics {}, fold {}, attention combine {:?}, MoE down slot groups {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
             args.numerics,
             args.fold,
             g.plan().attention_combine(),
+            g.plan().moe_down_split(),
             if args.per_token {
                 " (per-token path)"
             } else {

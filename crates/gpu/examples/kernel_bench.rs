@@ -217,7 +217,10 @@ fn main() -> anyhow::Result<()> {
         });
         gu.into_iter().chain(dn).collect()
     } else {
-        Vec::new()
+        // The down kernel's other slot-group counts (the default is 4 on Vulkan).
+        [1, 2, 8]
+            .map(|down_split| F32Tuning { down_split, ..d })
+            .to_vec()
     };
     let b = Bench::new(
         &ctx,
@@ -590,8 +593,23 @@ fn main() -> anyhow::Result<()> {
         })?;
     }
     // The f32 work-split sweep (`--moe-tunings`): each stage alone where it can be split.
+    // Without it: the down slot groups 1, 2, 8, alone and as the plan records the pair.
     for (t, set) in &b.moe_tuned {
         let Some((g, d)) = &set.split else { continue };
+        let groups = set.kernel.down_split();
+        if t.down_split != F32Tuning::DEFAULT.down_split {
+            let name = format!("moe down f32 slot groups {groups}");
+            r.case(sp(name, 1, l, true, dn), m, &|p, c| {
+                set.kernel.record(p, &ctx, &d[c % d.len()])
+            })?;
+            if let Some((both, _)) = &set.folded {
+                let name = format!("moe gate_up folded + down (as plan) slot groups {groups}");
+                r.case(sp(name, 2, l, true, gu + h4 + dn), m, &|p, c| {
+                    set.kernel.record(p, &ctx, &both[c % both.len()])
+                })?;
+            }
+            continue;
+        }
         if t.down_lanes == F32Tuning::DEFAULT.down_lanes
             && t.down_rows == F32Tuning::DEFAULT.down_rows
         {
@@ -612,8 +630,10 @@ fn main() -> anyhow::Result<()> {
                 " (unstaged)"
             };
             let name = format!(
-                "moe down f32 tuning lanes {} rows {}{un}",
-                t.down_lanes, t.down_rows
+                "moe down f32 tuning lanes {} rows {} slot groups {}{un}",
+                t.down_lanes,
+                t.down_rows,
+                set.kernel.down_split()
             );
             r.case(sp(name, 1, l, true, dn), m, &|p, c| {
                 set.kernel.record(p, &ctx, &d[c % d.len()])

@@ -58,6 +58,9 @@ pub struct GpuOptions {
     /// backend's default ([`Combine::for_context`]: fused on Vulkan). `Some(Combine::Dispatch)`
     /// for comparisons.
     pub attention_combine: Option<Combine>,
+    /// Slot groups of the MoE down kernel (`None`: the backend's default,
+    /// `F32Tuning::for_context`: 4 on Vulkan, else 1). `Some(1)` for comparisons.
+    pub moe_down_split: Option<u32>,
 }
 
 impl Default for GpuOptions {
@@ -73,6 +76,7 @@ impl Default for GpuOptions {
             fold_router: true,
             lone_stream: true,
             attention_combine: None,
+            moe_down_split: None,
         }
     }
 }
@@ -183,10 +187,12 @@ impl GpuBackend {
                 numerics: opts.numerics,
                 fold_router: opts.fold_router,
                 attention_combine: opts.attention_combine,
+                moe_down_split: opts.moe_down_split,
             },
         )?;
         use crate::batch::{BatchMode, BatchPlan};
         let merge = opts.attention_combine.unwrap_or(Combine::for_context(ctx));
+        let moe_tune = crate::plan::moe_tuning(ctx, opts.moe_down_split);
         let batch = match opts.streams {
             0 => None,
             n => Some(BatchPlan::new(
@@ -195,6 +201,7 @@ impl GpuBackend {
                 (n, opts.context_len),
                 opts.numerics,
                 merge,
+                moe_tune,
                 BatchMode::Streams,
             )?),
         };
@@ -215,6 +222,7 @@ impl GpuBackend {
                 (crate::columns::MAX_COLUMNS, opts.context_len),
                 opts.numerics,
                 merge,
+                moe_tune,
                 BatchMode::Prefill { k_cache, v_cache },
             )?)
         };
@@ -292,7 +300,7 @@ impl GpuBackend {
             "gpu adapter: {} ({:?}, {:?})\n\
              numerics: {} (int4 weights x {} activations)\n\
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
-             routing {:?}, router {}, attention combine {}\n\
+             routing {:?}, router {}, attention combine {}, MoE down slot groups {}\n\
              prefill: {} tokens per command buffer\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions{}",
             info.name,
@@ -313,6 +321,7 @@ impl GpuBackend {
                 Combine::Fused => "fused into the chunks",
                 Combine::Dispatch => "in its own dispatch",
             },
+            self.plan.moe_down_split(),
             PREFILL_CHUNK,
             self.resident_bytes(),
             self.resident_bytes() as f64 / (1u64 << 20) as f64,

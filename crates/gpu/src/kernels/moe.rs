@@ -59,51 +59,6 @@ const DOWN_T: u32 = 32;
 /// Past it the f32 numerics fall back to the unstaged kernels.
 pub const STAGE_BUDGET: u64 = 28 * 1024;
 
-/// Work split of the staged f32 kernels: tuning knobs for a GPU (the tests cover every value).
-/// Fewer lanes per row, or more rows per team, means fewer, longer-running workgroups with more
-/// weight loads in flight per lane and less staging repeated across workgroups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct F32Tuning {
-    /// Lanes per gate/up row (power of two, 8..=256): grid `(I / (256 / lanes), K)`; 16 = 384
-    /// workgroups at the real shape, ~3 per H200 SM, 8 weight loads in flight per lane.
-    pub gate_up_lanes: u32,
-    /// Lanes per down row (power of two, 8..=256).
-    pub down_lanes: u32,
-    /// Down rows per team of lanes (1, 2 or 4; per-row lines written out as separate
-    /// variables): grid `ceil(H / (256 / lanes * rows))`. Each workgroup stages all of h
-    /// (24 KiB at the real shape, 6 MB of L2 reads per call at 32 lanes x 1 row), which more
-    /// rows per team divide.
-    pub down_rows: u32,
-}
-
-impl F32Tuning {
-    /// Measured on the H200 (`kernel_bench --moe-tunings`, docs/runs/2026-11-29-h200-run9.txt,
-    /// real shapes, us per call): gate/up lanes 8/16/32/64 -> 22.3/**20.3**/31.8/50.2; down
-    /// lanes x rows 8x1 12.1, 8x2 33.9, **16x1 9.8**, 16x2 11.8, 32x1 13.3, 32x2 10.3, 64x1 23.3,
-    /// 64x2 15.6 (x4 does not fit the staging budget: unstaged, 18.7).
-    pub const DEFAULT: F32Tuning = F32Tuning {
-        gate_up_lanes: 16,
-        down_lanes: 16,
-        down_rows: 1,
-    };
-
-    fn validate(&self) -> Result<()> {
-        let ok = |t: u32| t.is_power_of_two() && (8..=WG).contains(&t);
-        if !ok(self.gate_up_lanes) || !ok(self.down_lanes) || ![1, 2, 4].contains(&self.down_rows) {
-            return Err(GpuError::Shape(format!(
-                "MoE {self:?}: lanes per row must be powers of two in 8..={WG}, rows per team 1, 2 or 4"
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl Default for F32Tuning {
-    fn default() -> Self {
-        F32Tuning::DEFAULT
-    }
-}
-
 /// Shapes of one model's MoE block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeParams {
@@ -173,6 +128,12 @@ pub struct MoeKernel {
     /// follow from them).
     gate_up_t: u32,
     down_rows_per_wg: u32,
+    /// Down slot groups (1 when down is not the staged kernel) and the staged kernel's scratch:
+    /// `[8, DS, H]` f32 group sums and `[8, NRB]` u32 arrival counters (moe_down_f32.wgsl;
+    /// a word each for one group), shared by every binding (dispatches run one after the
+    /// other; counters end at 0).
+    down_split: u32,
+    down_scratch: Option<(wgpu::Buffer, wgpu::Buffer)>,
     /// Whether gate/up and down are the staged f32 forms.
     staged: (bool, bool),
     router: wgpu::ComputePipeline,
@@ -283,9 +244,10 @@ impl MoeKernel {
         Self::with_numerics(ctx, params, Numerics::Int8)
     }
 
-    /// As [`Self::new`] with activations in the form `numerics`.
+    /// As [`Self::new`] with activations in the form `numerics` (and the work split of
+    /// [`F32Tuning::for_context`]).
     pub fn with_numerics(ctx: &Context, params: MoeParams, numerics: Numerics) -> Result<Self> {
-        Self::with_f32_tuning(ctx, params, numerics, F32Tuning::DEFAULT)
+        Self::with_f32_tuning(ctx, params, numerics, F32Tuning::for_context(ctx))
     }
 
     /// As [`Self::with_numerics`] with the work split of the staged f32 kernels chosen (for
@@ -311,7 +273,7 @@ impl MoeKernel {
         let f32 = numerics == Numerics::F32;
         let staged = (
             f32 && gate_up_f32_shared(p) <= budget,
-            f32 && down_f32_shared(p, tune.down_rows) <= budget,
+            f32 && down_f32_shared(p, tune.down_rows, tune.split_for(p.top_k)) <= budget,
         );
         let route = include_str!("../shaders/moe_route.wgsl");
         let router_src = format!(
@@ -344,16 +306,31 @@ impl MoeKernel {
         let gu = ctx.module("moe.gate_up", &gu_src)?;
         let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
         let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
-        let (down_t, down_rows) = if staged.1 {
-            (tune.down_lanes, tune.down_rows)
+        let (down_t, down_rows, ds) = if staged.1 {
+            (tune.down_lanes, tune.down_rows, tune.split_for(p.top_k))
         } else {
-            (DOWN_T, 1)
+            (DOWN_T, 1, 1)
+        };
+        let down_rows_per_wg = WG / down_t * down_rows;
+        let nrb = p.hidden.div_ceil(down_rows_per_wg);
+        // Slot groups whose scratch would not fit one binding (tests' tiny limits) fall back
+        // to one group.
+        let ds = if down_scratch_bytes(p, ds, nrb).0 > ctx.max_binding_bytes() {
+            1
+        } else {
+            ds
         };
         let down_src = if staged.1 {
+            let c = |n: &str, v: u32| format!("const {n}: u32 = {v}u;\n");
             format!(
-                "{}const RT: u32 = {down_rows}u;\n{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
+                "{}{}{}{}{}{}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
                 consts(p, down_t, p.inter),
-                down_f32_body(p, down_t, down_rows)
+                c("RT", down_rows),
+                c("DS", ds),
+                c("KS", p.top_k / ds),
+                c("KSNB", p.top_k / ds * p.inter / BLOCK as u32),
+                c("NRB", nrb),
+                down_f32_body(p, down_t, down_rows, ds)
             )
         } else {
             format!(
@@ -367,7 +344,7 @@ impl MoeKernel {
         let down = ctx.pipeline("moe.down", &dm, "main")?;
         let (cols, folded) = if staged == (true, true) {
             (
-                Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t)?),
+                Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t, ds)?),
                 Some((
                     ctx.pipeline("moe.gate_up_folded", &gu, "gate_up_folded")?,
                     ctx.pipeline("moe.down_add", &dm, "main_add")?,
@@ -380,7 +357,18 @@ impl MoeKernel {
             params,
             numerics,
             gate_up_t,
-            down_rows_per_wg: WG / down_t * down_rows,
+            down_rows_per_wg,
+            down_split: ds,
+            down_scratch: match staged.1 {
+                true => {
+                    let (part, arrive) = down_scratch_bytes(p, ds, nrb);
+                    Some((
+                        ctx.storage("moe.down.dpart", part)?,
+                        ctx.storage("moe.down.darrive", arrive)?,
+                    ))
+                }
+                false => None,
+            },
             staged,
             router,
             gate_up,
@@ -471,6 +459,7 @@ impl MoeKernel {
                 }
                 .entries(3, 4),
             );
+            res.extend(self.down_split_entries());
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
             down.push(ctx.bind_group_at("moe.down", &self.down, &ids, &res)?);
         }
@@ -565,6 +554,7 @@ impl MoeKernel {
             } else {
                 &self.down
             };
+            res.extend(self.down_split_entries());
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
             down.push(ctx.bind_group_at("moe.down", pipe, &ids, &res)?);
         }
@@ -621,12 +611,25 @@ impl MoeKernel {
         mark(pass, "moe down");
     }
 
+    /// The staged down kernel's slot-group scratch bindings (none for the unstaged kernel).
+    fn down_split_entries(&self) -> Vec<(u32, wgpu::BindingResource<'_>)> {
+        match &self.down_scratch {
+            Some((part, arrive)) => vec![(10, whole(part)), (11, whole(arrive))],
+            None => Vec::new(),
+        }
+    }
+
+    /// Slot groups of the compiled down kernel (1: each workgroup sums all K slots of its rows).
+    pub fn down_split(&self) -> u32 {
+        self.down_split
+    }
+
     /// Grids (x, y) of one column of gate/up and of down.
     fn grids(&self, ctx: &Context) -> ((u32, u32), (u32, u32)) {
         let p = &self.params;
         (
             (p.inter / (WG / self.gate_up_t), p.top_k),
-            ctx.grid(p.hidden.div_ceil(self.down_rows_per_wg)),
+            ctx.grid(p.hidden.div_ceil(self.down_rows_per_wg) * self.down_split),
         )
     }
 
@@ -667,55 +670,6 @@ impl MoeKernel {
             Routing::Separate => 3,
         }
     }
-}
-
-/// Workgroup bytes of moe_gate_up_f32.wgsl: xs `[H]`, lg `[E]`, top_e `[K]`, red_g and red_u
-/// `[WG]`, slot_e; the column union form's col_rank and users `[8]`, n_users.
-fn gate_up_f32_shared(p: &MoeParams) -> u64 {
-    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + 2 * WG as u64 + 1 + 17) * 4
-}
-
-/// Workgroup bytes of moe_down_f32.wgsl at `rt` rows per team: xs `[K*I]`, red `[WG*rt]`, ids
-/// and wts `[K]`.
-fn down_f32_shared(p: &MoeParams, rt: u32) -> u64 {
-    (p.top_k as u64 * p.inter as u64 + (WG * rt) as u64 + 2 * p.top_k as u64) * 4
-}
-
-/// moe_down_f32.wgsl with its per-item and per-row lines written out for `t` lanes per row and
-/// `rt` rows per team, one variable each (a per-thread array indexed in a loop may be placed in
-/// slow local memory): item j of a lane is `it = lane + j * t`, ceil(K * NB / t) of them (at most
-/// ~7 at t = 32 within the staging budget). The weight and scale loads come first (in flight
-/// during the staging), the dots after; each staged block is read once for the team's rows.
-fn down_f32_body(p: &MoeParams, t: u32, rt: u32) -> String {
-    let items = (p.top_k * p.inter / BLOCK as u32).div_ceil(t);
-    let (mut load, mut dot, mut store) = (String::new(), String::new(), String::new());
-    for r in 0..rt {
-        load += &format!(
-            "let crow{r} = select(0u, row0 + {r}u, row0 + {r}u < H);\n    var acc{r} = 0.0;\n    "
-        );
-        store += &format!("red[(team * RT + {r}u) * T + lane] = acc{r};\n    ");
-    }
-    for j in 0..items {
-        load += &format!("let it{j} = lane + {j}u * T;\n    ");
-        dot += &format!(
-            "{{ let x = xs_block(min(it{j}, KNB - 1u)); let w = wts[item_k(it{j})]; \
-             let on = item_on(it{j});\n        "
-        );
-        for r in 0..rt {
-            load += &format!(
-                "let b{j}_{r} = item_blk(it{j}, crow{r}); let q{j}_{r} = qs[b{j}_{r}]; \
-                 let s{j}_{r} = scale(b{j}_{r});\n    "
-            );
-            dot += &format!(
-                "acc{r} = select(acc{r}, fma(w * s{j}_{r}, dq_block(q{j}_{r}, x), acc{r}), on);\n        "
-            );
-        }
-        dot += "}\n    ";
-    }
-    include_str!("../shaders/moe_down_f32.wgsl")
-        .replace("//ITEMS_LOAD", &load)
-        .replace("//ITEMS_DOT", &dot)
-        .replace("//ROWS_STORE", &store)
 }
 
 /// Error unless `buf` holds at least `bytes`.
@@ -782,6 +736,11 @@ fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
 #[path = "moe_ref.rs"]
 mod reference;
 pub use reference::{down_ref, gate_up_ref, router_ref};
+
+#[path = "moe_f32.rs"]
+mod f32;
+pub use f32::F32Tuning;
+use f32::{down_f32_body, down_f32_shared, down_scratch_bytes, gate_up_f32_shared};
 
 #[path = "moe_cols.rs"]
 mod cols;

@@ -125,9 +125,14 @@ impl ColsPipelines {
         down: &wgpu::ShaderModule,
         p: &MoeParams,
         down_t: u32,
+        down_split: u32,
     ) -> Result<Self> {
         let budget = STAGE_BUDGET.min(ctx.limits.max_compute_workgroup_storage_size as u64);
-        let down_union = match down_union_src(p, down_t, budget) {
+        // The union down reproduces the per-column kernel's bits only without slot groups.
+        let src = (down_split == 1)
+            .then(|| down_union_src(p, down_t, budget))
+            .flatten();
+        let down_union = match src {
             Some(src) => {
                 let m = ctx.module("moe.down_union", &src)?;
                 Some((
@@ -264,8 +269,9 @@ impl MoeKernel {
         self.bind_cols_with(ctx, b, ColsForm::DEFAULT)
     }
 
-    /// Whether the union down kernel is compiled (its workgroup memory fits
-    /// [`super::STAGE_BUDGET`]; it does at the real model's shapes).
+    /// Whether the union down kernel is compiled: the kernel has one down slot group (the
+    /// union reproduces that kernel's bits) and its workgroup memory fits
+    /// [`super::STAGE_BUDGET`] (it does at the real model's shapes).
     pub fn cols_union_down(&self) -> bool {
         self.cols.as_ref().is_some_and(|c| c.down_union.is_some())
     }
@@ -290,8 +296,9 @@ impl MoeKernel {
             (ColsRead::Union, Some((pipe, _))) => Some(pipe),
             (ColsRead::Union, None) => {
                 return Err(GpuError::Shape(format!(
-                    "MoE over columns: the union down kernel does not fit {STAGE_BUDGET} bytes \
-                     of workgroup memory at {:?}; use the per-column down",
+                    "MoE over columns: no union down kernel at {:?} (it needs one down slot \
+                     group, and its workgroup memory to fit {STAGE_BUDGET} bytes); use the \
+                     per-column down",
                     self.params
                 )))
             }
@@ -344,7 +351,7 @@ impl MoeKernel {
                 }
                 None => down_params(ctx, part, p.hidden, accumulate)?,
             };
-            let res = [
+            let mut res = vec![
                 (0, whole(b.state)),
                 (1, whole(&params)),
                 (2, whole(b.route)),
@@ -354,6 +361,9 @@ impl MoeKernel {
                 (7, whole(b.out)),
                 (8, whole(b.cols)),
             ];
+            if down_union.is_none() {
+                res.extend(self.down_split_entries());
+            }
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
             let pipe = down_union.unwrap_or(&pipes.down);
             down.push(ctx.bind_group_at("moe.down_cols", pipe, &ids, &res)?);

@@ -76,8 +76,13 @@ fn run_f32(
         residual,
     };
     let b = kern.bind(&ctx, &bufs, routing).expect("bind");
-    ctx.run_pass(|pass| kern.record(pass, &ctx, &b))
-        .expect("run");
+    // Twice, out reset in between: the down slot groups' counters must be back at 0 after a
+    // dispatch, or the second run stores nothing.
+    for _ in 0..2 {
+        ctx.write(&out, 0, bytemuck::cast_slice(&c.residual));
+        ctx.run_pass(|pass| kern.record(pass, &ctx, &b))
+            .expect("run");
+    }
     F32Outputs {
         staged: kern.f32_staged(),
         route: ctx.read_u32(&route, 2 * k).unwrap(),
@@ -208,7 +213,13 @@ pub(super) fn tuning(gate_up_lanes: u32, down_lanes: u32, down_rows: u32) -> F32
         gate_up_lanes,
         down_lanes,
         down_rows,
+        ..F32Tuning::DEFAULT
     }
+}
+
+/// `t` with `down_split` down slot groups.
+pub(super) fn split(t: F32Tuning, down_split: u32) -> F32Tuning {
+    F32Tuning { down_split, ..t }
 }
 
 #[test]
@@ -218,19 +229,21 @@ fn moe_f32_staged_odd_shapes_every_lane_count() {
     };
     // Blocks per row below, at and off multiples of the lanes: H = 96 / 160 / 288 (3, 5, 9
     // blocks), I = 32 / 96 / 160; K * I / 32 items for down from 1 to 18.
+    // Down slot groups: K = 1 and 3 keep one, K = 6 two, K = 8 up to eight.
     let shapes = [
         params(5, 1, 96, 32, false),
         params(6, 6, 96, 96, true),
         params(24, 3, 160, 32, false),
         params(8, 3, 288, 160, true),
+        params(12, 8, 96, 64, true),
     ];
     let all = [
-        tuning(8, 8, 1),
-        tuning(16, 32, 2),
-        tuning(32, 64, 4),
-        tuning(64, 16, 1),
-        tuning(256, 256, 2),
-        tuning(16, 32, 4),
+        split(tuning(8, 8, 1), 1),
+        split(tuning(16, 32, 2), 8),
+        split(tuning(32, 64, 4), 2),
+        split(tuning(64, 16, 1), 4),
+        split(tuning(256, 256, 2), 8),
+        split(tuning(16, 32, 4), 4),
     ];
     for (n, p) in shapes.into_iter().enumerate() {
         let c = Case::new(p, 60 + n as u64);
@@ -252,7 +265,8 @@ fn moe_f32_real_shape() {
     let c = Case::new(params(128, 8, 2048, 768, true), 70);
     for (t, routing, residual) in [
         (F32Tuning::DEFAULT, Routing::Fused, true),
-        (tuning(8, 32, 2), Routing::Separate, false),
+        (split(tuning(8, 32, 2), 8), Routing::Separate, false),
+        (split(F32Tuning::DEFAULT, 1), Routing::Fused, false),
     ] {
         let staged = check_f32(&ctx, &c, t, routing, residual, None);
         assert_eq!(staged, (true, true), "real shape, {t:?}: not staged");
@@ -282,7 +296,10 @@ fn moe_f32_ties_and_split_weights() {
     // Parts of 3 experts each (0-2, 3-5, ..., 15): each of 3, 7, 9 and 12 in a part of its own.
     let limit = 3 * 64 * 2 * 16 + 100;
     for routing in [Routing::Fused, Routing::Separate] {
-        for (t, residual) in [(F32Tuning::DEFAULT, true), (tuning(32, 16, 2), false)] {
+        for (t, residual) in [
+            (F32Tuning::DEFAULT, true),
+            (split(tuning(32, 16, 2), 2), false),
+        ] {
             check_f32(&ctx, &c, t, routing, residual, Some(limit));
         }
     }
@@ -293,15 +310,17 @@ fn moe_f32_unstaged_past_the_budget() {
     let Some(ctx) = gpu("moe_f32_unstaged_past_the_budget") else {
         return;
     };
-    // K * I = 8192 floats (32 KiB) of h, then H = 8192 floats of x: past STAGE_BUDGET, the
-    // unstaged kernels run, and still match.
+    // K * I = 8192 floats (32 KiB) of h (with one down slot group), then H = 8192 floats of
+    // x: past STAGE_BUDGET, the unstaged kernels run, and still match.
     for (p, staged) in [
         (params(16, 8, 64, 1024, true), (true, false)),
         (params(4, 2, 8192, 32, false), (false, true)),
     ] {
         let c = Case::new(p, 90);
         for (routing, residual) in [(Routing::Fused, true), (Routing::Separate, false)] {
-            let got = check_f32(&ctx, &c, F32Tuning::DEFAULT, routing, residual, None);
+            // One down slot group: all of h staged (slot groups stage a quarter and fit).
+            let one = split(F32Tuning::DEFAULT, 1);
+            let got = check_f32(&ctx, &c, one, routing, residual, None);
             assert_eq!(got, staged, "{p:?}");
         }
     }
@@ -334,6 +353,9 @@ fn moe_f32_done_flag_and_bad_lanes() {
         tuning(16, 0, 1),
         tuning(16, 32, 3),
         tuning(16, 32, 0),
+        split(F32Tuning::DEFAULT, 3),
+        split(F32Tuning::DEFAULT, 0),
+        split(F32Tuning::DEFAULT, 16),
     ] {
         let e = MoeKernel::with_f32_tuning(&ctx, c.p, Numerics::F32, bad)
             .expect_err("bad tuning accepted");

@@ -2,27 +2,40 @@
 // moe_down.wgsl (same bindings, grid, parts and `accumulate`), y = Σ_k w_k · W_down[e_k] · h_k
 // (formats-spec §1.7 steps 5-6) added into `out` (the residual stream) or written to it.
 // Prepended by the host: consts E, K, WG, T (lanes per team, power of two), RT (rows per team),
-// H (output rows per expert), I (input width), NB (= I / 32), KNB (= K * NB), the `State` struct,
-// F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
-// Grid: ceil(H / ROWS) workgroups (spread over x, y: linear id = wid.x + wid.y * nwg.x); team t
-// of a workgroup owns its rows [RT t, RT t + RT).
+// H (output rows per expert), I (input width), NB (= I / 32), KNB (= K * NB), DS (slot groups,
+// dividing K), KS (= K / DS), KSNB (= KS * NB), NRB (row blocks = ceil(H / ROWS)), the `State`
+// struct, F32_DEQ (numerics.rs: `dq_block`) and moe_stage_f32.wgsl.
+// Grid: NRB * DS workgroups (spread over x, y: linear id = wid.x + wid.y * nwg.x; ids past that
+// exit): workgroup (row block rb, group g) = linear rb + g * NRB; team t owns rows
+// [RT t, RT t + RT) of the row block, over the K / DS slots [g KS, g KS + KS) of the route.
 // Column form (`main_cols`, multi-column runs, columns.rs; also needs columns.wgsl): z is the
 // column c: route [c*2K..], h [c*K*I..], out [c*H..]; a column whose `cols[c].done` is set is
 // skipped (its out untouched).
 //
-// Row r of the output has KNB items: item `it` = (slot it / NB, block it % NB). Lane l of a team
-// takes items l, l + T, ... of each of the team's rows (expanded by the host into separate
+// Row r of a group has KSNB items: item `it` = (slot g KS + it / NB, block it % NB). Lane l of a
+// team takes items l, l + T, ... of each of the team's rows (expanded by the host into separate
 // variables per item and row, see ITEMS_LOAD): one 16-byte weight load per item and row, issued
 // before the staging below so the weight bytes are in flight while the workgroup copies the h
-// slots its part holds (swizzled, moe_stage_f32.wgsl; item `it` reads staged block `it`, so the
-// lanes of a phase read consecutive blocks, and each staged block read serves the RT rows). One
-// barrier, the dots, then the row sums.
+// slots of its group that its part holds (swizzled, moe_stage_f32.wgsl; item `it` reads staged
+// block `it`, so the lanes of a phase read consecutive blocks, and each staged block read serves
+// the RT rows). One barrier, the dots, then the row sums.
+//
+// Slot groups (DS > 1; Vulkan only, moe.rs `F32Tuning::for_context`): splitting the K slots over
+// DS workgroups per row block gives DS times the workgroups, each with 1/DS of the items and of
+// the staging (one workgroup per SM with all 8 slots at the real shape: too few warps to hide
+// the dequantisation's latency). Each group writes its rows' sums to `dpart`, publishes them
+// (storageBarrier: device-scope release in naga's SPIR-V) and counts itself in
+// `darrive[column * NRB + rb]`; the last of the DS to count adds the DS sums in group order
+// (fixed: every run and every column form gives the same bits) and stores the row, as
+// attention.wgsl's fused combine does. DS = 1: no partials, no counter.
 //
 // route  [2K] u32: ids then f32 weight bits (router or gate_up_routed output; column form [nb, 2K])
 // h      [K*I] f32 at binding 3 (column form [nb, K*I])
 // qs, sc [(e_hi-e_lo)*H*NB] Q4_0 blocks of the part (tensor.rs layout)
 // out    [H] f32 (column form [nb, H])
 // cols   [8] Col (column form only)
+// dpart  [8, DS, H] f32 group sums (DS > 1)
+// darrive [8, NRB] atomic u32 group arrivals, 0 between dispatches (DS > 1)
 
 struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 
@@ -35,12 +48,13 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
 @group(0) @binding(8) var<storage, read> cols: array<Col, 8>;
 
-var<workgroup> xs: array<vec4<f32>, KNB * 8u>; // [K*I/4] h, swizzled (zeros for slots not held)
+var<workgroup> xs: array<vec4<f32>, KSNB * 8u>; // [KS*I/4] the group's h, swizzled (zeros for slots not held)
 const ROWS: u32 = (WG / T) * RT;
 
 var<workgroup> red: array<f32, WG * RT>;       // [ROWS, T] per-lane partials
-var<workgroup> ids: array<u32, K>;
-var<workgroup> wts: array<f32, K>;
+var<workgroup> ids: array<u32, KS>;            // the group's experts and weights
+var<workgroup> wts: array<f32, KS>;
+var<workgroup> dlast: u32;
 
 fn scale(i: u32) -> f32 {
     let v = unpack2x16float(sc[i >> 1u]);
@@ -51,14 +65,14 @@ fn held(e: u32) -> bool {
     return e >= params.e_lo && e < params.e_hi;
 }
 
-// Slot of item `it`, clamped (the last lanes' items may lie past KNB).
+// The group's slot of item `it`, clamped (the last lanes' items may lie past KSNB).
 fn item_k(it: u32) -> u32 {
-    return min(it / NB, K - 1u);
+    return min(it / NB, KS - 1u);
 }
 
 // Whether item `it` contributes: it exists and this part holds its slot's expert.
 fn item_on(it: u32) -> bool {
-    return it < KNB && held(ids[item_k(it)]);
+    return it < KSNB && held(ids[item_k(it)]);
 }
 
 // Weight block of item `it` in row `crow` of the part; an in-range stand-in when the item is off
@@ -70,13 +84,46 @@ fn item_blk(it: u32, crow: u32) -> u32 {
 }
 
 // Thread li's row of linear workgroup wid.x + wid.y * nwg.x for column `col` and its sum (`ok`:
-// the thread has a row below H). Every thread calls it (down_rows has barriers).
+// the thread stores a row below H: with slot groups, only in the last group to finish). Every
+// thread calls it (down_rows has barriers); every return is uniform per workgroup.
 struct RowSum { row: u32, tot: f32, ok: bool };
+@group(0) @binding(10) var<storage, read_write> dpart: array<f32>;
+@group(0) @binding(11) var<storage, read_write> darrive: array<atomic<u32>>;
 fn row_sum(wid: vec3<u32>, nwg: vec3<u32>, li: u32, col: u32) -> RowSum {
     let wg = wid.x + wid.y * nwg.x;
-    let tot = down_rows(wg, li, col);
-    let row = wg * ROWS + li;
-    return RowSum(row, tot, li < ROWS && row < H);
+    let rb = wg % NRB;
+    let g = wg / NRB;
+    let row = rb * ROWS + li;
+    let mine = li < ROWS && row < H;
+    if (g >= DS) {
+        return RowSum(row, 0.0, false);
+    }
+    let tot = down_rows(rb, g, li, col);
+    if (DS == 1u) {
+        return RowSum(row, tot, mine);
+    }
+    if (mine) {
+        dpart[(col * DS + g) * H + row] = tot;
+    }
+    storageBarrier();
+    let ai = col * NRB + rb;
+    if (li == 0u) {
+        dlast = u32(atomicAdd(&darrive[ai], 1u) + 1u == DS);
+    }
+    if (workgroupUniformLoad(&dlast) == 0u) {
+        return RowSum(row, 0.0, false);
+    }
+    storageBarrier();
+    if (li == 0u) {
+        atomicStore(&darrive[ai], 0u);
+    }
+    var sum = 0.0;
+    if (mine) {
+        for (var s = 0u; s < DS; s++) {
+            sum += dpart[(col * DS + s) * H + row];
+        }
+    }
+    return RowSum(row, sum, mine);
 }
 
 // Add `tot` into out[i] (the residual, or a later part) or write it, as params say.
@@ -139,27 +186,28 @@ fn main_cols(
     }
 }
 
-// The rows of linear workgroup `wg` for column `col` (0 for one token): thread li < ROWS
-// returns the sum of its row wg * ROWS + li (meaningful when that row is < H).
-fn down_rows(wg: u32, li: u32, col: u32) -> f32 {
-    let rbase = col * 2u * K;
-    for (var k = li; k < K; k += WG) {
+// The rows of row block `rb` over slot group `g` for column `col` (0 for one token): thread
+// li < ROWS returns the group's sum of its row rb * ROWS + li (meaningful when that row is < H).
+fn down_rows(rb: u32, g: u32, li: u32, col: u32) -> f32 {
+    let rbase = col * 2u * K + g * KS;
+    for (var k = li; k < KS; k += WG) {
         ids[k] = min(route[rbase + k], E - 1u);
         wts[k] = bitcast<f32>(route[rbase + K + k]);
     }
     workgroupBarrier();
     let team = li / T;
     let lane = li % T;
-    let row0 = wg * ROWS + team * RT;
+    let row0 = rb * ROWS + team * RT;
     // ITEMS_LOAD (host-expanded): per row r `crow{r}` (rows past H, in the last workgroup,
     // compute on row 0 and are not written: keeps barriers uniform) and `acc{r}`; per item j
     // `it{j}`, and per item and row the weight block `q{j}_{r}` and its scale `s{j}_{r}`.
     //ITEMS_LOAD
-    // Stage the h slots this part holds; the others are zeros (never read uninitialised).
-    for (var i = li; i < KNB * 8u; i += WG) {
+    // Stage the group's h slots this part holds; the others are zeros (never read uninitialised).
+    let hb = (col * K + g * KS) * NB * 8u;
+    for (var i = li; i < KSNB * 8u; i += WG) {
         var v = vec4<f32>(0.0);
         if (held(ids[i / (NB * 8u)])) {
-            v = h[col * KNB * 8u + i];
+            v = h[hb + i];
         }
         xs[xs_slot(i)] = v;
     }

@@ -1,0 +1,147 @@
+//! The staged f32 MoE kernels' work split ([`F32Tuning`]) and the host side of their sources:
+//! workgroup-memory sizes, the down kernel's slot-group scratch, and moe_down_f32.wgsl with its
+//! per-item lines written out.
+
+use super::{MoeParams, WG};
+use crate::context::{Context, GpuError, Result};
+use crate::tensor::BLOCK;
+
+/// Work split of the staged f32 kernels: tuning knobs for a GPU (the tests cover every value).
+/// Fewer lanes per row, or more rows per team, means fewer, longer-running workgroups with more
+/// weight loads in flight per lane and less staging repeated across workgroups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct F32Tuning {
+    /// Lanes per gate/up row (power of two, 8..=256): grid `(I / (256 / lanes), K)`; 16 = 384
+    /// workgroups at the real shape, ~3 per H200 SM, 8 weight loads in flight per lane.
+    pub gate_up_lanes: u32,
+    /// Lanes per down row (power of two, 8..=256).
+    pub down_lanes: u32,
+    /// Down rows per team of lanes (1, 2 or 4; per-row lines written out as separate
+    /// variables): grid `ceil(H / (256 / lanes * rows))`. Each workgroup stages all of h
+    /// (24 KiB at the real shape, 6 MB of L2 reads per call at 32 lanes x 1 row), which more
+    /// rows per team divide.
+    pub down_rows: u32,
+    /// Down slot groups (1, 2, 4 or 8; the kernel uses the largest power of two up to it that
+    /// divides K): each row block's K slots are split over this many workgroups, the last of
+    /// which adds their sums (moe_down_f32.wgsl). More than 1 needs cross-workgroup memory
+    /// ordering: Vulkan only ([`F32Tuning::for_context`]).
+    pub down_split: u32,
+}
+
+impl F32Tuning {
+    /// Measured on the H200 (`kernel_bench --moe-tunings`, docs/runs/2026-11-29-h200-run9.txt,
+    /// real shapes, us per call): gate/up lanes 8/16/32/64 -> 22.3/**20.3**/31.8/50.2; down
+    /// lanes x rows 8x1 12.1, 8x2 33.9, **16x1 9.8**, 16x2 11.8, 32x1 13.3, 32x2 10.3, 64x1 23.3,
+    /// 64x2 15.6 (x4 does not fit the staging budget: unstaged, 18.7).
+    pub const DEFAULT: F32Tuning = F32Tuning {
+        gate_up_lanes: 16,
+        down_lanes: 16,
+        down_rows: 1,
+        down_split: 4,
+    };
+
+    /// [`F32Tuning::DEFAULT`] for `ctx`'s backend: the down slot groups only on Vulkan (Metal's
+    /// and D3D's barrier translations promise no memory ordering across workgroups).
+    pub fn for_context(ctx: &Context) -> F32Tuning {
+        F32Tuning {
+            down_split: if ctx.info.backend == wgpu::Backend::Vulkan {
+                F32Tuning::DEFAULT.down_split
+            } else {
+                1
+            },
+            ..F32Tuning::DEFAULT
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        let ok = |t: u32| t.is_power_of_two() && (8..=WG).contains(&t);
+        if !ok(self.gate_up_lanes)
+            || !ok(self.down_lanes)
+            || ![1, 2, 4].contains(&self.down_rows)
+            || ![1, 2, 4, 8].contains(&self.down_split)
+        {
+            return Err(GpuError::Shape(format!(
+                "MoE {self:?}: lanes per row must be powers of two in 8..={WG}, rows per team 1, \
+                 2 or 4, down slot groups 1, 2, 4 or 8"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The slot groups the down kernel uses for `k` slots: the largest power of two up to
+    /// `down_split` that divides `k`.
+    pub(super) fn split_for(&self, k: u32) -> u32 {
+        let mut d = self.down_split;
+        while k % d != 0 {
+            d /= 2;
+        }
+        d
+    }
+}
+
+impl Default for F32Tuning {
+    fn default() -> Self {
+        F32Tuning::DEFAULT
+    }
+}
+
+/// Workgroup bytes of moe_gate_up_f32.wgsl: xs `[H]`, lg `[E]`, top_e `[K]`, red_g and red_u
+/// `[WG]`, slot_e; the column union form's col_rank and users `[8]`, n_users.
+pub(super) fn gate_up_f32_shared(p: &MoeParams) -> u64 {
+    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + 2 * WG as u64 + 1 + 17) * 4
+}
+
+/// Workgroup bytes of moe_down_f32.wgsl at `rt` rows per team and `ds` slot groups: xs
+/// `[K/ds*I]`, red `[WG*rt]`, ids and wts `[K/ds]`, dlast.
+pub(super) fn down_f32_shared(p: &MoeParams, rt: u32, ds: u32) -> u64 {
+    let ks = (p.top_k / ds) as u64;
+    (ks * p.inter as u64 + (WG * rt) as u64 + 2 * ks + 1) * 4
+}
+
+/// Bytes of the down slot groups' scratch for `ds` groups of `nrb` row blocks over up to 8
+/// columns: (group sums, arrival counters); one word each for `ds = 1`, where the kernel's
+/// constant branch never touches them.
+pub(super) fn down_scratch_bytes(p: &MoeParams, ds: u32, nrb: u32) -> (u64, u64) {
+    if ds == 1 {
+        return (4, 4);
+    }
+    let cols = crate::columns::MAX_COLUMNS as u64;
+    (cols * (ds * p.hidden) as u64 * 4, cols * nrb as u64 * 4)
+}
+
+/// moe_down_f32.wgsl with its per-item and per-row lines written out for `t` lanes per row and
+/// `rt` rows per team and `ds` slot groups, one variable each (a per-thread array indexed in a
+/// loop may be placed in slow local memory): item j of a lane is `it = lane + j * t`,
+/// ceil(K / ds * NB / t) of them (3 at the real shape with 16 lanes and 4 groups). The weight and scale loads come first (in flight
+/// during the staging), the dots after; each staged block is read once for the team's rows.
+pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32) -> String {
+    let items = (p.top_k / ds * p.inter / BLOCK as u32).div_ceil(t);
+    let (mut load, mut dot, mut store) = (String::new(), String::new(), String::new());
+    for r in 0..rt {
+        load += &format!(
+            "let crow{r} = select(0u, row0 + {r}u, row0 + {r}u < H);\n    var acc{r} = 0.0;\n    "
+        );
+        store += &format!("red[(team * RT + {r}u) * T + lane] = acc{r};\n    ");
+    }
+    for j in 0..items {
+        load += &format!("let it{j} = lane + {j}u * T;\n    ");
+        dot += &format!(
+            "{{ let x = xs_block(min(it{j}, KSNB - 1u)); let w = wts[item_k(it{j})]; \
+             let on = item_on(it{j});\n        "
+        );
+        for r in 0..rt {
+            load += &format!(
+                "let b{j}_{r} = item_blk(it{j}, crow{r}); let q{j}_{r} = qs[b{j}_{r}]; \
+                 let s{j}_{r} = scale(b{j}_{r});\n    "
+            );
+            dot += &format!(
+                "acc{r} = select(acc{r}, fma(w * s{j}_{r}, dq_block(q{j}_{r}, x), acc{r}), on);\n        "
+            );
+        }
+        dot += "}\n    ";
+    }
+    include_str!("../shaders/moe_down_f32.wgsl")
+        .replace("//ITEMS_LOAD", &load)
+        .replace("//ITEMS_DOT", &dot)
+        .replace("//ROWS_STORE", &store)
+}
