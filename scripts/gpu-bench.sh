@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,combineab,splitab,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,combineab,splitab,flagsets,batch,
 # fold,numerics,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -35,7 +35,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has bench || has profile || has routerab || has ab || has lone || has combineab || has splitab || has batch || has fold || has numerics || has depth16k || has load; then
+if has synth || has parity || has bench || has profile || has routerab || has ab || has lone || has combineab || has splitab || has flagsets || has batch || has fold || has numerics || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -132,6 +132,17 @@ if has splitab; then
   # (--moe-down-split 1); single-stream tg128 and the multi-stream columns (SAB_ARGS: other
   # bench arguments).
   flag_ab splitab "down slot groups 4" "down slot groups 1" "--moe-down-split 1" ${SAB_ARGS:--p 512 -n 128 --reps 3 --batch 1,4,8 --ctx 1024}
+fi
+if has flagsets; then
+  # The default build bare and with each ';'-separated flag set of FLAGSETS (e.g.
+  # "--moe-down-split 2;--moe-down-split 8"), two interleaved rounds (FS_ARGS: bench arguments).
+  IFS=';' read -ra SETS <<< "${FLAGSETS:?set FLAGSETS}"
+  for round in 1 2; do
+    for fs in "" "${SETS[@]}"; do
+      say "flagsets round $round: [${fs:-default}]"
+      timeout 150 $N bench -m $MODEL --backend gpu $fs ${FS_ARGS:--p 0 -n 128 --reps 3 --ctx 512} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+    done
+  done
 fi
 if has batch; then
   say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"
