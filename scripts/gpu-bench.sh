@@ -129,13 +129,13 @@ fi
 if has splitab; then
   # The MoE down kernel's slot groups: the default (4 on Vulkan: each row block's 8 slots over
   # four workgroups, the last adds their sums) against one workgroup per row block
-  # (--moe-down-split 1); single-stream tg128 and the multi-stream columns (SAB_ARGS: other
+  # (--tune down_split=1); single-stream tg128 and the multi-stream columns (SAB_ARGS: other
   # bench arguments).
-  flag_ab splitab "down slot groups 4" "down slot groups 1" "--moe-down-split 1" ${SAB_ARGS:--p 512 -n 128 --reps 3 --batch 1,4,8 --ctx 1024}
+  flag_ab splitab "down slot groups 4" "down slot groups 1" "--tune down_split=1" ${SAB_ARGS:--p 512 -n 128 --reps 3 --batch 1,4,8 --ctx 1024}
 fi
 if has flagsets; then
   # The default build bare and with each ';'-separated flag set of FLAGSETS (e.g.
-  # "--moe-down-split 2;--moe-down-split 8"), two interleaved rounds (FS_ARGS: bench arguments).
+  # "--tune o_rows=1;--tune down_split=8"), two interleaved rounds (FS_ARGS: bench arguments).
   IFS=';' read -ra SETS <<< "${FLAGSETS:?set FLAGSETS}"
   for round in 1 2; do
     for fs in "" "${SETS[@]}"; do

@@ -50,11 +50,12 @@ pub struct BackendArgs {
     /// chunk workgroup of each kv head (for comparisons; fused is the default on Vulkan).
     #[arg(long)]
     pub combine_dispatch: bool,
-    /// GPU: split each MoE down row block's 8 expert slots over this many workgroups (1, 2,
-    /// 4 or 8; the last to finish adds their sums). Default: 4 on Vulkan, 1 elsewhere; set it
-    /// for comparisons.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=8))]
-    pub moe_down_split: Option<u32>,
+    /// GPU: override work splits, for comparisons: comma-separated key=value of qkv_rows,
+    /// o_rows (rows per team of those matvecs: 1, 2 or 4), gate_up_lanes, down_lanes,
+    /// down_rows, down_split (the MoE kernels; down_split: each down row block's expert slots
+    /// over 1, 2, 4 or 8 workgroups). Unset keys keep the measured defaults.
+    #[arg(long, value_parser = |s: &str| s.parse::<nibble_gpu::tune::Tune>())]
+    pub tune: Option<nibble_gpu::tune::Tune>,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -76,14 +77,14 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         attention_combine: args
             .combine_dispatch
             .then_some(nibble_gpu::kernels::attention::Combine::Dispatch),
-        moe_down_split: args.moe_down_split,
+        tune: args.tune.unwrap_or_default(),
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;
     if args.verbose {
         eprintln!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
-             numerics {}, fold {}, attention combine {:?}, MoE down slot groups {}{}{}",
+             numerics {}, fold {}, attention combine {:?}, MoE down slot groups {}, tune {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
@@ -91,6 +92,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
             args.fold,
             g.plan().attention_combine(),
             g.plan().moe_down_split(),
+            args.tune.unwrap_or_default(),
             if args.per_token {
                 " (per-token path)"
             } else {

@@ -58,9 +58,10 @@ pub struct GpuOptions {
     /// backend's default ([`Combine::for_context`]: fused on Vulkan). `Some(Combine::Dispatch)`
     /// for comparisons.
     pub attention_combine: Option<Combine>,
-    /// Slot groups of the MoE down kernel (`None`: the backend's default,
-    /// `F32Tuning::for_context`: 4 on Vulkan, else 1). `Some(1)` for comparisons.
-    pub moe_down_split: Option<u32>,
+    /// Work-split overrides for comparisons (`crate::tune::Tune`; the default changes
+    /// nothing): rows per team of the qkv and o-proj matvecs, the MoE kernels' lanes, rows and
+    /// down slot groups.
+    pub tune: crate::tune::Tune,
 }
 
 impl Default for GpuOptions {
@@ -76,7 +77,7 @@ impl Default for GpuOptions {
             fold_router: true,
             lone_stream: true,
             attention_combine: None,
-            moe_down_split: None,
+            tune: crate::tune::Tune::default(),
         }
     }
 }
@@ -187,12 +188,12 @@ impl GpuBackend {
                 numerics: opts.numerics,
                 fold_router: opts.fold_router,
                 attention_combine: opts.attention_combine,
-                moe_down_split: opts.moe_down_split,
+                tune: opts.tune,
             },
         )?;
         use crate::batch::{BatchMode, BatchPlan};
         let merge = opts.attention_combine.unwrap_or(Combine::for_context(ctx));
-        let moe_tune = crate::plan::moe_tuning(ctx, opts.moe_down_split);
+        let moe_tune = opts.tune.moe(ctx);
         let batch = match opts.streams {
             0 => None,
             n => Some(BatchPlan::new(

@@ -196,6 +196,49 @@ fn router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens() {
 }
 
 #[test]
+fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
+    let Some(ctx) = gpu("tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens") else {
+        return;
+    };
+    let m = model(8, false);
+    let cfg = m.config().clone();
+    let p = [5u32, 90, 333];
+    let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
+    let want = greedy(&mut oracle, &p, 48, &[]);
+    let sets = [
+        "qkv_rows=1,o_rows=4,down_split=1",
+        "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2",
+    ];
+    for s in sets {
+        let tune: crate::tune::Tune = s.parse().unwrap();
+        let o = GpuOptions {
+            tune,
+            ..opts(false, 8)
+        };
+        let mut g = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
+        let mv = g.plan().matvec_for_tests();
+        let qkv = (cfg.q_dim() + 2 * cfg.kv_dim()) as u32;
+        assert_eq!(mv.rows_per_team(qkv), tune.qkv_rows.unwrap(), "{s}");
+        assert_eq!(
+            mv.rows_per_team(cfg.hidden_size as u32),
+            tune.o_rows.unwrap(),
+            "{s}"
+        );
+        assert_eq!(g.plan().moe_down_split(), tune.down_split.unwrap(), "{s}");
+        assert_eq!(greedy(&mut g, &p, 48, &[]), want, "{s}");
+    }
+    // A split the kernels do not have is an error at start-up, not a silent default.
+    let bad = GpuOptions {
+        tune: "o_rows=3".parse().unwrap(),
+        ..opts(false, 8)
+    };
+    let e = GpuBackend::with_context(&ctx, m.as_ref(), bad)
+        .err()
+        .expect("o_rows=3 accepted");
+    assert!(e.to_string().contains("rows per team"), "{e}");
+}
+
+#[test]
 fn greedy_stops_at_eos_and_keeps_position() {
     let Some(ctx) = gpu("greedy_stops_at_eos_and_keeps_position") else {
         return;

@@ -47,6 +47,7 @@ pub mod tensor;
 pub mod testing;
 #[cfg(test)]
 mod trace_tests;
+pub mod tune;
 pub mod weights;
 
 pub use backend::{GpuBackend, GpuOptions};

@@ -43,14 +43,13 @@ use crate::kernels::attention::{
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX};
-use crate::kernels::moe::{
-    F32Tuning, MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing,
-};
+use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
 use crate::kernels::router_fold::RouterFoldKernel;
 use crate::numerics::Numerics;
 use crate::state::RunState;
 use crate::tensor::{Q4Matrix, QuantActs};
+use crate::tune::Tune;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 
 /// Choices fixed when the plan is built.
@@ -70,24 +69,8 @@ pub struct PlanOptions {
     pub fold_router: bool,
     /// Where the attention merges its chunks (`None`: [`Combine::for_context`]).
     pub attention_combine: Option<Combine>,
-    /// Slot groups of the MoE down kernel (`None`: [`F32Tuning::for_context`]).
-    pub moe_down_split: Option<u32>,
-}
-
-impl PlanOptions {
-    /// The MoE work split these options choose on `ctx`.
-    pub fn moe_tuning(&self, ctx: &Context) -> F32Tuning {
-        moe_tuning(ctx, self.moe_down_split)
-    }
-}
-
-/// [`F32Tuning::for_context`] with the down slot groups overridden (comparisons).
-pub fn moe_tuning(ctx: &Context, down_split: Option<u32>) -> F32Tuning {
-    let t = F32Tuning::for_context(ctx);
-    F32Tuning {
-        down_split: down_split.unwrap_or(t.down_split),
-        ..t
-    }
+    /// Work-split overrides (comparisons; the default changes nothing).
+    pub tune: Tune,
 }
 
 /// Prompt tokens recorded per prefill command buffer.
@@ -227,13 +210,18 @@ impl DecodePlan {
         let ap = AttentionParams::from_config(&cfg, opts.context_len)?;
         let mp = MoeParams::from_config(&cfg)?;
         let k = Kernels {
-            matvec: MatvecKernel::new(ctx)?,
+            matvec: MatvecKernel::new(ctx)?
+                .with_rows_per_team(
+                    cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
+                    opts.tune.qkv_rows,
+                )
+                .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows),
             norm: RmsNormKernel::new(ctx)?,
             embed: EmbedKernel::new(ctx)?,
             argmax: ArgmaxKernel::new(ctx)?,
             attn: AttentionKernel::new(ctx, ap)?
                 .with_combine(opts.attention_combine.unwrap_or(Combine::for_context(ctx))),
-            moe: MoeKernel::with_f32_tuning(ctx, mp, opts.numerics, opts.moe_tuning(ctx))?,
+            moe: MoeKernel::with_f32_tuning(ctx, mp, opts.numerics, opts.tune.moe(ctx))?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,
         };
@@ -657,6 +645,12 @@ impl DecodePlan {
             }
             _ => anyhow::bail!("router fold: unexpected matrix forms"),
         }
+    }
+
+    /// The compiled matvec kernel (tests check which splits it binds).
+    #[cfg(test)]
+    pub(crate) fn matvec_for_tests(&self) -> &MatvecKernel {
+        &self.k.matvec
     }
 
     /// Slot groups of the MoE down kernel (1: one workgroup sums a row block's K slots).

@@ -309,6 +309,9 @@ pub struct MatvecKernel {
     q4f: Vec<wgpu::ComputePipeline>,
     /// f32 matrix: `[wide as usize * 2 + norm as usize]` (8 rows x 32 lanes, or one row x 256).
     f32: Vec<wgpu::ComputePipeline>,
+    /// `(rows, rows per team)`: the int4 x f32 split for matrices of that many rows instead of
+    /// [`f32_rows_per_team`] (comparisons: [`crate::tune::Tune`]).
+    rows_override: Vec<(u32, u32)>,
 }
 
 fn q4_index(n: Numerics) -> usize {
@@ -369,7 +372,31 @@ impl MatvecKernel {
                 )?);
             }
         }
-        Ok(MatvecKernel { q4, q4f, f32 })
+        Ok(MatvecKernel {
+            q4,
+            q4f,
+            f32,
+            rows_override: Vec::new(),
+        })
+    }
+
+    /// This kernel with matrices of `rows` rows bound at `rows_per_team` (int4 x f32 forms;
+    /// `None` keeps [`f32_rows_per_team`]). A count outside [`F32_ROWS_PER_TEAM`] makes the
+    /// binding fail with a clear error.
+    pub fn with_rows_per_team(mut self, rows: u32, rows_per_team: Option<u32>) -> Self {
+        if let Some(r) = rows_per_team {
+            self.rows_override.retain(|(n, _)| *n != rows);
+            self.rows_override.push((rows, r));
+        }
+        self
+    }
+
+    /// Rows per team the int4 x f32 forms use for a matrix of `rows` rows.
+    pub fn rows_per_team(&self, rows: u32) -> u32 {
+        self.rows_override
+            .iter()
+            .find(|(n, _)| *n == rows)
+            .map_or(f32_rows_per_team(rows), |(_, r)| *r)
     }
 
     /// `y[0..rows] = m · x` for a Q4 matrix `[rows, cols]` and `x` of `cols` elements.
@@ -381,7 +408,7 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
-        self.bind_q4_with(ctx, m, x, y, state, f32_rows_per_team(m.rows))
+        self.bind_q4_with(ctx, m, x, y, state, self.rows_per_team(m.rows))
     }
 
     /// [`Self::bind_q4`] with the f32 form's rows per team chosen (one of
@@ -433,7 +460,7 @@ impl MatvecKernel {
                 m.cols
             )));
         }
-        let rpt = f32_rows_per_team(m.rows);
+        let rpt = self.rows_per_team(m.rows);
         let which = Which::Q4F(rows_index(rpt)?, Fused::Acc);
         let entries = vec![(2, x.as_entire_binding())];
         self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, 0.0)
@@ -470,7 +497,7 @@ impl MatvecKernel {
                 fold.size()
             )));
         }
-        let rpt = f32_rows_per_team(m.rows);
+        let rpt = self.rows_per_team(m.rows);
         let which = Which::Q4F(rows_index(rpt)?, Fused::Router);
         let n_rows = m.rows.div_ceil(8 * rpt);
         let grid = ctx.grid(n_rows + experts);
@@ -515,7 +542,7 @@ impl MatvecKernel {
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
         check_norm_input(&x, m.cols, "matvec_q4 (norm)")?;
-        let rpt = f32_rows_per_team(m.rows);
+        let rpt = self.rows_per_team(m.rows);
         let which = Which::Q4F(rows_index(rpt)?, Fused::Norm);
         let entries = vec![
             (2, x.h.as_entire_binding()),

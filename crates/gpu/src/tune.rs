@@ -1,0 +1,147 @@
+//! Work-split overrides for side-by-side comparisons (`nibble ... --tune key=value,..`).
+//!
+//! The defaults are the splits measured fastest in the whole decode step on the H200
+//! (docs/BENCHMARKS.md runs 41-44); the step and the kernel measured alone have disagreed, so a
+//! new split is judged by running the step both ways in one process (`scripts/gpu-bench.sh`
+//! step `flagsets`). Every field left `None` keeps its default; values are checked where the
+//! kernels are built (a bad one is a clear error, never a silent fallback).
+
+use crate::context::Context;
+use crate::kernels::moe::F32Tuning;
+use std::str::FromStr;
+
+/// Overrides of the kernels' work splits; `Tune::default()` changes nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tune {
+    /// Rows per team of the qkv matvec (1, 2 or 4; default 4).
+    pub qkv_rows: Option<u32>,
+    /// Rows per team of the o-proj matvec (1, 2 or 4; default 2).
+    pub o_rows: Option<u32>,
+    /// [`F32Tuning`] fields of the staged f32 MoE kernels.
+    pub gate_up_lanes: Option<u32>,
+    pub down_lanes: Option<u32>,
+    pub down_rows: Option<u32>,
+    pub down_split: Option<u32>,
+}
+
+/// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
+pub const KEYS: [&str; 6] = [
+    "qkv_rows",
+    "o_rows",
+    "gate_up_lanes",
+    "down_lanes",
+    "down_rows",
+    "down_split",
+];
+
+impl Tune {
+    fn slot(&mut self, key: &str) -> Option<&mut Option<u32>> {
+        Some(match key {
+            "qkv_rows" => &mut self.qkv_rows,
+            "o_rows" => &mut self.o_rows,
+            "gate_up_lanes" => &mut self.gate_up_lanes,
+            "down_lanes" => &mut self.down_lanes,
+            "down_rows" => &mut self.down_rows,
+            "down_split" => &mut self.down_split,
+            _ => return None,
+        })
+    }
+
+    /// The MoE work split on `ctx`: [`F32Tuning::for_context`] with these overrides.
+    pub fn moe(&self, ctx: &Context) -> F32Tuning {
+        let t = F32Tuning::for_context(ctx);
+        F32Tuning {
+            gate_up_lanes: self.gate_up_lanes.unwrap_or(t.gate_up_lanes),
+            down_lanes: self.down_lanes.unwrap_or(t.down_lanes),
+            down_rows: self.down_rows.unwrap_or(t.down_rows),
+            down_split: self.down_split.unwrap_or(t.down_split),
+        }
+    }
+
+    /// Whether anything is overridden.
+    pub fn is_default(&self) -> bool {
+        *self == Tune::default()
+    }
+}
+
+impl FromStr for Tune {
+    type Err = String;
+
+    /// `key=value` pairs separated by commas, e.g. `o_rows=1,down_split=2` (empty: no change).
+    fn from_str(s: &str) -> Result<Tune, String> {
+        let mut t = Tune::default();
+        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("'{pair}' is not key=value"))?;
+            let (k, v) = (k.trim(), v.trim());
+            let slot = t
+                .slot(k)
+                .ok_or_else(|| format!("unknown key '{k}' (known: {})", KEYS.join(", ")))?;
+            if slot.is_some() {
+                return Err(format!("'{k}' given twice"));
+            }
+            let n: u32 = v
+                .parse()
+                .map_err(|_| format!("'{k}={v}': the value is not a non-negative integer"))?;
+            *slot = Some(n);
+        }
+        Ok(t)
+    }
+}
+
+impl std::fmt::Display for Tune {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let vals = [
+            self.qkv_rows,
+            self.o_rows,
+            self.gate_up_lanes,
+            self.down_lanes,
+            self.down_rows,
+            self.down_split,
+        ];
+        let set: Vec<String> = KEYS
+            .iter()
+            .zip(vals)
+            .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+            .collect();
+        if set.is_empty() {
+            write!(f, "defaults")
+        } else {
+            write!(f, "{}", set.join(","))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_round_trips_and_rejects_bad_input() {
+        let t: Tune = "o_rows=1, down_split=8,qkv_rows=2".parse().unwrap();
+        assert_eq!(
+            t,
+            Tune {
+                qkv_rows: Some(2),
+                o_rows: Some(1),
+                down_split: Some(8),
+                ..Tune::default()
+            }
+        );
+        assert_eq!(t.to_string(), "qkv_rows=2,o_rows=1,down_split=8");
+        assert_eq!(t.to_string().parse::<Tune>().unwrap(), t);
+        assert!("".parse::<Tune>().unwrap().is_default());
+        assert_eq!(Tune::default().to_string(), "defaults");
+        for (bad, want) in [
+            ("o_rows", "not key=value"),
+            ("rows=2", "unknown key 'rows'"),
+            ("o_rows=2,o_rows=1", "given twice"),
+            ("down_split=-1", "not a non-negative integer"),
+            ("down_split=x", "not a non-negative integer"),
+        ] {
+            let e = bad.parse::<Tune>().expect_err(bad);
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+}
