@@ -53,7 +53,9 @@ pub struct BackendArgs {
     /// GPU: override work splits, for comparisons: comma-separated key=value of qkv_rows,
     /// o_rows (rows per team of those matvecs: 1, 2 or 4), gate_up_lanes, down_lanes,
     /// down_rows, down_split (the MoE kernels; down_split: each down row block's expert slots
-    /// over 1, 2, 4 or 8 workgroups). Unset keys keep the measured defaults.
+    /// over 1, 2, 4 or 8 workgroups), attn_workgroups (the attention split's target, default
+    /// 1024), attn_tile_loads (1..=16, default 2), attn_fused_max (chunks per kv head the fused
+    /// combine serves, default 16). Unset keys keep the measured defaults.
     #[arg(long, value_parser = |s: &str| s.parse::<nibble_gpu::tune::Tune>())]
     pub tune: Option<nibble_gpu::tune::Tune>,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).

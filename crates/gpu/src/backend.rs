@@ -193,7 +193,6 @@ impl GpuBackend {
         )?;
         use crate::batch::{BatchMode, BatchPlan};
         let merge = opts.attention_combine.unwrap_or(Combine::for_context(ctx));
-        let moe_tune = opts.tune.moe(ctx);
         let batch = match opts.streams {
             0 => None,
             n => Some(BatchPlan::new(
@@ -202,7 +201,7 @@ impl GpuBackend {
                 (n, opts.context_len),
                 opts.numerics,
                 merge,
-                moe_tune,
+                opts.tune,
                 BatchMode::Streams,
             )?),
         };
@@ -223,7 +222,7 @@ impl GpuBackend {
                 (crate::columns::MAX_COLUMNS, opts.context_len),
                 opts.numerics,
                 merge,
-                moe_tune,
+                opts.tune,
                 BatchMode::Prefill { k_cache, v_cache },
             )?)
         };

@@ -208,6 +208,8 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     let sets = [
         "qkv_rows=1,o_rows=4,down_split=1",
         "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2",
+        // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
+        "qkv_rows=4,o_rows=2,down_split=4,attn_workgroups=4,attn_tile_loads=1,attn_fused_max=1",
     ];
     for s in sets {
         let tune: crate::tune::Tune = s.parse().unwrap();

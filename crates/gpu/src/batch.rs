@@ -32,10 +32,11 @@ use crate::kernels::attention::{
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::NormInput;
-use crate::kernels::moe::{F32Tuning, MoeColsBinding, MoeColsBuffers, MoeKernel, MoeParams};
+use crate::kernels::moe::{MoeColsBinding, MoeColsBuffers, MoeKernel, MoeParams};
 use crate::kernels::router_cols::{RouterColsArgs, RouterColsBinding, RouterColsKernel};
 use crate::numerics::Numerics;
 use crate::state::RunState;
+use crate::tune::Tune;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
 
@@ -154,7 +155,7 @@ impl BatchPlan {
         (streams, context_len): (usize, usize),
         numerics: Numerics,
         merge: Combine,
-        moe_tune: F32Tuning,
+        tune: Tune,
         mode: BatchMode<'_>,
     ) -> Result<BatchPlan> {
         ensure!(
@@ -178,9 +179,9 @@ impl BatchPlan {
         let bs = streams;
         let f32s = |label: &str, n: usize| ctx.storage(label, (bs * n) as u64 * 4);
         let ap = AttentionParams::from_config(cfg, context_len)?;
-        let attn_k = AttentionKernel::new(ctx, ap)?.with_combine(merge);
+        let attn_k = tune.attention(ctx, ap, merge)?;
         let moe_k =
-            MoeKernel::with_f32_tuning(ctx, MoeParams::from_config(cfg)?, numerics, moe_tune)?;
+            MoeKernel::with_f32_tuning(ctx, MoeParams::from_config(cfg)?, numerics, tune.moe(ctx))?;
         let state = RunState::default().buffer(ctx)?;
         let cols = columns::buffer(ctx, &[])?;
         let hb = f32s("b.h", h)?;

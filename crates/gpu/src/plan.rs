@@ -219,8 +219,11 @@ impl DecodePlan {
             norm: RmsNormKernel::new(ctx)?,
             embed: EmbedKernel::new(ctx)?,
             argmax: ArgmaxKernel::new(ctx)?,
-            attn: AttentionKernel::new(ctx, ap)?
-                .with_combine(opts.attention_combine.unwrap_or(Combine::for_context(ctx))),
+            attn: opts.tune.attention(
+                ctx,
+                ap,
+                opts.attention_combine.unwrap_or(Combine::for_context(ctx)),
+            )?,
             moe: MoeKernel::with_f32_tuning(ctx, mp, opts.numerics, opts.tune.moe(ctx))?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,

@@ -6,7 +6,8 @@
 //! step `flagsets`). Every field left `None` keeps its default; values are checked where the
 //! kernels are built (a bad one is a clear error, never a silent fallback).
 
-use crate::context::Context;
+use crate::context::{Context, Result};
+use crate::kernels::attention::{AttentionKernel, AttentionParams, Combine};
 use crate::kernels::moe::F32Tuning;
 use std::str::FromStr;
 
@@ -22,16 +23,25 @@ pub struct Tune {
     pub down_lanes: Option<u32>,
     pub down_rows: Option<u32>,
     pub down_split: Option<u32>,
+    /// The attention's split: target workgroups over all kv heads (default 1024), cache loads
+    /// per thread per tile (1..=16, default 2), and the most chunks per kv head the fused
+    /// combine serves (default 16; Vulkan).
+    pub attn_workgroups: Option<u32>,
+    pub attn_tile_loads: Option<u32>,
+    pub attn_fused_max: Option<u32>,
 }
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 6] = [
+pub const KEYS: [&str; 9] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
     "down_lanes",
     "down_rows",
     "down_split",
+    "attn_workgroups",
+    "attn_tile_loads",
+    "attn_fused_max",
 ];
 
 impl Tune {
@@ -43,6 +53,9 @@ impl Tune {
             "down_lanes" => &mut self.down_lanes,
             "down_rows" => &mut self.down_rows,
             "down_split" => &mut self.down_split,
+            "attn_workgroups" => &mut self.attn_workgroups,
+            "attn_tile_loads" => &mut self.attn_tile_loads,
+            "attn_fused_max" => &mut self.attn_fused_max,
             _ => return None,
         })
     }
@@ -58,6 +71,28 @@ impl Tune {
         }
     }
 
+    /// The attention kernel for `params` with these overrides, merging as `merge` (the
+    /// single-sequence plan and the multi-stream path build theirs alike, so the streams'
+    /// bits match the single-stream ones).
+    pub fn attention(
+        &self,
+        ctx: &Context,
+        params: AttentionParams,
+        merge: Combine,
+    ) -> Result<AttentionKernel> {
+        let k = AttentionKernel::with_overrides(
+            ctx,
+            params,
+            self.attn_workgroups,
+            self.attn_tile_loads,
+        )?
+        .with_combine(merge);
+        Ok(match self.attn_fused_max {
+            Some(n) => k.with_fused_max_chunks(n),
+            None => k,
+        })
+    }
+
     /// Whether anything is overridden.
     pub fn is_default(&self) -> bool {
         *self == Tune::default()
@@ -68,7 +103,7 @@ impl FromStr for Tune {
     type Err = String;
 
     /// `key=value` pairs separated by commas, e.g. `o_rows=1,down_split=2` (empty: no change).
-    fn from_str(s: &str) -> Result<Tune, String> {
+    fn from_str(s: &str) -> std::result::Result<Tune, String> {
         let mut t = Tune::default();
         for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, v) = pair
@@ -99,6 +134,9 @@ impl std::fmt::Display for Tune {
             self.down_lanes,
             self.down_rows,
             self.down_split,
+            self.attn_workgroups,
+            self.attn_tile_loads,
+            self.attn_fused_max,
         ];
         let set: Vec<String> = KEYS
             .iter()
@@ -119,17 +157,23 @@ mod tests {
 
     #[test]
     fn parses_round_trips_and_rejects_bad_input() {
-        let t: Tune = "o_rows=1, down_split=8,qkv_rows=2".parse().unwrap();
+        let t: Tune = "o_rows=1, down_split=8,qkv_rows=2,attn_fused_max=4"
+            .parse()
+            .unwrap();
         assert_eq!(
             t,
             Tune {
                 qkv_rows: Some(2),
                 o_rows: Some(1),
                 down_split: Some(8),
+                attn_fused_max: Some(4),
                 ..Tune::default()
             }
         );
-        assert_eq!(t.to_string(), "qkv_rows=2,o_rows=1,down_split=8");
+        assert_eq!(
+            t.to_string(),
+            "qkv_rows=2,o_rows=1,down_split=8,attn_fused_max=4"
+        );
         assert_eq!(t.to_string().parse::<Tune>().unwrap(), t);
         assert!("".parse::<Tune>().unwrap().is_default());
         assert_eq!(Tune::default().to_string(), "defaults");

@@ -367,6 +367,24 @@ impl AttentionKernel {
         Self::with_split_tile(ctx, params, over, TILE_LOADS)
     }
 
+    /// [`Self::new`] with the comparison overrides of [`crate::tune::Tune`]: `workgroups`, the
+    /// split's target workgroups over all kv heads (default 1024), and `tile_loads` (default
+    /// [`TILE_LOADS`]).
+    pub fn with_overrides(
+        ctx: &Context,
+        params: AttentionParams,
+        workgroups: Option<u32>,
+        tile_loads: Option<u32>,
+    ) -> Result<Self> {
+        if workgroups == Some(0) {
+            return Err(GpuError::Shape(
+                "attention: a split over 0 workgroups".into(),
+            ));
+        }
+        let over = workgroups.map(|w| ((w / params.kv_heads).max(1), CHUNK_CAP));
+        Self::with_split_tile(ctx, params, over, tile_loads.unwrap_or(TILE_LOADS))
+    }
+
     /// [`Self::with_split`] with `tile_loads` cache loads per thread per tile instead of
     /// [`TILE_LOADS`] (1..=16; wider tiles mean fewer tile rounds per chunk, for benchmarks).
     pub fn with_split_tile(
