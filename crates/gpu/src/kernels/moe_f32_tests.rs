@@ -29,6 +29,9 @@ fn run_f32(
     max_binding: Option<u64>,
     done: bool,
 ) -> F32Outputs {
+    // The kernel on the full context (its slot-group scratch would not fit a test's tiny
+    // binding limit), the weights split on the limited one.
+    let kern_ctx = ctx;
     let ctx = match max_binding {
         Some(b) => ctx.with_max_binding_bytes(b),
         None => ctx.clone(),
@@ -40,7 +43,12 @@ fn run_f32(
         p.hidden as usize,
         p.inter as usize,
     );
-    let kern = MoeKernel::with_f32_tuning(&ctx, p, Numerics::F32, tune).expect("kernel");
+    let kern = MoeKernel::with_f32_tuning(kern_ctx, p, Numerics::F32, tune).expect("kernel");
+    assert_eq!(
+        kern.down_split(),
+        tune.split_for(p.top_k),
+        "{tune:?}: slot groups fell back"
+    );
     let state = ctx
         .storage_init("state", bytemuck::cast_slice(&[3u32, 0, done as u32, 0]))
         .unwrap();
@@ -295,6 +303,10 @@ fn moe_f32_ties_and_split_weights() {
     assert_eq!(o.route[..4], [3, 7, 9, 12]);
     // Parts of 3 experts each (0-2, 3-5, ..., 15): each of 3, 7, 9 and 12 in a part of its own.
     let limit = 3 * 64 * 2 * 16 + 100;
+    // A kernel whose slot-group scratch would pass the binding limit keeps one group.
+    let small = ctx.with_max_binding_bytes(limit);
+    let k = MoeKernel::with_f32_tuning(&small, c.p, Numerics::F32, F32Tuning::DEFAULT).unwrap();
+    assert_eq!(k.down_split(), 1, "scratch past the binding limit");
     for routing in [Routing::Fused, Routing::Separate] {
         for (t, residual) in [
             (F32Tuning::DEFAULT, true),
