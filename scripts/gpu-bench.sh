@@ -75,8 +75,8 @@ if has moetune; then
   timeout 200 target/release/examples/kernel_bench --shapes full --pos 512 --moe-tunings 2>&1 | grep -E "tuning|gate_up\+silu K=8 .* f32|down\+combine K=8 .* f32|adapter" | tee -a "$S"
 fi
 if has bench; then
-  say "bench gpu (default numerics): tg128 at depth 0 and 4096, pp512, batch 1/2/4/8 (multi-stream), folded vs per-token"
-  timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --batch 1,2,4,8 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  say "bench gpu (default numerics): tg128 at depth 0 and 4096, sampled (generate's and the server's lone-stream way), pp512, batch 1/2/4/8 (multi-stream), folded vs per-token"
+  timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --sampled --batch 1,2,4,8 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has profile; then
   # Where one step's GPU time goes in the real plan (timestamps after every op), at three depths.

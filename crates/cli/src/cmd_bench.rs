@@ -5,8 +5,9 @@
 //! clocks ramping up) is timed and printed separately and never enters the statistics.
 
 use crate::backends::{self, BackendArgs, BackendKind};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use nibble_backend::{argmax, Backend};
+use nibble_engine::sampler::{Sampler, SamplingParams};
 use nibble_server::scheduler::{IN_FLIGHT, RUN};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -38,6 +39,12 @@ pub struct Args {
     /// Also measure the per-token (unfolded) GPU path in the same run.
     #[arg(long)]
     compare_per_token: bool,
+    /// Also measure sampled generation (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
+    /// seeded): one step per token with the logits read back for the host's sampler, the way
+    /// `nibble generate` samples (`tgN sampled`) and the way the server decodes a lone sampled
+    /// request in its stream slot (`tgN sampled, lone stream`).
+    #[arg(long)]
+    sampled: bool,
     /// Also print where one decode step's GPU time goes, op by op, at these context positions
     /// (e.g. `--profile 64,4096`): the step recorded the fast path's way with a timestamp after
     /// every op (GPU backend only).
@@ -222,6 +229,52 @@ fn streams_match_single(b: &mut dyn Backend, n: usize, ids: &[Vec<u32>]) -> Resu
     Ok(same)
 }
 
+/// `--sampled`: tokens/s of `reps` runs of `n` sampled tokens, a device step per token and the
+/// host's sampler on its logits: through `Backend::step` (the main sequence, as `nibble
+/// generate`), or with `lone` through `streams_step` on stream slot 0 alone (as the server
+/// decodes a lone sampled request).
+fn tg_sampled(b: &mut dyn Backend, n: usize, reps: usize, lone: bool) -> Result<Vec<f64>> {
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        seed: Some(0),
+        ..SamplingParams::default()
+    };
+    let mut out = vec![];
+    for r in 0..reps {
+        let mut sampler = Sampler::new(params.clone())?;
+        let mut hist = vec![1000 + r as u32];
+        let logits = if lone {
+            b.stream_prefill(0, 0, &hist)?
+        } else {
+            b.truncate(0)?;
+            b.prefill(&hist)?
+        };
+        let mut tok = sampler.sample(&logits, &hist)?;
+        let t = Instant::now();
+        for _ in 0..n {
+            hist.push(tok);
+            let logits = if lone {
+                let mut all = b.streams_step(&[Some(tok)])?;
+                all.first_mut()
+                    .and_then(Option::take)
+                    .context("a one-step run returned no logits for stream 0")?
+            } else {
+                b.step(tok)?
+            };
+            tok = sampler.sample(&logits, &hist)?;
+        }
+        out.push(n as f64 / t.elapsed().as_secs_f64());
+        if lone {
+            b.streams_end(0)?;
+        }
+    }
+    b.truncate(0)?;
+    Ok(out)
+}
+
 fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
     tg_at(b, 0, n, reps)
 }
@@ -240,6 +293,10 @@ pub fn run(a: Args) -> Result<()> {
     bargs.verbose = true;
     if let Some(m) = multi {
         bargs.streams = bargs.streams.max(m);
+    }
+    if a.sampled {
+        // The server's lone sampled request decodes in a stream slot.
+        bargs.streams = bargs.streams.max(1);
     }
     let mut b = backends::make(&bargs, model.weights.clone())?;
     let name = b.name();
@@ -272,6 +329,20 @@ pub fn run(a: Args) -> Result<()> {
         let mut s = stat(name, tg_at(b.as_mut(), d, a.gen, reps)?);
         s.depth = Some(d);
         stats.push(s);
+    }
+    if a.sampled {
+        anyhow::ensure!(
+            a.gen + 2 <= b.context_len(),
+            "--sampled: {} generated tokens exceed the context of {} (raise --ctx)",
+            a.gen,
+            b.context_len()
+        );
+        let name = format!("tg{} sampled", a.gen);
+        stats.push(stat(name, tg_sampled(b.as_mut(), a.gen, reps, false)?));
+        if b.max_streams() > 0 {
+            let name = format!("tg{} sampled, lone stream", a.gen);
+            stats.push(stat(name, tg_sampled(b.as_mut(), a.gen, reps, true)?));
+        }
     }
     if a.prompt > 0 {
         // Prompt processing after each depth's context, like llama-bench's -d.
@@ -394,7 +465,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("read bandwidth measured in this run: {g:.0} GB/s (sums of a buffer of up to 1 GiB, after the tests)");
     }
     println!(
-        "{:<22} {:>12} {:>22} {:>5} {:>13} {:>9}",
+        "{:<26} {:>12} {:>22} {:>5} {:>13} {:>9}",
         "test", "median tok/s", "min-max", "reps", "implied GB/s", "of read"
     );
     for s in &report.stats {
@@ -415,7 +486,7 @@ pub fn run(a: Args) -> Result<()> {
             (false, _) => ("-".to_string(), "-".to_string()),
         };
         println!(
-            "{:<22} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13} {:>9}{per}",
+            "{:<26} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13} {:>9}{per}",
             s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs_col, share
         );
     }

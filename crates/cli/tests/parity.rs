@@ -223,6 +223,7 @@ fn bench_reports_depths_bandwidth_and_plots() {
             "1,2",
             "--profile",
             "3,40",
+            "--sampled",
         ])
         .arg("--plot")
         .arg(&svg)
@@ -239,6 +240,8 @@ fn bench_reports_depths_bandwidth_and_plots() {
         [
             "tg6",
             "tg6 @ d20",
+            "tg6 sampled",
+            "tg6 sampled, lone stream",
             "pp8",
             "pp8 @ d20",
             "tg6 batch 1",
@@ -247,10 +250,10 @@ fn bench_reports_depths_bandwidth_and_plots() {
         "{json}"
     );
     assert_eq!(stats[1]["depth"], 20);
-    assert_eq!(stats[5]["batch"], 2);
+    assert_eq!(stats[7]["batch"], 2);
     // Each stream's greedy ids equal single-stream decoding of its prompt.
-    assert_eq!(stats[4]["streams_equal_single"], 1, "{json}");
-    assert_eq!(stats[5]["streams_equal_single"], 2, "{json}");
+    assert_eq!(stats[6]["streams_equal_single"], 1, "{json}");
+    assert_eq!(stats[7]["streams_equal_single"], 2, "{json}");
     for s in stats {
         let (lo, med, hi) = (
             s["min_tps"].as_f64().unwrap(),
