@@ -271,9 +271,18 @@ impl MoeKernel {
         }
         let budget = STAGE_BUDGET.min(ctx.limits.max_compute_workgroup_storage_size as u64);
         let f32 = numerics == Numerics::F32;
+        // Down slot groups whose scratch would not fit one binding (tests' tiny limits) fall
+        // back to one group, decided before the staging budget is checked with them.
+        let want = tune.split_for(p.top_k);
+        let nrb_staged = p.hidden.div_ceil(WG / tune.down_lanes * tune.down_rows);
+        let want = if down_scratch_bytes(p, want, nrb_staged).0 > ctx.max_binding_bytes() {
+            1
+        } else {
+            want
+        };
         let staged = (
             f32 && gate_up_f32_shared(p) <= budget,
-            f32 && down_f32_shared(p, tune.down_rows, tune.split_for(p.top_k)) <= budget,
+            f32 && down_f32_shared(p, tune.down_rows, want) <= budget,
         );
         let route = include_str!("../shaders/moe_route.wgsl");
         let router_src = format!(
@@ -307,19 +316,12 @@ impl MoeKernel {
         let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
         let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
         let (down_t, down_rows, ds) = if staged.1 {
-            (tune.down_lanes, tune.down_rows, tune.split_for(p.top_k))
+            (tune.down_lanes, tune.down_rows, want)
         } else {
             (DOWN_T, 1, 1)
         };
         let down_rows_per_wg = WG / down_t * down_rows;
         let nrb = p.hidden.div_ceil(down_rows_per_wg);
-        // Slot groups whose scratch would not fit one binding (tests' tiny limits) fall back
-        // to one group.
-        let ds = if down_scratch_bytes(p, ds, nrb).0 > ctx.max_binding_bytes() {
-            1
-        } else {
-            ds
-        };
         let down_src = if staged.1 {
             let c = |n: &str, v: u32| format!("const {n}: u32 = {v}u;\n");
             format!(

@@ -322,6 +322,12 @@ fn moe_f32_unstaged_past_the_budget() {
     let Some(ctx) = gpu("moe_f32_unstaged_past_the_budget") else {
         return;
     };
+    // Slot groups would stage a quarter of that h, but their scratch (8 KiB) does not fit a
+    // 4 KiB binding: one group, so the unstaged down (not a staging past the budget).
+    let small = ctx.with_max_binding_bytes(4096);
+    let p = params(16, 8, 64, 1024, true);
+    let k = MoeKernel::with_f32_tuning(&small, p, Numerics::F32, F32Tuning::DEFAULT).unwrap();
+    assert_eq!((k.f32_staged(), k.down_split()), ((true, false), 1));
     // K * I = 8192 floats (32 KiB) of h (with one down slot group), then H = 8192 floats of
     // x: past STAGE_BUDGET, the unstaged kernels run, and still match.
     for (p, staged) in [
