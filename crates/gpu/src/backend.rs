@@ -60,7 +60,7 @@ pub struct GpuOptions {
     pub attention_combine: Option<Combine>,
     /// Work-split overrides for comparisons (`crate::tune::Tune`; the default changes
     /// nothing): rows per team of the qkv and o-proj matvecs, the MoE kernels' lanes, rows and
-    /// down slot groups.
+    /// down slot groups, the attention's split, tile loads and fused-combine limit.
     pub tune: crate::tune::Tune,
 }
 

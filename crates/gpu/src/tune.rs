@@ -4,7 +4,9 @@
 //! (docs/BENCHMARKS.md runs 41-44); the step and the kernel measured alone have disagreed, so a
 //! new split is judged by running the step both ways in one process (`scripts/gpu-bench.sh`
 //! step `flagsets`). Every field left `None` keeps its default; values are checked where the
-//! kernels are built (a bad one is a clear error, never a silent fallback).
+//! kernels are built (one the kernels cannot take is a clear error). The one adjustment:
+//! `down_split` becomes the largest power of two up to it that divides K, and 1 where its
+//! scratch would pass the binding limit (`F32Tuning`); `-v` prints the slot groups in use.
 
 use crate::context::{Context, Result};
 use crate::kernels::attention::{AttentionKernel, AttentionParams, Combine};
