@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,combineab,splitab,flagsets,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,combineab,splitab,flagsets,gputests,batch,
 # fold,numerics,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -143,6 +143,13 @@ if has flagsets; then
       timeout 150 $N bench -m $MODEL --backend gpu $fs ${FS_ARGS:--p 0 -n 128 --reps 3 --ctx 512} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
+fi
+if has gputests; then
+  # The GPU crate's own tests (CI runs them on lavapipe) on this GPU, those whose names match
+  # CT_FILTER (default: all). Needs the test binary as target/release/gpu-tests (`cargo test
+  # --release -p nibble-gpu --lib --no-run`, then copy the executable it names).
+  say "gpu crate tests on the NVIDIA adapter: filter '${CT_FILTER:-}'"
+  NIBBLE_TEST_ADAPTER=nvidia timeout 400 target/release/gpu-tests ${CT_FILTER:-} --test-threads 1 2>&1 | grep -vE "XDG_RUNTIME|^$" | tail -20 | tee -a "$S"
 fi
 if has batch; then
   say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"

@@ -17,6 +17,8 @@ pub mod moe;
 pub mod norm;
 #[cfg(test)]
 mod numerics_tests;
+#[cfg(test)]
+mod ordering_tests;
 pub mod quantize;
 pub mod router_cols;
 pub mod router_fold;
