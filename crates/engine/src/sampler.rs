@@ -15,7 +15,7 @@
 //! seed and inputs always give the same ids. Scratch buffers live in the [`Sampler`] so the
 //! per-token path does not allocate after the first call.
 
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -115,13 +115,41 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
-    /// Penalised copy of the logits row (len = vocab).
+    /// Penalised copy of the logits row (len = vocab; only with penalties).
     scratch: Vec<f32>,
     /// Candidate (id, logit-or-probability) pairs, sorted by descending value.
     candidates: Vec<(u32, f64)>,
     /// Occurrence count per history id.
     counts: HashMap<u32, u32>,
+    /// The streamed top-k's heap (at most `top_k` entries).
+    top: BinaryHeap<Kept>,
 }
+
+/// Largest top-k kept in a heap during one pass over the row; a larger k partitions a copy of
+/// the whole row instead.
+const TOP_K_STREAMED: usize = 256;
+
+/// A logit kept by the streamed top-k, ordered so that the heap's top (its greatest element) is
+/// the worst kept: the smallest finite value, and of equal values the highest id.
+#[derive(Debug, Clone, Copy)]
+struct Kept(u32, f32);
+
+impl Ord for Kept {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.1.total_cmp(&self.1).then(self.0.cmp(&other.0))
+    }
+}
+impl PartialOrd for Kept {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl PartialEq for Kept {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+impl Eq for Kept {}
 
 /// `total_cmp` ordering for descending values with ascending ids on ties.
 fn by_value_desc(a: &(u32, f64), b: &(u32, f64)) -> std::cmp::Ordering {
@@ -142,6 +170,7 @@ impl Sampler {
             scratch: Vec::new(),
             candidates: Vec::new(),
             counts: HashMap::new(),
+            top: BinaryHeap::new(),
         })
     }
 
@@ -167,33 +196,40 @@ impl Sampler {
                 logits.len()
             )));
         }
-        self.scratch.clear();
-        // NaN -> -inf so that comparisons below are total and NaN is never picked.
-        self.scratch.extend(
+        // The penalties work on a copy; without them the row is read as it is (every step
+        // below skips non-finite values, NaN included, so NaN is never picked).
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let row = if self.params.has_penalties() {
+            scratch.clear();
+            scratch.extend(
+                logits
+                    .iter()
+                    .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x }),
+            );
+            self.apply_penalties(&mut scratch, history);
+            &scratch[..]
+        } else {
             logits
-                .iter()
-                .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x }),
-        );
-        if self.params.has_penalties() {
-            self.apply_penalties(history);
-        }
-
-        if self.params.temperature <= 0.0 {
-            return self.argmax();
-        }
-        self.sample_distribution()
+        };
+        let id = if self.params.temperature <= 0.0 {
+            Self::argmax(row)
+        } else {
+            self.sample_distribution(row)
+        };
+        self.scratch = scratch;
+        id
     }
 
-    fn apply_penalties(&mut self, history: &[u32]) {
+    fn apply_penalties(&mut self, row: &mut [f32], history: &[u32]) {
         self.counts.clear();
         for &id in history {
-            if (id as usize) < self.scratch.len() {
+            if (id as usize) < row.len() {
                 *self.counts.entry(id).or_insert(0) += 1;
             }
         }
         let p = &self.params;
         for (&id, &count) in &self.counts {
-            let x = &mut self.scratch[id as usize];
+            let x = &mut row[id as usize];
             if *x > 0.0 {
                 *x /= p.repetition_penalty;
             } else {
@@ -204,9 +240,9 @@ impl Sampler {
     }
 
     /// Index of the largest finite logit, lowest index on ties.
-    fn argmax(&self) -> Result<u32> {
+    fn argmax(row: &[f32]) -> Result<u32> {
         let mut best: Option<(usize, f32)> = None;
-        for (i, &x) in self.scratch.iter().enumerate() {
+        for (i, &x) in row.iter().enumerate() {
             if x.is_finite() && best.is_none_or(|(_, b)| x > b) {
                 best = Some((i, x));
             }
@@ -215,25 +251,50 @@ impl Sampler {
             .ok_or_else(|| Error::Sampling("no finite logit to choose from".into()))
     }
 
-    fn sample_distribution(&mut self) -> Result<u32> {
+    fn sample_distribution(&mut self, row: &[f32]) -> Result<u32> {
         let temperature = f64::from(self.params.temperature);
         self.candidates.clear();
-        self.candidates.extend(
-            self.scratch
-                .iter()
-                .enumerate()
-                .filter(|(_, x)| x.is_finite())
-                .map(|(i, &x)| (i as u32, f64::from(x) / temperature)),
-        );
+        let k = self.params.top_k;
+        if k > 0 && k <= TOP_K_STREAMED {
+            // Top-k in one pass over the row (a vocabulary is ~150k logits, k tens): a
+            // bounded heap whose top is the worst kept logit; almost every logit fails the one
+            // comparison with it. Same set as sorting everything by `by_value_desc` (values
+            // descending, lower id first on ties: a later id never displaces an equal value).
+            self.top.clear();
+            // The worst kept value once the heap is full (+inf before: nothing passes it).
+            let mut floor = f32::INFINITY;
+            for (i, &x) in row.iter().enumerate() {
+                if x > floor || (self.top.len() < k && x.is_finite()) {
+                    if x == f32::INFINITY {
+                        continue;
+                    }
+                    if self.top.len() == k {
+                        self.top.pop();
+                    }
+                    self.top.push(Kept(i as u32, x));
+                    if self.top.len() == k {
+                        floor = self.top.peek().map_or(f32::INFINITY, |w| w.1);
+                    }
+                }
+            }
+            self.candidates
+                .extend(self.top.iter().map(|c| (c.0, f64::from(c.1) / temperature)));
+            self.candidates.sort_unstable_by(by_value_desc);
+        } else {
+            self.candidates.extend(
+                row.iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.is_finite())
+                    .map(|(i, &x)| (i as u32, f64::from(x) / temperature)),
+            );
+            // Top-k: partition first so only k elements need sorting.
+            if k > 0 && k < self.candidates.len() {
+                self.candidates.select_nth_unstable_by(k - 1, by_value_desc);
+                self.candidates.truncate(k);
+            }
+        }
         if self.candidates.is_empty() {
             return Err(Error::Sampling("no finite logit to choose from".into()));
-        }
-
-        // Top-k: partition first so only k elements need sorting.
-        let k = self.params.top_k;
-        if k > 0 && k < self.candidates.len() {
-            self.candidates.select_nth_unstable_by(k - 1, by_value_desc);
-            self.candidates.truncate(k);
         }
         // Only top-p needs the survivors in descending order; without it a draw over the
         // candidates in any fixed order has the same distribution, and skipping the sort of a

@@ -182,9 +182,61 @@ fn min_p_uses_a_threshold_relative_to_the_max() {
 /// Runs only the penalty stage and returns the adjusted logits.
 fn penalised(params: SamplingParams, logits: &[f32], history: &[u32]) -> Vec<f32> {
     let mut s = Sampler::new(params).unwrap();
-    s.scratch = logits.to_vec();
-    s.apply_penalties(history);
-    s.scratch
+    let mut row = logits.to_vec();
+    s.apply_penalties(&mut row, history);
+    row
+}
+
+#[test]
+fn top_k_keeps_the_k_largest_finite_logits_lower_ids_first_on_ties() {
+    // Rows with many ties, NaN and infinities; k on both sides of the streamed limit.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for trial in 0..40 {
+        let n = 50 + (next() % 3000) as usize;
+        let row: Vec<f32> = (0..n)
+            .map(|_| match next() % 50 {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => f32::NEG_INFINITY,
+                v => {
+                    (v % 17) as f32 * 0.5 - 3.0
+                        + if trial % 2 == 0 {
+                            0.0
+                        } else {
+                            0.001 * (next() % 7) as f32
+                        }
+                }
+            })
+            .collect();
+        for k in [1, 7, 40, TOP_K_STREAMED, TOP_K_STREAMED + 1, n + 5] {
+            let mut want: Vec<(u32, f64)> = row
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (i as u32, f64::from(v)))
+                .collect();
+            want.sort_unstable_by(by_value_desc);
+            want.truncate(k);
+            let mut want: Vec<u32> = want.into_iter().map(|c| c.0).collect();
+            want.sort_unstable();
+            let mut s = seeded(SamplingParams {
+                temperature: 0.7,
+                top_k: k,
+                ..Default::default()
+            });
+            let id = s.sample(&row, &[]).unwrap();
+            let mut got: Vec<u32> = s.candidates.iter().map(|c| c.0).collect();
+            got.sort_unstable();
+            assert_eq!(got, want, "trial {trial} n {n} k {k}");
+            assert!(want.contains(&id), "trial {trial} k {k}: drew {id}");
+        }
+    }
 }
 
 #[test]
