@@ -492,9 +492,12 @@ impl Backend for GpuBackend {
             );
         }
         // A failure leaves the position at `start` (the rows written are stale).
-        let logits = match &mut self.prefill {
-            Some(b) => b.prefill_sequence(tokens, start)?,
-            None => self.plan.prefill_logits(tokens, start)?,
+        let logits = match (&mut self.prefill, tokens) {
+            // One token is a decode step (`Backend::step`: sampled generation): the
+            // single-sequence step, its next one recorded while it runs (plan_logits.rs).
+            (_, [t]) => self.plan.step_logits(*t, start)?,
+            (Some(b), _) => b.prefill_sequence(tokens, start)?,
+            (None, _) => self.plan.prefill_logits(tokens, start)?,
         };
         self.pos = start + tokens.len();
         Ok(logits)

@@ -241,6 +241,42 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
 }
 
 #[test]
+fn logits_steps_recorded_ahead_match_fresh_ones_after_a_rewind() {
+    let Some(ctx) = gpu("logits_steps_recorded_ahead_match_fresh_ones_after_a_rewind") else {
+        return;
+    };
+    let m = model(6, false);
+    let o = GpuOptions {
+        context_len: 320,
+        ..opts(true, 8)
+    };
+    let mut b = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
+    let mut oracle = RefBackend::new(m.clone(), 320).unwrap();
+    b.prefill(&[5, 6, 7]).unwrap();
+    oracle.prefill(&[5, 6, 7]).unwrap();
+    // Steps at 3, 4, 5 (each records the next position's step ahead), then back to 4: the step
+    // recorded for 6 must not be used there, and the rewound position is rewritten.
+    let mut first = Vec::new();
+    for t in [8u32, 9, 10] {
+        let (g, o) = (b.step(t).unwrap(), oracle.step(t).unwrap());
+        assert!(cosine(&g, &o) > 0.99999, "token {t}");
+        first.push(g);
+    }
+    b.truncate(4).unwrap();
+    let again = b.step(9).unwrap();
+    assert_eq!(again, first[1], "step at 4 after the rewind");
+    let other = b.step(200).unwrap();
+    oracle.truncate(5).unwrap();
+    assert!(cosine(&other, &oracle.step(200).unwrap()) > 0.99999);
+    // A prompt moves the position past the fused attention combine's reach (16 chunks of 16):
+    // the step recorded ahead for position 7 (one chunk, no combine) must not serve 290.
+    let more: Vec<u32> = (0..284).map(|i| 30 + i % 400).collect();
+    b.prefill(&more).unwrap();
+    oracle.prefill(&more).unwrap();
+    assert!(cosine(&b.step(77).unwrap(), &oracle.step(77).unwrap()) > 0.99999);
+}
+
+#[test]
 fn greedy_stops_at_eos_and_keeps_position() {
     let Some(ctx) = gpu("greedy_stops_at_eos_and_keeps_position") else {
         return;

@@ -430,3 +430,32 @@ fn lone_stream_runs_on_the_plan_in_its_slot() {
         assert_eq!(argmax(&g.prefill(PROMPTS[0]).unwrap()), want[0][0]);
     }
 }
+
+#[test]
+fn lone_stream_and_main_sequence_steps_keep_their_own_caches() {
+    let Some(ctx) = gpu("lone_stream_and_main_sequence_steps_keep_their_own_caches") else {
+        return;
+    };
+    let m = model();
+    let mut g = streams_backend(&ctx, &m, 64, 3);
+    let (mut main, mut lone) = (
+        RefBackend::new(m.clone(), 64).unwrap(),
+        RefBackend::new(m.clone(), 64).unwrap(),
+    );
+    g.prefill(&[5, 6, 7]).unwrap();
+    main.prefill(&[5, 6, 7]).unwrap();
+    g.stream_prefill(1, 0, &[40, 41, 42, 43]).unwrap();
+    lone.prefill(&[40, 41, 42, 43]).unwrap();
+    // Alternating one-step runs whose next positions coincide: the main sequence at 3 (its
+    // step for 4 is recorded ahead), slot 1 at 4 (it must not take that one), and so on.
+    for (i, t) in [9u32, 10, 11, 12, 13, 14].into_iter().enumerate() {
+        let (got, want) = if i % 2 == 0 {
+            (g.step(t).unwrap(), main.step(t).unwrap())
+        } else {
+            let mut out = g.streams_step(&[None, Some(t), None]).unwrap();
+            (out[1].take().unwrap(), lone.step(t).unwrap())
+        };
+        let cos = cosine(&got, &want);
+        assert!(cos >= 0.99999, "step {i}: cosine {cos}");
+    }
+}

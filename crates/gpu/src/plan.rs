@@ -100,6 +100,8 @@ struct Acts {
     moe_hq: Option<QuantActs>,
     /// `[V]`.
     logits: wgpu::Buffer,
+    /// `[V]` host-mappable: the logits of a one-step run (plan_logits.rs).
+    logits_rb: wgpu::Buffer,
     /// `[max(context_len, max_run)]`: the id of a request's step `s` (any request fits, as
     /// it has at most `context_len` steps).
     out_tokens: wgpu::Buffer,
@@ -172,6 +174,8 @@ pub struct DecodePlan {
     /// `[slot][layer]` attention bindings on the multi-stream KV slots (plan_slots.rs): a
     /// lone stream decodes here in place. Empty until [`DecodePlan::bind_slots`].
     slot_attn: Vec<Vec<AttentionBinding>>,
+    /// The next one-step logits run, recorded ahead (plan_logits.rs).
+    prepared: logits::Prepared,
 }
 
 /// The form of an activation a Q4 matvec reads: the quantised copy when there is one.
@@ -251,6 +255,7 @@ impl DecodePlan {
                 cfg.num_experts_per_tok * cfg.moe_intermediate_size,
             )?,
             logits: f32s("logits", cfg.vocab_size)?,
+            logits_rb: ctx.readback_buffer("logits.readback", cfg.vocab_size as u64 * 4),
             out_tokens: ctx.storage(
                 "out_tokens",
                 opts.context_len.max(opts.max_run as usize) as u64 * 4,
@@ -453,6 +458,7 @@ impl DecodePlan {
             argmax,
             advance,
             slot_attn: Vec::new(),
+            prepared: Default::default(),
         })
     }
 
@@ -527,13 +533,9 @@ impl DecodePlan {
         }
     }
 
-    /// Record one step; `argmax` adds the on-GPU argmax + state advance.
-    fn record_step(&self, pass: &mut wgpu::ComputePass<'_>, pos_bound: u32, argmax: bool) {
-        self.record_step_marked(pass, pos_bound, argmax, None, &mut |_, _| {});
-    }
-
-    /// [`Self::record_step`] calling `mark(pass, op)` after each op (profile.rs), on the
-    /// plan's own cache (`slot` None) or on multi-stream KV slot `slot` (plan_slots.rs).
+    /// Record one step (`argmax`: with the on-GPU argmax + state advance) calling
+    /// `mark(pass, op)` after each op (profile.rs), on the plan's own cache (`slot` None) or on
+    /// multi-stream KV slot `slot` (plan_slots.rs).
     pub(crate) fn record_step_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -563,16 +565,6 @@ impl DecodePlan {
             step: 0,
         };
         self.ctx.write(&self.acts.state, 0, bytemuck::bytes_of(&s));
-    }
-
-    /// Process `token` at `pos` (KV row `pos` is written) and return the logits `[V]`.
-    /// The caller guarantees `token < V` and `pos < context_len`.
-    pub fn step_logits(&self, token: u32, pos: usize) -> Result<Vec<f32>> {
-        self.set_state(token, pos);
-        self.ctx
-            .run_pass(|p| self.record_step(p, pos as u32, false))?;
-        self.ctx
-            .read_f32(&self.acts.logits, self.weights.cfg.vocab_size)
     }
 
     /// Process `tokens` at positions `pos..pos + len` and return the last token's logits `[V]`:
@@ -702,6 +694,8 @@ impl DecodePlan {
     }
 }
 
+#[path = "plan_logits.rs"]
+mod logits;
 #[path = "plan_slots.rs"]
 mod slots;
 #[path = "plan_trace.rs"]

@@ -61,24 +61,6 @@ impl DecodePlan {
         Ok(true)
     }
 
-    /// Process `token` at `pos` of multi-stream KV slot `slot` (its row `pos` is written) and
-    /// return the logits `[V]`: a lone sampled stream's one-step run. The caller guarantees
-    /// `token < V` and `pos < context_len`.
-    pub(crate) fn step_logits_slot(&self, slot: usize, token: u32, pos: usize) -> Result<Vec<f32>> {
-        if slot >= self.slots() {
-            return Err(crate::context::GpuError::Shape(format!(
-                "KV slot {slot} of {} bound",
-                self.slots()
-            )));
-        }
-        self.set_state(token, pos);
-        self.ctx.run_pass(|p| {
-            self.record_step_marked(p, pos as u32, false, Some(slot), &mut |_, _| {})
-        })?;
-        self.ctx
-            .read_f32(&self.acts.logits, self.weights.cfg.vocab_size)
-    }
-
     /// KV slots bound by [`Self::bind_slots`].
     pub(crate) fn slots(&self) -> usize {
         self.slot_attn.len()
