@@ -31,19 +31,20 @@ fn bench_params(b: divan::Bencher, params: SamplingParams) {
 }
 
 /// `nibble bench --sampled`'s parameters: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05.
+fn sampled() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        seed: Some(0),
+        ..SamplingParams::default()
+    }
+}
+
 #[divan::bench]
 fn top_k_40(b: divan::Bencher) {
-    bench_params(
-        b,
-        SamplingParams {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            seed: Some(0),
-            ..SamplingParams::default()
-        },
-    );
+    bench_params(b, sampled());
 }
 
 /// The same with presence and frequency penalties over a 256-id history (a copy of the row).
@@ -52,14 +53,9 @@ fn top_k_40_penalties(b: divan::Bencher) {
     bench_params(
         b,
         SamplingParams {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
             presence_penalty: 0.5,
             frequency_penalty: 0.5,
-            seed: Some(0),
-            ..SamplingParams::default()
+            ..sampled()
         },
     );
 }
