@@ -29,6 +29,14 @@ say() { echo "== $*" | tee -a "$S"; }
 say "date $(date -u +%FT%TZ) commit $(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
 nproc | sed 's/^/cpus /' | tee -a "$S"
+# GPU clocks, power and load every 200 ms while the steps run ($OUT/clocks.csv): whether the
+# latency-bound decode runs at full SM clock (set CLOCKS=0 to skip).
+if [[ "${CLOCKS:-1}" != 0 ]]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu \
+    --format=csv -lms 200 > "$OUT/clocks.csv" 2>&1 &
+  CLOCKS_PID=$!
+  trap 'kill $CLOCKS_PID 2>/dev/null' EXIT
+fi
 
 if has fixture; then
   say "oracle fixture"
@@ -146,10 +154,15 @@ if has flagsets; then
 fi
 if has gputests; then
   # The GPU crate's own tests (CI runs them on lavapipe) on this GPU, those whose names match
-  # CT_FILTER (default: all). Needs the test binary as target/release/gpu-tests (`cargo test
-  # --release -p nibble-gpu --lib --no-run`, then copy the executable it names).
+  # CT_FILTER (default: all), then the ignored diagnostics matching CT_DIAG (if set), with their
+  # output. Needs the test binary as target/release/gpu-tests (`cargo test --release -p
+  # nibble-gpu --lib --no-run`, then copy the executable it names).
   say "gpu crate tests on the NVIDIA adapter: filter '${CT_FILTER:-}'"
   NIBBLE_TEST_ADAPTER=nvidia timeout 400 target/release/gpu-tests ${CT_FILTER:-} --test-threads 1 2>&1 | grep -vE "XDG_RUNTIME|^$" | tail -20 | tee -a "$S"
+  if [[ -n "${CT_DIAG:-}" ]]; then
+    say "gpu crate diagnostics on the NVIDIA adapter: '$CT_DIAG'"
+    NIBBLE_TEST_ADAPTER=nvidia timeout 200 target/release/gpu-tests $CT_DIAG --ignored --nocapture --test-threads 1 2>&1 | grep -vE "XDG_RUNTIME|^$" | tail -20 | tee -a "$S"
+  fi
 fi
 if has batch; then
   say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"

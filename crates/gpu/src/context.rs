@@ -111,7 +111,8 @@ impl Context {
         let wanted = wgpu::Features::SUBGROUP
             | wgpu::Features::SHADER_F16
             | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+            | wgpu::Features::MEMORY_DECORATION_COHERENT;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("nibble"),
             required_features: adapter.features() & wanted,
@@ -157,6 +158,33 @@ impl Context {
     /// Whether subgroup operations are available (their size is still unknown: use the builtin).
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether one dispatch's workgroups may hand results to each other through memory (the
+    /// last-arriver pattern of attention.wgsl's fused combine and moe_down_f32.wgsl's slot
+    /// groups): Vulkan, whose device-scope barriers order memory across workgroups, with the
+    /// `@coherent` decoration, without which the NVIDIA driver let a last arriver read a part
+    /// that another workgroup had already written and published (H200, 2026-11-30).
+    pub fn publishes_across_workgroups(&self) -> bool {
+        self.info.backend == wgpu::Backend::Vulkan
+            && self
+                .features
+                .contains(wgpu::Features::MEMORY_DECORATION_COHERENT)
+    }
+
+    /// `wgsl` with each `/*COHERENT*/` marker made the `@coherent` attribute where the device has
+    /// it, and nothing elsewhere (kernels only read such buffers across workgroups where
+    /// `publishes_across_workgroups` holds).
+    fn expand(&self, wgsl: &str) -> String {
+        let attr = if self
+            .features
+            .contains(wgpu::Features::MEMORY_DECORATION_COHERENT)
+        {
+            "@coherent "
+        } else {
+            ""
+        };
+        wgsl.replace("/*COHERENT*/", attr)
     }
 
     /// Whether this is a software (CPU) adapter such as lavapipe.
@@ -308,7 +336,7 @@ impl Context {
             self.device
                 .create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(label),
-                    source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+                    source: wgpu::ShaderSource::Wgsl(self.expand(wgsl).into()),
                 })
         })
     }
@@ -326,7 +354,7 @@ impl Context {
                 self.device.create_shader_module_trusted(
                     wgpu::ShaderModuleDescriptor {
                         label: Some(label),
-                        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+                        source: wgpu::ShaderSource::Wgsl(self.expand(wgsl).into()),
                     },
                     wgpu::ShaderRuntimeChecks::unchecked(),
                 )

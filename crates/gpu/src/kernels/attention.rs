@@ -80,14 +80,16 @@ pub enum Combine {
     /// Inside the chunk dispatch, by the last chunk workgroup of each kv head to finish
     /// (`fused` in attention.wgsl: an atomic arrival count between device-scope barriers):
     /// one dispatch per layer. Vulkan only, where naga's `storageBarrier` is a device-scope
-    /// acquire/release; Metal's and D3D's translations promise less, so they keep the dispatch.
+    /// acquire/release and the partials are `@coherent`; Metal's and D3D's translations promise
+    /// less, so they keep the dispatch ([`Context::publishes_across_workgroups`]).
     Fused,
 }
 
 impl Combine {
-    /// The default for `ctx`'s backend: [`Combine::Fused`] on Vulkan, else [`Combine::Dispatch`].
+    /// The default for `ctx`'s backend: [`Combine::Fused`] where workgroups can publish to each
+    /// other (Vulkan), else [`Combine::Dispatch`].
     pub fn for_context(ctx: &Context) -> Combine {
-        if ctx.info.backend == wgpu::Backend::Vulkan {
+        if ctx.publishes_across_workgroups() {
             Combine::Fused
         } else {
             Combine::Dispatch

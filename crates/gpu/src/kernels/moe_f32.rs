@@ -40,11 +40,12 @@ impl F32Tuning {
         down_split: 4,
     };
 
-    /// [`F32Tuning::DEFAULT`] for `ctx`'s backend: the down slot groups only on Vulkan (Metal's
-    /// and D3D's barrier translations promise no memory ordering across workgroups).
+    /// [`F32Tuning::DEFAULT`] for `ctx`'s backend: the down slot groups only where workgroups
+    /// can publish to each other ([`Context::publishes_across_workgroups`]: Vulkan; Metal's and
+    /// D3D's barrier translations promise no memory ordering across workgroups).
     pub fn for_context(ctx: &Context) -> F32Tuning {
         F32Tuning {
-            down_split: if ctx.info.backend == wgpu::Backend::Vulkan {
+            down_split: if ctx.publishes_across_workgroups() {
                 F32Tuning::DEFAULT.down_split
             } else {
                 1

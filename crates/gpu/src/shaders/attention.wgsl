@@ -46,8 +46,8 @@
 @group(0) @binding(4) var<storage, read> inv_freq: array<f32>;
 @group(0) @binding(5) var<storage, read_write> k_cache: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> v_cache: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read_write> part_o: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read_write> part_ml: array<vec2<f32>>;
+/*COHERENT*/@group(0) @binding(7) var<storage, read_write> part_o: array<vec4<f32>>;
+/*COHERENT*/@group(0) @binding(8) var<storage, read_write> part_ml: array<vec2<f32>>;
 @group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
 
 // Where one token's attention reads and writes.
@@ -279,24 +279,64 @@ var<workgroup> last_in: u32;
 
 // Merge the nc chunk partials of the G query heads of kv head h into `out`, as `combine` does
 // (attention_combine.wgsl) but inside the chunk dispatch: thread (g, d4) walks the chunks itself
-// (two passes: the max, then the weighted sums), so each chunk costs a round trip to L2 (~0.3 us
-// per chunk on the H200): the host keeps this to few chunks (attention.rs FUSED_MAX_CHUNKS).
+// (two passes: the max, then the weighted sums), so each chunk's part_o costs a round trip to L2
+// (~0.3 us per chunk on the H200): the host keeps this to few chunks (attention.rs
+// FUSED_MAX_CHUNKS). The (max, sum) pairs are first copied into the tile (free once `attend` has
+// returned), all in parallel, so the two walks read them from workgroup memory: part_ml is
+// `@coherent` (loads go to L2), and walking it twice in series from there cost ~0.8% of a token
+// (H200, 2026-11-30). Where they do not fit the tile, the walks read them from part_ml. The
+// second walk loads four chunks' part_o at a time (the sums still in chunk order, so the bits
+// are those of one chunk at a time): with both, the coherent form is as fast as the plain one
+// was (BENCHMARKS run 53).
 // Kept lean on purpose: the combine's registers count against the whole chunk kernel's
 // occupancy (loading 8 chunks at a time made every position slower, BENCHMARKS run 34).
 fn combine_group(s: Site, h: u32, nc: u32, li: u32) {
+    let staged = G * nc <= P * DP;
+    if (staged) {
+        for (var i = li; i < G * nc; i += WG) {
+            tile[i] = vec4<f32>(part_ml[(s.qh0 + h * G + i / nc) * NC + i % nc], 0.0, 0.0);
+        }
+    }
+    workgroupBarrier();
     for (var j = 0u; j < OPT; j++) {
         let o = li + j * WG;
         if (o < G * D4) {
-            let qh = s.qh0 + h * G + o / D4;
+            let gi = o / D4;
+            let qh = s.qh0 + h * G + gi;
             let d4 = o % D4;
             var m = -3.4028235e38;
             for (var c = 0u; c < nc; c++) {
-                m = max(m, part_ml[qh * NC + c].x);
+                m = max(m, chunk_ml(staged, gi * nc + c, qh * NC + c).x);
             }
             var l = 0.0;
             var a = vec4<f32>(0.0);
-            for (var c = 0u; c < nc; c++) {
-                let ml = part_ml[qh * NC + c];
+            // Four chunks' part_o loads in flight at a time; the sums keep chunk order.
+            var c = 0u;
+            for (; c + 4u <= nc; c += 4u) {
+                let b = (qh * NC + c) * D4 + d4;
+                let o0 = part_o[b];
+                let o1 = part_o[b + D4];
+                let o2 = part_o[b + 2u * D4];
+                let o3 = part_o[b + 3u * D4];
+                let ml0 = chunk_ml(staged, gi * nc + c, qh * NC + c);
+                let ml1 = chunk_ml(staged, gi * nc + c + 1u, qh * NC + c + 1u);
+                let ml2 = chunk_ml(staged, gi * nc + c + 2u, qh * NC + c + 2u);
+                let ml3 = chunk_ml(staged, gi * nc + c + 3u, qh * NC + c + 3u);
+                let w0 = exp(ml0.x - m);
+                l += w0 * ml0.y;
+                a = fma(vec4<f32>(w0), o0, a);
+                let w1 = exp(ml1.x - m);
+                l += w1 * ml1.y;
+                a = fma(vec4<f32>(w1), o1, a);
+                let w2 = exp(ml2.x - m);
+                l += w2 * ml2.y;
+                a = fma(vec4<f32>(w2), o2, a);
+                let w3 = exp(ml3.x - m);
+                l += w3 * ml3.y;
+                a = fma(vec4<f32>(w3), o3, a);
+            }
+            for (; c < nc; c++) {
+                let ml = chunk_ml(staged, gi * nc + c, qh * NC + c);
                 let w = exp(ml.x - m);
                 l += w * ml.y;
                 a = fma(vec4<f32>(w), part_o[(qh * NC + c) * D4 + d4], a);
@@ -304,6 +344,14 @@ fn combine_group(s: Site, h: u32, nc: u32, li: u32) {
             out[qh * D4 + d4] = a * (1.0 / l);
         }
     }
+}
+
+// One chunk's (max, sum): from the tile at `t` when staged, else from part_ml at `g`.
+fn chunk_ml(staged: bool, t: u32, g: u32) -> vec2<f32> {
+    if (staged) {
+        return tile[t].xy;
+    }
+    return part_ml[g];
 }
 
 // `chunk` then, in the last chunk workgroup of each kv head to finish, the combine: one

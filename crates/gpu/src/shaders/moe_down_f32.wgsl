@@ -27,7 +27,9 @@
 // (storageBarrier: device-scope release in naga's SPIR-V) and counts itself in
 // `darrive[column * NRB + rb]`; the last of the DS to count adds the DS sums in group order
 // (fixed: every run and every column form gives the same bits) and stores the row, as
-// attention.wgsl's fused combine does. DS = 1: no partials, no counter.
+// attention.wgsl's fused combine does. DS = 1: no partials, no counter. `dpart` is `@coherent`
+// (the host turns the marker into the attribute, Context::expand): with plain loads the last
+// arriver read stale group sums on the H200 (the first dispatch of a fresh kernel, 2026-11-30).
 //
 // route  [2K] u32: ids then f32 weight bits (router or gate_up_routed output; column form [nb, 2K])
 // h      [K*I] f32 at binding 3 (column form [nb, K*I])
@@ -87,7 +89,7 @@ fn item_blk(it: u32, crow: u32) -> u32 {
 // the thread stores a row below H: with slot groups, only in the last group to finish). Every
 // thread calls it (down_rows has barriers); every return is uniform per workgroup.
 struct RowSum { row: u32, tot: f32, ok: bool };
-@group(0) @binding(10) var<storage, read_write> dpart: array<f32>;
+/*COHERENT*/@group(0) @binding(10) var<storage, read_write> dpart: array<f32>;
 @group(0) @binding(11) var<storage, read_write> darrive: array<atomic<u32>>;
 fn row_sum(wid: vec3<u32>, nwg: vec3<u32>, li: u32, col: u32) -> RowSum {
     let wg = wid.x + wid.y * nwg.x;
