@@ -61,6 +61,9 @@ struct Bufs {
     cols: wgpu::Buffer,
     /// `[B, V]`.
     logits: wgpu::Buffer,
+    /// `[B, V]` mappable: a one-step run's logits, copied in its own command buffer
+    /// ([`BatchPlan::step_logits`]); multi-stream plans only (a prefill plan's B can be large).
+    logits_rb: Option<wgpu::Buffer>,
     /// `[B, cap]` ids of the run, column-major.
     out_tokens: wgpu::Buffer,
     /// Kept alive by the bind groups too; listed so the shapes are documented in one place:
@@ -192,6 +195,8 @@ impl BatchPlan {
         let route = ctx.storage("b.route", (bs * 2 * k) as u64 * 4)?;
         let moe_h = f32s("b.moe_h", k * i)?;
         let logits = f32s("b.logits", v)?;
+        let logits_rb = matches!(mode, BatchMode::Streams)
+            .then(|| ctx.readback_buffer("b.logits.readback", (bs * v) as u64 * 4));
         let out_tokens = ctx.storage("b.out_tokens", (bs * context_len) as u64 * 4)?;
         let (slots, col_mode, k_cache, v_cache) = match mode {
             BatchMode::Streams => {
@@ -374,6 +379,7 @@ impl BatchPlan {
                 state,
                 cols,
                 logits,
+                logits_rb,
                 out_tokens,
                 _keep: keep,
                 k_cache,
@@ -507,17 +513,39 @@ impl BatchPlan {
         };
         columns::write(&self.ctx, &self.bufs.cols, &cs);
         self.reset_state();
-        let mut res = Ok(());
-        self.ctx
-            .run_pass(|p| res = self.record_step(p, top as u32, nb, false))?;
-        res?;
         let v = self.vocab;
-        let all = self.ctx.read_f32(&self.bufs.logits, nb as usize * v)?;
-        Ok(seqs
-            .iter()
-            .enumerate()
-            .map(|(s, q)| q.map(|_| all[s * v..(s + 1) * v].to_vec()))
-            .collect())
+        let Some(rb) = &self.bufs.logits_rb else {
+            // A prefill plan: a pass, then a read through a staging buffer.
+            let mut res = Ok(());
+            self.ctx
+                .run_pass(|p| res = self.record_step(p, top as u32, nb, false))?;
+            res?;
+            let all = self.ctx.read_f32(&self.bufs.logits, nb as usize * v)?;
+            return Ok(seqs
+                .iter()
+                .enumerate()
+                .map(|(s, q)| q.map(|_| all[s * v..(s + 1) * v].to_vec()))
+                .collect());
+        };
+        // One submit: the step, then the copy of its columns' logits into the kept mappable
+        // buffer; each live column's row is copied out of the mapping once.
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.record_step(&mut pass, top as u32, nb, false)?;
+        }
+        enc.copy_buffer_to_buffer(&self.bufs.logits, 0, rb, 0, (nb as usize * v * 4) as u64);
+        let index = self.ctx.submit(enc);
+        self.ctx
+            .map_read_with(rb, index, |bytes| {
+                seqs.iter()
+                    .enumerate()
+                    .map(|(s, q)| {
+                        q.map(|_| bytemuck::pod_collect_to_vec(&bytes[s * v * 4..(s + 1) * v * 4]))
+                    })
+                    .collect()
+            })
+            .map_err(Into::into)
     }
 
     /// The columns of a run over `seqs` (`Some((token, pos))` per live stream), the highest

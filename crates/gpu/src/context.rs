@@ -487,6 +487,17 @@ impl Context {
     /// Read the whole of `buf` (a [`Context::readback_buffer`] whose last writer is submission
     /// `index`): waits for that submission only, then maps and copies the bytes out.
     pub fn map_read(&self, buf: &wgpu::Buffer, index: wgpu::SubmissionIndex) -> Result<Vec<u8>> {
+        self.map_read_with(buf, index, <[u8]>::to_vec)
+    }
+
+    /// [`Context::map_read`] that hands the mapped bytes to `f` instead of copying them out
+    /// first: a per-token read of the logits (608 KB) then costs one copy, not two.
+    pub fn map_read_with<T>(
+        &self,
+        buf: &wgpu::Buffer,
+        index: wgpu::SubmissionIndex,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
         let (tx, rx) = std::sync::mpsc::channel();
         buf.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -496,10 +507,9 @@ impl Context {
         rx.recv()
             .map_err(|e| GpuError::Map(e.to_string()))?
             .map_err(|e| GpuError::Map(e.to_string()))?;
-        let out = buf
+        let out = f(&buf
             .get_mapped_range(..)
-            .map_err(|e| GpuError::Map(format!("{e:?}")))?
-            .to_vec();
+            .map_err(|e| GpuError::Map(format!("{e:?}")))?);
         buf.unmap();
         Ok(out)
     }

@@ -54,9 +54,11 @@ impl DecodePlan {
             let next = self.record_logits_step(slot, pos + 1);
             *self.prepared.lock().unwrap_or_else(|p| p.into_inner()) = Some((slot, pos + 1, next));
         }
-        let bytes = self.ctx.map_read(&self.acts.logits_rb, index)?;
         let v = self.weights.cfg.vocab_size;
-        Ok(bytemuck::pod_collect_to_vec(&bytes[..v * 4]))
+        self.ctx
+            .map_read_with(&self.acts.logits_rb, index, |bytes| {
+                bytemuck::pod_collect_to_vec(&bytes[..v * 4])
+            })
     }
 
     /// One step at `pos` on `slot` (None: the plan's cache) without the argmax, then the copy
