@@ -42,7 +42,9 @@ pub struct Args {
     /// Also measure sampled generation (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
     /// seeded): one step per token with the logits read back for the host's sampler, the way
     /// `nibble generate` samples (`tgN sampled`) and the way the server decodes a lone sampled
-    /// request in its stream slot (`tgN sampled, lone stream`).
+    /// request in its stream slot (`tgN sampled, lone stream`); then with no top-k
+    /// (temperature 1, top-p 0.95: the whole row is a candidate, as in an OpenAI request that
+    /// sets only top_p; `tgN sampled, whole row`).
     #[arg(long)]
     sampled: bool,
     /// Also print where one decode step's GPU time goes, op by op, at these context positions
@@ -233,15 +235,13 @@ fn streams_match_single(b: &mut dyn Backend, n: usize, ids: &[Vec<u32>]) -> Resu
 /// host's sampler on its logits: through `Backend::step` (the main sequence, as `nibble
 /// generate`), or with `lone` through `streams_step` on stream slot 0 alone (as the server
 /// decodes a lone sampled request).
-fn tg_sampled(b: &mut dyn Backend, n: usize, reps: usize, lone: bool) -> Result<Vec<f64>> {
-    let params = SamplingParams {
-        temperature: 0.8,
-        top_k: 40,
-        top_p: 0.95,
-        min_p: 0.05,
-        seed: Some(0),
-        ..SamplingParams::default()
-    };
+fn tg_sampled(
+    b: &mut dyn Backend,
+    n: usize,
+    reps: usize,
+    lone: bool,
+    params: &SamplingParams,
+) -> Result<Vec<f64>> {
     let mut out = vec![];
     for r in 0..reps {
         let mut sampler = Sampler::new(params.clone())?;
@@ -337,12 +337,37 @@ pub fn run(a: Args) -> Result<()> {
             a.gen,
             b.context_len()
         );
+        let top_k = SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            seed: Some(0),
+            ..SamplingParams::default()
+        };
         let name = format!("tg{} sampled", a.gen);
-        stats.push(stat(name, tg_sampled(b.as_mut(), a.gen, reps, false)?));
+        stats.push(stat(
+            name,
+            tg_sampled(b.as_mut(), a.gen, reps, false, &top_k)?,
+        ));
         if b.max_streams() > 0 {
             let name = format!("tg{} sampled, lone stream", a.gen);
-            stats.push(stat(name, tg_sampled(b.as_mut(), a.gen, reps, true)?));
+            stats.push(stat(
+                name,
+                tg_sampled(b.as_mut(), a.gen, reps, true, &top_k)?,
+            ));
         }
+        let whole = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.95,
+            seed: Some(0),
+            ..SamplingParams::default()
+        };
+        let name = format!("tg{} sampled, whole row", a.gen);
+        stats.push(stat(
+            name,
+            tg_sampled(b.as_mut(), a.gen, reps, false, &whole)?,
+        ));
     }
     if a.prompt > 0 {
         // Prompt processing after each depth's context, like llama-bench's -d.

@@ -73,6 +73,20 @@ fn whole_row(b: divan::Bencher) {
     );
 }
 
+/// A nucleus over the whole row: temperature 1, top-p 0.95, no top-k.
+#[divan::bench]
+fn whole_row_top_p(b: divan::Bencher) {
+    bench_params(
+        b,
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 0.95,
+            seed: Some(0),
+            ..SamplingParams::default()
+        },
+    );
+}
+
 /// Greedy (temperature 0): the argmax.
 #[divan::bench]
 fn greedy(b: divan::Bencher) {

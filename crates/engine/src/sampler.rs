@@ -19,6 +19,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
@@ -117,8 +118,11 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// Penalised copy of the logits row (len = vocab; only with penalties).
     scratch: Vec<f32>,
-    /// Candidate (id, logit-or-probability) pairs, sorted by descending value.
+    /// Candidate (id, logit-or-probability) pairs: after top-k, sorted by descending value;
+    /// a whole row stays in id order (the nucleus puts its own order, see `nucleus`).
     candidates: Vec<(u32, f64)>,
+    /// A spare candidate vector for `nucleus`, kept to reuse its allocation.
+    edge: Vec<(u32, f64)>,
     /// Occurrence count per history id.
     counts: HashMap<u32, u32>,
     /// The streamed top-k's heap (at most `top_k` entries).
@@ -151,6 +155,23 @@ impl PartialEq for Kept {
 }
 impl Eq for Kept {}
 
+/// Candidates per parallel chunk of the softmax: big enough that a chunk's work (~4096 f64
+/// exps) outweighs handing it to a thread, small enough to spread a vocabulary over 16 cores.
+const PAR_CHUNK: usize = 4096;
+
+/// Replace each candidate's scaled logit by `exp(value - max)` and return their sum, in order.
+fn exp_chunk(ch: &mut [(u32, f64)], max: f64) -> f64 {
+    let mut sum = 0.0;
+    for c in ch {
+        c.1 = (c.1 - max).exp();
+        sum += c.1;
+    }
+    sum
+}
+
+/// Largest bin of the top-p boundary that [`Sampler::nucleus`] sorts rather than re-bins.
+const NUCLEUS_SORTED: usize = 2048;
+
 /// `total_cmp` ordering for descending values with ascending ids on ties.
 fn by_value_desc(a: &(u32, f64), b: &(u32, f64)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
@@ -169,6 +190,7 @@ impl Sampler {
             rng,
             scratch: Vec::new(),
             candidates: Vec::new(),
+            edge: Vec::new(),
             counts: HashMap::new(),
             top: BinaryHeap::new(),
         })
@@ -239,6 +261,75 @@ impl Sampler {
         }
     }
 
+    /// Keep the nucleus of the normalised candidates: the most likely ones, in descending order,
+    /// up to the first whose running mass reaches `top_p`. Sorting a whole row (~150k) took
+    /// ~10 ms per token, so the candidates are first binned by the binary exponent of their
+    /// probability (bins a factor of 2 wide, most likely first); the bins above the one where
+    /// the mass crosses `top_p` are kept whole, in id order (a draw over the kept set does not
+    /// depend on their order), and only the crossing bin goes on: re-binned by the next 8
+    /// mantissa bits while it holds more than [`NUCLEUS_SORTED`] candidates (a nearly flat row
+    /// puts everything in one exponent bin), then sorted. The mass before the crossing is
+    /// summed per bin, so a set at the boundary may differ from a full sort's by rounding.
+    fn nucleus(&mut self, top_p: f64) {
+        let mut pool = std::mem::take(&mut self.candidates);
+        let mut kept = std::mem::take(&mut self.edge);
+        kept.clear();
+        let mut acc = 0.0;
+        let mut mass = Vec::new();
+        for level in 0..=6u32 {
+            // Level 0: the exponent field (1023: [1, 2), bin 0); then 8 mantissa bits a level,
+            // larger bits first. Every candidate of a level's pool shares the bits above.
+            let (shift, mask, top) = if level == 0 {
+                (52, 0x7ff, 1023)
+            } else {
+                (52 - 8 * level, 0xff, 255)
+            };
+            let bin = |p: f64| top - (((p.to_bits() >> shift) & mask) as usize).min(top);
+            mass.clear();
+            mass.resize(top + 1, 0f64);
+            for c in &pool {
+                mass[bin(c.1)] += c.1;
+            }
+            let mut before = acc;
+            let Some(cross) = mass.iter().position(|&m| {
+                let reached = before + m >= top_p;
+                if !reached {
+                    before += m;
+                }
+                reached
+            }) else {
+                // The pool's mass fell short of top_p by rounding: all of it stays.
+                kept.append(&mut pool);
+                self.candidates = kept;
+                self.edge = pool;
+                return;
+            };
+            acc = before;
+            let mut edge = Vec::new();
+            for &c in &pool {
+                match bin(c.1).cmp(&cross) {
+                    std::cmp::Ordering::Less => kept.push(c),
+                    std::cmp::Ordering::Equal => edge.push(c),
+                    std::cmp::Ordering::Greater => {}
+                }
+            }
+            pool = edge;
+            if pool.len() <= NUCLEUS_SORTED {
+                break;
+            }
+        }
+        pool.sort_unstable_by(by_value_desc);
+        for &c in &pool {
+            kept.push(c);
+            acc += c.1;
+            if acc >= top_p {
+                break;
+            }
+        }
+        self.candidates = kept;
+        self.edge = pool;
+    }
+
     /// Index of the largest finite logit, lowest index on ties.
     fn argmax(row: &[f32]) -> Result<u32> {
         let mut best: Option<(usize, f32)> = None;
@@ -296,42 +387,38 @@ impl Sampler {
         if self.candidates.is_empty() {
             return Err(Error::Sampling("no finite logit to choose from".into()));
         }
-        // Only top-p needs the survivors in descending order; without it a draw over the
-        // candidates in any fixed order has the same distribution, and skipping the sort of a
-        // whole vocabulary (~150k entries: milliseconds per token) matters when top-k is off
-        // (OpenAI's defaults).
-        let top_p = f64::from(self.params.top_p);
-        if top_p < 1.0 {
-            self.candidates.sort_unstable_by(by_value_desc);
-        }
-
-        // Softmax over the survivors (max-subtracted for stability).
+        // Softmax over the survivors (max-subtracted for stability). A whole row (~150k
+        // candidates when top-k is off, OpenAI's defaults) is worked in fixed chunks over the
+        // rayon pool: the exps are most of a sampled step's host time, and the chunk sums are
+        // added in chunk order, so the total does not depend on the thread count.
         let max = self
             .candidates
             .iter()
             .map(|c| c.1)
             .fold(f64::NEG_INFINITY, f64::max);
-        let mut total = 0.0;
-        for c in &mut self.candidates {
-            c.1 = (c.1 - max).exp();
-            total += c.1;
-        }
-        for c in &mut self.candidates {
-            c.1 /= total;
+        let total: f64 = if self.candidates.len() >= 2 * PAR_CHUNK {
+            let sums: Vec<f64> = self
+                .candidates
+                .par_chunks_mut(PAR_CHUNK)
+                .map(|ch| exp_chunk(ch, max))
+                .collect();
+            sums.iter().sum()
+        } else {
+            exp_chunk(&mut self.candidates, max)
+        };
+        let inv = 1.0 / total;
+        if self.candidates.len() >= 2 * PAR_CHUNK {
+            self.candidates
+                .par_chunks_mut(PAR_CHUNK)
+                .for_each(|ch| ch.iter_mut().for_each(|c| c.1 *= inv));
+        } else {
+            self.candidates.iter_mut().for_each(|c| c.1 *= inv);
         }
 
-        // Top-p: smallest prefix whose mass reaches p (at least one token).
+        // Top-p: the smallest set of most likely tokens whose mass reaches p (at least one).
+        let top_p = f64::from(self.params.top_p);
         if top_p < 1.0 {
-            let mut mass = 0.0;
-            let mut keep = self.candidates.len();
-            for (i, c) in self.candidates.iter().enumerate() {
-                mass += c.1;
-                if mass >= top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            self.candidates.truncate(keep);
+            self.nucleus(top_p);
         }
 
         // Min-p: relative to the most likely token, whose weight is exp(max - max) / total.

@@ -239,6 +239,73 @@ fn top_k_keeps_the_k_largest_finite_logits_lower_ids_first_on_ties() {
     }
 }
 
+/// The whole-row nucleus (binned, only the boundary bin sorted) keeps exactly the sorted
+/// prefix that reaches top-p, on rows of several sizes (the largest over the parallel softmax's
+/// chunks) and spreads, with and without top-k past the streamed limit and with min-p after.
+#[test]
+fn whole_row_nucleus_keeps_the_sorted_prefix_reaching_top_p() {
+    for (trial, &(n, spread, temperature)) in [
+        (300usize, 8.0f32, 1.0f32),
+        (5000, 2.0, 0.7),
+        (5000, 30.0, 1.0),
+        (20_000, 12.0, 1.3),
+        (40_000, 1.0, 1.0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let row: Vec<f32> = random_logits(n, 77 + trial as u64)
+            .iter()
+            .map(|x| x * spread / 8.0)
+            .collect();
+        for top_p in [0.05f32, 0.5, 0.9, 0.95, 0.999] {
+            for (top_k, min_p) in [(0usize, 0.0f32), (TOP_K_STREAMED + 44, 0.0), (0, 0.01)] {
+                // Reference: the old way, a full sort then the prefix.
+                let t = f64::from(temperature);
+                let mut c: Vec<(u32, f64)> = row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| (i as u32, f64::from(x) / t))
+                    .collect();
+                c.sort_unstable_by(by_value_desc);
+                if top_k > 0 {
+                    c.truncate(top_k);
+                }
+                let max = c[0].1;
+                let total: f64 = c.iter().map(|v| (v.1 - max).exp()).sum();
+                let mut mass = 0.0;
+                let mut want = Vec::new();
+                for v in &c {
+                    let p = (v.1 - max).exp() / total;
+                    if p >= f64::from(min_p) / total {
+                        want.push(v.0);
+                    }
+                    mass += p;
+                    if mass >= f64::from(top_p) {
+                        break;
+                    }
+                }
+                want.sort_unstable();
+                let mut s = seeded(SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    ..Default::default()
+                });
+                let id = s.sample(&row, &[]).unwrap();
+                let mut got: Vec<u32> = s.candidates.iter().map(|v| v.0).collect();
+                got.sort_unstable();
+                let what =
+                    format!("n {n} T {temperature} top-p {top_p} top-k {top_k} min-p {min_p}");
+                assert_eq!(got.len(), want.len(), "{what}: kept");
+                assert_eq!(got, want, "{what}");
+                assert!(want.binary_search(&id).is_ok(), "{what}: drew {id}");
+            }
+        }
+    }
+}
+
 #[test]
 fn repetition_penalty_divides_positive_and_multiplies_negative() {
     let params = SamplingParams {
