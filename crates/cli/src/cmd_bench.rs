@@ -337,14 +337,7 @@ pub fn run(a: Args) -> Result<()> {
             a.gen,
             b.context_len()
         );
-        let top_k = SamplingParams {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            seed: Some(0),
-            ..SamplingParams::default()
-        };
+        let top_k = SamplingParams::llama_cpp_defaults(0);
         let name = format!("tg{} sampled", a.gen);
         stats.push(stat(
             name,

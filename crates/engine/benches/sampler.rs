@@ -32,14 +32,7 @@ fn bench_params(b: divan::Bencher, params: SamplingParams) {
 
 /// `nibble bench --sampled`'s parameters: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05.
 fn sampled() -> SamplingParams {
-    SamplingParams {
-        temperature: 0.8,
-        top_k: 40,
-        top_p: 0.95,
-        min_p: 0.05,
-        seed: Some(0),
-        ..SamplingParams::default()
-    }
+    SamplingParams::llama_cpp_defaults(0)
 }
 
 #[divan::bench]

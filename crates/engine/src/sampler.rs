@@ -60,6 +60,19 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// llama.cpp's default sampler settings (T 0.8, top-k 40, top-p 0.95, min-p 0.05), seeded:
+    /// what `nibble bench --sampled` and the sampler bench measure.
+    pub fn llama_cpp_defaults(seed: u64) -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            seed: Some(seed),
+            ..Self::default()
+        }
+    }
+
     /// Qwen3's recommended thinking-mode settings (T 0.6, top-p 0.95, top-k 20, min-p 0).
     pub fn qwen3_thinking() -> Self {
         Self {

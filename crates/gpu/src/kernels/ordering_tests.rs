@@ -19,6 +19,36 @@ fn value(round: u32, t: u32, li: u32) -> u32 {
     x
 }
 
+/// One dispatch of `groups` workgroups of an ordering kernel: bindings 0-2 are `bufs`
+/// (arrive, data, out), binding 3 the round number `r`.
+fn dispatch_round(
+    ctx: &crate::Context,
+    pipe: &wgpu::ComputePipeline,
+    bufs: [&wgpu::Buffer; 3],
+    r: u32,
+    groups: u32,
+) {
+    let round = ctx.storage_init("round", bytemuck::bytes_of(&r)).unwrap();
+    let bg = ctx
+        .bind_group(
+            "ordering",
+            pipe,
+            &[
+                bufs[0].as_entire_binding(),
+                bufs[1].as_entire_binding(),
+                bufs[2].as_entire_binding(),
+                round.as_entire_binding(),
+            ],
+        )
+        .unwrap();
+    ctx.run_pass(|pass| {
+        pass.set_pipeline(pipe);
+        pass.set_bind_group(0, &bg, &[]);
+        pass.dispatch_workgroups(groups, 1, 1);
+    })
+    .unwrap();
+}
+
 #[test]
 fn last_arriver_sees_every_workgroups_part() {
     let Some(ctx) = gpu("last_arriver_sees_every_workgroups_part") else {
@@ -72,25 +102,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let out = ctx.storage("out", 4).unwrap();
     let mut wrong = Vec::new();
     for r in 0..100u32 {
-        let round = ctx.storage_init("round", bytemuck::bytes_of(&r)).unwrap();
-        let bg = ctx
-            .bind_group(
-                "ordering",
-                &pipe,
-                &[
-                    arrive.as_entire_binding(),
-                    data.as_entire_binding(),
-                    out.as_entire_binding(),
-                    round.as_entire_binding(),
-                ],
-            )
-            .unwrap();
-        ctx.run_pass(|pass| {
-            pass.set_pipeline(&pipe);
-            pass.set_bind_group(0, &bg, &[]);
-            pass.dispatch_workgroups(p, 1, 1);
-        })
-        .unwrap();
+        dispatch_round(&ctx, &pipe, [&arrive, &data, &out], r, p);
         let want = (0..p)
             .flat_map(|t| (0..256).map(move |li| value(r, t, li)))
             .fold(0u32, u32::wrapping_add);
@@ -180,25 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let out = ctx.storage("out", h as u64 * 4).unwrap();
     let mut wrong = Vec::new();
     for r in 0..60u32 {
-        let round = ctx.storage_init("round", bytemuck::bytes_of(&r)).unwrap();
-        let bg = ctx
-            .bind_group(
-                "ordering groups",
-                &pipe,
-                &[
-                    arrive.as_entire_binding(),
-                    data.as_entire_binding(),
-                    out.as_entire_binding(),
-                    round.as_entire_binding(),
-                ],
-            )
-            .unwrap();
-        ctx.run_pass(|pass| {
-            pass.set_pipeline(&pipe);
-            pass.set_bind_group(0, &bg, &[]);
-            pass.dispatch_workgroups(NRB * DS, 1, 1);
-        })
-        .unwrap();
+        dispatch_round(ctx, &pipe, [&arrive, &data, &out], r, NRB * DS);
         let got = ctx.read_u32(&out, h as usize).unwrap();
         let ok = (0..h).all(|row| {
             let (rb, li) = (row / ROWS, row % ROWS);
