@@ -131,8 +131,9 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// Penalised copy of the logits row (len = vocab; only with penalties).
     scratch: Vec<f32>,
-    /// Candidate (id, logit-or-probability) pairs: after top-k, sorted by descending value;
-    /// a whole row stays in id order (the nucleus puts its own order, see `nucleus`).
+    /// Candidate (id, logit-or-probability) pairs: sorted by descending value after a streamed
+    /// top-k (k <= 256); otherwise in id order, or partitioned by a larger top-k; `nucleus`
+    /// then sets its own order.
     candidates: Vec<(u32, f64)>,
     /// A spare candidate vector for `nucleus`, kept to reuse its allocation.
     edge: Vec<(u32, f64)>,
