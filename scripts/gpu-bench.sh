@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,combineab,splitab,flagsets,gputests,batch,
-# fold,numerics,depth16k,load
+# fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has bench || has profile || has routerab || has ab || has lone || has combineab || has splitab || has flagsets || has batch || has fold || has numerics || has depth16k || has load; then
+if has synth || has parity || has bench || has profile || has routerab || has ab || has lone || has combineab || has splitab || has flagsets || has batch || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -204,6 +204,20 @@ if has numerics; then
     say "parity --numerics $num (first prompt, 32 tokens)"
     echo "The capital of France is" > /tmp/p1.txt
     timeout 120 $N parity -m $MODEL --backend gpu --numerics $num --prompts /tmp/p1.txt -n 32 --ctx 256 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
+fi
+if has numab; then
+  # The default build at each numerics of NUMAB (default "f32 bfp24"): full parity for each, then
+  # the bench (AB_ARGS, default tg128) in two interleaved rounds so drift hits all alike.
+  for num in ${NUMAB:-f32 bfp24}; do
+    say "parity --numerics $num (3 built-in prompts x 32 tokens)"
+    timeout 300 $N parity -m $MODEL --backend gpu --numerics $num -n 32 --ctx 512 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
+  for round in 1 2; do
+    for num in ${NUMAB:-f32 bfp24}; do
+      say "numab round $round: --numerics $num"
+      timeout 150 $N bench -m $MODEL --backend gpu --numerics $num ${AB_ARGS:--p 0 -n 128 --reps 3 --ctx 512} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+    done
   done
 fi
 if has depth16k; then

@@ -4,6 +4,12 @@
 //!
 //! Variants ([`Numerics`]), from most to least exact:
 //! - `F32`: the f32 activations themselves (`x: array<vec4<f32>>`); ~1.6 TB/s on an H200.
+//! - `Bfp24`: f32 activations in memory, like `F32`; the dense int4 x f32 matvecs
+//!   (matvec_q4f.wgsl) turn their staged copy into block floating point (per block of 32 a
+//!   power-of-two scale and 24-bit integer mantissas, split into three int8 parts) and multiply
+//!   with `dot4I8Packed` / `dot4U8Packed`: each block's Σ (nibble - 8) q is exact in integers and
+//!   rounded once, where the f32 form rounds 32 FMAs. Quantisation error <= 2^-23 of the block's
+//!   max |x| per element. The other kernels read it as `F32`. See [`BFP_DOT`].
 //! - `PreciseInt8`: two int8 parts per block of 32, `hi = round(x / d1)`, `lo = round((x -
 //!   hi*d1) / d2)` with `d1 = amax / 127`, `d2 = amax(x - hi*d1) / 127`: two `dot4I8Packed` per
 //!   4 weights, ~1e-5 relative error (the residual of plain int8 shrunk ~250x).
@@ -27,10 +33,16 @@ pub enum Numerics {
     F32,
     PreciseInt8,
     Int8,
+    Bfp24,
 }
 
 impl Numerics {
-    pub const ALL: [Numerics; 3] = [Numerics::F32, Numerics::PreciseInt8, Numerics::Int8];
+    pub const ALL: [Numerics; 4] = [
+        Numerics::F32,
+        Numerics::PreciseInt8,
+        Numerics::Int8,
+        Numerics::Bfp24,
+    ];
 
     /// The default: the fastest variant that keeps the oracle-parity bar on lavapipe
     /// (docs/BENCHMARKS.md, "GPU numerics variants"): only f32 does (precise int8 reaches
@@ -42,12 +54,22 @@ impl Numerics {
             Numerics::F32 => "f32",
             Numerics::PreciseInt8 => "precise-int8",
             Numerics::Int8 => "int8",
+            Numerics::Bfp24 => "bfp24",
+        }
+    }
+
+    /// The form the activations take in GPU memory: `Bfp24` keeps them f32 (each kernel
+    /// converts its own staged copy).
+    pub fn form(self) -> Numerics {
+        match self {
+            Numerics::Bfp24 => Numerics::F32,
+            n => n,
         }
     }
 
     /// Whether the activations are quantised (the producers write a [`QuantActs`]).
     pub fn quantized(self) -> bool {
-        self != Numerics::F32
+        self.form() != Numerics::F32
     }
 }
 
@@ -69,7 +91,9 @@ impl FromStr for Numerics {
         Numerics::ALL
             .into_iter()
             .find(|n| n.name() == s)
-            .ok_or_else(|| format!("unknown numerics '{s}': expected f32, precise-int8 or int8"))
+            .ok_or_else(|| {
+                format!("unknown numerics '{s}': expected f32, bfp24, precise-int8 or int8")
+            })
     }
 }
 
@@ -147,6 +171,95 @@ fn dq_block(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
 }
 ";
 
+/// WGSL of [`Numerics::Bfp24`]: block floating point activations and their dot with a Q4_0 block.
+/// A block of 32 activations with max |x| = m (biased exponent `ex` of m) gets the scale `d =
+/// 2^(ex - 149)` = 2^(floor(log2 m) - 22), so the mantissas `q = x / d` (an exact power-of-two
+/// scaling) are below 2^23 in magnitude; rounded half to even and clamped to ±(2^23 - 1), each is
+/// split into bytes `hi = q >> 16` (signed), `mid = (q >> 8) & 255`, `lo = q & 255` (unsigned), four
+/// elements per word (element k at byte k). Blocks with m < 2^-100 become zeros (d = 0): their
+/// scale would not be a normal f32.
+/// - `BfpBlock`: one staged block: `p[0..2]` hi words of elements 0-15 / 16-31, `p[2..4]` mid,
+///   `p[4..6]` lo, `d`, and `q8 = 8 Σ q` (i32, wrapping).
+/// - `dq_block(w, x)` = Σ_j (nibble_j - 8) x̂_j for the Q4_0 block `w` (word i: element 4i+k at bit
+///   8k, 4i+16+k at bit 8k+4): low nibbles pair with elements 0-15, high with 16-31, three
+///   `dot4*8Packed` per nibble word; `2^16 Σ n hi + 2^8 Σ n mid + Σ n lo - 8 Σ q` is exact in
+///   wrapping i32 arithmetic because the true value is below 2^31 (|n - 8| <= 8, |q| < 2^23, 32
+///   elements), then rounded to f32 once and scaled by d exactly.
+/// - `bfp_scale(m)` -> (1 / d, d); `bfp_q(v, 1 / d)` -> mantissas; `bfp_pack(q)` -> (hi, mid, lo)
+///   words of four mantissas.
+pub const BFP_DOT: &str = "
+struct BfpBlock { p: array<vec4<u32>, 6>, d: f32, q8: i32 };
+const BFP_NIB: u32 = 0x0F0F0F0Fu;
+fn dq_block(w: vec4<u32>, x: BfpBlock) -> f32 {
+    let l = w & vec4<u32>(BFP_NIB);
+    let h = (w >> vec4<u32>(4u)) & vec4<u32>(BFP_NIB);
+    var shi = dot4I8Packed(l.x, x.p[0].x);
+    shi += dot4I8Packed(l.y, x.p[0].y);
+    shi += dot4I8Packed(l.z, x.p[0].z);
+    shi += dot4I8Packed(l.w, x.p[0].w);
+    shi += dot4I8Packed(h.x, x.p[1].x);
+    shi += dot4I8Packed(h.y, x.p[1].y);
+    shi += dot4I8Packed(h.z, x.p[1].z);
+    shi += dot4I8Packed(h.w, x.p[1].w);
+    var smid = dot4U8Packed(l.x, x.p[2].x);
+    smid += dot4U8Packed(l.y, x.p[2].y);
+    smid += dot4U8Packed(l.z, x.p[2].z);
+    smid += dot4U8Packed(l.w, x.p[2].w);
+    smid += dot4U8Packed(h.x, x.p[3].x);
+    smid += dot4U8Packed(h.y, x.p[3].y);
+    smid += dot4U8Packed(h.z, x.p[3].z);
+    smid += dot4U8Packed(h.w, x.p[3].w);
+    var slo = dot4U8Packed(l.x, x.p[4].x);
+    slo += dot4U8Packed(l.y, x.p[4].y);
+    slo += dot4U8Packed(l.z, x.p[4].z);
+    slo += dot4U8Packed(l.w, x.p[4].w);
+    slo += dot4U8Packed(h.x, x.p[5].x);
+    slo += dot4U8Packed(h.y, x.p[5].y);
+    slo += dot4U8Packed(h.z, x.p[5].z);
+    slo += dot4U8Packed(h.w, x.p[5].w);
+    // smid < 2^17 and slo < 2^17, so (smid << 8) + slo < 2^26 needs no wrap.
+    let t = (shi << 16u) + bitcast<i32>((smid << 8u) + slo) - x.q8;
+    return f32(t) * x.d;
+}
+fn bfp_scale(m: f32) -> vec2<f32> {
+    let ex = bitcast<u32>(m) >> 23u;
+    if (ex < 27u) {
+        return vec2<f32>(0.0);
+    }
+    return vec2<f32>(bitcast<f32>((276u - ex) << 23u), bitcast<f32>((ex - 22u) << 23u));
+}
+fn bfp_q(v: vec4<f32>, s: f32) -> vec4<i32> {
+    return vec4<i32>(clamp(round(v * s), vec4<f32>(-8388607.0), vec4<f32>(8388607.0)));
+}
+fn bfp_pack(q: vec4<i32>) -> vec3<u32> {
+    return vec3<u32>(
+        pack4xI8(q >> vec4<u32>(16u)),
+        pack4xU8((vec4<u32>(q) >> vec4<u32>(8u)) & vec4<u32>(0xFFu)),
+        pack4xU8(vec4<u32>(q) & vec4<u32>(0xFFu)));
+}
+";
+
+/// Host copy of the [`Numerics::Bfp24`] quantisation ([`BFP_DOT`]): per block of 32, the
+/// mantissas and the scale `d` (`x̂ = q d`).
+pub fn bfp24_ref(x: &[f32]) -> Vec<(Vec<i32>, f32)> {
+    x.chunks(BLOCK)
+        .map(|blk| {
+            let m = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let ex = m.to_bits() >> 23;
+            if ex < 27 {
+                return (vec![0; blk.len()], 0.0);
+            }
+            let s = f32::from_bits((276 - ex) << 23);
+            let d = f32::from_bits((ex - 22) << 23);
+            let q = blk
+                .iter()
+                .map(|v| (v * s).round_ties_even().clamp(-8388607.0, 8388607.0) as i32)
+                .collect();
+            (q, d)
+        })
+        .collect()
+}
+
 const NIB_DOT: &str = "
 const ACT_LO: u32 = 0x0F0F0F0Fu;
 // Σ over one block of nibble * int8: low nibbles pair with words q0, high nibbles with q1.
@@ -164,8 +277,8 @@ fn act_nib_dot(w: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>) -> i32 {
 /// activation for one Q4_0 block `w` (the weight scale is applied by the caller), plus
 /// `act_dot2(w1, w2, b) -> vec2<f32>` for two weight blocks sharing one activation load.
 pub fn act_in_wgsl(n: Numerics, bq: u32, bs: u32) -> String {
-    match n {
-        Numerics::F32 => format!(
+    match n.form() {
+        Numerics::F32 | Numerics::Bfp24 => format!(
             "@group(0) @binding({bq}) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
 {F32_DEQ}
 fn act_xblock(b: u32) -> array<vec4<f32>, 8> {{
@@ -235,8 +348,8 @@ fn act_q8(t: f32) -> i32 {
 /// For [`Numerics::F32`] nothing is declared and `act_store` does nothing (producers always
 /// write their f32 output themselves).
 pub fn act_out_wgsl(n: Numerics, bq: u32, bs: u32) -> String {
-    match n {
-        Numerics::F32 => "fn act_store(v: array<f32, 32>, blk: u32) {}\n".to_string(),
+    match n.form() {
+        Numerics::F32 | Numerics::Bfp24 => "fn act_store(v: array<f32, 32>, blk: u32) {}\n".to_string(),
         Numerics::Int8 => format!(
             "@group(0) @binding({bq}) var<storage, read_write> out_q: array<u32>; // [n/4]
 @group(0) @binding({bs}) var<storage, read_write> out_s: array<vec2<f32>>; // [n/32]
@@ -332,8 +445,8 @@ fn act_sum8(a: vec4<i32>, b: vec4<i32>) -> i32 {
 /// not depend on the order).
 pub fn act_store8_wgsl(n: Numerics) -> String {
     let head = format!("{Q8V}var<workgroup> act_sh: array<vec4<f32>, 256>;\n");
-    match n {
-        Numerics::F32 => {
+    match n.form() {
+        Numerics::F32 | Numerics::Bfp24 => {
             "fn act_store8(v0: vec4<f32>, v1: vec4<f32>, c: u32, on: bool, li: u32) {}\n".into()
         }
         Numerics::Int8 => format!(
@@ -438,6 +551,10 @@ pub fn quantize_precise_ref(x: &[f32]) -> Vec<([i8; 32], [i8; 32], f32, f32)> {
 pub fn effective_acts(n: Numerics, x: &[f32]) -> Vec<f64> {
     match n {
         Numerics::F32 => x.iter().map(|v| *v as f64).collect(),
+        Numerics::Bfp24 => bfp24_ref(x)
+            .into_iter()
+            .flat_map(|(q, d)| q.into_iter().map(move |q| q as f64 * d as f64))
+            .collect(),
         Numerics::Int8 => {
             let (q, s) = crate::tensor::quantize_acts_ref(x);
             q.iter()

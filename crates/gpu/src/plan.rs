@@ -214,7 +214,7 @@ impl DecodePlan {
         let ap = AttentionParams::from_config(&cfg, opts.context_len)?;
         let mp = MoeParams::from_config(&cfg)?;
         let k = Kernels {
-            matvec: MatvecKernel::new(ctx)?
+            matvec: MatvecKernel::with_numerics(ctx, opts.numerics)?
                 .with_rows_per_team(
                     cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
                     opts.tune.qkv_rows,

@@ -182,8 +182,8 @@ impl QuantActs {
         numerics: crate::numerics::Numerics,
     ) -> Result<Option<QuantActs>> {
         use crate::numerics::Numerics;
-        match numerics {
-            Numerics::F32 => Ok(None),
+        match numerics.form() {
+            Numerics::F32 | Numerics::Bfp24 => Ok(None),
             Numerics::Int8 => Self::with_layout(ctx, label, n, false).map(Some),
             Numerics::PreciseInt8 => Self::with_layout(ctx, label, n, true).map(Some),
         }

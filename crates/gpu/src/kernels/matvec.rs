@@ -16,7 +16,7 @@
 //! extra workgroups of the same dispatch (`Fused::Router`, kernels/router_fold.rs).
 
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_in_wgsl, Numerics, F32_DEQ};
+use crate::numerics::{act_in_wgsl, Numerics, BFP_DOT, F32_DEQ};
 use crate::state::with_state;
 use crate::tensor::{F32Matrix, Q4Matrix, BLOCK};
 
@@ -187,6 +187,128 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
 const SWIZZLE: &str =
     "fn nol_slot(i: u32) -> u32 { return (i & ~7u) | (((i & 7u) + (i >> 3u)) & 7u); }\n";
 
+/// WGSL: `xblock(b)`, the 32 staged f32 activations of block b in element order (the f32
+/// staging of [`NORM_ON_LOAD`] / [`COPY_ON_LOAD`] through [`SWIZZLE`]).
+const F32_XBLOCK: &str = "
+fn xblock(b: u32) -> array<vec4<f32>, 8> {
+    let s = b & 7u;
+    return array<vec4<f32>, 8>(
+        nol_xs[b * 8u + (s & 7u)], nol_xs[b * 8u + ((s + 1u) & 7u)],
+        nol_xs[b * 8u + ((s + 2u) & 7u)], nol_xs[b * 8u + ((s + 3u) & 7u)],
+        nol_xs[b * 8u + ((s + 4u) & 7u)], nol_xs[b * 8u + ((s + 5u) & 7u)],
+        nol_xs[b * 8u + ((s + 6u) & 7u)], nol_xs[b * 8u + ((s + 7u) & 7u)]);
+}
+";
+
+/// WGSL of the bfp24 staging (numerics.rs `BFP_DOT`, which the includer also prepends):
+/// `bfp_stage(li, n4, v)` takes the input's vec4s `li + 256 t` (t < 4, n <= 4096) from the
+/// threads' registers and leaves block b's parts at `nol_slot(8b + k)` (k = 0, 1 hi; 2, 3 mid;
+/// 4, 5 lo; the same swizzle as the f32 staging, so 8 lanes reading vec4 k of 8 consecutive
+/// blocks hit 8 different bank groups), its scale in `bfp_d[b]` and 8 Σ q in `bfp_q8[b]`.
+/// Thread of vec4 i (elements 4j..4j+3 of block i / 8, j = i % 8) publishes its vec4's max |x|,
+/// then, after one barrier, reads the block's 8 maxima and writes word j % 4 of the part vec4s
+/// j / 4: each block's words are written by its own 8 threads, and nothing reads the staging
+/// before the closing barrier, so the f32 values never need to be staged.
+const BFP_STAGE: &str = "
+var<workgroup> nol_xs: array<vec4<u32>, 1024>;   // [n/4] bfp parts, 8 slots per block of 32
+var<workgroup> bfp_amax: array<f32, 1024>;       // [n/4] max |x| of each input vec4
+var<workgroup> bfp_d: array<f32, 128>;           // [n/32] block scales
+var<workgroup> bfp_q8: array<atomic<i32>, 128>;  // [n/32] 8 Σ q per block (wrapping)
+const BFP_IT: u32 = 4u;
+fn bfp_stage(li: u32, n4: u32, v: array<vec4<f32>, 4>) {
+    for (var t = 0u; t < BFP_IT; t++) {
+        let i = li + 256u * t;
+        if (i < n4) {
+            let a = abs(v[t]);
+            bfp_amax[i] = max(max(a.x, a.y), max(a.z, a.w));
+            if ((i & 7u) == 0u) {
+                atomicStore(&bfp_q8[i >> 3u], 0);
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var t = 0u; t < BFP_IT; t++) {
+        let i = li + 256u * t;
+        if (i < n4) {
+            let o = i & ~7u;
+            let m = max(
+                max(max(bfp_amax[o], bfp_amax[o + 1u]), max(bfp_amax[o + 2u], bfp_amax[o + 3u])),
+                max(max(bfp_amax[o + 4u], bfp_amax[o + 5u]), max(bfp_amax[o + 6u], bfp_amax[o + 7u])));
+            let sd = bfp_scale(m);
+            let q = bfp_q(v[t], sd.x);
+            let pk = bfp_pack(q);
+            let j = i & 7u;
+            let c = j & 3u;
+            let k = j >> 2u;
+            nol_xs[nol_slot(o + k)][c] = pk.x;
+            nol_xs[nol_slot(o + 2u + k)][c] = pk.y;
+            nol_xs[nol_slot(o + 4u + k)][c] = pk.z;
+            atomicAdd(&bfp_q8[i >> 3u], 8 * ((q.x + q.y) + (q.z + q.w)));
+            if (j == 0u) {
+                bfp_d[i >> 3u] = sd.y;
+            }
+        }
+    }
+    workgroupBarrier();
+}
+fn xblock(b: u32) -> BfpBlock {
+    let o = b * 8u;
+    let s = b & 7u;
+    return BfpBlock(
+        array<vec4<u32>, 6>(nol_xs[o + s], nol_xs[o + ((s + 1u) & 7u)], nol_xs[o + ((s + 2u) & 7u)],
+            nol_xs[o + ((s + 3u) & 7u)], nol_xs[o + ((s + 4u) & 7u)], nol_xs[o + ((s + 5u) & 7u)]),
+        bfp_d[b], atomicLoad(&bfp_q8[b]));
+}
+";
+
+/// WGSL: the bfp24 norm-on-load input (`nol_h`, `nol_w` as in [`NORM_ON_LOAD`]): the same
+/// two-level sum of squares and the same `h * inv * w` values, kept in registers for
+/// `bfp_stage`.
+const BFP_NORM_ON_LOAD: &str = "
+var<workgroup> nol_red: array<f32, 256>;
+var<workgroup> nol_red16: array<f32, 16>;
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    var ss = 0.0;
+    for (var i = li; i < n4; i += 256u) {
+        let v = nol_h[i];
+        ss += dot(v, v);
+    }
+    nol_red[li] = ss;
+    workgroupBarrier();
+    if (li < 16u) {
+        var s = 0.0;
+        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
+        nol_red16[li] = s;
+    }
+    workgroupBarrier();
+    var tot = 0.0;
+    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
+    let inv = inverseSqrt(tot / f32(4u * n4) + eps);
+    var v: array<vec4<f32>, 4>;
+    for (var t = 0u; t < BFP_IT; t++) {
+        let i = li + 256u * t;
+        if (i < n4) {
+            v[t] = nol_h[i] * inv * nol_w[i];
+        }
+    }
+    bfp_stage(li, n4, v);
+}
+";
+
+/// WGSL: the bfp24 form of [`COPY_ON_LOAD`].
+const BFP_COPY_ON_LOAD: &str = "
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    var v: array<vec4<f32>, 4>;
+    for (var t = 0u; t < BFP_IT; t++) {
+        let i = li + 256u * t;
+        if (i < n4) {
+            v[t] = act_x[i];
+        }
+    }
+    bfp_stage(li, n4, v);
+}
+";
+
 /// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team.
 fn q4f_body(r: u32) -> String {
     let (mut pre, mut decl, mut first) = (String::new(), String::new(), String::new());
@@ -247,27 +369,45 @@ fn extra_rows(wg: u32, li: u32) -> bool {
 }
 ";
 
-/// Input snippet of matvec_q4f.wgsl for `f`.
-fn q4f_input(f: Fused) -> String {
+/// Input snippet of matvec_q4f.wgsl for `f`, with the staging and product of `bfp` (bfp24) or
+/// f32.
+fn q4f_input(f: Fused, bfp: bool) -> String {
+    let (norm, copy, dot) = if bfp {
+        (
+            format!("{BFP_DOT}{BFP_STAGE}{BFP_NORM_ON_LOAD}"),
+            format!("{BFP_DOT}{BFP_STAGE}{BFP_COPY_ON_LOAD}"),
+            "",
+        )
+    } else {
+        (
+            NORM_ON_LOAD.to_string(),
+            COPY_ON_LOAD.to_string(),
+            F32_DEQ,
+        )
+    };
+    let stage = |s: &str| format!("{s}{SWIZZLE}{dot}{}", if bfp { "" } else { F32_XBLOCK });
     match f {
         Fused::Norm => format!(
             "@group(0) @binding(2) var<storage, read> nol_h: array<vec4<f32>>; // [n/4] residual stream
 @group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>; // [n/4] RMSNorm weight
-{NORM_ON_LOAD}{SWIZZLE}{F32_DEQ}{NO_EXTRA_ROWS}
+{}{NO_EXTRA_ROWS}
 const ACC: bool = false;
-"
+",
+            stage(&norm)
         ),
         Fused::Router => format!(
             "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
-{COPY_ON_LOAD}{SWIZZLE}{F32_DEQ}{ROUTER_ROWS}
+{}{ROUTER_ROWS}
 const ACC: bool = false;
-"
+",
+            stage(&copy)
         ),
         _ => format!(
             "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
-{COPY_ON_LOAD}{SWIZZLE}{F32_DEQ}{NO_EXTRA_ROWS}
+{}{NO_EXTRA_ROWS}
 const ACC: bool = {};
 ",
+            stage(&copy),
             f == Fused::Acc
         ),
     }
@@ -329,7 +469,15 @@ pub struct NormInput<'a> {
 }
 
 impl MatvecKernel {
+    /// The kernels with f32 activations multiplied in f32 ([`Numerics::F32`]).
     pub fn new(ctx: &Context) -> Result<MatvecKernel> {
+        Self::with_numerics(ctx, Numerics::F32)
+    }
+
+    /// The kernels whose int4 x f32 forms multiply as `numerics` says: in bfp24 for
+    /// [`Numerics::Bfp24`], in f32 otherwise (quantised activations take the `q4` forms).
+    pub fn with_numerics(ctx: &Context, numerics: Numerics) -> Result<MatvecKernel> {
+        let bfp = numerics == Numerics::Bfp24;
         let src = |s: &str| with_state(s);
         let body = include_str!("../shaders/matvec_q4.wgsl");
         let q4 = Numerics::ALL
@@ -362,10 +510,10 @@ impl MatvecKernel {
         for f in Fused::ALL {
             for r in F32_ROWS_PER_TEAM {
                 q4f.push(ctx.compute(
-                    &format!("matvec_q4f.r{r}.{f:?}"),
+                    &format!("matvec_q4f.r{r}.{f:?}{}", if bfp { ".bfp" } else { "" }),
                     &src(&format!(
                         "{}const R: u32 = {r}u;\n{}",
-                        q4f_input(f),
+                        q4f_input(f, bfp),
                         q4f_body(r)
                     )),
                     "main",

@@ -524,3 +524,119 @@ fn q4_with_folded_router_matches_reference() {
         .expect("short fold");
     assert!(err.to_string().contains("fold"), "{err}");
 }
+
+/// The bfp24 forms ([`crate::numerics::Numerics::Bfp24`]) against the same matvec over the
+/// host's bfp24 simulation of the input, in f64: each block's integer dot is exact, so what is
+/// left is one rounding per block and the f32 sum over blocks. The input has an all-zero block,
+/// a block below 2^-100 (flushed to zero), blocks at and just under a power of two, and mixed
+/// magnitudes.
+#[test]
+fn q4_bfp24_forms_match_the_bfp_simulation() {
+    use crate::kernels::router_fold::RouterFoldKernel;
+    use crate::numerics::{effective_acts, Numerics};
+    let Some(ctx) = gpu("q4_bfp24_forms_match_the_bfp_simulation") else {
+        return;
+    };
+    let k = MatvecKernel::with_numerics(&ctx, Numerics::Bfp24).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    let mut r = rng(21);
+    let input = |r: &mut _, cols: usize| -> Vec<f32> {
+        let mut x: Vec<f32> = rand_f32(r, cols, -1.0, 1.0)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 10f32.powi((i % 7) as i32 - 3))
+            .collect();
+        let edge: [fn(usize) -> f32; 4] = [
+            |_| 0.0,
+            |j| 1e-35 * (j as f32 - 16.0),
+            |j| if j % 2 == 0 { 4.0 } else { -4.0 },
+            |j| 7.99999 - j as f32 * 0.5,
+        ];
+        for (b, f) in edge.iter().enumerate() {
+            if (b + 1) * 32 <= cols {
+                for j in 0..32 {
+                    x[b * 32 + j] = f(j);
+                }
+            }
+        }
+        x
+    };
+    let check = |got: &[f32], deq: &[f32], x: &[f32], add: Option<&[f32]>, what: &str| {
+        let cols = x.len();
+        let xh = effective_acts(Numerics::Bfp24, x);
+        for (i, g) in got.iter().enumerate() {
+            let row = &deq[i * cols..(i + 1) * cols];
+            let want: f64 = row.iter().zip(&xh).map(|(a, b)| *a as f64 * b).sum::<f64>()
+                + add.map_or(0.0, |a| a[i] as f64);
+            let mag: f64 = row.iter().zip(&xh).map(|(a, b)| (*a as f64 * b).abs()).sum::<f64>()
+                + add.map_or(0.0, |a| a[i].abs() as f64);
+            assert!(
+                (*g as f64 - want).abs() <= 2e-6 * mag + 1e-30,
+                "{what}: row {i}: got {g}, want {want}, |w||x| {mag}"
+            );
+        }
+    };
+    for &(rows, cols) in SHAPES.iter().chain(&[(64, 4096), (300, 2048)]) {
+        let wb = rand_q4_0(&mut r, rows, cols);
+        let deq = dequant_q4_0(&wb, rows, cols);
+        let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        let x = input(&mut r, cols);
+        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+        let y = ctx.storage("y", rows as u64 * 4).unwrap();
+        for rpt in F32_ROWS_PER_TEAM {
+            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+            let b = k.bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt).unwrap();
+            ctx.run_pass(|p| k.record(p, &b)).unwrap();
+            let got = ctx.read_f32(&y, rows).unwrap();
+            check(&got, &deq, &x, None, &format!("plain [{rows}, {cols}] r{rpt}"));
+        }
+        // y += m · x.
+        let y0 = rand_f32(&mut r, rows, -5.0, 5.0);
+        ctx.write(&y, 0, bytemuck::cast_slice(&y0));
+        let b = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        check(&got, &deq, &x, Some(&y0), &format!("acc [{rows}, {cols}]"));
+        // y = m · rmsnorm(h): the simulation quantises the host's norm, which may differ from
+        // the GPU's in the last bit of a value (one mantissa step, within the bound).
+        let h = rand_f32(&mut r, cols, -30.0, 30.0);
+        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
+        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
+        let up = |v: &[f32]| ctx.storage_init("v", bytemuck::cast_slice(v)).unwrap();
+        let (hb, wbuf) = (up(&h), up(&nw));
+        let norm = NormInput {
+            h: &hb,
+            weight: &wbuf,
+            eps: 1e-6,
+        };
+        ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+        let b = k.bind_q4_norm(&ctx, &w, norm, &y, &state).unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        check(&got, &deq, &xn, None, &format!("norm [{rows}, {cols}]"));
+    }
+    // The o-proj form with the folded router's workgroups: the matrix rows in bfp24.
+    let fk = RouterFoldKernel::new(&ctx).unwrap();
+    let (hd, q, e) = (96, 160, 5);
+    let wb = rand_q4_0(&mut r, hd, q);
+    let o = Q4Matrix::upload(&ctx, "o", hd, q, 1, &[&wb]).unwrap();
+    let router = F32Matrix::upload(&ctx, "router", e, hd, &rand_f32(&mut r, e * hd, -1.0, 1.0))
+        .unwrap();
+    let att = input(&mut r, q);
+    let up = |v: &[f32]| ctx.storage_init("v", bytemuck::cast_slice(v)).unwrap();
+    let (att_b, h_b, wn_b) = (
+        up(&att),
+        up(&rand_f32(&mut r, hd, -2.0, 2.0)),
+        up(&rand_f32(&mut r, hd, 0.5, 1.5)),
+    );
+    let fold = fk.fold(&ctx, &o, &router, &wn_b).unwrap();
+    let a_b = ctx.storage("a", hd as u64 * 4).unwrap();
+    let z_b = ctx.storage("z", e as u64 * 4).unwrap();
+    ctx.write(&a_b, 0, &vec![0xFF; hd * 4]);
+    let b = k
+        .bind_q4_router(&ctx, &o, &att_b, &h_b, &fold, e as u32, &a_b, &z_b, &state)
+        .unwrap();
+    ctx.run_pass(|p| k.record(p, &b)).unwrap();
+    let got = ctx.read_f32(&a_b, hd).unwrap();
+    check(&got, &dequant_q4_0(&wb, hd, q), &att, None, "router form");
+}

@@ -270,7 +270,7 @@ impl MoeKernel {
             )));
         }
         let budget = STAGE_BUDGET.min(ctx.limits.max_compute_workgroup_storage_size as u64);
-        let f32 = numerics == Numerics::F32;
+        let f32 = !numerics.quantized();
         // Down slot groups whose scratch would not fit one binding (tests' tiny limits) fall
         // back to one group, decided before the staging budget is checked with them.
         let want = tune.split_for(p.top_k);
@@ -391,14 +391,14 @@ impl MoeKernel {
         need(b.route, 2 * k as u64 * 4, "route")?;
         need(b.h, (k * i) as u64 * 4, "h")?;
         need(b.out, h as u64 * 4, "out")?;
-        let hq_ok = match (self.numerics, b.h_q) {
+        let hq_ok = match (self.numerics.form(), b.h_q) {
             (Numerics::F32, None) => true,
             (n, Some(q)) => {
                 q.n == k * i && n.quantized() && q.precise == (n == Numerics::PreciseInt8)
             }
             _ => false,
         };
-        if b.x.len() < h as u64 || b.x.numerics() != self.numerics || !hq_ok {
+        if b.x.len() < h as u64 || b.x.numerics() != self.numerics.form() || !hq_ok {
             return Err(GpuError::Shape(format!(
                 "MoE ({}) activations: x holds {} ({}), h_q {:?}; need {h} and {} ({})",
                 self.numerics,

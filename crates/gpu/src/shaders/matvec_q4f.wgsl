@@ -15,7 +15,9 @@
 // cache lines or a 32-way bank conflict per instruction), which is what limited the f32 matvec.
 // Partials meet in shared memory; one barrier, then one thread per row adds its team's 32 lanes
 // (no subgroup-size assumption). The input snippet also declares `extra_rows(wg, li) -> bool`
-// (false, except for the folded router's workgroups).
+// (false, except for the folded router's workgroups) and `xblock(b)`, block b of the staged input
+// in the form `dq_block` takes: 8 vec4<f32> (f32 numerics), or a `BfpBlock` (bfp24: the staging
+// turned the input into block floating point, numerics.rs BFP_DOT).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
 @group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;      // [rows * bpr] nibble blocks
 @group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
@@ -29,16 +31,6 @@ var<workgroup> red: array<f32, 256u * R>;
 fn scale(i: u32) -> f32 {
     let v = unpack2x16float(sc[i >> 1u]);
     return select(v.x, v.y, (i & 1u) == 1u);
-}
-
-// The 32 staged activations of block b, in element order.
-fn xblock(b: u32) -> array<vec4<f32>, 8> {
-    let s = b & 7u;
-    return array<vec4<f32>, 8>(
-        nol_xs[b * 8u + (s & 7u)], nol_xs[b * 8u + ((s + 1u) & 7u)],
-        nol_xs[b * 8u + ((s + 2u) & 7u)], nol_xs[b * 8u + ((s + 3u) & 7u)],
-        nol_xs[b * 8u + ((s + 4u) & 7u)], nol_xs[b * 8u + ((s + 5u) & 7u)],
-        nol_xs[b * 8u + ((s + 6u) & 7u)], nol_xs[b * 8u + ((s + 7u) & 7u)]);
 }
 
 @compute @workgroup_size(256)
