@@ -117,7 +117,7 @@ fn q4(rows: usize, cols: usize) -> u64 {
 fn act(n: usize, nm: Numerics) -> u64 {
     let n = n as u64;
     match nm {
-        Numerics::F32 => 4 * n,
+        Numerics::F32 | Numerics::Bfp24 => 4 * n,
         Numerics::Int8 => n + n / 32 * 8,
         Numerics::PreciseInt8 => 2 * n + n / 32 * 16,
     }

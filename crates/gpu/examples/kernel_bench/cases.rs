@@ -171,7 +171,11 @@ impl Bench {
             f32s("a", h)?,
         );
         let (router_out, logits) = (f32s("router", e)?, f32s("logits", v)?);
-        let matvec = MatvecKernel::new(ctx)?;
+        // KB_MATVEC=bfp24: the int4 x f32 matvec rows multiply in bfp24 (the product forms
+        // compared side by side; the default keeps f32).
+        let mv = std::env::var("KB_MATVEC").unwrap_or_else(|_| "f32".into());
+        let mv = mv.parse::<Numerics>().unwrap_or(Numerics::F32);
+        let matvec = MatvecKernel::with_numerics(ctx, mv)?;
         let qkv_w = q4_copies(ctx, rng, (q + 2 * kv, h, 1), n_copies((q + 2 * kv) * h / 2))?;
         let o_w = q4_copies(ctx, rng, (h, q, 1), n_copies(h * q / 2))?;
         let router_w = f32_copies(ctx, rng, e, h, 0.05, n_copies(e * h * 4))?;

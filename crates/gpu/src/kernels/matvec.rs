@@ -200,75 +200,93 @@ fn xblock(b: u32) -> array<vec4<f32>, 8> {
 }
 ";
 
-/// WGSL of the bfp24 staging (numerics.rs `BFP_DOT`, which the includer also prepends):
-/// `bfp_stage(li, n4, v)` takes the input's vec4s `li + 256 t` (t < 4, n <= 4096) from the
-/// threads' registers and leaves block b's parts at `nol_slot(8b + k)` (k = 0, 1 hi; 2, 3 mid;
-/// 4, 5 lo; the same swizzle as the f32 staging, so 8 lanes reading vec4 k of 8 consecutive
-/// blocks hit 8 different bank groups), its scale in `bfp_d[b]` and 8 Σ q in `bfp_q8[b]`.
-/// Thread of vec4 i (elements 4j..4j+3 of block i / 8, j = i % 8) publishes its vec4's max |x|,
-/// then, after one barrier, reads the block's 8 maxima and writes word j % 4 of the part vec4s
-/// j / 4: each block's words are written by its own 8 threads, and nothing reads the staging
-/// before the closing barrier, so the f32 values never need to be staged.
+/// WGSL of the bfp24 staging (numerics.rs `BFP_DOT`, which the includer also prepends): the
+/// arrays, `bfp_put` and `xblock`; `nol_stage` itself is [`bfp_nol_stage`]. Block b's parts lie at
+/// `nol_slot(8b + k)` (k = 0, 1 hi; 2, 3 mid; 4, 5 lo: the f32 staging's swizzle, so 8 lanes
+/// reading vec4 k of 8 consecutive blocks hit 8 different bank groups), its scale in `bfp_d[b]`
+/// and 8 Σ q in `bfp_q8[b]`. The thread of input vec4 i (elements 4j..4j+3 of block i / 8, j =
+/// i % 8) publishes the vec4's max |x|; after a barrier it reads the block's 8 maxima and writes
+/// word j % 4 of the part vec4s j / 4 (`bfp_put`): each block's words come from its own 8 threads
+/// and nothing reads the staging before the closing barrier, so the f32 values stay in registers.
 const BFP_STAGE: &str = "
 var<workgroup> nol_xs: array<vec4<u32>, 1024>;   // [n/4] bfp parts, 8 slots per block of 32
 var<workgroup> bfp_amax: array<f32, 1024>;       // [n/4] max |x| of each input vec4
+var<workgroup> bfp_ps: array<i32, 1024>;         // [n/4] 8 Σ q of each input vec4 (wrapping)
 var<workgroup> bfp_d: array<f32, 128>;           // [n/32] block scales
-var<workgroup> bfp_q8: array<atomic<i32>, 128>;  // [n/32] 8 Σ q per block (wrapping)
-const BFP_IT: u32 = 4u;
-fn bfp_stage(li: u32, n4: u32, v: array<vec4<f32>, 4>) {
-    for (var t = 0u; t < BFP_IT; t++) {
-        let i = li + 256u * t;
-        if (i < n4) {
-            let a = abs(v[t]);
-            bfp_amax[i] = max(max(a.x, a.y), max(a.z, a.w));
-            if ((i & 7u) == 0u) {
-                atomicStore(&bfp_q8[i >> 3u], 0);
-            }
-        }
+fn bfp_put(i: u32, v: vec4<f32>) {
+    let o = i & ~7u;
+    let m = max(
+        max(max(bfp_amax[o], bfp_amax[o + 1u]), max(bfp_amax[o + 2u], bfp_amax[o + 3u])),
+        max(max(bfp_amax[o + 4u], bfp_amax[o + 5u]), max(bfp_amax[o + 6u], bfp_amax[o + 7u])));
+    let sd = bfp_scale(m);
+    let q = bfp_q(v, sd.x);
+    let pk = bfp_pack(q);
+    let j = i & 7u;
+    let c = j & 3u;
+    let k = j >> 2u;
+    nol_xs[nol_slot(o + k)][c] = pk.x;
+    nol_xs[nol_slot(o + 2u + k)][c] = pk.y;
+    nol_xs[nol_slot(o + 4u + k)][c] = pk.z;
+    bfp_ps[i] = 8 * ((q.x + q.y) + (q.z + q.w));
+    if (j == 0u) {
+        bfp_d[i >> 3u] = sd.y;
     }
-    workgroupBarrier();
-    for (var t = 0u; t < BFP_IT; t++) {
-        let i = li + 256u * t;
-        if (i < n4) {
-            let o = i & ~7u;
-            let m = max(
-                max(max(bfp_amax[o], bfp_amax[o + 1u]), max(bfp_amax[o + 2u], bfp_amax[o + 3u])),
-                max(max(bfp_amax[o + 4u], bfp_amax[o + 5u]), max(bfp_amax[o + 6u], bfp_amax[o + 7u])));
-            let sd = bfp_scale(m);
-            let q = bfp_q(v[t], sd.x);
-            let pk = bfp_pack(q);
-            let j = i & 7u;
-            let c = j & 3u;
-            let k = j >> 2u;
-            nol_xs[nol_slot(o + k)][c] = pk.x;
-            nol_xs[nol_slot(o + 2u + k)][c] = pk.y;
-            nol_xs[nol_slot(o + 4u + k)][c] = pk.z;
-            atomicAdd(&bfp_q8[i >> 3u], 8 * ((q.x + q.y) + (q.z + q.w)));
-            if (j == 0u) {
-                bfp_d[i >> 3u] = sd.y;
-            }
-        }
-    }
-    workgroupBarrier();
+}
+// The record of block i / 8 (i = its first vec4): (d, 8 Σ q) at its slot 6.
+fn bfp_rec(i: u32) {
+    let q8 = ((bfp_ps[i] + bfp_ps[i + 1u]) + (bfp_ps[i + 2u] + bfp_ps[i + 3u]))
+        + ((bfp_ps[i + 4u] + bfp_ps[i + 5u]) + (bfp_ps[i + 6u] + bfp_ps[i + 7u]));
+    nol_xs[nol_slot(i + 6u)] = vec4<u32>(bitcast<u32>(bfp_d[i >> 3u]), bitcast<u32>(q8), 0u, 0u);
 }
 fn xblock(b: u32) -> BfpBlock {
     let o = b * 8u;
     let s = b & 7u;
+    let r = nol_xs[o + ((s + 6u) & 7u)];
     return BfpBlock(
         array<vec4<u32>, 6>(nol_xs[o + s], nol_xs[o + ((s + 1u) & 7u)], nol_xs[o + ((s + 2u) & 7u)],
             nol_xs[o + ((s + 3u) & 7u)], nol_xs[o + ((s + 4u) & 7u)], nol_xs[o + ((s + 5u) & 7u)]),
-        bfp_d[b], atomicLoad(&bfp_q8[b]));
+        bitcast<f32>(r.x), bitcast<i32>(r.y));
 }
 ";
 
-/// WGSL: the bfp24 norm-on-load input (`nol_h`, `nol_w` as in [`NORM_ON_LOAD`]): the same
-/// two-level sum of squares and the same `h * inv * w` values, kept in registers for
-/// `bfp_stage`.
-const BFP_NORM_ON_LOAD: &str = "
-var<workgroup> nol_red: array<f32, 256>;
-var<workgroup> nol_red16: array<f32, 16>;
-fn nol_stage(li: u32, n4: u32, eps: f32) {
-    var ss = 0.0;
+/// The input vec4s a thread of the bfp24 staging holds (n <= 4096 in 256 threads).
+const BFP_IT: u32 = 4;
+
+/// WGSL: the bfp24 `nol_stage(li, n4, eps)` with `pre` run first (the norm's reduction, or
+/// nothing) and input vec4 `i` given by the expression `value` (of `i`). Written out per held
+/// vec4 (v0, v1, ..): separate variables, since a per-thread array indexed in a loop may be
+/// placed in slow local memory by the driver's compiler.
+fn bfp_nol_stage(pre: &str, value: &str) -> String {
+    let (mut load, mut put, mut rec) = (String::new(), String::new(), String::new());
+    for t in 0..BFP_IT {
+        load += &format!(
+            "    let i{t} = li + {}u;
+    var v{t} = vec4<f32>(0.0);
+    if (i{t} < n4) {{
+        let i = i{t};
+        v{t} = {value};
+        let a = abs(v{t});
+        bfp_amax[i] = max(max(a.x, a.y), max(a.z, a.w));
+    }}
+",
+            256 * t
+        );
+        put += &format!("    if (i{t} < n4) {{ bfp_put(i{t}, v{t}); }}\n");
+        rec += &format!("    if (i{t} < n4 && (i{t} & 7u) == 0u) {{ bfp_rec(i{t}); }}\n");
+    }
+    format!(
+        "fn nol_stage(li: u32, n4: u32, eps: f32) {{
+{pre}{load}    workgroupBarrier();
+{put}    workgroupBarrier();
+{rec}    workgroupBarrier();
+}}
+"
+    )
+}
+
+/// The norm's reduction of the bfp24 norm-on-load input (`nol_h`, `nol_w` as in
+/// [`NORM_ON_LOAD`]): the same two-level sum and so the same `h * inv * w` values.
+const BFP_NORM_PRE: &str = "    var ss = 0.0;
     for (var i = li; i < n4; i += 256u) {
         let v = nol_h[i];
         ss += dot(v, v);
@@ -284,29 +302,6 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
     var tot = 0.0;
     for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
     let inv = inverseSqrt(tot / f32(4u * n4) + eps);
-    var v: array<vec4<f32>, 4>;
-    for (var t = 0u; t < BFP_IT; t++) {
-        let i = li + 256u * t;
-        if (i < n4) {
-            v[t] = nol_h[i] * inv * nol_w[i];
-        }
-    }
-    bfp_stage(li, n4, v);
-}
-";
-
-/// WGSL: the bfp24 form of [`COPY_ON_LOAD`].
-const BFP_COPY_ON_LOAD: &str = "
-fn nol_stage(li: u32, n4: u32, eps: f32) {
-    var v: array<vec4<f32>, 4>;
-    for (var t = 0u; t < BFP_IT; t++) {
-        let i = li + 256u * t;
-        if (i < n4) {
-            v[t] = act_x[i];
-        }
-    }
-    bfp_stage(li, n4, v);
-}
 ";
 
 /// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team.
@@ -374,8 +369,13 @@ fn extra_rows(wg: u32, li: u32) -> bool {
 fn q4f_input(f: Fused, bfp: bool) -> String {
     let (norm, copy, dot) = if bfp {
         (
-            format!("{BFP_DOT}{BFP_STAGE}{BFP_NORM_ON_LOAD}"),
-            format!("{BFP_DOT}{BFP_STAGE}{BFP_COPY_ON_LOAD}"),
+            format!(
+                "{BFP_DOT}{BFP_STAGE}var<workgroup> nol_red: array<f32, 256>;
+var<workgroup> nol_red16: array<f32, 16>;
+{}",
+                bfp_nol_stage(BFP_NORM_PRE, "nol_h[i] * inv * nol_w[i]")
+            ),
+            format!("{BFP_DOT}{BFP_STAGE}{}", bfp_nol_stage("", "act_x[i]")),
             "",
         )
     } else {
