@@ -30,8 +30,9 @@ pub struct BackendArgs {
     /// GPU: submit and wait every token, argmax on the host (the unfolded path, for comparison).
     #[arg(long)]
     pub per_token: bool,
-    /// GPU: activation form of the int4 matvecs: f32, precise-int8 or int8 (default: the fastest
-    /// that keeps oracle parity).
+    /// GPU: activation form of the int4 matvecs: f32, bfp24 (f32 in memory, the dense matvecs
+    /// multiply in block floating point with integer dots), precise-int8 or int8 (default: the
+    /// fastest that keeps oracle parity).
     #[arg(long, default_value_t = nibble_gpu::Numerics::DEFAULT)]
     pub numerics: nibble_gpu::Numerics,
     /// GPU: independent sequences the multi-stream path decodes together (each gets its own KV

@@ -9,7 +9,11 @@
 //!   power-of-two scale and 24-bit integer mantissas, split into three int8 parts) and multiply
 //!   with `dot4I8Packed` / `dot4U8Packed`: each block's Σ (nibble - 8) q is exact in integers and
 //!   rounded once, where the f32 form rounds 32 FMAs. Quantisation error <= 2^-23 of the block's
-//!   max |x| per element. The other kernels read it as `F32`. See [`BFP_DOT`].
+//!   max |x| per element. The other kernels read it as `F32`. See [`BFP_DOT`]. Not the default:
+//!   parity holds (lavapipe 3 x 128 tokens, H200 3 x 32) and the dot itself is ~2 us cheaper per
+//!   matvec than the f32 one, but every workgroup quantises the whole staged vector, which costs
+//!   more than that (H200: qkv 16.7 vs 12.0 us, tg128 272.8 vs 310.5 tok/s; docs/BENCHMARKS.md
+//!   runs 56-60). Quantising once per vector (the producer) would remove that cost.
 //! - `PreciseInt8`: two int8 parts per block of 32, `hi = round(x / d1)`, `lo = round((x -
 //!   hi*d1) / d2)` with `d1 = amax / 127`, `d2 = amax(x - hi*d1) / 127`: two `dot4I8Packed` per
 //!   4 weights, ~1e-5 relative error (the residual of plain int8 shrunk ~250x).
@@ -349,7 +353,9 @@ fn act_q8(t: f32) -> i32 {
 /// write their f32 output themselves).
 pub fn act_out_wgsl(n: Numerics, bq: u32, bs: u32) -> String {
     match n.form() {
-        Numerics::F32 | Numerics::Bfp24 => "fn act_store(v: array<f32, 32>, blk: u32) {}\n".to_string(),
+        Numerics::F32 | Numerics::Bfp24 => {
+            "fn act_store(v: array<f32, 32>, blk: u32) {}\n".to_string()
+        }
         Numerics::Int8 => format!(
             "@group(0) @binding({bq}) var<storage, read_write> out_q: array<u32>; // [n/4]
 @group(0) @binding({bs}) var<storage, read_write> out_s: array<vec2<f32>>; // [n/32]
@@ -626,6 +632,10 @@ mod tests {
         assert!(e8 > 1e-3 && e8 <= 0.5 / 127.0 + 1e-6, "int8 {e8}");
         assert!(e16 < 0.5 / 127.0 / 127.0 * 1.01, "precise {e16}");
         assert_eq!(ef, 0.0);
+        // bfp24: half a mantissa step, 2^-23 of the block max at most; not exact either.
+        let eb = err(Numerics::Bfp24);
+        eprintln!("bfp24 {eb:e}");
+        assert!(eb > 0.0 && eb <= 2f64.powi(-23), "bfp24 {eb}");
     }
 
     #[test]

@@ -379,11 +379,7 @@ var<workgroup> nol_red16: array<f32, 16>;
             "",
         )
     } else {
-        (
-            NORM_ON_LOAD.to_string(),
-            COPY_ON_LOAD.to_string(),
-            F32_DEQ,
-        )
+        (NORM_ON_LOAD.to_string(), COPY_ON_LOAD.to_string(), F32_DEQ)
     };
     let stage = |s: &str| format!("{s}{SWIZZLE}{dot}{}", if bfp { "" } else { F32_XBLOCK });
     match f {

@@ -568,7 +568,11 @@ fn q4_bfp24_forms_match_the_bfp_simulation() {
             let row = &deq[i * cols..(i + 1) * cols];
             let want: f64 = row.iter().zip(&xh).map(|(a, b)| *a as f64 * b).sum::<f64>()
                 + add.map_or(0.0, |a| a[i] as f64);
-            let mag: f64 = row.iter().zip(&xh).map(|(a, b)| (*a as f64 * b).abs()).sum::<f64>()
+            let mag: f64 = row
+                .iter()
+                .zip(&xh)
+                .map(|(a, b)| (*a as f64 * b).abs())
+                .sum::<f64>()
                 + add.map_or(0.0, |a| a[i].abs() as f64);
             assert!(
                 (*g as f64 - want).abs() <= 2e-6 * mag + 1e-30,
@@ -585,10 +589,18 @@ fn q4_bfp24_forms_match_the_bfp_simulation() {
         let y = ctx.storage("y", rows as u64 * 4).unwrap();
         for rpt in F32_ROWS_PER_TEAM {
             ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-            let b = k.bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt).unwrap();
+            let b = k
+                .bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt)
+                .unwrap();
             ctx.run_pass(|p| k.record(p, &b)).unwrap();
             let got = ctx.read_f32(&y, rows).unwrap();
-            check(&got, &deq, &x, None, &format!("plain [{rows}, {cols}] r{rpt}"));
+            check(
+                &got,
+                &deq,
+                &x,
+                None,
+                &format!("plain [{rows}, {cols}] r{rpt}"),
+            );
         }
         // y += m · x.
         let y0 = rand_f32(&mut r, rows, -5.0, 5.0);
@@ -620,8 +632,8 @@ fn q4_bfp24_forms_match_the_bfp_simulation() {
     let (hd, q, e) = (96, 160, 5);
     let wb = rand_q4_0(&mut r, hd, q);
     let o = Q4Matrix::upload(&ctx, "o", hd, q, 1, &[&wb]).unwrap();
-    let router = F32Matrix::upload(&ctx, "router", e, hd, &rand_f32(&mut r, e * hd, -1.0, 1.0))
-        .unwrap();
+    let router =
+        F32Matrix::upload(&ctx, "router", e, hd, &rand_f32(&mut r, e * hd, -1.0, 1.0)).unwrap();
     let att = input(&mut r, q);
     let up = |v: &[f32]| ctx.storage_init("v", bytemuck::cast_slice(v)).unwrap();
     let (att_b, h_b, wn_b) = (
