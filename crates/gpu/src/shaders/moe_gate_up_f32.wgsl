@@ -202,8 +202,18 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var e = li; e < E; e += WG) {
         lg[e] = fold_z[e];
     }
+    // A NaN logit could leave a rank unclaimed: default to expert 0 so ids stay in range.
+    for (var r = li; r < K; r += WG) {
+        top_e[r] = 0u;
+    }
     red_g[li] = ss;
     workgroupBarrier();
+    // The second level of the sum and the experts' ranks in the same step: the ranks count on
+    // the pre-norm logits z, since dividing all of them by rms(h + a) > 0 keeps their order
+    // (rounding can only make two of them equal, a tie within one ulp that either order
+    // resolves faithfully). So the weight loads wait for one barrier round less and the rank
+    // loop overlaps the norm's sum instead of following it (route_rank's split form: thread e
+    // counts the first RANK_SPLIT logits, thread E + e the rest).
     if (li < 16u) {
         var s = 0.0;
         for (var j = 0u; j < NRED; j++) {
@@ -211,7 +221,29 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         }
         red_u[li] = s;
     }
+    var lo = 0u;
+    if (2u * E <= WG) {
+        if (li < E) {
+            lo = rank_count(li, lg[li], 0u, RANK_SPLIT);
+        } else if (li < 2u * E) {
+            let e = li - E;
+            rank_hi[e] = rank_count(e, lg[e], RANK_SPLIT, E);
+        }
+    } else {
+        for (var e = li; e < E; e += WG) {
+            let rank = rank_count(e, lg[e], 0u, E);
+            if (rank < K) {
+                top_e[rank] = e;
+            }
+        }
+    }
     workgroupBarrier();
+    if (2u * E <= WG && li < E) {
+        let rank = lo + rank_hi[li];
+        if (rank < K) {
+            top_e[rank] = li;
+        }
+    }
     var tot = 0.0;
     for (var j = 0u; j < 16u; j++) {
         tot += red_u[j];
@@ -224,16 +256,14 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var e = li; e < E; e += WG) {
         lg[e] = lg[e] * inv;
     }
-    // route_rank's barriers publish xs and lg.
-    route_rank(li);
+    // Publishes xs, lg (the normalised logits the weights use) and top_e.
+    workgroupBarrier();
     let k = wid.y;
+    let e = top_e[k];
     let first = params.write_route != 0u && wid.x == 0u;
-    if (li == 0u) {
-        slot_e = top_e[k];
-        if (first) {
-            route[k] = top_e[k];
-            route[K + k] = bitcast<u32>(route_weight(k));
-        }
+    if (li == 0u && first) {
+        route[k] = e;
+        route[K + k] = bitcast<u32>(route_weight(k));
     }
     if (first && k == 0u) {
         for (var i = li; i < NB * 8u; i += WG) {
@@ -243,7 +273,7 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             pub_lg[e] = lg[e];
         }
     }
-    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, 0u);
+    expert_rows(e, k, wid.x, li, 0u);
 }
 
 // Blocks per lane of one row (the last one only on lanes below NB % T).
