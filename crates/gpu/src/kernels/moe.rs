@@ -32,7 +32,9 @@
 //!
 //! The folded router (router_fold.rs, [`MoeKernel::bind_folded`]): `gate_up_folded` stages
 //! `rmsnorm(h + a)` itself (a: the o-proj output) and routes on `z / rms(h + a)` (z: the o-proj
-//! dispatch's pre-norm logits); the first down part (`main_add`) writes `h = (h + a) + y`.
+//! dispatch's pre-norm logits; the ranks are counted on z, whose order the positive scale keeps,
+//! alongside the norm's sum; the weights use the scaled logits); the first down part
+//! (`main_add`) writes `h = (h + a) + y`.
 //!
 //! Multi-column runs (up to 8 tokens per dispatch, [`crate::columns`]): the staged f32 kernels
 //! have column entry points (`gate_up_union_cols`, reading each chosen expert's gate/up once
