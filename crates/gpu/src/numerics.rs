@@ -194,33 +194,22 @@ fn dq_block(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
 pub const BFP_DOT: &str = "
 struct BfpBlock { p: array<vec4<u32>, 6>, d: f32, q8: i32 };
 const BFP_NIB: u32 = 0x0F0F0F0Fu;
+// Σ over one block of nibble * part byte: low nibbles (l) with elements 0-15 (a), high (h) with
+// 16-31 (b); the hi part is signed, mid and lo unsigned.
+fn bfp_sdot(l: vec4<u32>, h: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return ((dot4I8Packed(l.x, a.x) + dot4I8Packed(l.y, a.y)) + (dot4I8Packed(l.z, a.z) + dot4I8Packed(l.w, a.w)))
+        + ((dot4I8Packed(h.x, b.x) + dot4I8Packed(h.y, b.y)) + (dot4I8Packed(h.z, b.z) + dot4I8Packed(h.w, b.w)));
+}
+fn bfp_udot(l: vec4<u32>, h: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> u32 {
+    return ((dot4U8Packed(l.x, a.x) + dot4U8Packed(l.y, a.y)) + (dot4U8Packed(l.z, a.z) + dot4U8Packed(l.w, a.w)))
+        + ((dot4U8Packed(h.x, b.x) + dot4U8Packed(h.y, b.y)) + (dot4U8Packed(h.z, b.z) + dot4U8Packed(h.w, b.w)));
+}
 fn dq_block(w: vec4<u32>, x: BfpBlock) -> f32 {
     let l = w & vec4<u32>(BFP_NIB);
     let h = (w >> vec4<u32>(4u)) & vec4<u32>(BFP_NIB);
-    var shi = dot4I8Packed(l.x, x.p[0].x);
-    shi += dot4I8Packed(l.y, x.p[0].y);
-    shi += dot4I8Packed(l.z, x.p[0].z);
-    shi += dot4I8Packed(l.w, x.p[0].w);
-    shi += dot4I8Packed(h.x, x.p[1].x);
-    shi += dot4I8Packed(h.y, x.p[1].y);
-    shi += dot4I8Packed(h.z, x.p[1].z);
-    shi += dot4I8Packed(h.w, x.p[1].w);
-    var smid = dot4U8Packed(l.x, x.p[2].x);
-    smid += dot4U8Packed(l.y, x.p[2].y);
-    smid += dot4U8Packed(l.z, x.p[2].z);
-    smid += dot4U8Packed(l.w, x.p[2].w);
-    smid += dot4U8Packed(h.x, x.p[3].x);
-    smid += dot4U8Packed(h.y, x.p[3].y);
-    smid += dot4U8Packed(h.z, x.p[3].z);
-    smid += dot4U8Packed(h.w, x.p[3].w);
-    var slo = dot4U8Packed(l.x, x.p[4].x);
-    slo += dot4U8Packed(l.y, x.p[4].y);
-    slo += dot4U8Packed(l.z, x.p[4].z);
-    slo += dot4U8Packed(l.w, x.p[4].w);
-    slo += dot4U8Packed(h.x, x.p[5].x);
-    slo += dot4U8Packed(h.y, x.p[5].y);
-    slo += dot4U8Packed(h.z, x.p[5].z);
-    slo += dot4U8Packed(h.w, x.p[5].w);
+    let shi = bfp_sdot(l, h, x.p[0], x.p[1]);
+    let smid = bfp_udot(l, h, x.p[2], x.p[3]);
+    let slo = bfp_udot(l, h, x.p[4], x.p[5]);
     // smid < 2^17 and slo < 2^17, so (smid << 8) + slo < 2^26 needs no wrap.
     let t = (shi << 16u) + bitcast<i32>((smid << 8u) + slo) - x.q8;
     return f32(t) * x.d;

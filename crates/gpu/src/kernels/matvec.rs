@@ -137,17 +137,16 @@ fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
 /// Most elements a norm-on-load input may have (its normalised copy lives in shared memory).
 pub const NORM_ON_LOAD_MAX: u32 = 4096;
 
-/// WGSL of the norm-on-load input (`nol_h` = residual stream, `nol_w` = RMSNorm weight, both
-/// `array<vec4<f32>>`, and `nol_slot(i)` declared by the includer): `nol_stage(li, n4, eps)` (256
-/// threads, every thread calls it) leaves `h / sqrt(mean(h^2) + eps) * w` in `nol_xs` (vec4 `i`
-/// at `nol_slot(i)`). Two-level sum (two
-/// barriers), every thread adding the 16 partials in the same order; every workgroup of a
-/// dispatch computes the same value.
-pub(crate) const NORM_ON_LOAD: &str = "
-var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4], n <= 4096
+/// WGSL (a macro, so that [`NORM_ON_LOAD`] and the bfp24 norm can both be built from it with
+/// `concat!`): `nol_inv(li, n4, eps)` = `1 / sqrt(mean(h^2) + eps)` of `nol_h` (`[n4]` vec4s;
+/// 256 threads, every thread calls it). Two-level sum (two barriers), every thread adding the
+/// 16 partials in the same order; every workgroup of a dispatch computes the same value.
+macro_rules! nol_inv_wgsl {
+    () => {
+        "
 var<workgroup> nol_red: array<f32, 256>;
 var<workgroup> nol_red16: array<f32, 16>;
-fn nol_stage(li: u32, n4: u32, eps: f32) {
+fn nol_inv(li: u32, n4: u32, eps: f32) -> f32 {
     var ss = 0.0;
     for (var i = li; i < n4; i += 256u) {
         let v = nol_h[i];
@@ -163,13 +162,29 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
     workgroupBarrier();
     var tot = 0.0;
     for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
-    let inv = inverseSqrt(tot / f32(4u * n4) + eps);
+    return inverseSqrt(tot / f32(4u * n4) + eps);
+}
+"
+    };
+}
+
+/// WGSL of the norm-on-load input (`nol_h` = residual stream, `nol_w` = RMSNorm weight, both
+/// `array<vec4<f32>>`, and `nol_slot(i)` declared by the includer): `nol_stage(li, n4, eps)` (256
+/// threads, every thread calls it) leaves `h / sqrt(mean(h^2) + eps) * w` in `nol_xs` (vec4 `i`
+/// at `nol_slot(i)`), the scale from `nol_inv`.
+pub(crate) const NORM_ON_LOAD: &str = concat!(
+    nol_inv_wgsl!(),
+    "
+var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4], n <= 4096
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    let inv = nol_inv(li, n4, eps);
     for (var i = li; i < n4; i += 256u) {
         nol_xs[nol_slot(i)] = nol_h[i] * inv * nol_w[i];
     }
     workgroupBarrier();
 }
-";
+"
+);
 
 /// WGSL: `nol_stage` that only copies the plain input `act_x` into `nol_xs` (same slots as
 /// [`NORM_ON_LOAD`]).
@@ -284,25 +299,9 @@ fn bfp_nol_stage(pre: &str, value: &str) -> String {
     )
 }
 
-/// The norm's reduction of the bfp24 norm-on-load input (`nol_h`, `nol_w` as in
-/// [`NORM_ON_LOAD`]): the same two-level sum and so the same `h * inv * w` values.
-const BFP_NORM_PRE: &str = "    var ss = 0.0;
-    for (var i = li; i < n4; i += 256u) {
-        let v = nol_h[i];
-        ss += dot(v, v);
-    }
-    nol_red[li] = ss;
-    workgroupBarrier();
-    if (li < 16u) {
-        var s = 0.0;
-        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
-        nol_red16[li] = s;
-    }
-    workgroupBarrier();
-    var tot = 0.0;
-    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
-    let inv = inverseSqrt(tot / f32(4u * n4) + eps);
-";
+/// The bfp24 norm-on-load input's scale (`nol_h`, `nol_w` as in [`NORM_ON_LOAD`]): the same
+/// `nol_inv`, so the same `h * inv * w` values.
+const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
 
 /// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team.
 fn q4f_body(r: u32) -> String {
@@ -370,9 +369,8 @@ fn q4f_input(f: Fused, bfp: bool) -> String {
     let (norm, copy, dot) = if bfp {
         (
             format!(
-                "{BFP_DOT}{BFP_STAGE}var<workgroup> nol_red: array<f32, 256>;
-var<workgroup> nol_red16: array<f32, 16>;
-{}",
+                "{BFP_DOT}{BFP_STAGE}{}{}",
+                nol_inv_wgsl!(),
                 bfp_nol_stage(BFP_NORM_PRE, "nol_h[i] * inv * nol_w[i]")
             ),
             format!("{BFP_DOT}{BFP_STAGE}{}", bfp_nol_stage("", "act_x[i]")),
