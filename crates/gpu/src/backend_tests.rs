@@ -73,13 +73,18 @@ fn logits_match_oracle_per_step() {
     };
     for (seed, tie) in [(1, false), (2, true)] {
         let m = model(seed, tie);
-        // Every numerics (f32 with the router folded into the o-proj), and f32 with the router
-        // in its own dispatch.
-        let forms = Numerics::ALL.map(|n| (n, true));
-        for (numerics, fold_router) in forms.into_iter().chain([(Numerics::F32, false)]) {
+        // Every numerics (f32 with the router folded into the o-proj), f32 with the router in
+        // its own dispatch, and f32 with the qkv's norm scaled late (`--tune late_norm=1`).
+        let forms = Numerics::ALL.map(|n| (n, true, false));
+        let extra = [(Numerics::F32, false, false), (Numerics::F32, true, true)];
+        for (numerics, fold_router, late) in forms.into_iter().chain(extra) {
             let o = GpuOptions {
                 numerics,
                 fold_router,
+                tune: crate::tune::Tune {
+                    late_norm: late.then_some(1),
+                    ..Default::default()
+                },
                 ..opts(true, 4)
             };
             let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
@@ -94,8 +99,8 @@ fn logits_match_oracle_per_step() {
                 assert_eq!(gb.position(), i + 1);
             }
             eprintln!(
-                "seed {seed} tie {tie} {numerics} fold_router {fold_router}: worst per-step \
-                 logits cosine {worst}"
+                "seed {seed} tie {tie} {numerics} fold_router {fold_router} late norm {late}: \
+                 worst per-step logits cosine {worst}"
             );
             // Plain int8 is allowed its quantisation noise here (parity_tests.rs holds the
             // exactness bar for the default); a wiring bug gives cosines far below this bound.

@@ -213,13 +213,22 @@ impl DecodePlan {
         anyhow::ensure!(opts.max_run > 0, "a run needs at least one step");
         let ap = AttentionParams::from_config(&cfg, opts.context_len)?;
         let mp = MoeParams::from_config(&cfg)?;
+        anyhow::ensure!(
+            opts.tune.late_norm.unwrap_or(0) <= 1,
+            "tune late_norm must be 0 or 1, not {}",
+            opts.tune.late_norm.unwrap_or(0)
+        );
         let k = Kernels {
-            matvec: MatvecKernel::with_numerics(ctx, opts.numerics)?
-                .with_rows_per_team(
-                    cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
-                    opts.tune.qkv_rows,
-                )
-                .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows),
+            matvec: MatvecKernel::with_options(
+                ctx,
+                opts.numerics,
+                opts.tune.late_norm.is_some_and(|v| v != 0),
+            )?
+            .with_rows_per_team(
+                cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
+                opts.tune.qkv_rows,
+            )
+            .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows),
             norm: RmsNormKernel::new(ctx)?,
             embed: EmbedKernel::new(ctx)?,
             argmax: ArgmaxKernel::new(ctx)?,

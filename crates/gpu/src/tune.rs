@@ -31,10 +31,14 @@ pub struct Tune {
     pub attn_workgroups: Option<u32>,
     pub attn_tile_loads: Option<u32>,
     pub attn_fused_max: Option<u32>,
+    /// 1: the norm-on-load matvec (qkv) stages `h ⊙ w` and scales each row's sum by
+    /// `1 / rms(h)` at the end, so its dot products need not wait for the norm's reduction
+    /// (matvec.rs `LATE_NORM_ON_LOAD`); 0 or unset: the norm first.
+    pub late_norm: Option<u32>,
 }
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 9] = [
+pub const KEYS: [&str; 10] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -44,6 +48,7 @@ pub const KEYS: [&str; 9] = [
     "attn_workgroups",
     "attn_tile_loads",
     "attn_fused_max",
+    "late_norm",
 ];
 
 impl Tune {
@@ -58,6 +63,7 @@ impl Tune {
             "attn_workgroups" => &mut self.attn_workgroups,
             "attn_tile_loads" => &mut self.attn_tile_loads,
             "attn_fused_max" => &mut self.attn_fused_max,
+            "late_norm" => &mut self.late_norm,
             _ => return None,
         })
     }
@@ -139,6 +145,7 @@ impl std::fmt::Display for Tune {
             self.attn_workgroups,
             self.attn_tile_loads,
             self.attn_fused_max,
+            self.late_norm,
         ];
         let set: Vec<String> = KEYS
             .iter()
@@ -159,7 +166,7 @@ mod tests {
 
     #[test]
     fn parses_round_trips_and_rejects_bad_input() {
-        let t: Tune = "o_rows=1, down_split=8,qkv_rows=2,attn_fused_max=4"
+        let t: Tune = "o_rows=1, down_split=8,qkv_rows=2,attn_fused_max=4,late_norm=1"
             .parse()
             .unwrap();
         assert_eq!(
@@ -169,12 +176,13 @@ mod tests {
                 o_rows: Some(1),
                 down_split: Some(8),
                 attn_fused_max: Some(4),
+                late_norm: Some(1),
                 ..Tune::default()
             }
         );
         assert_eq!(
             t.to_string(),
-            "qkv_rows=2,o_rows=1,down_split=8,attn_fused_max=4"
+            "qkv_rows=2,o_rows=1,down_split=8,attn_fused_max=4,late_norm=1"
         );
         assert_eq!(t.to_string().parse::<Tune>().unwrap(), t);
         assert!("".parse::<Tune>().unwrap().is_default());

@@ -186,6 +186,41 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
 "
 );
 
+/// WGSL: the late-norm form of [`NORM_ON_LOAD`] (`--tune late_norm=1`): `nol_stage` stages
+/// `h ⊙ w` with the first level of the sum of squares and leaves the second level to threads
+/// 0-15 without waiting for it; `nol_scale` (called after the kernel's reduction barrier, which
+/// publishes that level too) is `1 / sqrt(mean(h^2) + eps)` from the same partials in the same
+/// order, and multiplies each row's sum. `rmsnorm(h) = inv (h ⊙ w)` with one scalar inv, so
+/// `W rmsnorm(h) = inv (W (h ⊙ w))`: the dots start one barrier after the loads instead of three.
+const LATE_NORM_ON_LOAD: &str = "
+var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4] h * w, n <= 4096
+var<workgroup> nol_red: array<f32, 256>;
+var<workgroup> nol_red16: array<f32, 16>;
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    var ss = 0.0;
+    for (var i = li; i < n4; i += 256u) {
+        let v = nol_h[i];
+        ss += dot(v, v);
+        nol_xs[nol_slot(i)] = v * nol_w[i];
+    }
+    nol_red[li] = ss;
+    workgroupBarrier();
+    if (li < 16u) {
+        var s = 0.0;
+        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
+        nol_red16[li] = s;
+    }
+}
+fn nol_scale(eps: f32, n4: u32) -> f32 {
+    var tot = 0.0;
+    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
+    return inverseSqrt(tot / f32(4u * n4) + eps);
+}
+";
+
+/// WGSL: `nol_scale` of every input form that scales nothing after the product.
+const UNIT_SCALE: &str = "fn nol_scale(eps: f32, n4: u32) -> f32 { return 1.0; }\n";
+
 /// WGSL: `nol_stage` that only copies the plain input `act_x` into `nol_xs` (same slots as
 /// [`NORM_ON_LOAD`]).
 const COPY_ON_LOAD: &str = "
@@ -364,20 +399,28 @@ fn extra_rows(wg: u32, li: u32) -> bool {
 ";
 
 /// Input snippet of matvec_q4f.wgsl for `f`, with the staging and product of `bfp` (bfp24) or
-/// f32.
-fn q4f_input(f: Fused, bfp: bool) -> String {
+/// f32, and for [`Fused::Norm`] in f32 the late-norm form when `late`.
+fn q4f_input(f: Fused, bfp: bool, late: bool) -> String {
     let (norm, copy, dot) = if bfp {
         (
             format!(
-                "{BFP_DOT}{BFP_STAGE}{}{}",
+                "{BFP_DOT}{BFP_STAGE}{UNIT_SCALE}{}{}",
                 nol_inv_wgsl!(),
                 bfp_nol_stage(BFP_NORM_PRE, "nol_h[i] * inv * nol_w[i]")
             ),
-            format!("{BFP_DOT}{BFP_STAGE}{}", bfp_nol_stage("", "act_x[i]")),
+            format!(
+                "{BFP_DOT}{BFP_STAGE}{UNIT_SCALE}{}",
+                bfp_nol_stage("", "act_x[i]")
+            ),
             "",
         )
     } else {
-        (NORM_ON_LOAD.to_string(), COPY_ON_LOAD.to_string(), F32_DEQ)
+        let norm = if late {
+            LATE_NORM_ON_LOAD.to_string()
+        } else {
+            format!("{NORM_ON_LOAD}{UNIT_SCALE}")
+        };
+        (norm, format!("{COPY_ON_LOAD}{UNIT_SCALE}"), F32_DEQ)
     };
     let stage = |s: &str| format!("{s}{SWIZZLE}{dot}{}", if bfp { "" } else { F32_XBLOCK });
     match f {
@@ -471,6 +514,16 @@ impl MatvecKernel {
     /// The kernels whose int4 x f32 forms multiply as `numerics` says: in bfp24 for
     /// [`Numerics::Bfp24`], in f32 otherwise (quantised activations take the `q4` forms).
     pub fn with_numerics(ctx: &Context, numerics: Numerics) -> Result<MatvecKernel> {
+        Self::with_options(ctx, numerics, false)
+    }
+
+    /// [`Self::with_numerics`] with the f32 norm-on-load form scaling late when `late_norm`
+    /// ([`crate::tune::Tune::late_norm`]; bfp24 ignores it).
+    pub fn with_options(
+        ctx: &Context,
+        numerics: Numerics,
+        late_norm: bool,
+    ) -> Result<MatvecKernel> {
         let bfp = numerics == Numerics::Bfp24;
         let src = |s: &str| with_state(s);
         let body = include_str!("../shaders/matvec_q4.wgsl");
@@ -507,7 +560,7 @@ impl MatvecKernel {
                     &format!("matvec_q4f.r{r}.{f:?}{}", if bfp { ".bfp" } else { "" }),
                     &src(&format!(
                         "{}const R: u32 = {r}u;\n{}",
-                        q4f_input(f, bfp),
+                        q4f_input(f, bfp, late_norm && f == Fused::Norm),
                         q4f_body(r)
                     )),
                     "main",

@@ -2,6 +2,7 @@
 
 use super::matvec::*;
 use crate::context::Context;
+use crate::numerics::Numerics;
 use crate::state::RunState;
 use crate::tensor::{pack_i8, quantize_acts_ref, F32Matrix, Q4Matrix, QuantActs};
 use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
@@ -318,6 +319,8 @@ fn q4_norm_on_load_and_residual_add_match_reference() {
     };
     let mut r = rng(12);
     let k = MatvecKernel::new(&ctx).unwrap();
+    // The late-norm form (`--tune late_norm=1`): the same product, the scale applied last.
+    let late = MatvecKernel::with_options(&ctx, Numerics::F32, true).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
     // cols up to the 4096 shared-memory limit; rows hitting 1, 2 and 4 rows per team.
     for &(rows, cols) in &[
@@ -345,18 +348,21 @@ fn q4_norm_on_load_and_residual_add_match_reference() {
             weight: &wbuf,
             eps,
         };
-        let b = k.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
-        ctx.run_pass(|p| k.record(p, &b)).unwrap();
-        let got = ctx.read_f32(&y, rows).unwrap();
         let want = matvec_f32_ref(&deq, rows, cols, &xn);
-        assert_rows(
-            &got,
-            &want,
-            &deq,
-            &xn,
-            2e-6,
-            &format!("norm [{rows}, {cols}]"),
-        );
+        for (kern, form) in [(&k, "norm"), (&late, "late norm")] {
+            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+            let b = kern.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
+            ctx.run_pass(|p| kern.record(p, &b)).unwrap();
+            let got = ctx.read_f32(&y, rows).unwrap();
+            assert_rows(
+                &got,
+                &want,
+                &deq,
+                &xn,
+                2e-6,
+                &format!("{form} [{rows}, {cols}]"),
+            );
+        }
 
         // y += m · x on top of a random y.
         let x = rand_f32(&mut r, cols, -1.0, 1.0);
@@ -533,7 +539,7 @@ fn q4_with_folded_router_matches_reference() {
 #[test]
 fn q4_bfp24_forms_match_the_bfp_simulation() {
     use crate::kernels::router_fold::RouterFoldKernel;
-    use crate::numerics::{effective_acts, Numerics};
+    use crate::numerics::effective_acts;
     let Some(ctx) = gpu("q4_bfp24_forms_match_the_bfp_simulation") else {
         return;
     };

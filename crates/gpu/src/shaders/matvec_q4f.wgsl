@@ -15,7 +15,8 @@
 // cache lines or a 32-way bank conflict per instruction), which is what limited the f32 matvec.
 // Partials meet in shared memory; one barrier, then one thread per row adds its team's 32 lanes
 // (no subgroup-size assumption). The input snippet also declares `extra_rows(wg, li) -> bool`
-// (false, except for the folded router's workgroups) and `xblock(b)`, block b of the staged input
+// (false, except for the folded router's workgroups), `nol_scale(eps, n4)` (the late norm's
+// 1 / rms, else 1.0) and `xblock(b)`, block b of the staged input
 // in the form `dq_block` takes: 8 vec4<f32> (f32 numerics), or a `BfpBlock` (bfp24: the staging
 // turned the input into block floating point, numerics.rs BFP_DOT).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
@@ -68,6 +69,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < T; j++) {
             s += red[li * T + j];
         }
+        // 1.0 (exact) except in the late-norm form, where it is the RMSNorm's scale.
+        s *= nol_scale(p.eps, p.bpr * 8u);
         let row = (wid.x + wid.y * p.gx) * (8u * R) + li;
         if (row < p.rows) {
             if (ACC) {
