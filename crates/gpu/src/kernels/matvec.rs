@@ -146,6 +146,20 @@ macro_rules! nol_inv_wgsl {
         "
 var<workgroup> nol_red: array<f32, 256>;
 var<workgroup> nol_red16: array<f32, 16>;
+// Threads 0-15: the second level of the sum (after the barrier that publishes nol_red).
+fn nol_sum16(li: u32) {
+    if (li < 16u) {
+        var s = 0.0;
+        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
+        nol_red16[li] = s;
+    }
+}
+// 1 / rms from the second level (after the barrier that publishes nol_red16).
+fn nol_rms_inv(n4: u32, eps: f32) -> f32 {
+    var tot = 0.0;
+    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
+    return inverseSqrt(tot / f32(4u * n4) + eps);
+}
 fn nol_inv(li: u32, n4: u32, eps: f32) -> f32 {
     var ss = 0.0;
     for (var i = li; i < n4; i += 256u) {
@@ -154,15 +168,9 @@ fn nol_inv(li: u32, n4: u32, eps: f32) -> f32 {
     }
     nol_red[li] = ss;
     workgroupBarrier();
-    if (li < 16u) {
-        var s = 0.0;
-        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
-        nol_red16[li] = s;
-    }
+    nol_sum16(li);
     workgroupBarrier();
-    var tot = 0.0;
-    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
-    return inverseSqrt(tot / f32(4u * n4) + eps);
+    return nol_rms_inv(n4, eps);
 }
 "
     };
@@ -192,10 +200,10 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
 /// publishes that level too) is `1 / sqrt(mean(h^2) + eps)` from the same partials in the same
 /// order, and multiplies each row's sum. `rmsnorm(h) = inv (h ⊙ w)` with one scalar inv, so
 /// `W rmsnorm(h) = inv (W (h ⊙ w))`: the dots start one barrier after the loads instead of three.
-const LATE_NORM_ON_LOAD: &str = "
+const LATE_NORM_ON_LOAD: &str = concat!(
+    nol_inv_wgsl!(),
+    "
 var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4] h * w, n <= 4096
-var<workgroup> nol_red: array<f32, 256>;
-var<workgroup> nol_red16: array<f32, 16>;
 fn nol_stage(li: u32, n4: u32, eps: f32) {
     var ss = 0.0;
     for (var i = li; i < n4; i += 256u) {
@@ -205,18 +213,13 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
     }
     nol_red[li] = ss;
     workgroupBarrier();
-    if (li < 16u) {
-        var s = 0.0;
-        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
-        nol_red16[li] = s;
-    }
+    nol_sum16(li);
 }
 fn nol_scale(eps: f32, n4: u32) -> f32 {
-    var tot = 0.0;
-    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
-    return inverseSqrt(tot / f32(4u * n4) + eps);
+    return nol_rms_inv(n4, eps);
 }
-";
+"
+);
 
 /// WGSL: `nol_scale` of every input form that scales nothing after the product.
 const UNIT_SCALE: &str = "fn nol_scale(eps: f32, n4: u32) -> f32 { return 1.0; }\n";
