@@ -254,13 +254,15 @@ fn xblock(b: u32) -> array<vec4<f32>, 8> {
 ";
 
 /// WGSL of the bfp24 staging (numerics.rs `BFP_DOT`, which the includer also prepends): the
-/// arrays, `bfp_put` and `xblock`; `nol_stage` itself is [`bfp_nol_stage`]. Block b's parts lie at
-/// `nol_slot(8b + k)` (k = 0, 1 hi; 2, 3 mid; 4, 5 lo: the f32 staging's swizzle, so 8 lanes
-/// reading vec4 k of 8 consecutive blocks hit 8 different bank groups), its scale in `bfp_d[b]`
-/// and 8 Σ q in `bfp_q8[b]`. The thread of input vec4 i (elements 4j..4j+3 of block i / 8, j =
-/// i % 8) publishes the vec4's max |x|; after a barrier it reads the block's 8 maxima and writes
-/// word j % 4 of the part vec4s j / 4 (`bfp_put`): each block's words come from its own 8 threads
-/// and nothing reads the staging before the closing barrier, so the f32 values stay in registers.
+/// arrays, `bfp_put`, `bfp_rec` and `xblock`; `nol_stage` itself is [`bfp_nol_stage`]. Block b's
+/// parts lie at `nol_slot(8b + k)` (k = 0, 1 hi; 2, 3 mid; 4, 5 lo: the f32 staging's swizzle,
+/// so 8 lanes reading vec4 k of 8 consecutive blocks hit 8 different bank groups) and its record
+/// `(d, 8 Σ q)` at `nol_slot(8b + 6)`. The thread of input vec4 i (elements 4j..4j+3 of block
+/// i / 8, j = i % 8) publishes the vec4's max |x|; after a barrier it reads the block's 8 maxima
+/// and writes word j % 4 of the part vec4s j / 4 and its 8 Σ q (`bfp_put`); after another, the
+/// block's first thread writes the record (`bfp_rec`). Each block's words come from its own 8
+/// threads and nothing reads the staging before the closing barrier, so the f32 values never
+/// need to be staged.
 const BFP_STAGE: &str = "
 var<workgroup> nol_xs: array<vec4<u32>, 1024>;   // [n/4] bfp parts, 8 slots per block of 32
 var<workgroup> bfp_amax: array<f32, 1024>;       // [n/4] max |x| of each input vec4
