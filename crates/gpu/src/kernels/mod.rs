@@ -13,6 +13,7 @@ mod matmul_tests;
 pub mod matvec;
 #[cfg(test)]
 mod matvec_tests;
+mod matvec_wgsl;
 pub mod moe;
 pub mod norm;
 #[cfg(test)]

@@ -1,0 +1,352 @@
+//! WGSL sources of the matvec family (matvec.rs builds its pipelines from them): the input
+//! snippets of matvec_q4f.wgsl (norm on load, its late-scaled form, plain copy, and the bfp24
+//! staging), the per-row expansion of its body, the folded router's extra workgroups, and the
+//! input snippets of matvec_f32.wgsl.
+
+use super::matvec::Fused;
+use crate::numerics::{BFP_DOT, F32_DEQ};
+
+/// WGSL (a macro, so that [`NORM_ON_LOAD`] and the bfp24 norm can both be built from it with
+/// `concat!`): `nol_inv(li, n4, eps)` = `1 / sqrt(mean(h^2) + eps)` of `nol_h` (`[n4]` vec4s;
+/// 256 threads, every thread calls it). Two-level sum (two barriers), every thread adding the
+/// 16 partials in the same order; every workgroup of a dispatch computes the same value.
+macro_rules! nol_inv_wgsl {
+    () => {
+        "
+var<workgroup> nol_red: array<f32, 256>;
+var<workgroup> nol_red16: array<f32, 16>;
+// Threads 0-15: the second level of the sum (after the barrier that publishes nol_red).
+fn nol_sum16(li: u32) {
+    if (li < 16u) {
+        var s = 0.0;
+        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
+        nol_red16[li] = s;
+    }
+}
+// 1 / rms from the second level (after the barrier that publishes nol_red16).
+fn nol_rms_inv(n4: u32, eps: f32) -> f32 {
+    var tot = 0.0;
+    for (var j = 0u; j < 16u; j++) { tot += nol_red16[j]; }
+    return inverseSqrt(tot / f32(4u * n4) + eps);
+}
+fn nol_inv(li: u32, n4: u32, eps: f32) -> f32 {
+    var ss = 0.0;
+    for (var i = li; i < n4; i += 256u) {
+        let v = nol_h[i];
+        ss += dot(v, v);
+    }
+    nol_red[li] = ss;
+    workgroupBarrier();
+    nol_sum16(li);
+    workgroupBarrier();
+    return nol_rms_inv(n4, eps);
+}
+"
+    };
+}
+
+/// WGSL of the norm-on-load input (`nol_h` = residual stream, `nol_w` = RMSNorm weight, both
+/// `array<vec4<f32>>`, and `nol_slot(i)` declared by the includer): `nol_stage(li, n4, eps)` (256
+/// threads, every thread calls it) leaves `h / sqrt(mean(h^2) + eps) * w` in `nol_xs` (vec4 `i`
+/// at `nol_slot(i)`), the scale from `nol_inv`.
+pub(crate) const NORM_ON_LOAD: &str = concat!(
+    nol_inv_wgsl!(),
+    "
+var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4], n <= 4096
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    let inv = nol_inv(li, n4, eps);
+    for (var i = li; i < n4; i += 256u) {
+        nol_xs[nol_slot(i)] = nol_h[i] * inv * nol_w[i];
+    }
+    workgroupBarrier();
+}
+"
+);
+
+/// WGSL: the late-norm form of [`NORM_ON_LOAD`] (`--tune late_norm=1`): `nol_stage` stages
+/// `h ⊙ w` with the first level of the sum of squares and leaves the second level to threads
+/// 0-15 without waiting for it; `nol_scale` (called after the kernel's reduction barrier, which
+/// publishes that level too) is `1 / sqrt(mean(h^2) + eps)` from the same partials in the same
+/// order, and multiplies each row's sum. `rmsnorm(h) = inv (h ⊙ w)` with one scalar inv, so
+/// `W rmsnorm(h) = inv (W (h ⊙ w))`: the dots start one barrier after the loads instead of three.
+const LATE_NORM_ON_LOAD: &str = concat!(
+    nol_inv_wgsl!(),
+    "
+var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4] h * w, n <= 4096
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    var ss = 0.0;
+    for (var i = li; i < n4; i += 256u) {
+        let v = nol_h[i];
+        ss += dot(v, v);
+        nol_xs[nol_slot(i)] = v * nol_w[i];
+    }
+    nol_red[li] = ss;
+    workgroupBarrier();
+    nol_sum16(li);
+}
+fn nol_scale(eps: f32, n4: u32) -> f32 {
+    return nol_rms_inv(n4, eps);
+}
+"
+);
+
+/// WGSL: `nol_scale` of every input form that scales nothing after the product.
+const UNIT_SCALE: &str = "fn nol_scale(eps: f32, n4: u32) -> f32 { return 1.0; }\n";
+
+/// WGSL: `nol_stage` that only copies the plain input `act_x` into `nol_xs` (same slots as
+/// [`NORM_ON_LOAD`]).
+const COPY_ON_LOAD: &str = "
+var<workgroup> nol_xs: array<vec4<f32>, 1024>; // [n/4], n <= 4096
+fn nol_stage(li: u32, n4: u32, eps: f32) {
+    for (var i = li; i < n4; i += 256u) {
+        nol_xs[nol_slot(i)] = act_x[i];
+    }
+    workgroupBarrier();
+}
+";
+
+/// WGSL: the swizzled slot of vec4 `i` (block `i / 8`, vec4 `i % 8`) in matvec_q4f's staging.
+const SWIZZLE: &str =
+    "fn nol_slot(i: u32) -> u32 { return (i & ~7u) | (((i & 7u) + (i >> 3u)) & 7u); }\n";
+
+/// WGSL: `xblock(b)`, the 32 staged f32 activations of block b in element order (the f32
+/// staging of [`NORM_ON_LOAD`] / [`COPY_ON_LOAD`] through [`SWIZZLE`]).
+const F32_XBLOCK: &str = "
+fn xblock(b: u32) -> array<vec4<f32>, 8> {
+    let s = b & 7u;
+    return array<vec4<f32>, 8>(
+        nol_xs[b * 8u + (s & 7u)], nol_xs[b * 8u + ((s + 1u) & 7u)],
+        nol_xs[b * 8u + ((s + 2u) & 7u)], nol_xs[b * 8u + ((s + 3u) & 7u)],
+        nol_xs[b * 8u + ((s + 4u) & 7u)], nol_xs[b * 8u + ((s + 5u) & 7u)],
+        nol_xs[b * 8u + ((s + 6u) & 7u)], nol_xs[b * 8u + ((s + 7u) & 7u)]);
+}
+";
+
+/// WGSL of the bfp24 staging (numerics.rs `BFP_DOT`, which the includer also prepends): the
+/// arrays, `bfp_put`, `bfp_rec` and `xblock`; `nol_stage` itself is [`bfp_nol_stage`]. Block b's
+/// parts lie at `nol_slot(8b + k)` (k = 0, 1 hi; 2, 3 mid; 4, 5 lo: the f32 staging's swizzle,
+/// so 8 lanes reading vec4 k of 8 consecutive blocks hit 8 different bank groups) and its record
+/// `(d, 8 Σ q)` at `nol_slot(8b + 6)`. The thread of input vec4 i (elements 4j..4j+3 of block
+/// i / 8, j = i % 8) publishes the vec4's max |x|; after a barrier it reads the block's 8 maxima
+/// and writes word j % 4 of the part vec4s j / 4 and its 8 Σ q (`bfp_put`); after another, the
+/// block's first thread writes the record (`bfp_rec`). Each block's words come from its own 8
+/// threads and nothing reads the staging before the closing barrier, so the f32 values never
+/// need to be staged.
+const BFP_STAGE: &str = "
+var<workgroup> nol_xs: array<vec4<u32>, 1024>;   // [n/4] bfp parts, 8 slots per block of 32
+var<workgroup> bfp_amax: array<f32, 1024>;       // [n/4] max |x| of each input vec4
+var<workgroup> bfp_ps: array<i32, 1024>;         // [n/4] 8 Σ q of each input vec4 (wrapping)
+var<workgroup> bfp_d: array<f32, 128>;           // [n/32] block scales
+fn bfp_put(i: u32, v: vec4<f32>) {
+    let o = i & ~7u;
+    let m = max(
+        max(max(bfp_amax[o], bfp_amax[o + 1u]), max(bfp_amax[o + 2u], bfp_amax[o + 3u])),
+        max(max(bfp_amax[o + 4u], bfp_amax[o + 5u]), max(bfp_amax[o + 6u], bfp_amax[o + 7u])));
+    let sd = bfp_scale(m);
+    let q = bfp_q(v, sd.x);
+    let pk = bfp_pack(q);
+    let j = i & 7u;
+    let c = j & 3u;
+    let k = j >> 2u;
+    nol_xs[nol_slot(o + k)][c] = pk.x;
+    nol_xs[nol_slot(o + 2u + k)][c] = pk.y;
+    nol_xs[nol_slot(o + 4u + k)][c] = pk.z;
+    bfp_ps[i] = 8 * ((q.x + q.y) + (q.z + q.w));
+    if (j == 0u) {
+        bfp_d[i >> 3u] = sd.y;
+    }
+}
+// The record of block i / 8 (i = its first vec4): (d, 8 Σ q) at its slot 6.
+fn bfp_rec(i: u32) {
+    let q8 = ((bfp_ps[i] + bfp_ps[i + 1u]) + (bfp_ps[i + 2u] + bfp_ps[i + 3u]))
+        + ((bfp_ps[i + 4u] + bfp_ps[i + 5u]) + (bfp_ps[i + 6u] + bfp_ps[i + 7u]));
+    nol_xs[nol_slot(i + 6u)] = vec4<u32>(bitcast<u32>(bfp_d[i >> 3u]), bitcast<u32>(q8), 0u, 0u);
+}
+fn xblock(b: u32) -> BfpBlock {
+    let o = b * 8u;
+    let s = b & 7u;
+    let r = nol_xs[o + ((s + 6u) & 7u)];
+    return BfpBlock(
+        array<vec4<u32>, 6>(nol_xs[o + s], nol_xs[o + ((s + 1u) & 7u)], nol_xs[o + ((s + 2u) & 7u)],
+            nol_xs[o + ((s + 3u) & 7u)], nol_xs[o + ((s + 4u) & 7u)], nol_xs[o + ((s + 5u) & 7u)]),
+        bitcast<f32>(r.x), bitcast<i32>(r.y));
+}
+";
+
+/// The input vec4s a thread of the bfp24 staging holds (n <= 4096 in 256 threads).
+const BFP_IT: u32 = 4;
+
+/// WGSL: the bfp24 `nol_stage(li, n4, eps)` with `pre` run first (the norm's reduction, or
+/// nothing) and input vec4 `i` given by the expression `value` (of `i`). Written out per held
+/// vec4 (v0, v1, ..): separate variables, since a per-thread array indexed in a loop may be
+/// placed in slow local memory by the driver's compiler.
+fn bfp_nol_stage(pre: &str, value: &str) -> String {
+    let (mut load, mut put, mut rec) = (String::new(), String::new(), String::new());
+    for t in 0..BFP_IT {
+        load += &format!(
+            "    let i{t} = li + {}u;
+    var v{t} = vec4<f32>(0.0);
+    if (i{t} < n4) {{
+        let i = i{t};
+        v{t} = {value};
+        let a = abs(v{t});
+        bfp_amax[i] = max(max(a.x, a.y), max(a.z, a.w));
+    }}
+",
+            256 * t
+        );
+        put += &format!("    if (i{t} < n4) {{ bfp_put(i{t}, v{t}); }}\n");
+        rec += &format!("    if (i{t} < n4 && (i{t} & 7u) == 0u) {{ bfp_rec(i{t}); }}\n");
+    }
+    format!(
+        "fn nol_stage(li: u32, n4: u32, eps: f32) {{
+{pre}{load}    workgroupBarrier();
+{put}    workgroupBarrier();
+{rec}    workgroupBarrier();
+}}
+"
+    )
+}
+
+/// The bfp24 norm-on-load input's scale (`nol_h`, `nol_w` as in [`NORM_ON_LOAD`]): the same
+/// `nol_inv`, so the same `h * inv * w` values.
+const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
+
+/// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team.
+pub(super) fn q4f_body(r: u32) -> String {
+    let (mut pre, mut decl, mut first) = (String::new(), String::new(), String::new());
+    let (mut body, mut store) = (String::new(), String::new());
+    for i in 0..r {
+        pre += &format!(
+            "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
+             let pq{i} = qs[r{i} * p.bpr + b0]; let ps{i} = scale(r{i} * p.bpr + b0);\n    "
+        );
+        decl += &format!("var acc{i} = 0.0;\n    ");
+        first += &format!("acc{i} = ps{i} * dq_block(pq{i}, x);\n        ");
+        body += &format!(
+            "{{ let blk = r{i} * p.bpr + b; \
+             acc{i} = fma(scale(blk), dq_block(qs[blk], x), acc{i}); }}\n        "
+        );
+        store += &format!("red[(team * R + {i}u) * T + lane] = acc{i};\n    ");
+    }
+    include_str!("../shaders/matvec_q4f.wgsl")
+        .replace("//ROWS_PREFETCH", &pre)
+        .replace("//ROWS_DECL", &decl)
+        .replace("//ROWS_FIRST", &first)
+        .replace("//ROWS_BODY", &body)
+        .replace("//ROWS_STORE", &store)
+}
+
+/// WGSL: `extra_rows` of every matvec_q4f form but the folded router's.
+const NO_EXTRA_ROWS: &str = "fn extra_rows(wg: u32, li: u32) -> bool { return false; }\n";
+
+/// WGSL: the folded router's workgroups of the o-proj dispatch ([`Fused::Router`]). Params: p1 =
+/// workgroups of the matrix rows (those come first), p2 = E, p3 = Q/4 (the matrix's columns);
+/// the fold rows are `[Q + H]` with H = p.rows. One row per workgroup, 256 lanes striding it by
+/// vec4, then a tree reduction in `red`.
+const ROUTER_ROWS: &str = "
+@group(0) @binding(7) var<storage, read> fold_h: array<vec4<f32>>; // [H/4] residual stream
+@group(0) @binding(8) var<storage, read> fold_w: array<vec4<f32>>; // [E, (Q + H)/4] router fold
+@group(0) @binding(9) var<storage, read_write> fold_z: array<f32>; // [E] pre-norm logits
+fn extra_rows(wg: u32, li: u32) -> bool {
+    if (wg < p.p1) { return false; }
+    let e = wg - p.p1;
+    let q4 = p.p3;
+    let c4 = q4 + p.rows / 4u;
+    var acc = 0.0;
+    if (e < p.p2) {
+        for (var c = li; c < c4; c += 256u) {
+            var x: vec4<f32>;
+            if (c < q4) { x = act_x[c]; } else { x = fold_h[c - q4]; }
+            acc += dot(fold_w[e * c4 + c], x);
+        }
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var st = 128u; st > 0u; st >>= 1u) {
+        if (li < st) { red[li] += red[li + st]; }
+        workgroupBarrier();
+    }
+    if (li == 0u && e < p.p2) { fold_z[e] = red[0]; }
+    return true;
+}
+";
+
+/// Input snippet of matvec_q4f.wgsl for `f`, with the staging and product of `bfp` (bfp24) or
+/// f32, and for [`Fused::Norm`] in f32 the late-norm form when `late`.
+pub(super) fn q4f_input(f: Fused, bfp: bool, late: bool) -> String {
+    let (norm, copy, dot) = if bfp {
+        (
+            format!(
+                "{BFP_DOT}{BFP_STAGE}{UNIT_SCALE}{}{}",
+                nol_inv_wgsl!(),
+                bfp_nol_stage(BFP_NORM_PRE, "nol_h[i] * inv * nol_w[i]")
+            ),
+            format!(
+                "{BFP_DOT}{BFP_STAGE}{UNIT_SCALE}{}",
+                bfp_nol_stage("", "act_x[i]")
+            ),
+            "",
+        )
+    } else {
+        let norm = if late {
+            LATE_NORM_ON_LOAD.to_string()
+        } else {
+            format!("{NORM_ON_LOAD}{UNIT_SCALE}")
+        };
+        (norm, format!("{COPY_ON_LOAD}{UNIT_SCALE}"), F32_DEQ)
+    };
+    let stage = |s: &str| format!("{s}{SWIZZLE}{dot}{}", if bfp { "" } else { F32_XBLOCK });
+    match f {
+        Fused::Norm => format!(
+            "@group(0) @binding(2) var<storage, read> nol_h: array<vec4<f32>>; // [n/4] residual stream
+@group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>; // [n/4] RMSNorm weight
+{}{NO_EXTRA_ROWS}
+const ACC: bool = false;
+",
+            stage(&norm)
+        ),
+        Fused::Router => format!(
+            "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
+{}{ROUTER_ROWS}
+const ACC: bool = false;
+",
+            stage(&copy)
+        ),
+        _ => format!(
+            "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]
+{}{NO_EXTRA_ROWS}
+const ACC: bool = {};
+",
+            stage(&copy),
+            f == Fused::Acc
+        ),
+    }
+}
+
+/// Input snippet of matvec_f32.wgsl, norm-on-load or not.
+pub(super) fn f32_input(norm: bool) -> String {
+    if norm {
+        format!(
+            "@group(0) @binding(1) var<storage, read> nol_h: array<vec4<f32>>; // [c4] residual stream
+@group(0) @binding(5) var<storage, read> nol_w: array<vec4<f32>>; // [c4] RMSNorm weight
+@group(0) @binding(6) var<storage, read_write> nol_out: array<vec4<f32>>; // [c4] normalised
+{NORM_ON_LOAD}
+fn nol_slot(i: u32) -> u32 {{ return i; }}
+fn xv(c: u32) -> vec4<f32> {{ return nol_xs[c]; }}
+fn nol_publish(wg: u32, li: u32, n4: u32) {{
+    if (wg == 0u) {{
+        for (var i = li; i < n4; i += 256u) {{ nol_out[i] = nol_xs[i]; }}
+    }}
+}}
+"
+        )
+    } else {
+        "@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>; // [c4]
+fn xv(c: u32) -> vec4<f32> { return x[c]; }
+fn nol_stage(li: u32, n4: u32, eps: f32) {}
+fn nol_publish(wg: u32, li: u32, n4: u32) {}
+"
+        .to_string()
+    }
+}
