@@ -49,8 +49,13 @@ if has synth || has parity || has bench || has profile || has routerab || has ab
   $N inspect $MODEL 2>&1 | tee -a "$S"
 fi
 if has parity; then
-  say "parity gpu vs oracle (3 built-in prompts x 32 tokens)"
-  timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  # PARITY_SETS: ';'-separated extra flag sets, each checked after the default (e.g.
+  # "--tune late_norm=1").
+  IFS=';' read -ra PSETS <<< "${PARITY_SETS:-}"
+  for ps in "" "${PSETS[@]}"; do
+    say "parity gpu vs oracle (3 built-in prompts x 32 tokens) [${ps:-default}]"
+    timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
 fi
 if has kernels; then
   say "kernel microbenchmark (pos 512)"

@@ -300,7 +300,8 @@ impl GpuBackend {
             "gpu adapter: {} ({:?}, {:?})\n\
              numerics: {} (int4 weights x {} activations)\n\
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
-             routing {:?}, router {}, attention combine {}, MoE down slot groups {}\n\
+             routing {:?}, router {}, attention combine {}, MoE down slot groups {}, \
+             lm_head {}, tune {}\n\
              prefill: {} tokens per command buffer\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions{}",
             info.name,
@@ -322,6 +323,8 @@ impl GpuBackend {
                 Combine::Dispatch => "in its own dispatch",
             },
             self.plan.moe_down_split(),
+            self.plan.head_form(),
+            o.tune,
             PREFILL_CHUNK,
             self.resident_bytes(),
             self.resident_bytes() as f64 / (1u64 << 20) as f64,

@@ -74,17 +74,22 @@ fn logits_match_oracle_per_step() {
     for (seed, tie) in [(1, false), (2, true)] {
         let m = model(seed, tie);
         // Every numerics (f32 with the router folded into the o-proj), f32 with the router in
-        // its own dispatch, and f32 with the qkv's norm scaled late (`--tune late_norm=1`).
-        let forms = Numerics::ALL.map(|n| (n, true, false));
-        let extra = [(Numerics::F32, false, false), (Numerics::F32, true, true)];
-        for (numerics, fold_router, late) in forms.into_iter().chain(extra) {
+        // its own dispatch, and the f32 forms `--tune` selects: the qkv's norm applied before
+        // its dots, the folded gate/up's likewise (the defaults scale both late), the lm_head
+        // as the norm-on-load matvec in f32 and in bfp24.
+        let forms = Numerics::ALL.map(|n| (n, true, ""));
+        let extra = [
+            (Numerics::F32, false, ""),
+            (Numerics::F32, true, "late_norm=0"),
+            (Numerics::F32, true, "moe_late_norm=0"),
+            (Numerics::F32, true, "head=1"),
+            (Numerics::F32, true, "head=2"),
+        ];
+        for (numerics, fold_router, tune) in forms.into_iter().chain(extra) {
             let o = GpuOptions {
                 numerics,
                 fold_router,
-                tune: crate::tune::Tune {
-                    late_norm: late.then_some(1),
-                    ..Default::default()
-                },
+                tune: tune.parse().unwrap(),
                 ..opts(true, 4)
             };
             let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
@@ -99,7 +104,7 @@ fn logits_match_oracle_per_step() {
                 assert_eq!(gb.position(), i + 1);
             }
             eprintln!(
-                "seed {seed} tie {tie} {numerics} fold_router {fold_router} late norm {late}: \
+                "seed {seed} tie {tie} {numerics} fold_router {fold_router} tune [{tune}]: \
                  worst per-step logits cosine {worst}"
             );
             // Plain int8 is allowed its quantisation noise here (parity_tests.rs holds the
@@ -211,8 +216,9 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
     let want = greedy(&mut oracle, &p, 48, &[]);
     let sets = [
-        "qkv_rows=1,o_rows=4,down_split=1",
-        "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2",
+        "qkv_rows=1,o_rows=4,down_split=1,head=1",
+        "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2,head=2,\
+         moe_late_norm=0",
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
         "qkv_rows=4,o_rows=2,down_split=4,attn_workgroups=4,attn_tile_loads=1,attn_fused_max=1",
     ];
@@ -232,6 +238,12 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
             "{s}"
         );
         assert_eq!(g.plan().moe_down_split(), tune.down_split.unwrap(), "{s}");
+        let head = ["one-column matmul", "matvec", "matvec (bfp24)"];
+        assert_eq!(
+            g.plan().head_form(),
+            head[tune.head.unwrap_or(0) as usize],
+            "{s}"
+        );
         assert_eq!(greedy(&mut g, &p, 48, &[]), want, "{s}");
     }
     // A split the kernels do not have is an error at start-up, not a silent default.
@@ -243,6 +255,19 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
         .err()
         .expect("o_rows=3 accepted");
     assert!(e.to_string().contains("rows per team"), "{e}");
+    for (s, want) in [
+        ("head=3", "tune head"),
+        ("moe_late_norm=2", "tune moe_late_norm"),
+    ] {
+        let bad = GpuOptions {
+            tune: s.parse().unwrap(),
+            ..opts(false, 8)
+        };
+        let e = GpuBackend::with_context(&ctx, m.as_ref(), bad)
+            .err()
+            .unwrap_or_else(|| panic!("{s} accepted"));
+        assert!(e.to_string().contains(want), "{s}: {e}");
+    }
 }
 
 #[test]

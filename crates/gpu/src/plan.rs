@@ -139,14 +139,36 @@ struct Kernels {
     moe: MoeKernel,
     advance: AdvanceKernel,
     matmul: MatmulKernel,
+    /// The bfp24 matvecs of the lm_head under `--tune head=2`.
+    head_bfp: Option<MatvecKernel>,
 }
 
 /// The lm_head: the fused plan's int4 head is the one-column matmul (its tall-matrix tile read
 /// 151936 x 2048 in 88 us vs the matvec's 116 on the H200, kernel_bench 2026-11-29), normalising
-/// on load; otherwise a matvec.
+/// on load, or (`--tune head=1|2`) the norm-on-load matvec in f32 or bfp24 (`Bfp`, recorded
+/// with [`Kernels::head_bfp`]); otherwise a matvec.
 enum HeadBinding {
     Matvec(MatvecBinding),
+    Bfp(MatvecBinding),
     Matmul(MatmulBinding),
+}
+
+impl HeadBinding {
+    fn dispatch_count(&self) -> usize {
+        match self {
+            HeadBinding::Matvec(b) | HeadBinding::Bfp(b) => b.dispatch_count(),
+            HeadBinding::Matmul(b) => b.dispatch_count(),
+        }
+    }
+
+    /// The form `--verbose` names.
+    fn name(&self) -> &'static str {
+        match self {
+            HeadBinding::Matvec(_) => "matvec",
+            HeadBinding::Bfp(_) => "matvec (bfp24)",
+            HeadBinding::Matmul(_) => "one-column matmul",
+        }
+    }
 }
 
 /// One layer's diagnostics: `h [H]` after the layer and its expert ids `[K]`, best first.
@@ -213,16 +235,23 @@ impl DecodePlan {
         anyhow::ensure!(opts.max_run > 0, "a run needs at least one step");
         let ap = AttentionParams::from_config(&cfg, opts.context_len)?;
         let mp = MoeParams::from_config(&cfg)?;
-        anyhow::ensure!(
-            opts.tune.late_norm.unwrap_or(0) <= 1,
-            "tune late_norm must be 0 or 1, not {}",
-            opts.tune.late_norm.unwrap_or(0)
-        );
+        for (key, v) in [
+            ("late_norm", opts.tune.late_norm),
+            ("moe_late_norm", opts.tune.moe_late_norm),
+        ] {
+            anyhow::ensure!(
+                v.unwrap_or(0) <= 1,
+                "tune {key} must be 0 or 1, not {}",
+                v.unwrap_or(0)
+            );
+        }
+        let head = opts.tune.head.unwrap_or(0);
+        anyhow::ensure!(head <= 2, "tune head must be 0, 1 or 2, not {head}");
         let k = Kernels {
             matvec: MatvecKernel::with_options(
                 ctx,
                 opts.numerics,
-                opts.tune.late_norm.is_some_and(|v| v != 0),
+                opts.tune.late_norm.unwrap_or(1) != 0,
             )?
             .with_rows_per_team(
                 cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
@@ -240,6 +269,10 @@ impl DecodePlan {
             moe: MoeKernel::with_f32_tuning(ctx, mp, opts.numerics, opts.tune.moe(ctx))?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,
+            head_bfp: match head {
+                2 => Some(MatvecKernel::with_numerics(ctx, Numerics::Bfp24)?),
+                _ => None,
+            },
         };
         let nq = opts.numerics;
         let quant = |label: &str, n: usize| QuantActs::for_numerics(ctx, label, n, nq);
@@ -421,6 +454,13 @@ impl DecodePlan {
         let embed = k.embed.bind(ctx, &weights.embed, &a.h, st)?;
         let final_norm = norm(None, &weights.out_norm)?;
         let head = match weights.head() {
+            HeadRef::Q4(m) if fused && opts.tune.head.unwrap_or(0) != 0 => {
+                let x = nol(&a.h, &weights.out_norm, eps);
+                match &k.head_bfp {
+                    Some(hk) => HeadBinding::Bfp(hk.bind_q4_norm(ctx, m, x, &a.logits, st)?),
+                    None => HeadBinding::Matvec(k.matvec.bind_q4_norm(ctx, m, x, &a.logits, st)?),
+                }
+            }
             HeadRef::Q4(m) if fused => HeadBinding::Matmul(k.matmul.bind(
                 ctx,
                 &MatmulArgs {
@@ -538,8 +578,18 @@ impl DecodePlan {
     fn record_head(&self, pass: &mut wgpu::ComputePass<'_>) {
         match &self.head {
             HeadBinding::Matvec(b) => self.k.matvec.record(pass, b),
+            HeadBinding::Bfp(b) => {
+                if let Some(hk) = &self.k.head_bfp {
+                    hk.record(pass, b)
+                }
+            }
             HeadBinding::Matmul(b) => self.k.matmul.record(pass, b),
         }
+    }
+
+    /// The lm_head's form, for `--verbose`.
+    pub fn head_form(&self) -> &'static str {
+        self.head.name()
     }
 
     /// Record one step (`argmax`: with the on-GPU argmax + state advance) calling
@@ -695,10 +745,7 @@ impl DecodePlan {
                     + MoeKernel::dispatches(self.opts.routing) as usize
             })
             .sum();
-        let head = match &self.head {
-            HeadBinding::Matvec(b) => b.dispatch_count(),
-            HeadBinding::Matmul(b) => b.dispatch_count(),
-        };
+        let head = self.head.dispatch_count();
         self.embed.dispatch_count() + per_layer + !self.fused as usize + head + 2
     }
 }

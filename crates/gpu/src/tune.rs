@@ -31,14 +31,22 @@ pub struct Tune {
     pub attn_workgroups: Option<u32>,
     pub attn_tile_loads: Option<u32>,
     pub attn_fused_max: Option<u32>,
-    /// 1: the norm-on-load matvec (qkv) stages `h ⊙ w` and scales each row's sum by
-    /// `1 / rms(h)` at the end, so its dot products need not wait for the norm's reduction
-    /// (matvec.rs `LATE_NORM_ON_LOAD`); 0 or unset: the norm first.
+    /// 1 or unset (the default since run 63: tg128 318.2 against 315.2): the norm-on-load
+    /// matvec (qkv) stages `h ⊙ w` and scales each row's sum by `1 / rms(h)` at the end, so
+    /// its dot products need not wait for the norm's reduction (matvec_wgsl.rs
+    /// `LATE_NORM_ON_LOAD`); 0: the norm first.
     pub late_norm: Option<u32>,
+    /// 1 or unset (the default): the folded MoE gate/up scales late likewise
+    /// ([`F32Tuning::late_norm`]); 0: the norm first.
+    pub moe_late_norm: Option<u32>,
+    /// The fused plan's int4 lm_head: 0 or unset the one-column matmul normalising on load,
+    /// 1 the norm-on-load matvec in the plan's f32 form, 2 that matvec with bfp24 activations
+    /// (integer dots; [`crate::numerics::Numerics::Bfp24`]).
+    pub head: Option<u32>,
 }
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 12] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -49,6 +57,8 @@ pub const KEYS: [&str; 10] = [
     "attn_tile_loads",
     "attn_fused_max",
     "late_norm",
+    "moe_late_norm",
+    "head",
 ];
 
 impl Tune {
@@ -64,6 +74,8 @@ impl Tune {
             "attn_tile_loads" => &mut self.attn_tile_loads,
             "attn_fused_max" => &mut self.attn_fused_max,
             "late_norm" => &mut self.late_norm,
+            "moe_late_norm" => &mut self.moe_late_norm,
+            "head" => &mut self.head,
             _ => return None,
         })
     }
@@ -76,6 +88,7 @@ impl Tune {
             down_lanes: self.down_lanes.unwrap_or(t.down_lanes),
             down_rows: self.down_rows.unwrap_or(t.down_rows),
             down_split: self.down_split.unwrap_or(t.down_split),
+            late_norm: self.moe_late_norm.map_or(t.late_norm, |v| v != 0),
         }
     }
 
@@ -146,6 +159,8 @@ impl std::fmt::Display for Tune {
             self.attn_tile_loads,
             self.attn_fused_max,
             self.late_norm,
+            self.moe_late_norm,
+            self.head,
         ];
         let set: Vec<String> = KEYS
             .iter()
@@ -166,9 +181,10 @@ mod tests {
 
     #[test]
     fn parses_round_trips_and_rejects_bad_input() {
-        let t: Tune = "o_rows=1, down_split=8,qkv_rows=2,attn_fused_max=4,late_norm=1"
-            .parse()
-            .unwrap();
+        let t: Tune =
+            "o_rows=1, down_split=8,qkv_rows=2,attn_fused_max=4,late_norm=1,moe_late_norm=0"
+                .parse()
+                .unwrap();
         assert_eq!(
             t,
             Tune {
@@ -177,12 +193,13 @@ mod tests {
                 down_split: Some(8),
                 attn_fused_max: Some(4),
                 late_norm: Some(1),
+                moe_late_norm: Some(0),
                 ..Tune::default()
             }
         );
         assert_eq!(
             t.to_string(),
-            "qkv_rows=2,o_rows=1,down_split=8,attn_fused_max=4,late_norm=1"
+            "qkv_rows=2,o_rows=1,down_split=8,attn_fused_max=4,late_norm=1,moe_late_norm=0"
         );
         assert_eq!(t.to_string().parse::<Tune>().unwrap(), t);
         assert!("".parse::<Tune>().unwrap().is_default());

@@ -300,8 +300,9 @@ impl MoeKernel {
         };
         let gu_src = if staged.0 {
             format!(
-                "{}{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
+                "{}const LATE_NORM: bool = {};\n{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
                 consts(p, gate_up_t, p.hidden),
+                tune.late_norm,
                 include_str!("../shaders/moe_gate_up_f32.wgsl")
             )
         } else {

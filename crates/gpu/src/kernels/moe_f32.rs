@@ -26,6 +26,11 @@ pub struct F32Tuning {
     /// which adds their sums (moe_down_f32.wgsl). More than 1 needs cross-workgroup memory
     /// ordering: Vulkan only ([`F32Tuning::for_context`]).
     pub down_split: u32,
+    /// The folded gate/up (`gate_up_folded`) stages `(h + a) ⊙ w` and multiplies each row's
+    /// gate and up sums by `1 / rms(h + a)` instead of normalising the staged input before its
+    /// weight loads (`LATE_NORM` in moe_gate_up_f32.wgsl). A form, not a split; the default
+    /// since runs 64-65 (tg128 +0.1-0.9% side by side on the H200, parity PASS).
+    pub late_norm: bool,
 }
 
 impl F32Tuning {
@@ -38,6 +43,7 @@ impl F32Tuning {
         down_lanes: 16,
         down_rows: 1,
         down_split: 4,
+        late_norm: true,
     };
 
     /// [`F32Tuning::DEFAULT`] for `ctx`'s backend: the down slot groups only where workgroups

@@ -89,6 +89,28 @@ fn stage(s: Site, is_v: bool, t0: u32, h: u32, rows: u32, li: u32, own: u32) {
     //STAGE_STORES
 }
 
+// The chunk's first tile of K and V rows (up to P), loaded into registers as `attend` begins:
+// the cache does not depend on this step's q/k norms and RoPE, so those loads overlap that work
+// instead of following it (two memory round trips off a short chunk's critical path). Row
+// `own`'s v comes from qkv (final when the dispatch starts); its k is the roped one the owning
+// workgroup computes later, substituted when the tile is stored (`stage_pre`). PRE_FIELDS,
+// PRE_LOADS, PRE_STORES: expanded by the host per load j < LPT, like `stage`.
+struct Pre {
+    //PRE_FIELDS
+};
+fn prefetch(s: Site, t0: u32, h: u32, rows: u32, li: u32, own: u32) -> Pre {
+    let n = rows * D4;
+    let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
+    var p: Pre;
+    //PRE_LOADS
+    return p;
+}
+// `stage` for the prefetched first tile: K (with row `own` from `kown`) or V.
+fn stage_pre(p: Pre, is_v: bool, t0: u32, rows: u32, li: u32, own: u32) {
+    let n = rows * D4;
+    //PRE_STORES
+}
+
 // The whole kernel for site `s` (the caller has checked the done flags). Constants per entry
 // point: `single` picks the output; `write_kv` makes the owning workgroup norm, rope and write
 // row pos itself (else a previous dispatch wrote it and it is read from the cache like the rest).
@@ -111,6 +133,7 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
         own = pos;
     }
 
+    let pre = prefetch(s, t0, h, min(P, len), li, own);
     rope_prepare(s.qkv, h, pos, li, 0u);
     for (var o = li; o < G * D4; o += WG) {
         qs[o] = roped4(s.qkv, h, o / D4, o % D4) * SCALE;
@@ -130,7 +153,11 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
     for (var tt = 0u; tt < len; tt += P) {
         let rows = min(P, len - tt);
         workgroupBarrier();
-        stage(s, false, t0 + tt, h, rows, li, own);
+        if (tt == 0u) {
+            stage_pre(pre, false, t0, rows, li, own);
+        } else {
+            stage(s, false, t0 + tt, h, rows, li, own);
+        }
         workgroupBarrier();
         for (var i = li; i < G * P; i += WG) {
             let g = i / P;
@@ -205,7 +232,11 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
     for (var tt = 0u; tt < len; tt += P) {
         let rows = min(P, len - tt);
         workgroupBarrier();
-        stage(s, true, t0 + tt, h, rows, li, own);
+        if (tt == 0u) {
+            stage_pre(pre, true, t0, rows, li, own);
+        } else {
+            stage(s, true, t0 + tt, h, rows, li, own);
+        }
         workgroupBarrier();
         for (var j = 0u; j < OPT; j++) {
             let o = li + j * WG;

@@ -84,9 +84,10 @@ fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
 }
 
 // Rows [R wid.x, +R) of expert e for slot k, written to h [hbase + k*I..] (hbase: the column's
-// first h element). `e` is workgroup-uniform; every thread calls it (it has a barrier), a part
-// that does not hold e computes nothing.
-fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32) {
+// first h element), each row's gate and up sums multiplied by `sc` (the late norm's 1 / rms;
+// 1.0, an exact no-op, elsewhere). `e` is workgroup-uniform; every thread calls it (it has a
+// barrier), a part that does not hold e computes nothing.
+fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32, sc: f32) {
     let held = e >= params.e_lo && e < params.e_hi;
     let team = li / T;
     let lane = li % T;
@@ -114,6 +115,8 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32) {
             g += red_g[li + j];
             u += red_u[li + j];
         }
+        g *= sc;
+        u *= sc;
         h[hbase + k * I + row] = g / (1.0 + exp(-g)) * u;
     }
 }
@@ -129,7 +132,7 @@ fn gate_up(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         slot_e = min(route[k], E - 1u);
     }
     // workgroupUniformLoad's barrier also publishes the staged x.
-    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, 0u);
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, 0u, 1.0);
 }
 
 @compute @workgroup_size(WG)
@@ -167,12 +170,15 @@ fn routed(wid: vec2<u32>, li: u32, col: u32) {
             route[col * 2u * K + K + k] = bitcast<u32>(route_weight(k));
         }
     }
-    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, col * K * I);
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, col * K * I, 1.0);
 }
 
 // Folded router (router_fold.rs, the fused single-token plan): the input is rmsnorm(h + a) and
 // the logits are z / rms(h + a), z = fold · [att | h] from the o-proj dispatch. Params.pad holds
-// the RMSNorm eps (f32 bits).
+// the RMSNorm eps (f32 bits). With LATE_NORM (a host constant) the staged input is (h + a) ⊙ w
+// and each row's gate and up sums are multiplied by 1 / rms(h + a) instead: rmsnorm(v) = inv
+// (v ⊙ w) with one scalar inv, so W rmsnorm(v) = inv (W (v ⊙ w)), and the pass that would
+// normalise the staged input between the norm's sum and the weight loads is gone.
 @group(0) @binding(14) var<storage, read> fold_h: array<vec4<f32>>;  // [H/4] residual before the o-proj
 @group(0) @binding(15) var<storage, read> fold_a: array<vec4<f32>>;  // [H/4] o-proj output
 @group(0) @binding(16) var<storage, read> fold_w: array<vec4<f32>>;  // [H/4] RMSNorm weight
@@ -196,7 +202,11 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     var ss = 0.0;
     for (var i = li; i < NB * 8u; i += WG) {
         let v = fold_h[i] + fold_a[i];
-        xs[xs_slot(i)] = v;
+        if (LATE_NORM) {
+            xs[xs_slot(i)] = v * fold_w[i];
+        } else {
+            xs[xs_slot(i)] = v;
+        }
         ss += dot(v, v);
     }
     for (var e = li; e < E; e += WG) {
@@ -249,9 +259,11 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         tot += red_u[j];
     }
     let inv = inverseSqrt(tot / f32(H) + bitcast<f32>(params.pad));
-    for (var i = li; i < NB * 8u; i += WG) {
-        let s = xs_slot(i);
-        xs[s] = xs[s] * inv * fold_w[i];
+    if (!LATE_NORM) {
+        for (var i = li; i < NB * 8u; i += WG) {
+            let s = xs_slot(i);
+            xs[s] = xs[s] * inv * fold_w[i];
+        }
     }
     for (var e = li; e < E; e += WG) {
         lg[e] = lg[e] * inv;
@@ -267,13 +279,15 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     }
     if (first && k == 0u) {
         for (var i = li; i < NB * 8u; i += WG) {
-            pub_x[i] = xs[xs_slot(i)];
+            // The late form's staged (h + a) ⊙ w is scaled here (the trace compares within a
+            // tolerance; the rows themselves scale their sums).
+            pub_x[i] = xs[xs_slot(i)] * select(1.0, inv, LATE_NORM);
         }
         for (var e = li; e < E; e += WG) {
             pub_lg[e] = lg[e];
         }
     }
-    expert_rows(e, k, wid.x, li, 0u);
+    expert_rows(e, k, wid.x, li, 0u, select(1.0, inv, LATE_NORM));
 }
 
 // Blocks per lane of one row (the last one only on lanes below NB % T).
