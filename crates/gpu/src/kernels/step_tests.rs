@@ -123,16 +123,47 @@ fn rmsnorm_precise_quantisation_matches_simulation() {
             let q = ctx.read_u32(&qa.q, n / 2).unwrap();
             let s = ctx.read_f32(&qa.s, n / 8).unwrap();
             let byte = |w: u32, j: usize| (w >> (8 * (j % 4))) as u8 as i8;
+            // The simulation divides exactly; WGSL's division is only within 2.5 ulp (the H200
+            // gave d1 one ulp off), and the residuals `y - hi * d1` may or may not be fused by
+            // the driver (Vulkan allows either, even for an explicit `fma`). So the scales are
+            // checked to within those roundings, the bytes to within one step at a rounding
+            // boundary, and the property the form exists for exactly: every element is
+            // `hi d1 + lo d2` to within half a d2 step.
             for (bi, (hi, lo, d1, d2)) in quantize_precise_ref(&y).into_iter().enumerate() {
                 let (ghi, glo) = (&q[bi * 16..bi * 16 + 8], &q[bi * 16 + 8..bi * 16 + 16]);
-                for j in 0..32 {
-                    assert_eq!(byte(ghi[j / 4], j), hi[j], "{what}: block {bi} hi[{j}]");
-                    let dl = byte(glo[j / 4], j) as i32 - lo[j] as i32;
-                    assert!(dl.abs() <= 1, "{what}: block {bi} lo[{j}]");
-                }
                 let sb = &s[bi * 4..bi * 4 + 4];
-                assert_eq!(sb[0], d1, "{what}: block {bi} d1");
-                assert_eq!(sb[2], d2, "{what}: block {bi} d2");
+                // d1 = amax / 127: the division's few ulps.
+                let tol1 = 4.0 * f32::EPSILON * d1.abs();
+                assert!(
+                    (sb[0] - d1).abs() <= tol1,
+                    "{what}: block {bi} d1 {} vs {d1}",
+                    sb[0]
+                );
+                // Rounding hi * d1 (or d1 itself) moves a residual by a few 2^-24 amax, i.e.
+                // 2^-24 x 254 of the largest residual (about d1 / 2): d2 within 1024 ulps.
+                let tol2 = 1024.0 * f32::EPSILON * d2.abs();
+                assert!(
+                    (sb[2] - d2).abs() <= tol2,
+                    "{what}: block {bi} d2 {} vs {d2}",
+                    sb[2]
+                );
+                for j in 0..32 {
+                    let (gh, gl) = (byte(ghi[j / 4], j), byte(glo[j / 4], j));
+                    assert!(
+                        (gh as i32 - hi[j] as i32).abs() <= 1,
+                        "{what}: block {bi} hi[{j}]"
+                    );
+                    assert!(
+                        (gl as i32 - lo[j] as i32).abs() <= 1,
+                        "{what}: block {bi} lo[{j}]"
+                    );
+                    let v = y[bi * 32 + j] as f64;
+                    let back = gh as f64 * sb[0] as f64 + gl as f64 * sb[2] as f64;
+                    assert!(
+                        (v - back).abs() <= 0.501 * sb[2] as f64 + 1e-6 * v.abs(),
+                        "{what}: block {bi} element {j}: {v} rebuilt as {back}"
+                    );
+                }
                 let sum = |ws: &[u32]| (0..32).map(|j| byte(ws[j / 4], j) as i32).sum::<i32>();
                 assert_eq!(sb[1], sum(ghi) as f32, "{what}: block {bi} sum hi");
                 assert_eq!(sb[3], sum(glo) as f32, "{what}: block {bi} sum lo");
