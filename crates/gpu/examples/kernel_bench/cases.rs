@@ -172,10 +172,13 @@ impl Bench {
         );
         let (router_out, logits) = (f32s("router", e)?, f32s("logits", v)?);
         // KB_MATVEC=bfp24: the int4 x f32 matvec rows multiply in bfp24 (the product forms
-        // compared side by side; the default keeps f32).
+        // compared side by side; the default keeps f32). The norm-on-load form scales late, as
+        // the plan's does (`Tune::late_norm`), so the "as plan" row is the plan's kernel;
+        // KB_LATE_NORM=0 gives the norm-first form.
         let mv = std::env::var("KB_MATVEC").unwrap_or_else(|_| "f32".into());
         let mv = mv.parse::<Numerics>().unwrap_or(Numerics::F32);
-        let matvec = MatvecKernel::with_numerics(ctx, mv)?;
+        let late = std::env::var("KB_LATE_NORM").map_or(true, |v| v != "0");
+        let matvec = MatvecKernel::with_options(ctx, mv, late)?;
         let qkv_w = q4_copies(ctx, rng, (q + 2 * kv, h, 1), n_copies((q + 2 * kv) * h / 2))?;
         let o_w = q4_copies(ctx, rng, (h, q, 1), n_copies(h * q / 2))?;
         let router_w = f32_copies(ctx, rng, e, h, 0.05, n_copies(e * h * 4))?;
