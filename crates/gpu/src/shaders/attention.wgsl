@@ -82,9 +82,9 @@ fn stage(s: Site, is_v: bool, t0: u32, h: u32, rows: u32, li: u32, own: u32) {
     let n = rows * D4;
     // vec4 index of kv head h's raw v in qkv.
     let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
-    // STAGE_LOADS, STAGE_STORES: expanded by the host (attention_wgsl.rs `stage_body`) once per load
-    // j < LPT into separate variables (e{j}, a{j}): a per-thread array indexed in a loop may be
-    // placed in slow local memory by the driver's compiler.
+    // STAGE_LOADS, STAGE_STORES: expanded by the host (attention_wgsl.rs `stage_body`) once per
+    // load j < LPT into separate variables (e{j}, a{j}): a per-thread array indexed in a loop
+    // may be placed in slow local memory by the driver's compiler.
     //STAGE_LOADS
     //STAGE_STORES
 }
