@@ -76,7 +76,7 @@ fn logits_match_oracle_per_step() {
         // Every numerics (f32 with the router folded into the o-proj), f32 with the router in
         // its own dispatch, and the f32 forms `--tune` selects: the qkv's norm applied before
         // its dots, the folded gate/up's likewise (the defaults scale both late), the lm_head
-        // as the norm-on-load matvec in f32 and in bfp24.
+        // as the norm-on-load matvec in f32 and in bfp24, and bfp24 converted once.
         let forms = Numerics::ALL.map(|n| (n, true, ""));
         let extra = [
             (Numerics::F32, false, ""),
@@ -84,6 +84,7 @@ fn logits_match_oracle_per_step() {
             (Numerics::F32, true, "moe_late_norm=0"),
             (Numerics::F32, true, "head=1"),
             (Numerics::F32, true, "head=2"),
+            (Numerics::F32, true, "head=3"),
         ];
         for (numerics, fold_router, tune) in forms.into_iter().chain(extra) {
             let o = GpuOptions {
@@ -220,7 +221,8 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
         "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2,head=2,\
          moe_late_norm=0",
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
-        "qkv_rows=4,o_rows=2,down_split=4,attn_workgroups=4,attn_tile_loads=1,attn_fused_max=1",
+        "qkv_rows=4,o_rows=2,down_split=4,attn_workgroups=4,attn_tile_loads=1,attn_fused_max=1,\
+         head=3",
     ];
     for s in sets {
         let tune: crate::tune::Tune = s.parse().unwrap();
@@ -238,7 +240,12 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
             "{s}"
         );
         assert_eq!(g.plan().moe_down_split(), tune.down_split.unwrap(), "{s}");
-        let head = ["one-column matmul", "matvec", "matvec (bfp24)"];
+        let head = [
+            "one-column matmul",
+            "matvec",
+            "matvec (bfp24)",
+            "bfp24 conversion + matvec",
+        ];
         assert_eq!(
             g.plan().head_form(),
             head[tune.head.unwrap_or(0) as usize],
@@ -256,7 +263,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
         .expect("o_rows=3 accepted");
     assert!(e.to_string().contains("rows per team"), "{e}");
     for (s, want) in [
-        ("head=3", "tune head"),
+        ("head=4", "tune head"),
         ("moe_late_norm=2", "tune moe_late_norm"),
     ] {
         let bad = GpuOptions {

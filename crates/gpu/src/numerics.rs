@@ -108,7 +108,62 @@ pub enum Act<'a> {
     F32(&'a wgpu::Buffer),
     /// Quantised ([`Numerics::Int8`] or [`Numerics::PreciseInt8`] per `QuantActs::precise`).
     Int8(&'a QuantActs),
+    /// Block floating point in global memory ([`Numerics::Bfp24`] blocks converted once by a
+    /// dispatch of their own, `kernels::matvec::BfpQuantKernel`); matvecs only.
+    Bfp(&'a BfpActs),
 }
+
+/// A vector of `n` activations as [`Numerics::Bfp24`] blocks in global memory (the form
+/// [`BFP_GLOBAL_IN`] reads): `parts [6, n/32]` vec4<u32>, part-major (part j of block b at
+/// `j * n/32 + b`: the hi, mid and lo words of elements 0-15 and 16-31, as `BfpBlock::p`), so
+/// the lanes of a matvec reading part j of consecutive blocks read consecutive 16 bytes; and
+/// `recs [n/32]` vec2<u32> `(d bits, 8 Σ q)`.
+#[derive(Debug)]
+pub struct BfpActs {
+    pub parts: wgpu::Buffer,
+    pub recs: wgpu::Buffer,
+    pub n: u32,
+}
+
+impl BfpActs {
+    /// Buffers for `n` activations (a multiple of 32).
+    pub fn new(ctx: &crate::context::Context, label: &str, n: u32) -> crate::context::Result<Self> {
+        if n == 0 || n % BLOCK as u32 != 0 {
+            return Err(crate::context::GpuError::Shape(format!(
+                "{label}: bfp24 activations need a positive multiple of {BLOCK}, not {n}"
+            )));
+        }
+        let nb = (n / BLOCK as u32) as u64;
+        Ok(BfpActs {
+            parts: ctx.storage(&format!("{label}.parts"), nb * 6 * 16)?,
+            recs: ctx.storage(&format!("{label}.recs"), nb * 8)?,
+            n,
+        })
+    }
+}
+
+/// WGSL input snippet of matvec_q4.wgsl for [`Act::Bfp`]: bindings 2 and 3 of [`BfpActs`] and
+/// `act_dot`/`act_dot2` by [`BFP_DOT`]'s `dq_block` (the number of blocks is the matvec's
+/// `p.bpr`). Each lane loads its block's 7 words from global memory (L1/L2): no staging, so
+/// no per-workgroup conversion.
+pub const BFP_GLOBAL_IN: &str = "
+@group(0) @binding(2) var<storage, read> act_p: array<vec4<u32>>; // [6, n/32] parts, part-major
+@group(0) @binding(3) var<storage, read> act_r: array<vec2<u32>>; // [n/32] (d bits, 8 sum q)
+fn act_block(b: u32) -> BfpBlock {
+    let nb = p.bpr;
+    let r = act_r[b];
+    return BfpBlock(array<vec4<u32>, 6>(act_p[b], act_p[nb + b], act_p[2u * nb + b],
+        act_p[3u * nb + b], act_p[4u * nb + b], act_p[5u * nb + b]),
+        bitcast<f32>(r.x), bitcast<i32>(r.y));
+}
+fn act_dot(w: vec4<u32>, b: u32) -> f32 {
+    return dq_block(w, act_block(b));
+}
+fn act_dot2(w1: vec4<u32>, w2: vec4<u32>, b: u32) -> vec2<f32> {
+    let x = act_block(b);
+    return vec2<f32>(dq_block(w1, x), dq_block(w2, x));
+}
+";
 
 impl<'a> Act<'a> {
     pub fn numerics(&self) -> Numerics {
@@ -116,6 +171,7 @@ impl<'a> Act<'a> {
             Act::F32(_) => Numerics::F32,
             Act::Int8(q) if q.precise => Numerics::PreciseInt8,
             Act::Int8(_) => Numerics::Int8,
+            Act::Bfp(_) => Numerics::Bfp24,
         }
     }
 
@@ -124,6 +180,10 @@ impl<'a> Act<'a> {
         match self {
             Act::F32(x) => vec![(bq, x.as_entire_binding())],
             Act::Int8(a) => vec![(bq, a.q.as_entire_binding()), (bs, a.s.as_entire_binding())],
+            Act::Bfp(a) => vec![
+                (bq, a.parts.as_entire_binding()),
+                (bs, a.recs.as_entire_binding()),
+            ],
         }
     }
 
@@ -132,6 +192,7 @@ impl<'a> Act<'a> {
         match self {
             Act::F32(x) => x.size() / 4,
             Act::Int8(a) => a.n as u64,
+            Act::Bfp(a) => a.n as u64,
         }
     }
 

@@ -42,11 +42,13 @@ use crate::kernels::attention::{
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
-use crate::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX};
+use crate::kernels::matvec::{
+    Act, BfpQuantBinding, BfpQuantKernel, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX,
+};
 use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
 use crate::kernels::router_fold::RouterFoldKernel;
-use crate::numerics::Numerics;
+use crate::numerics::{BfpActs, Numerics};
 use crate::state::RunState;
 use crate::tensor::{Q4Matrix, QuantActs};
 use crate::tune::Tune;
@@ -141,15 +143,19 @@ struct Kernels {
     matmul: MatmulKernel,
     /// The bfp24 matvecs of the lm_head under `--tune head=2`.
     head_bfp: Option<MatvecKernel>,
+    /// The bfp24 conversion before the lm_head under `--tune head=3`.
+    head_quant: Option<BfpQuantKernel>,
 }
 
 /// The lm_head: the fused plan's int4 head is the one-column matmul (its tall-matrix tile read
 /// 151936 x 2048 in 88 us vs the matvec's 116 on the H200, kernel_bench 2026-11-29), normalising
 /// on load, or (`--tune head=1|2`) the norm-on-load matvec in f32 or bfp24 (`Bfp`, recorded
-/// with [`Kernels::head_bfp`]); otherwise a matvec.
+/// with [`Kernels::head_bfp`]), or (`--tune head=3`) a bfp24 conversion dispatch and the matvec
+/// reading its blocks from global memory (`BfpGlobal`); otherwise a matvec.
 enum HeadBinding {
     Matvec(MatvecBinding),
     Bfp(MatvecBinding),
+    BfpGlobal(BfpQuantBinding, MatvecBinding),
     Matmul(MatmulBinding),
 }
 
@@ -157,6 +163,7 @@ impl HeadBinding {
     fn dispatch_count(&self) -> usize {
         match self {
             HeadBinding::Matvec(b) | HeadBinding::Bfp(b) => b.dispatch_count(),
+            HeadBinding::BfpGlobal(_, b) => 1 + b.dispatch_count(),
             HeadBinding::Matmul(b) => b.dispatch_count(),
         }
     }
@@ -166,6 +173,7 @@ impl HeadBinding {
         match self {
             HeadBinding::Matvec(_) => "matvec",
             HeadBinding::Bfp(_) => "matvec (bfp24)",
+            HeadBinding::BfpGlobal(..) => "bfp24 conversion + matvec",
             HeadBinding::Matmul(_) => "one-column matmul",
         }
     }
@@ -246,7 +254,7 @@ impl DecodePlan {
             );
         }
         let head = opts.tune.head.unwrap_or(0);
-        anyhow::ensure!(head <= 2, "tune head must be 0, 1 or 2, not {head}");
+        anyhow::ensure!(head <= 3, "tune head must be 0, 1, 2 or 3, not {head}");
         let k = Kernels {
             matvec: MatvecKernel::with_options(
                 ctx,
@@ -271,6 +279,10 @@ impl DecodePlan {
             matmul: MatmulKernel::new(ctx)?,
             head_bfp: match head {
                 2 => Some(MatvecKernel::with_numerics(ctx, Numerics::Bfp24)?),
+                _ => None,
+            },
+            head_quant: match head {
+                3 => Some(BfpQuantKernel::new(ctx)?),
                 _ => None,
             },
         };
@@ -456,9 +468,16 @@ impl DecodePlan {
         let head = match weights.head() {
             HeadRef::Q4(m) if fused && opts.tune.head.unwrap_or(0) != 0 => {
                 let x = nol(&a.h, &weights.out_norm, eps);
-                match &k.head_bfp {
-                    Some(hk) => HeadBinding::Bfp(hk.bind_q4_norm(ctx, m, x, &a.logits, st)?),
-                    None => HeadBinding::Matvec(k.matvec.bind_q4_norm(ctx, m, x, &a.logits, st)?),
+                match (&k.head_bfp, &k.head_quant) {
+                    (Some(hk), _) => HeadBinding::Bfp(hk.bind_q4_norm(ctx, m, x, &a.logits, st)?),
+                    (_, Some(qk)) => {
+                        // The bind groups keep the blocks' buffers alive.
+                        let xb = BfpActs::new(ctx, "head.xb", m.cols)?;
+                        let q = qk.bind(ctx, x, &xb, st)?;
+                        let mv = k.matvec.bind_q4(ctx, m, Act::Bfp(&xb), &a.logits, st)?;
+                        HeadBinding::BfpGlobal(q, mv)
+                    }
+                    _ => HeadBinding::Matvec(k.matvec.bind_q4_norm(ctx, m, x, &a.logits, st)?),
                 }
             }
             HeadRef::Q4(m) if fused => HeadBinding::Matmul(k.matmul.bind(
@@ -581,6 +600,12 @@ impl DecodePlan {
             HeadBinding::Bfp(b) => {
                 if let Some(hk) = &self.k.head_bfp {
                     hk.record(pass, b)
+                }
+            }
+            HeadBinding::BfpGlobal(q, b) => {
+                if let Some(qk) = &self.k.head_quant {
+                    qk.record(pass, q);
+                    self.k.matvec.record(pass, b);
                 }
             }
             HeadBinding::Matmul(b) => self.k.matmul.record(pass, b),

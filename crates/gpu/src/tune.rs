@@ -41,7 +41,9 @@ pub struct Tune {
     pub moe_late_norm: Option<u32>,
     /// The fused plan's int4 lm_head: 0 or unset the one-column matmul normalising on load,
     /// 1 the norm-on-load matvec in the plan's f32 form, 2 that matvec with bfp24 activations
-    /// (integer dots; [`crate::numerics::Numerics::Bfp24`]).
+    /// (integer dots; [`crate::numerics::Numerics::Bfp24`]), 3 a one-workgroup dispatch
+    /// converting `rmsnorm(h)` to bfp24 once, then the matvec reading those blocks from
+    /// global memory (no per-workgroup conversion).
     pub head: Option<u32>,
 }
 

@@ -16,9 +16,9 @@
 //! extra workgroups of the same dispatch (`Fused::Router`, kernels/router_fold.rs). The WGSL
 //! those forms are assembled from is in matvec_wgsl.rs.
 
-use super::matvec_wgsl::{f32_input, q4f_body, q4f_input};
+use super::matvec_wgsl::{bfp_quant_wgsl, f32_input, q4f_body, q4f_input};
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_in_wgsl, Numerics};
+use crate::numerics::{act_in_wgsl, BfpActs, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
 use crate::tensor::{F32Matrix, Q4Matrix, BLOCK};
 
@@ -195,11 +195,13 @@ impl MatvecKernel {
             .into_iter()
             .map(|n| {
                 let label = format!("matvec_q4.{n}");
-                ctx.compute(
-                    &label,
-                    &src(&format!("{}{body}", act_in_wgsl(n, 2, 3))),
-                    "main",
-                )
+                // bfp24 here reads blocks converted in global memory ([`Act::Bfp`]); f32
+                // inputs never take this pipeline under bfp24 (they take `q4f`'s).
+                let input = match n {
+                    Numerics::Bfp24 => format!("{BFP_DOT}{BFP_GLOBAL_IN}"),
+                    n => act_in_wgsl(n, 2, 3),
+                };
+                ctx.compute(&label, &src(&format!("{input}{body}")), "main")
             })
             .collect::<Result<Vec<_>>>()?;
         let mut f32 = Vec::with_capacity(4);
@@ -283,6 +285,7 @@ impl MatvecKernel {
     ) -> Result<MatvecBinding> {
         let bad = match x {
             Act::Int8(a) => a.n != m.cols,
+            Act::Bfp(a) => a.n != m.cols,
             Act::F32(_) => x.len() < m.cols as u64,
         };
         if bad {
@@ -553,6 +556,58 @@ impl MatvecKernel {
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, *gy, 1);
         }
+    }
+}
+
+/// The bfp24 conversion dispatch: `rmsnorm(h)` into [`BfpActs`] by one workgroup (the same
+/// blocks the bfp24 norm-on-load matvec stages), for matvecs that then read it as
+/// [`Act::Bfp`] with no per-workgroup staging (`--tune head=3`: the lm_head).
+pub struct BfpQuantKernel {
+    pipeline: wgpu::ComputePipeline,
+}
+
+/// One bound conversion, ready to record.
+pub struct BfpQuantBinding {
+    bind_group: wgpu::BindGroup,
+}
+
+impl BfpQuantKernel {
+    pub fn new(ctx: &Context) -> Result<Self> {
+        let src = with_state(&bfp_quant_wgsl());
+        Ok(BfpQuantKernel {
+            pipeline: ctx.compute("bfp_quant", &src, "main")?,
+        })
+    }
+
+    /// `out = bfp24(rmsnorm(x.h))` for `out.n` elements (at most [`NORM_ON_LOAD_MAX`]).
+    pub fn bind(
+        &self,
+        ctx: &Context,
+        x: NormInput<'_>,
+        out: &BfpActs,
+        state: &wgpu::Buffer,
+    ) -> Result<BfpQuantBinding> {
+        check_norm_input(&x, out.n, "bfp_quant")?;
+        let words = [out.n / 4, x.eps.to_bits(), 0, 0];
+        let p = ctx.uniform("bfp_quant.params", bytemuck::cast_slice(&words))?;
+        let ids = [0, 1, 2, 3, 4, 5];
+        let res = [
+            state.as_entire_binding(),
+            p.as_entire_binding(),
+            x.h.as_entire_binding(),
+            x.weight.as_entire_binding(),
+            out.parts.as_entire_binding(),
+            out.recs.as_entire_binding(),
+        ];
+        Ok(BfpQuantBinding {
+            bind_group: ctx.bind_group_at("bfp_quant", &self.pipeline, &ids, &res)?,
+        })
+    }
+
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &BfpQuantBinding) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &b.bind_group, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
     }
 }
 

@@ -539,11 +539,12 @@ fn q4_with_folded_router_matches_reference() {
 #[test]
 fn q4_bfp24_forms_match_the_bfp_simulation() {
     use crate::kernels::router_fold::RouterFoldKernel;
-    use crate::numerics::effective_acts;
+    use crate::numerics::{effective_acts, BfpActs};
     let Some(ctx) = gpu("q4_bfp24_forms_match_the_bfp_simulation") else {
         return;
     };
     let k = MatvecKernel::with_numerics(&ctx, Numerics::Bfp24).unwrap();
+    let quant = crate::kernels::matvec::BfpQuantKernel::new(&ctx).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
     let mut r = rng(21);
     let input = |r: &mut _, cols: usize| -> Vec<f32> {
@@ -632,6 +633,19 @@ fn q4_bfp24_forms_match_the_bfp_simulation() {
         ctx.run_pass(|p| k.record(p, &b)).unwrap();
         let got = ctx.read_f32(&y, rows).unwrap();
         check(&got, &deq, &xn, None, &format!("norm [{rows}, {cols}]"));
+        // The same blocks converted once into global memory (`--tune head=3`), then read by
+        // the block-per-lane matvec with no staging.
+        let xq = BfpActs::new(&ctx, "xq", cols as u32).unwrap();
+        let qb = quant.bind(&ctx, norm, &xq, &state).unwrap();
+        ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+        let b = k.bind_q4(&ctx, &w, Act::Bfp(&xq), &y, &state).unwrap();
+        ctx.run_pass(|p| {
+            quant.record(p, &qb);
+            k.record(p, &b);
+        })
+        .unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        check(&got, &deq, &xn, None, &format!("global [{rows}, {cols}]"));
     }
     // The o-proj form with the folded router's workgroups: the matrix rows in bfp24.
     let fk = RouterFoldKernel::new(&ctx).unwrap();

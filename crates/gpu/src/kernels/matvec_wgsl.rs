@@ -350,3 +350,39 @@ fn nol_publish(wg: u32, li: u32, n4: u32) {}
         .to_string()
     }
 }
+
+/// WGSL of the bfp24 conversion dispatch ([`super::matvec::BfpQuantKernel`]): one workgroup
+/// stages `rmsnorm(h) = h * inv * w` in bfp24 exactly as the norm-on-load bfp24 matvec does
+/// (so the same blocks), then writes each block to [`crate::numerics::BfpActs`]' part-major
+/// layout. `n <= 4096` (the staging's capacity).
+pub(super) fn bfp_quant_wgsl() -> String {
+    format!(
+        "struct QParams {{ n4: u32, eps: f32, p0: u32, p1: u32 }};
+@group(0) @binding(0) var<storage, read> state: State;
+@group(0) @binding(1) var<uniform> qp: QParams;
+@group(0) @binding(2) var<storage, read> nol_h: array<vec4<f32>>;  // [n/4] residual stream
+@group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>;  // [n/4] RMSNorm weight
+@group(0) @binding(4) var<storage, read_write> act_p: array<vec4<u32>>; // [6, n/32] parts
+@group(0) @binding(5) var<storage, read_write> act_r: array<vec2<u32>>; // [n/32] records
+{BFP_DOT}{BFP_STAGE}{}{SWIZZLE}{}
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32) {{
+    if (state.done != 0u) {{ return; }}
+    nol_stage(li, qp.n4, qp.eps);
+    let nb = qp.n4 / 8u;
+    for (var b = li; b < nb; b += 256u) {{
+        let x = xblock(b);
+        act_p[b] = x.p[0];
+        act_p[nb + b] = x.p[1];
+        act_p[2u * nb + b] = x.p[2];
+        act_p[3u * nb + b] = x.p[3];
+        act_p[4u * nb + b] = x.p[4];
+        act_p[5u * nb + b] = x.p[5];
+        act_r[b] = vec2<u32>(bitcast<u32>(x.d), bitcast<u32>(x.q8));
+    }}
+}}
+",
+        nol_inv_wgsl!(),
+        bfp_nol_stage(BFP_NORM_PRE, "nol_h[i] * inv * nol_w[i]")
+    )
+}
