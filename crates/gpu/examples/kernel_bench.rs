@@ -408,6 +408,20 @@ fn main() -> anyhow::Result<()> {
             &|p, c| b.matvec.record(p, &b.qkv_nol_b[c % b.qkv_nol_b.len()]),
         )?;
     }
+    // The lm_head of `--tune head=3`: the bfp24 conversion dispatch, then the matvec reading
+    // its blocks from global memory (compare with the matmul's lm_head row, the default).
+    if let Some((qk, qb, mb)) = &b.head_bfp {
+        let name = format!("bfp24 conversion + matvec lm_head [{v}x{h}] (head=3)");
+        let bytes = q4(v, h) + 2 * h4 + 4 * v as u64;
+        r.case(
+            sp(name, 1 + mb.dispatch_count(), 1, true, bytes),
+            m,
+            &|p, _| {
+                qk.record(p, qb);
+                b.matvec.record(p, mb);
+            },
+        )?;
+    }
     // The f32 form's rows per team, each shape at every choice (the plan picks by rows).
     for rpt in nibble_gpu::kernels::matvec::F32_ROWS_PER_TEAM {
         let qr = qd + 2 * kvd;

@@ -11,11 +11,14 @@ use nibble_gpu::kernels::attention::{
     Combine, FUSED_MAX_CHUNKS,
 };
 use nibble_gpu::kernels::embed::{EmbedBinding, EmbedKernel};
-use nibble_gpu::kernels::matvec::{Act, MatvecBinding, MatvecKernel, NormInput, QuantizeKernel};
+use nibble_gpu::kernels::matvec::{
+    Act, BfpQuantBinding, BfpQuantKernel, MatvecBinding, MatvecKernel, NormInput, QuantizeKernel,
+};
 use nibble_gpu::kernels::moe::{
     F32Tuning, MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing,
 };
 use nibble_gpu::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
+use nibble_gpu::numerics::BfpActs;
 use nibble_gpu::state::RunState;
 use nibble_gpu::tensor::{Q4Matrix, QuantActs};
 use nibble_gpu::Numerics;
@@ -121,6 +124,9 @@ pub struct Bench {
         Vec<AttentionBinding>,
     )>,
     pub head_b: MatvecBinding,
+    /// The lm_head of `--tune head=3`: rmsnorm(h) converted to bfp24 once, then the matvec
+    /// reading those blocks (f32 plans only).
+    pub head_bfp: Option<(BfpQuantKernel, BfpQuantBinding, MatvecBinding)>,
     /// rmsnorm(+quant), add+rmsnorm(+quant), plain rmsnorm.
     pub norm_b: [RmsNormBinding; 3],
     pub embed_b: EmbedBinding,
@@ -193,6 +199,16 @@ impl Bench {
             h: &hbuf,
             weight: &norm_w,
             eps: cfg.rms_norm_eps,
+        };
+        let head_bfp = match numerics {
+            Numerics::F32 => {
+                let qk = BfpQuantKernel::new(ctx)?;
+                let xb = BfpActs::new(ctx, "bench.xb", h as u32)?;
+                let qb = qk.bind(ctx, nol, &xb, st)?;
+                let mb = matvec.bind_q4(ctx, &head_w, Act::Bfp(&xb), &logits, st)?;
+                Some((qk, qb, mb))
+            }
+            _ => None,
         };
         let qkv_nol_b = match numerics {
             Numerics::F32 => qkv_w
@@ -493,6 +509,7 @@ impl Bench {
             attn_one_b,
             attn_many,
             head_b,
+            head_bfp,
             norm_b,
             embed_b,
             argmax_b,
