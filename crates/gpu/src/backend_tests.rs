@@ -76,7 +76,8 @@ fn logits_match_oracle_per_step() {
         // Every numerics (f32 with the router folded into the o-proj), f32 with the router in
         // its own dispatch, and the f32 forms `--tune` selects: the qkv's norm applied before
         // its dots, the folded gate/up's likewise (the defaults scale both late), the lm_head
-        // as the norm-on-load matvec in f32 and in bfp24, and bfp24 converted once.
+        // as the one-column matmul (the default converts to bfp24 once) and the norm-on-load matvec
+        // in f32 and in bfp24.
         let forms = Numerics::ALL.map(|n| (n, true, ""));
         let extra = [
             (Numerics::F32, false, ""),
@@ -84,7 +85,8 @@ fn logits_match_oracle_per_step() {
             (Numerics::F32, true, "moe_late_norm=0"),
             (Numerics::F32, true, "head=1"),
             (Numerics::F32, true, "head=2"),
-            (Numerics::F32, true, "head=3"),
+            (Numerics::F32, true, "head=0"),
+            (Numerics::F32, true, "moe_bfp=1"),
         ];
         for (numerics, fold_router, tune) in forms.into_iter().chain(extra) {
             let o = GpuOptions {
@@ -217,7 +219,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
     let want = greedy(&mut oracle, &p, 48, &[]);
     let sets = [
-        "qkv_rows=1,o_rows=4,down_split=1,head=1",
+        "qkv_rows=1,o_rows=4,down_split=1,head=1,moe_bfp=1",
         "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2,head=2,\
          moe_late_norm=0",
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
@@ -248,7 +250,24 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
         ];
         assert_eq!(
             g.plan().head_form(),
-            head[tune.head.unwrap_or(0) as usize],
+            head[tune.head.unwrap_or(3) as usize],
+            "{s}"
+        );
+        // moe_bfp=1 adds the bfp24 conversion dispatch to every layer.
+        let bfp = tune.moe_bfp == Some(1);
+        assert_eq!(g.plan().moe_bfp(), bfp, "{s}");
+        let f32_tune = crate::tune::Tune {
+            moe_bfp: None,
+            ..tune
+        };
+        let f32_opts = GpuOptions {
+            tune: f32_tune,
+            ..opts(false, 8)
+        };
+        let plain = GpuBackend::with_context(&ctx, m.as_ref(), f32_opts).unwrap();
+        assert_eq!(
+            g.plan().dispatches_per_step() - plain.plan().dispatches_per_step(),
+            if bfp { cfg.num_layers } else { 0 },
             "{s}"
         );
         assert_eq!(greedy(&mut g, &p, 48, &[]), want, "{s}");
@@ -265,6 +284,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     for (s, want) in [
         ("head=4", "tune head"),
         ("moe_late_norm=2", "tune moe_late_norm"),
+        ("moe_bfp=2", "tune moe_bfp"),
     ] {
         let bad = GpuOptions {
             tune: s.parse().unwrap(),

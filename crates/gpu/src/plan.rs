@@ -143,15 +143,17 @@ struct Kernels {
     matmul: MatmulKernel,
     /// The bfp24 matvecs of the lm_head under `--tune head=2`.
     head_bfp: Option<MatvecKernel>,
-    /// The bfp24 conversion before the lm_head under `--tune head=3`.
+    /// The bfp24 conversion before the lm_head under `--tune head=3` (the default).
     head_quant: Option<BfpQuantKernel>,
 }
 
-/// The lm_head: the fused plan's int4 head is the one-column matmul (its tall-matrix tile read
-/// 151936 x 2048 in 88 us vs the matvec's 116 on the H200, kernel_bench 2026-11-29), normalising
-/// on load, or (`--tune head=1|2`) the norm-on-load matvec in f32 or bfp24 (`Bfp`, recorded
-/// with [`Kernels::head_bfp`]), or (`--tune head=3`) a bfp24 conversion dispatch and the matvec
-/// reading its blocks from global memory (`BfpGlobal`); otherwise a matvec.
+/// The lm_head: the fused plan's int4 head is by default (`--tune head=3`) a one-workgroup
+/// dispatch converting `rmsnorm(h)` to bfp24 once and the block-per-lane matvec reading those
+/// blocks from global memory (`BfpGlobal`; 79.6 us against the matmul's 88.2 in kernel_bench,
+/// tg128 +0.3%, run 67); `--tune head=0` the one-column matmul normalising on load (its
+/// tall-matrix tile reads 151936 x 2048 in 88 us vs the f32 matvec's 116), `--tune head=1|2`
+/// the norm-on-load matvec in f32 or bfp24 (`Bfp`, recorded with [`Kernels::head_bfp`]);
+/// otherwise a matvec.
 enum HeadBinding {
     Matvec(MatvecBinding),
     Bfp(MatvecBinding),
@@ -246,6 +248,7 @@ impl DecodePlan {
         for (key, v) in [
             ("late_norm", opts.tune.late_norm),
             ("moe_late_norm", opts.tune.moe_late_norm),
+            ("moe_bfp", opts.tune.moe_bfp),
         ] {
             anyhow::ensure!(
                 v.unwrap_or(0) <= 1,
@@ -253,7 +256,8 @@ impl DecodePlan {
                 v.unwrap_or(0)
             );
         }
-        let head = opts.tune.head.unwrap_or(0);
+        // Unset: 3 (run 67: tg128 323.5 / 323.4 against the matmul's 322.4 / 322.3).
+        let head = opts.tune.head.unwrap_or(3);
         anyhow::ensure!(head <= 3, "tune head must be 0, 1, 2 or 3, not {head}");
         let k = Kernels {
             matvec: MatvecKernel::with_options(
@@ -466,7 +470,7 @@ impl DecodePlan {
         let embed = k.embed.bind(ctx, &weights.embed, &a.h, st)?;
         let final_norm = norm(None, &weights.out_norm)?;
         let head = match weights.head() {
-            HeadRef::Q4(m) if fused && opts.tune.head.unwrap_or(0) != 0 => {
+            HeadRef::Q4(m) if fused && opts.tune.head.unwrap_or(3) != 0 => {
                 let x = nol(&a.h, &weights.out_norm, eps);
                 match (&k.head_bfp, &k.head_quant) {
                     (Some(hk), _) => HeadBinding::Bfp(hk.bind_q4_norm(ctx, m, x, &a.logits, st)?),
@@ -610,6 +614,12 @@ impl DecodePlan {
             }
             HeadBinding::Matmul(b) => self.k.matmul.record(pass, b),
         }
+    }
+
+    /// Whether the layers' MoE gate/up reads bfp24 input converted by a dispatch of its own
+    /// (`--tune moe_bfp=1` with the folded router).
+    pub fn moe_bfp(&self) -> bool {
+        self.layers.iter().any(|lb| lb.moe.extra_dispatches() > 0)
     }
 
     /// The lm_head's form, for `--verbose`.
@@ -768,6 +778,7 @@ impl DecodePlan {
                     + lb.router.as_ref().map_or(0, count)
                     + self.k.attn.dispatches(&lb.attn, pos_bound) as usize
                     + MoeKernel::dispatches(self.opts.routing) as usize
+                    + lb.moe.extra_dispatches()
             })
             .sum();
         let head = self.head.dispatch_count();

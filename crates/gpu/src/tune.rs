@@ -39,16 +39,20 @@ pub struct Tune {
     /// 1 or unset (the default): the folded MoE gate/up scales late likewise
     /// ([`F32Tuning::late_norm`]); 0: the norm first.
     pub moe_late_norm: Option<u32>,
-    /// The fused plan's int4 lm_head: 0 or unset the one-column matmul normalising on load,
-    /// 1 the norm-on-load matvec in the plan's f32 form, 2 that matvec with bfp24 activations
-    /// (integer dots; [`crate::numerics::Numerics::Bfp24`]), 3 a one-workgroup dispatch
-    /// converting `rmsnorm(h)` to bfp24 once, then the matvec reading those blocks from
-    /// global memory (no per-workgroup conversion).
+    /// The fused plan's int4 lm_head: 3 or unset (the default since run 67: tg128 323.5
+    /// against 322.4) a one-workgroup dispatch converting `rmsnorm(h)` to bfp24 once, then the
+    /// matvec reading those blocks from global memory (no per-workgroup conversion); 0 the
+    /// one-column matmul normalising on load, 1 the norm-on-load matvec in the plan's f32 form,
+    /// 2 that matvec with bfp24 activations staged by every workgroup (integer dots;
+    /// [`crate::numerics::Numerics::Bfp24`]).
     pub head: Option<u32>,
+    /// 1: the folded MoE gate/up on bfp24 blocks converted once per layer
+    /// ([`F32Tuning::bfp`]); 0 or unset: staged f32.
+    pub moe_bfp: Option<u32>,
 }
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 12] = [
+pub const KEYS: [&str; 13] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -61,6 +65,7 @@ pub const KEYS: [&str; 12] = [
     "late_norm",
     "moe_late_norm",
     "head",
+    "moe_bfp",
 ];
 
 impl Tune {
@@ -78,6 +83,7 @@ impl Tune {
             "late_norm" => &mut self.late_norm,
             "moe_late_norm" => &mut self.moe_late_norm,
             "head" => &mut self.head,
+            "moe_bfp" => &mut self.moe_bfp,
             _ => return None,
         })
     }
@@ -91,6 +97,7 @@ impl Tune {
             down_rows: self.down_rows.unwrap_or(t.down_rows),
             down_split: self.down_split.unwrap_or(t.down_split),
             late_norm: self.moe_late_norm.map_or(t.late_norm, |v| v != 0),
+            bfp: self.moe_bfp.map_or(t.bfp, |v| v != 0),
         }
     }
 
@@ -163,6 +170,7 @@ impl std::fmt::Display for Tune {
             self.late_norm,
             self.moe_late_norm,
             self.head,
+            self.moe_bfp,
         ];
         let set: Vec<String> = KEYS
             .iter()
