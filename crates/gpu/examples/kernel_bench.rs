@@ -217,13 +217,10 @@ fn main() -> anyhow::Result<()> {
         });
         gu.into_iter().chain(dn).collect()
     } else {
-        // The down kernel's other slot-group counts (the default is 4 on Vulkan), and the
-        // folded gate/up on bfp24 input converted once (`--tune moe_bfp=1`).
-        let mut t = [1, 2, 8]
+        // The down kernel's other slot-group counts (the default is 4 on Vulkan).
+        [1, 2, 8]
             .map(|down_split| F32Tuning { down_split, ..d })
-            .to_vec();
-        t.push(F32Tuning { bfp: true, ..d });
-        t
+            .to_vec()
     };
     let b = Bench::new(
         &ctx,
@@ -613,21 +610,6 @@ fn main() -> anyhow::Result<()> {
     // Without it: the down slot groups 1, 2, 8, alone and as the plan records the pair.
     for (t, set) in &b.moe_tuned {
         let Some((g, d)) = &set.split else { continue };
-        if t.bfp {
-            // The bfp24 conversion dispatch + the folded gate/up reading its blocks: compare
-            // with "moe gate_up+silu folded (as plan)".
-            if let Some((both, gate_up)) = &set.folded {
-                let name = format!("moe bfp24 conversion + gate_up+silu folded K={k} (moe_bfp=1)");
-                r.case(sp(name, 2, l, true, gu + h4), m, &|p, c| {
-                    set.kernel.record(p, &ctx, &gate_up[c % gate_up.len()])
-                })?;
-                let name = "moe bfp24 conversion + gate_up folded + down (moe_bfp=1)".to_string();
-                r.case(sp(name, 3, l, true, gu + h4 + dn), m, &|p, c| {
-                    set.kernel.record(p, &ctx, &both[c % both.len()])
-                })?;
-            }
-            continue;
-        }
         let groups = set.kernel.down_split();
         if t.down_split != F32Tuning::DEFAULT.down_split {
             let name = format!("moe down f32 slot groups {groups}");

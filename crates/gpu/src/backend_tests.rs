@@ -86,7 +86,6 @@ fn logits_match_oracle_per_step() {
             (Numerics::F32, true, "head=1"),
             (Numerics::F32, true, "head=2"),
             (Numerics::F32, true, "head=0"),
-            (Numerics::F32, true, "moe_bfp=1"),
         ];
         for (numerics, fold_router, tune) in forms.into_iter().chain(extra) {
             let o = GpuOptions {
@@ -219,7 +218,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
     let want = greedy(&mut oracle, &p, 48, &[]);
     let sets = [
-        "qkv_rows=1,o_rows=4,down_split=1,head=1,moe_bfp=1",
+        "qkv_rows=1,o_rows=4,down_split=1,head=1",
         "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2,head=2,\
          moe_late_norm=0",
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
@@ -253,23 +252,6 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
             head[tune.head.unwrap_or(3) as usize],
             "{s}"
         );
-        // moe_bfp=1 adds the bfp24 conversion dispatch to every layer.
-        let bfp = tune.moe_bfp == Some(1);
-        assert_eq!(g.plan().moe_bfp(), bfp, "{s}");
-        let f32_tune = crate::tune::Tune {
-            moe_bfp: None,
-            ..tune
-        };
-        let f32_opts = GpuOptions {
-            tune: f32_tune,
-            ..opts(false, 8)
-        };
-        let plain = GpuBackend::with_context(&ctx, m.as_ref(), f32_opts).unwrap();
-        assert_eq!(
-            g.plan().dispatches_per_step() - plain.plan().dispatches_per_step(),
-            if bfp { cfg.num_layers } else { 0 },
-            "{s}"
-        );
         assert_eq!(greedy(&mut g, &p, 48, &[]), want, "{s}");
     }
     // A split the kernels do not have is an error at start-up, not a silent default.
@@ -284,7 +266,6 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     for (s, want) in [
         ("head=4", "tune head"),
         ("moe_late_norm=2", "tune moe_late_norm"),
-        ("moe_bfp=2", "tune moe_bfp"),
     ] {
         let bad = GpuOptions {
             tune: s.parse().unwrap(),

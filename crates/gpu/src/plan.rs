@@ -248,7 +248,6 @@ impl DecodePlan {
         for (key, v) in [
             ("late_norm", opts.tune.late_norm),
             ("moe_late_norm", opts.tune.moe_late_norm),
-            ("moe_bfp", opts.tune.moe_bfp),
         ] {
             anyhow::ensure!(
                 v.unwrap_or(0) <= 1,
@@ -616,12 +615,6 @@ impl DecodePlan {
         }
     }
 
-    /// Whether the layers' MoE gate/up reads bfp24 input converted by a dispatch of its own
-    /// (`--tune moe_bfp=1` with the folded router).
-    pub fn moe_bfp(&self) -> bool {
-        self.layers.iter().any(|lb| lb.moe.extra_dispatches() > 0)
-    }
-
     /// The lm_head's form, for `--verbose`.
     pub fn head_form(&self) -> &'static str {
         self.head.name()
@@ -778,7 +771,6 @@ impl DecodePlan {
                     + lb.router.as_ref().map_or(0, count)
                     + self.k.attn.dispatches(&lb.attn, pos_bound) as usize
                     + MoeKernel::dispatches(self.opts.routing) as usize
-                    + lb.moe.extra_dispatches()
             })
             .sum();
         let head = self.head.dispatch_count();

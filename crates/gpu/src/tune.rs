@@ -46,13 +46,10 @@ pub struct Tune {
     /// 2 that matvec with bfp24 activations staged by every workgroup (integer dots;
     /// [`crate::numerics::Numerics::Bfp24`]).
     pub head: Option<u32>,
-    /// 1: the folded MoE gate/up on bfp24 blocks converted once per layer
-    /// ([`F32Tuning::bfp`]); 0 or unset: staged f32.
-    pub moe_bfp: Option<u32>,
 }
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 13] = [
+pub const KEYS: [&str; 12] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -65,7 +62,6 @@ pub const KEYS: [&str; 13] = [
     "late_norm",
     "moe_late_norm",
     "head",
-    "moe_bfp",
 ];
 
 impl Tune {
@@ -83,7 +79,6 @@ impl Tune {
             "late_norm" => &mut self.late_norm,
             "moe_late_norm" => &mut self.moe_late_norm,
             "head" => &mut self.head,
-            "moe_bfp" => &mut self.moe_bfp,
             _ => return None,
         })
     }
@@ -97,7 +92,6 @@ impl Tune {
             down_rows: self.down_rows.unwrap_or(t.down_rows),
             down_split: self.down_split.unwrap_or(t.down_split),
             late_norm: self.moe_late_norm.map_or(t.late_norm, |v| v != 0),
-            bfp: self.moe_bfp.map_or(t.bfp, |v| v != 0),
         }
     }
 
@@ -170,7 +164,6 @@ impl std::fmt::Display for Tune {
             self.late_norm,
             self.moe_late_norm,
             self.head,
-            self.moe_bfp,
         ];
         let set: Vec<String> = KEYS
             .iter()

@@ -561,45 +561,21 @@ impl MatvecKernel {
 
 /// The bfp24 conversion dispatch: `rmsnorm(h)` into [`BfpActs`] by one workgroup (the same
 /// blocks the bfp24 norm-on-load matvec stages), for matvecs that then read it as
-/// [`Act::Bfp`] with no per-workgroup staging (`--tune head=3`: the lm_head); or, built with
-/// [`BfpQuantKernel::new_add`], `rmsnorm(h + a)` for the folded MoE gate/up (`--tune moe_bfp=1`).
-#[derive(Debug)]
+/// [`Act::Bfp`] with no per-workgroup staging (`--tune head=3`: the lm_head).
 pub struct BfpQuantKernel {
     pipeline: wgpu::ComputePipeline,
-    add: bool,
 }
 
 /// One bound conversion, ready to record.
-#[derive(Debug)]
 pub struct BfpQuantBinding {
     bind_group: wgpu::BindGroup,
 }
 
-/// The extra buffers of the `h + a` conversion ([`BfpQuantKernel::new_add`]).
-pub struct BfpAddArgs<'a> {
-    /// `[n]` f32 added to `x.h` before the norm (the o-proj output).
-    pub a: &'a wgpu::Buffer,
-    /// `[1]` f32 receives `1 / rms(h + a)`.
-    pub inv: &'a wgpu::Buffer,
-    /// `[n]` f32 receives `rmsnorm(h + a)` (diagnostics: the plan's trace).
-    pub xn_out: &'a wgpu::Buffer,
-}
-
 impl BfpQuantKernel {
     pub fn new(ctx: &Context) -> Result<Self> {
-        Self::build(ctx, false)
-    }
-
-    /// The `h + a` form ([`Self::bind_add`]).
-    pub fn new_add(ctx: &Context) -> Result<Self> {
-        Self::build(ctx, true)
-    }
-
-    fn build(ctx: &Context, add: bool) -> Result<Self> {
-        let src = with_state(&bfp_quant_wgsl(add));
+        let src = with_state(&bfp_quant_wgsl());
         Ok(BfpQuantKernel {
             pipeline: ctx.compute("bfp_quant", &src, "main")?,
-            add,
         })
     }
 
@@ -611,54 +587,11 @@ impl BfpQuantKernel {
         out: &BfpActs,
         state: &wgpu::Buffer,
     ) -> Result<BfpQuantBinding> {
-        if self.add {
-            return Err(GpuError::Shape(
-                "bfp_quant: the h + a form binds with bind_add".into(),
-            ));
-        }
-        self.bind_inner(ctx, x, out, state, None)
-    }
-
-    /// `out = bfp24(rmsnorm(x.h + add.a))`, `1 / rms` and the f32 norm to `add`'s buffers.
-    pub fn bind_add(
-        &self,
-        ctx: &Context,
-        x: NormInput<'_>,
-        add: &BfpAddArgs<'_>,
-        out: &BfpActs,
-        state: &wgpu::Buffer,
-    ) -> Result<BfpQuantBinding> {
-        if !self.add {
-            return Err(GpuError::Shape(
-                "bfp_quant: bind_add needs the kernel built by new_add".into(),
-            ));
-        }
-        let n = out.n as u64 * 4;
-        if add.a.size() < n || add.xn_out.size() < n || add.inv.size() < 4 {
-            return Err(GpuError::Shape(format!(
-                "bfp_quant: a holds {} and xn {} bytes for {} elements, inv {} bytes",
-                add.a.size(),
-                add.xn_out.size(),
-                out.n,
-                add.inv.size()
-            )));
-        }
-        self.bind_inner(ctx, x, out, state, Some(add))
-    }
-
-    fn bind_inner(
-        &self,
-        ctx: &Context,
-        x: NormInput<'_>,
-        out: &BfpActs,
-        state: &wgpu::Buffer,
-        add: Option<&BfpAddArgs<'_>>,
-    ) -> Result<BfpQuantBinding> {
         check_norm_input(&x, out.n, "bfp_quant")?;
         let words = [out.n / 4, x.eps.to_bits(), 0, 0];
         let p = ctx.uniform("bfp_quant.params", bytemuck::cast_slice(&words))?;
-        let mut ids = vec![0, 1, 2, 3, 4, 5];
-        let mut res = vec![
+        let ids = [0, 1, 2, 3, 4, 5];
+        let res = [
             state.as_entire_binding(),
             p.as_entire_binding(),
             x.h.as_entire_binding(),
@@ -666,14 +599,6 @@ impl BfpQuantKernel {
             out.parts.as_entire_binding(),
             out.recs.as_entire_binding(),
         ];
-        if let Some(add) = add {
-            ids.extend([6, 7, 8]);
-            res.extend([
-                add.a.as_entire_binding(),
-                add.inv.as_entire_binding(),
-                add.xn_out.as_entire_binding(),
-            ]);
-        }
         Ok(BfpQuantBinding {
             bind_group: ctx.bind_group_at("bfp_quant", &self.pipeline, &ids, &res)?,
         })

@@ -355,45 +355,7 @@ fn nol_publish(wg: u32, li: u32, n4: u32) {}
 /// stages `rmsnorm(h) = h * inv * w` in bfp24 exactly as the norm-on-load bfp24 matvec does
 /// (so the same blocks), then writes each block to [`crate::numerics::BfpActs`]' part-major
 /// layout. `n <= 4096` (the staging's capacity).
-///
-/// `add` (the MoE input of the folded plan, `--tune moe_bfp=1`): the vector is `v = h + a`
-/// (a at binding 6: the o-proj output), `rmsnorm(v) = v * inv * w` with the folded gate/up's
-/// operation order; it also writes `inv` to binding 7 (the router logits' scale) and the f32
-/// `rmsnorm(v)` to binding 8 (the plan's trace reads it).
-pub(super) fn bfp_quant_wgsl(add: bool) -> String {
-    let (extra, pre, value) = if add {
-        (
-            "@group(0) @binding(6) var<storage, read> nol_a: array<vec4<f32>>;  // [n/4] o-proj output
-@group(0) @binding(7) var<storage, read_write> nrm: array<f32>;        // [1] 1 / rms(h + a)
-@group(0) @binding(8) var<storage, read_write> xn_out: array<vec4<f32>>; // [n/4] rmsnorm(h + a)
-// 1 / rms(h + a): `nol_inv`'s sum over h + a, the same partials in the same order.
-fn nol_inv_add(li: u32, n4: u32, eps: f32) -> f32 {
-    var ss = 0.0;
-    for (var i = li; i < n4; i += 256u) {
-        let v = nol_h[i] + nol_a[i];
-        ss += dot(v, v);
-    }
-    nol_red[li] = ss;
-    workgroupBarrier();
-    nol_sum16(li);
-    workgroupBarrier();
-    return nol_rms_inv(n4, eps);
-}
-// rmsnorm(h + a) at vec4 i, also stored as f32.
-fn add_val(i: u32, inv: f32) -> vec4<f32> {
-    let v = (nol_h[i] + nol_a[i]) * inv * nol_w[i];
-    xn_out[i] = v;
-    return v;
-}
-",
-            "    let inv = nol_inv_add(li, n4, eps);
-    if (li == 0u) { nrm[0] = inv; }
-",
-            "add_val(i, inv)",
-        )
-    } else {
-        ("", BFP_NORM_PRE, "nol_h[i] * inv * nol_w[i]")
-    };
+pub(super) fn bfp_quant_wgsl() -> String {
     format!(
         "struct QParams {{ n4: u32, eps: f32, p0: u32, p1: u32 }};
 @group(0) @binding(0) var<storage, read> state: State;
@@ -402,7 +364,7 @@ fn add_val(i: u32, inv: f32) -> vec4<f32> {
 @group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>;  // [n/4] RMSNorm weight
 @group(0) @binding(4) var<storage, read_write> act_p: array<vec4<u32>>; // [6, n/32] parts
 @group(0) @binding(5) var<storage, read_write> act_r: array<vec2<u32>>; // [n/32] records
-{BFP_DOT}{BFP_STAGE}{}{extra}{SWIZZLE}{}
+{BFP_DOT}{BFP_STAGE}{}{SWIZZLE}{}
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32) {{
     if (state.done != 0u) {{ return; }}
@@ -421,6 +383,6 @@ fn main(@builtin(local_invocation_index) li: u32) {{
 }}
 ",
         nol_inv_wgsl!(),
-        bfp_nol_stage(pre, value)
+        bfp_nol_stage(BFP_NORM_PRE, "nol_h[i] * inv * nol_w[i]")
     )
 }

@@ -42,12 +42,9 @@
 //! moe_down_union_f32.wgsl, the down reading each expert once), bound and recorded by
 //! [`MoeKernel::bind_cols`] / [`MoeKernel::record_cols`] (moe_cols.rs).
 
-use super::matvec::{BfpAddArgs, BfpQuantBinding, BfpQuantKernel, NormInput};
 use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{
-    act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, BfpActs, Numerics, BFP_DOT, F32_DEQ,
-};
+use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics, F32_DEQ};
 use crate::state::STATE_WGSL;
 use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
 
@@ -148,21 +145,8 @@ pub struct MoeKernel {
     /// The folded router's forms (router_fold.rs): `gate_up_folded` and down's `main_add`;
     /// only when both stages are the staged f32 kernels.
     folded: Option<(wgpu::ComputePipeline, wgpu::ComputePipeline)>,
-    /// The folded gate/up on bfp24 input ([`F32Tuning::bfp`], moe_gate_up_bfp.wgsl), with its
-    /// conversion dispatch and the buffers every layer's conversion writes (layers run one
-    /// after the other): blocks of `rmsnorm(h + a)` and `[1]` f32 `1 / rms(h + a)`.
-    folded_bfp: Option<FoldedBfp>,
     /// Column forms (moe_cols.rs): only when both stages are the staged f32 kernels.
     cols: Option<cols::ColsPipelines>,
-}
-
-/// See [`MoeKernel::folded_bfp`].
-#[derive(Debug)]
-struct FoldedBfp {
-    gate_up: wgpu::ComputePipeline,
-    quant: BfpQuantKernel,
-    x: BfpActs,
-    inv: wgpu::Buffer,
 }
 
 /// The buffers one layer's MoE block uses.
@@ -213,18 +197,9 @@ pub struct MoeBinding {
     /// part `main_add`.
     folded: bool,
     router: Option<wgpu::BindGroup>,
-    /// The bfp24 conversion before a bfp gate/up ([`F32Tuning::bfp`]).
-    quant: Option<BfpQuantBinding>,
     /// One per weight part.
     gate_up: Vec<wgpu::BindGroup>,
     down: Vec<wgpu::BindGroup>,
-}
-
-impl MoeBinding {
-    /// Dispatches beyond [`MoeKernel::dispatches`]: the bfp24 conversion, when bound.
-    pub fn extra_dispatches(&self) -> usize {
-        self.quant.is_some() as usize
-    }
 }
 
 /// WGSL constants of one pipeline: `t` lanes per row, `cols` matvec inputs (NB = cols / 32).
@@ -372,22 +347,6 @@ impl MoeKernel {
         };
         let dm = ctx.module("moe.down", &down_src)?;
         let down = ctx.pipeline("moe.down", &dm, "main")?;
-        let folded_bfp = match staged == (true, true) && tune.bfp {
-            true => {
-                let src = format!(
-                    "{}{route}{BFP_DOT}{}",
-                    consts(p, gate_up_t, p.hidden),
-                    include_str!("../shaders/moe_gate_up_bfp.wgsl")
-                );
-                Some(FoldedBfp {
-                    gate_up: ctx.compute("moe.gate_up_folded_bfp", &src, "gate_up_folded_bfp")?,
-                    quant: BfpQuantKernel::new_add(ctx)?,
-                    x: BfpActs::new(ctx, "moe.xb", p.hidden)?,
-                    inv: ctx.storage("moe.inv", 4)?,
-                })
-            }
-            false => None,
-        };
         let (cols, folded) = if staged == (true, true) {
             (
                 Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t, ds)?),
@@ -421,7 +380,6 @@ impl MoeKernel {
             gate_up_routed,
             down,
             folded,
-            folded_bfp,
             cols,
         })
     }
@@ -514,7 +472,6 @@ impl MoeKernel {
             routing,
             folded: false,
             router,
-            quant: None,
             gate_up,
             down,
         })
@@ -562,52 +519,9 @@ impl MoeKernel {
                 f.eps
             )));
         }
-        let quant = match &self.folded_bfp {
-            Some(fb) => Some(fb.quant.bind_add(
-                ctx,
-                NormInput {
-                    h: b.out,
-                    weight: f.norm_w,
-                    eps: f.eps,
-                },
-                &BfpAddArgs {
-                    a: f.a,
-                    inv: &fb.inv,
-                    xn_out: f.xn_out,
-                },
-                &fb.x,
-                b.state,
-            )?),
-            None => None,
-        };
         let mut gate_up = Vec::new();
         for (n, (g, u)) in b.gate.parts.iter().zip(&b.up.parts).enumerate() {
             let params = gate_up_params_eps(ctx, g, u, i, n, f.eps)?;
-            if let Some(fb) = &self.folded_bfp {
-                let res = [
-                    (0, whole(b.state)),
-                    (1, whole(&params)),
-                    (3, whole(b.route)),
-                    (6, whole(&g.qs)),
-                    (7, whole(&g.scales)),
-                    (8, whole(&u.qs)),
-                    (9, whole(&u.scales)),
-                    (10, whole(b.h)),
-                    (17, whole(f.z)),
-                    (19, whole(b.logits)),
-                    (20, whole(&fb.x.parts)),
-                    (21, whole(&fb.x.recs)),
-                    (22, whole(&fb.inv)),
-                ];
-                let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
-                gate_up.push(ctx.bind_group_at(
-                    "moe.gate_up_folded_bfp",
-                    &fb.gate_up,
-                    &ids,
-                    &res,
-                )?);
-                continue;
-            }
             let res = [
                 (0, whole(b.state)),
                 (1, whole(&params)),
@@ -653,7 +567,6 @@ impl MoeKernel {
             routing: Routing::Fused,
             folded: true,
             router: None,
-            quant,
             gate_up,
             down,
         })
@@ -678,17 +591,11 @@ impl MoeKernel {
             pass.dispatch_workgroups(1, 1, 1);
             mark(pass, "moe router");
         }
-        if let (Some(q), Some(fb)) = (&b.quant, &self.folded_bfp) {
-            fb.quant.record(pass, q);
-            mark(pass, "moe input bfp24 conversion");
-        }
         let folded = self.folded.as_ref().filter(|_| b.folded);
-        let bfp = self.folded_bfp.as_ref().filter(|_| b.quant.is_some());
-        pass.set_pipeline(match (bfp, folded, b.routing) {
-            (Some(fb), _, _) => &fb.gate_up,
-            (None, Some((gu, _)), _) => gu,
-            (None, None, Routing::Fused) => &self.gate_up_routed,
-            (None, None, Routing::Separate) => &self.gate_up,
+        pass.set_pipeline(match (folded, b.routing) {
+            (Some((gu, _)), _) => gu,
+            (None, Routing::Fused) => &self.gate_up_routed,
+            (None, Routing::Separate) => &self.gate_up,
         });
         let ((ux, uy), (gx, gy)) = self.grids(ctx);
         for bg in &b.gate_up {
@@ -759,12 +666,6 @@ impl MoeKernel {
     /// for f32 past [`STAGE_BUDGET`]).
     pub fn f32_staged(&self) -> (bool, bool) {
         self.staged
-    }
-
-    /// Whether gate/up reads bfp24 input converted by a dispatch of its own
-    /// ([`F32Tuning::bfp`]; only bindings by [`Self::bind_folded`] use it).
-    pub fn folded_bfp(&self) -> bool {
-        self.folded_bfp.is_some()
     }
 
     /// Dispatches per layer when every weight fits one binding.

@@ -31,11 +31,6 @@ pub struct F32Tuning {
     /// weight loads (`LATE_NORM` in moe_gate_up_f32.wgsl). A form, not a split; the default
     /// since runs 64-65 (tg128 +0.1-0.9% side by side on the H200, parity PASS).
     pub late_norm: bool,
-    /// The folded gate/up reads `rmsnorm(h + a)` as bfp24 blocks converted once by a
-    /// one-workgroup dispatch before it (`BfpQuantKernel::new_add`) and dots them with integer
-    /// `dot4*8Packed` (moe_gate_up_bfp.wgsl) instead of staging f32 and dequantising: a form,
-    /// not a split (`--tune moe_bfp=1`); `late_norm` does not apply to it.
-    pub bfp: bool,
 }
 
 impl F32Tuning {
@@ -49,7 +44,6 @@ impl F32Tuning {
         down_rows: 1,
         down_split: 4,
         late_norm: true,
-        bfp: false,
     };
 
     /// [`F32Tuning::DEFAULT`] for `ctx`'s backend: the down slot groups only where workgroups
