@@ -249,7 +249,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
         ];
         assert_eq!(
             g.plan().head_form(),
-            head[tune.head.unwrap_or(3) as usize],
+            head[tune.head.unwrap_or(crate::tune::DEFAULT_HEAD) as usize],
             "{s}"
         );
         assert_eq!(greedy(&mut g, &p, 48, &[]), want, "{s}");

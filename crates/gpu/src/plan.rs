@@ -256,8 +256,11 @@ impl DecodePlan {
             );
         }
         // Unset: 3 (run 67: tg128 323.5 / 323.4 against the matmul's 322.4 / 322.3).
-        let head = opts.tune.head.unwrap_or(3);
-        anyhow::ensure!(head <= 3, "tune head must be 0, 1, 2 or 3, not {head}");
+        let head_form = opts.tune.head.unwrap_or(crate::tune::DEFAULT_HEAD);
+        anyhow::ensure!(
+            head_form <= 3,
+            "tune head must be 0, 1, 2 or 3, not {head_form}"
+        );
         let k = Kernels {
             matvec: MatvecKernel::with_options(
                 ctx,
@@ -280,11 +283,11 @@ impl DecodePlan {
             moe: MoeKernel::with_f32_tuning(ctx, mp, opts.numerics, opts.tune.moe(ctx))?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,
-            head_bfp: match head {
+            head_bfp: match head_form {
                 2 => Some(MatvecKernel::with_numerics(ctx, Numerics::Bfp24)?),
                 _ => None,
             },
-            head_quant: match head {
+            head_quant: match head_form {
                 3 => Some(BfpQuantKernel::new(ctx)?),
                 _ => None,
             },
@@ -469,7 +472,7 @@ impl DecodePlan {
         let embed = k.embed.bind(ctx, &weights.embed, &a.h, st)?;
         let final_norm = norm(None, &weights.out_norm)?;
         let head = match weights.head() {
-            HeadRef::Q4(m) if fused && opts.tune.head.unwrap_or(3) != 0 => {
+            HeadRef::Q4(m) if fused && head_form != 0 => {
                 let x = nol(&a.h, &weights.out_norm, eps);
                 match (&k.head_bfp, &k.head_quant) {
                     (Some(hk), _) => HeadBinding::Bfp(hk.bind_q4_norm(ctx, m, x, &a.logits, st)?),

@@ -48,6 +48,9 @@ pub struct Tune {
     pub head: Option<u32>,
 }
 
+/// The lm_head form when `head` is unset ([`Tune::head`]; run 67).
+pub const DEFAULT_HEAD: u32 = 3;
+
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
 pub const KEYS: [&str; 12] = [
     "qkv_rows",
