@@ -183,6 +183,31 @@ pub trait Backend: Send {
         }
         Ok(produced)
     }
+
+    /// Whether [`Backend::decode_sampled_stream`] takes `spec` (the device samples these
+    /// settings); `false` by default: the caller samples on the host from each step's logits.
+    fn samples_on_device(&self, spec: &DeviceSampling<'_>) -> bool {
+        let _ = spec;
+        false
+    }
+
+    /// Sampled decode folded like [`Backend::decode_greedy_stream`]: append `token`, then
+    /// repeatedly append the id the device samples by `spec` (step `i` uses `spec.uniforms[i]`,
+    /// so `spec.uniforms` holds at least `n` draws when `temperature > 0`), handing the ids to
+    /// `on_ids` in runs of up to `run`; the same ids the host sampler gives on the same logits
+    /// with the same draws. Only where [`Backend::samples_on_device`] holds.
+    fn decode_sampled_stream(
+        &mut self,
+        token: u32,
+        n: usize,
+        run: usize,
+        eos: &[u32],
+        spec: &DeviceSampling<'_>,
+        on_ids: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> anyhow::Result<usize> {
+        let _ = (token, n, run, eos, spec, on_ids);
+        anyhow::bail!("{}: no device sampling", self.name())
+    }
 }
 
 /// First index of the largest value; NaN never wins. Returns 0 for an empty or all-NaN slice.
@@ -198,4 +223,52 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best.map_or(0, |(i, _)| i as u32)
+}
+
+/// A sampled request handed to a backend that samples on the device
+/// ([`Backend::decode_sampled_stream`]): the host sampler's settings (nibble_engine::sampler
+/// documents the rule) and the inputs only the host has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceSampling<'a> {
+    /// `<= 0`: greedy on the penalised row (no draw).
+    pub temperature: f32,
+    /// Candidates kept, `>= 1` (device samplers keep at most [`DEVICE_TOP_K_MAX`]).
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// The ids the penalties count before the first step, the fed token included; each id the
+    /// device picks is counted for the steps after it.
+    pub history: &'a [u32],
+    /// One uniform draw in `[0, 1)` per step (the host sampler's RNG, in its order); unused
+    /// when `temperature <= 0`.
+    pub uniforms: &'a [f64],
+}
+
+/// Largest top-k a device sampler handles (the host sampler's streamed top-k bound).
+pub const DEVICE_TOP_K_MAX: usize = 256;
+
+impl DeviceSampling<'_> {
+    /// Whether the settings are in the range device samplers take: `1 <= top_k <= 256` (or
+    /// greedy), finite penalties, `0 < top_p <= 1`, `0 <= min_p <= 1`.
+    pub fn in_device_range(&self) -> bool {
+        (self.temperature <= 0.0 || (1..=DEVICE_TOP_K_MAX).contains(&self.top_k))
+            && self.temperature.is_finite()
+            && self.top_p > 0.0
+            && self.top_p <= 1.0
+            && (0.0..=1.0).contains(&self.min_p)
+            && self.repetition_penalty.is_finite()
+            && self.repetition_penalty > 0.0
+            && self.presence_penalty.is_finite()
+            && self.frequency_penalty.is_finite()
+    }
+
+    /// Whether any penalty is active.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
 }

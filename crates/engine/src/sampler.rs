@@ -223,6 +223,27 @@ impl Sampler {
     /// Chooses the next id from `logits` (one row, len = vocab); `history` holds the ids the
     /// penalties look at (prompt and/or generated tokens).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        self.sample_drawn(logits, history, None)
+    }
+
+    /// [`Sampler::sample`] with the uniform draw `u` in `[0, 1)` given instead of taken from
+    /// the sampler's RNG (which is left as it is): what a device sampler fed the same draws
+    /// ([`Sampler::draw_uniforms`]) must reproduce.
+    pub fn sample_with_uniform(&mut self, logits: &[f32], history: &[u32], u: f64) -> Result<u32> {
+        self.sample_drawn(logits, history, Some(u))
+    }
+
+    /// The next `n` draws [`Sampler::sample`] would make, one per sampled token, taken from
+    /// the RNG (so a device sampler can use them in order); all zero and nothing taken when
+    /// sampling is greedy (`temperature <= 0`), which draws nothing.
+    pub fn draw_uniforms(&mut self, n: usize) -> Vec<f64> {
+        if self.params.temperature <= 0.0 {
+            return vec![0.0; n];
+        }
+        (0..n).map(|_| self.rng.random::<f64>()).collect()
+    }
+
+    fn sample_drawn(&mut self, logits: &[f32], history: &[u32], u: Option<f64>) -> Result<u32> {
         if logits.is_empty() {
             return Err(Error::Sampling("empty logits row".into()));
         }
@@ -250,7 +271,7 @@ impl Sampler {
         let id = if self.params.temperature <= 0.0 {
             Self::argmax(row)
         } else {
-            self.sample_distribution(row)
+            self.sample_distribution(row, u)
         };
         self.scratch = scratch;
         id
@@ -356,7 +377,7 @@ impl Sampler {
             .ok_or_else(|| Error::Sampling("no finite logit to choose from".into()))
     }
 
-    fn sample_distribution(&mut self, row: &[f32]) -> Result<u32> {
+    fn sample_distribution(&mut self, row: &[f32], u: Option<f64>) -> Result<u32> {
         let temperature = f64::from(self.params.temperature);
         self.candidates.clear();
         let k = self.params.top_k;
@@ -444,7 +465,7 @@ impl Sampler {
 
         // Draw from the renormalised survivors.
         let mass: f64 = self.candidates.iter().map(|c| c.1).sum();
-        let mut u = self.rng.random::<f64>() * mass;
+        let mut u = u.unwrap_or_else(|| self.rng.random::<f64>()) * mass;
         for c in &self.candidates {
             if u < c.1 {
                 return Ok(c.0);

@@ -105,6 +105,12 @@ impl ArgmaxBinding {
         Ok(())
     }
 
+    /// The run parameters (`Params` of argmax.wgsl: run length, EOS count) and the EOS ids,
+    /// which the GPU sampler (sample.rs) shares so [`ArgmaxBinding::set_run`] serves both.
+    pub fn run_buffers(&self) -> (&wgpu::Buffer, &wgpu::Buffer) {
+        (&self.params, &self.eos)
+    }
+
     /// Dispatches [`ArgmaxKernel::record`] issues per step: always 2 (`partial` over
     /// `(ceil(n / 2048), nb)` workgroups, then `finish` in one workgroup).
     pub fn dispatch_count(&self) -> usize {

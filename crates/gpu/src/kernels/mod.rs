@@ -23,5 +23,8 @@ mod ordering_tests;
 pub mod quantize;
 pub mod router_cols;
 pub mod router_fold;
+pub mod sample;
+#[cfg(test)]
+mod sample_tests;
 #[cfg(test)]
 mod step_tests;
