@@ -22,6 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use nibble_backend::DeviceSampling;
 
 /// Sampling configuration; `Default` is greedy decoding with no penalties.
 #[derive(Debug, Clone, PartialEq)]
@@ -241,6 +242,23 @@ impl Sampler {
             return vec![0.0; n];
         }
         (0..n).map(|_| self.rng.random::<f64>()).collect()
+    }
+
+    /// These settings as a device sampler takes them, with the penalty `history` (the fed
+    /// token included) and the `draws` of [`Sampler::draw_uniforms`].
+    pub fn device_sampling<'a>(&self, history: &'a [u32], draws: &'a [f64]) -> DeviceSampling<'a> {
+        let p = &self.params;
+        DeviceSampling {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            history,
+            uniforms: draws,
+        }
     }
 
     fn sample_drawn(&mut self, logits: &[f32], history: &[u32], u: Option<f64>) -> Result<u32> {

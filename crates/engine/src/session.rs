@@ -7,8 +7,10 @@
 //! truncated.
 //!
 //! Greedy requests go through [`Backend::decode_greedy`] in runs of `greedy_run` tokens (the GPU
-//! folds a run into one submission); sampled requests step one token at a time, because the
-//! sampler needs each row of logits on the host.
+//! folds a run into one submission); so do sampled requests whose settings the backend samples
+//! on the device ([`Backend::samples_on_device`]: the GPU's top-k sampler, fed the host
+//! sampler's own draws); other sampled requests step one token at a time, the host sampler
+//! reading each row of logits.
 
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::{StopChecker, StopReason};
@@ -139,6 +141,12 @@ impl Session {
         }
         let mut sampler = Sampler::new(p.sampling.clone())?;
         let greedy = sampler.is_greedy();
+        // Sampled requests fold like greedy ones where the backend samples these settings on
+        // the device; otherwise each step's logits come to the host sampler.
+        let on_device = !greedy
+            && self
+                .backend
+                .samples_on_device(&sampler.device_sampling(&[], &[]));
 
         // Reuse the cached prefix; at least one prompt token must be fed to get logits.
         let common = self
@@ -189,33 +197,45 @@ impl Session {
             if self.cached.len() >= ctx {
                 break FinishReason::ContextFull;
             }
-            if greedy {
-                // Folded runs streamed from the backend: it appends `next` and the argmaxes that
-                // follow, queueing run k+1 on the device while we handle run k here.
+            if greedy || on_device {
+                // Folded runs streamed from the backend: it appends `next` and the ids that
+                // follow (argmax, or the device's sampler on the host sampler's own draws),
+                // queueing run k+1 on the device while we handle run k here.
                 let room = (ctx - self.cached.len()).min(p.max_tokens - generated.len());
                 self.cached.push(next);
+                history.push(next);
                 let mut out = None;
                 let cached = &mut self.cached;
                 let mut last = next;
-                self.backend.decode_greedy_stream(
-                    next,
-                    room,
-                    p.greedy_run.max(1),
-                    &eos_ids,
-                    &mut |ids| {
-                        for (i, &id) in ids.iter().enumerate() {
-                            if let Some(r) = emit(id, &mut generated) {
-                                out = Some(r);
-                                // Ids after the stopping one were never shown: keep the cache to what was.
-                                cached.extend_from_slice(&ids[..i]);
-                                return false;
-                            }
+                let mut on_ids = |ids: &[u32]| {
+                    for (i, &id) in ids.iter().enumerate() {
+                        if let Some(r) = emit(id, &mut generated) {
+                            out = Some(r);
+                            // Ids after the stopping one were never shown: keep the cache to what was.
+                            cached.extend_from_slice(&ids[..i]);
+                            return false;
                         }
-                        cached.extend_from_slice(ids);
-                        last = *ids.last().expect("runs are non-empty");
-                        true
-                    },
-                )?;
+                    }
+                    cached.extend_from_slice(ids);
+                    last = *ids.last().expect("runs are non-empty");
+                    true
+                };
+                let run = p.greedy_run.max(1);
+                if greedy {
+                    self.backend
+                        .decode_greedy_stream(next, room, run, &eos_ids, &mut on_ids)?;
+                } else {
+                    let draws = sampler.draw_uniforms(room);
+                    let spec = sampler.device_sampling(&history, &draws);
+                    self.backend.decode_sampled_stream(
+                        next,
+                        room,
+                        run,
+                        &eos_ids,
+                        &spec,
+                        &mut on_ids,
+                    )?;
+                }
                 if let Some(r) = out {
                     break r;
                 }

@@ -6,6 +6,8 @@
 //!   host waits for run k (at most two in flight, [`crate::stream::GreedyStream`]). With
 //!   `per_token` set they instead submit and wait per token and take the argmax on the host
 //!   (the comparison path; same kernels otherwise).
+//! - `decode_sampled_stream` folds sampled requests the same way, the GPU sampler
+//!   (kernels/sample.rs) in place of the argmax, for the settings it takes (top-k 1..=256).
 //! - An early stop of the stream (`on_ids` returning false) lets the queued run finish:
 //!   `position()` then counts the steps the GPU really took, and the caller truncates.
 //! - `step` / `prefill` return logits. `prefill` records the prompt in chunks of
@@ -24,7 +26,7 @@ use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
 use crate::stream::GreedyRuns;
 use crate::weights::GpuWeights;
 use anyhow::{bail, ensure, Result};
-use nibble_backend::{argmax, Backend, OpTime, StepTrace};
+use nibble_backend::{argmax, Backend, DeviceSampling, OpTime, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::WeightSource;
 
@@ -381,22 +383,33 @@ impl GpuBackend {
     /// steps handed to `on_ids` as each completes, the next run already queued on the GPU.
     /// Returns the ids handed out; the position advances by the steps the GPU really took
     /// (more than handed out when `on_ids` stopped early), or stays put on an error.
+    /// `spec`: the ids are sampled on the GPU by these settings instead of the argmax.
     fn stream_folded(
         &mut self,
         token: u32,
         n: usize,
         run: usize,
         eos: &[u32],
+        spec: Option<&DeviceSampling<'_>>,
         on_ids: &mut dyn FnMut(&[u32]) -> bool,
     ) -> Result<usize> {
         let start = self.pos;
         let mut produced = 0;
         // Runs longer than the request are one run; the state's step counter is u32.
         let (n32, run32) = (u32::try_from(n)?, run.min(n) as u32);
+        let vocab = self.config().vocab_size;
         let steps = (|| -> Result<u32> {
-            let mut s = self.plan.begin_greedy(token, start, n32, run32, eos)?;
+            let mut s = match spec {
+                None => self.plan.begin_greedy(token, start, n32, run32, eos)?,
+                Some(sp) => self.plan.begin_sampled(token, start, n32, run32, eos, sp)?,
+            };
             while let Some(out) = s.next_run()? {
                 ensure!(!out.ids.is_empty(), "the GPU run produced no token");
+                // The sampler's mark for a row with no finite value to choose from.
+                ensure!(
+                    out.ids.iter().all(|&id| (id as usize) < vocab),
+                    "the GPU sampler found no finite logit to choose from"
+                );
                 produced += out.ids.len();
                 let more = on_ids(&out.ids);
                 if out.state.done != 0 {
@@ -723,7 +736,7 @@ impl Backend for GpuBackend {
         let mut out = Vec::with_capacity(n);
         if !self.per_token {
             let fold = self.plan.opts.max_run as usize;
-            self.stream_folded(token, n, fold, eos, &mut |ids| {
+            self.stream_folded(token, n, fold, eos, None, &mut |ids| {
                 out.extend_from_slice(ids);
                 true
             })?;
@@ -772,6 +785,40 @@ impl Backend for GpuBackend {
         if self.per_token {
             return self.stream_per_token(token, n, run.max(1), eos, on_ids);
         }
-        self.stream_folded(token, n, run.max(1), eos, on_ids)
+        self.stream_folded(token, n, run.max(1), eos, None, on_ids)
+    }
+
+    /// Folded sampled runs on the plan's cache; not on the per-token path (kept for the
+    /// host-side comparison) nor past the device sampler's range.
+    fn samples_on_device(&self, spec: &DeviceSampling<'_>) -> bool {
+        !self.per_token && spec.in_device_range()
+    }
+
+    fn decode_sampled_stream(
+        &mut self,
+        token: u32,
+        n: usize,
+        run: usize,
+        eos: &[u32],
+        spec: &DeviceSampling<'_>,
+        on_ids: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<usize> {
+        self.check_greedy(token, n, eos)?;
+        ensure!(
+            self.samples_on_device(spec),
+            "these sampling settings are not sampled on the GPU (top_k {} of 1..={})",
+            spec.top_k,
+            nibble_backend::DEVICE_TOP_K_MAX
+        );
+        ensure!(
+            spec.temperature <= 0.0 || spec.uniforms.len() >= n,
+            "{n} sampled steps need {n} draws, got {}",
+            spec.uniforms.len()
+        );
+        self.lone_idle("sampled decode")?;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.stream_folded(token, n, run.max(1), eos, Some(spec), on_ids)
     }
 }

@@ -39,6 +39,8 @@ mod parity_tests;
 pub mod plan;
 pub mod plant;
 pub mod profile;
+#[cfg(test)]
+mod sampled_tests;
 pub mod state;
 pub mod stream;
 #[cfg(test)]

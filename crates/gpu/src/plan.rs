@@ -48,11 +48,24 @@ use crate::kernels::matvec::{
 use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
 use crate::kernels::router_fold::RouterFoldKernel;
+use crate::kernels::sample::{SampleArgs, SampleBinding, SampleKernel};
 use crate::numerics::{BfpActs, Numerics};
 use crate::state::RunState;
 use crate::tensor::{Q4Matrix, QuantActs};
 use crate::tune::Tune;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
+use nibble_backend::DeviceSampling;
+
+/// How a recorded step ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// The logits only (read back by the host).
+    Logits,
+    /// The on-GPU argmax, which advances the run state.
+    Argmax,
+    /// The on-GPU sampler (kernels/sample.rs), which advances the run state likewise.
+    Sample,
+}
 
 /// Choices fixed when the plan is built.
 #[derive(Debug, Clone)]
@@ -137,6 +150,7 @@ struct Kernels {
     norm: RmsNormKernel,
     embed: EmbedKernel,
     argmax: ArgmaxKernel,
+    sample: SampleKernel,
     attn: AttentionKernel,
     moe: MoeKernel,
     advance: AdvanceKernel,
@@ -202,6 +216,8 @@ pub struct DecodePlan {
     folds: Vec<wgpu::Buffer>,
     head: HeadBinding,
     argmax: ArgmaxBinding,
+    /// The GPU sampler over the same logits, state and `out_tokens` (sampled requests).
+    sample: SampleBinding,
     advance: AdvanceBinding,
     /// `[slot][layer]` attention bindings on the multi-stream KV slots (plan_slots.rs): a
     /// lone stream decodes here in place. Empty until [`DecodePlan::bind_slots`].
@@ -275,6 +291,7 @@ impl DecodePlan {
             norm: RmsNormKernel::new(ctx)?,
             embed: EmbedKernel::new(ctx)?,
             argmax: ArgmaxKernel::new(ctx)?,
+            sample: SampleKernel::new(ctx)?,
             attn: opts.tune.attention(
                 ctx,
                 ap,
@@ -516,6 +533,19 @@ impl DecodePlan {
                 eos: &placeholder_eos,
             },
         )?;
+        let (run_params, eos) = argmax.run_buffers();
+        let sample = k.sample.bind(
+            ctx,
+            &SampleArgs {
+                logits: &a.logits,
+                n: cfg.vocab_size as u32,
+                cap: (a.out_tokens.size() / 4).min(u32::MAX as u64) as u32,
+                state: st,
+                out_tokens: &a.out_tokens,
+                run_params,
+                eos,
+            },
+        )?;
         let advance = k.advance.bind(ctx, st, &a.prompt)?;
         Ok(DecodePlan {
             ctx: ctx.clone(),
@@ -530,6 +560,7 @@ impl DecodePlan {
             folds,
             head,
             argmax,
+            sample,
             advance,
             slot_attn: Vec::new(),
             prepared: Default::default(),
@@ -623,14 +654,14 @@ impl DecodePlan {
         self.head.name()
     }
 
-    /// Record one step (`argmax`: with the on-GPU argmax + state advance) calling
+    /// Record one step (`pick`: how the next token is chosen on the GPU, if at all) calling
     /// `mark(pass, op)` after each op (profile.rs), on the plan's own cache (`slot` None) or on
     /// multi-stream KV slot `slot` (plan_slots.rs).
     pub(crate) fn record_step_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         pos_bound: u32,
-        argmax: bool,
+        pick: Pick,
         slot: Option<usize>,
         mark: &mut F,
     ) {
@@ -641,9 +672,16 @@ impl DecodePlan {
         }
         self.record_head(pass);
         mark(pass, "lm_head");
-        if argmax {
-            self.k.argmax.record(pass, &self.argmax);
-            mark(pass, "argmax");
+        match pick {
+            Pick::Logits => {}
+            Pick::Argmax => {
+                self.k.argmax.record(pass, &self.argmax);
+                mark(pass, "argmax");
+            }
+            Pick::Sample => {
+                self.k.sample.record(pass, &self.sample);
+                mark(pass, "sample");
+            }
         }
     }
 
@@ -695,15 +733,23 @@ impl DecodePlan {
         Ok(())
     }
 
-    /// Record one greedy step (with the argmax) at a position `<= pos_bound`, on the plan's
-    /// cache or on multi-stream KV slot `slot` ([`DecodePlan::bind_slots`]).
+    /// The sampled stream's access (`stream.rs`), besides [`Self::start_greedy`]: the
+    /// sampler's settings, penalty counts and draws for `n` steps.
+    pub(crate) fn start_sampled(&self, n: u32, spec: &DeviceSampling<'_>) -> Result<()> {
+        self.sample.set_request(&self.ctx, spec, n as usize)
+    }
+
+    /// Record one decode step that picks its next token on the GPU (`pick` Argmax or Sample)
+    /// at a position `<= pos_bound`, on the plan's cache or on multi-stream KV slot `slot`
+    /// ([`DecodePlan::bind_slots`]).
     pub(crate) fn record_greedy_step(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         pos_bound: u32,
         slot: Option<usize>,
+        pick: Pick,
     ) {
-        self.record_step_marked(pass, pos_bound, true, slot, &mut |_, _| {});
+        self.record_step_marked(pass, pos_bound, pick, slot, &mut |_, _| {});
     }
 
     /// The run-state buffer and `out_tokens` (`[max(context_len, max_run)]` u32).

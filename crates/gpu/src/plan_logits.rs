@@ -12,7 +12,7 @@
 //! position bound that sizes the attention's dispatches. A call for any other step records
 //! afresh; the unused one is dropped.
 
-use super::DecodePlan;
+use super::{DecodePlan, Pick};
 use crate::context::{GpuError, Result};
 
 /// The step recorded ahead: (slot, position) and its command buffer.
@@ -67,7 +67,7 @@ impl DecodePlan {
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            self.record_step_marked(&mut pass, pos as u32, false, slot, &mut |_, _| {});
+            self.record_step_marked(&mut pass, pos as u32, Pick::Logits, slot, &mut |_, _| {});
         }
         let bytes = self.weights.cfg.vocab_size as u64 * 4;
         enc.copy_buffer_to_buffer(&self.acts.logits, 0, &self.acts.logits_rb, 0, bytes);

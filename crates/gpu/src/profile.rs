@@ -12,7 +12,7 @@
 //! them there is no profile.
 
 use crate::context::{GpuError, Result};
-use crate::plan::DecodePlan;
+use crate::plan::{DecodePlan, Pick};
 use nibble_backend::OpTime;
 
 /// Most timestamps one profile may write (wgpu caps a query set at 4096).
@@ -60,7 +60,9 @@ impl DecodePlan {
         {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            self.record_step_marked(&mut pass, pos as u32, true, None, &mut |_, _| per_step += 1);
+            self.record_step_marked(&mut pass, pos as u32, Pick::Argmax, None, &mut |_, _| {
+                per_step += 1
+            });
         }
         let fit = ((MAX_MARKS - CALIB) / (per_step + 1)).max(1) as usize;
         let reps = reps.clamp(1, fit);
@@ -78,7 +80,7 @@ impl DecodePlan {
             for s in 0..steps {
                 let bound = (pos + s) as u32;
                 if s < warm {
-                    self.record_step_marked(&mut pass, bound, true, None, &mut |_, _| {});
+                    self.record_step_marked(&mut pass, bound, Pick::Argmax, None, &mut |_, _| {});
                     continue;
                 }
                 let mut ops = Vec::new();
@@ -86,7 +88,7 @@ impl DecodePlan {
                     pass.write_timestamp(&set, next);
                 }
                 next += 1;
-                self.record_step_marked(&mut pass, bound, true, None, &mut |p, op| {
+                self.record_step_marked(&mut pass, bound, Pick::Argmax, None, &mut |p, op| {
                     if next < MAX_MARKS {
                         p.write_timestamp(&set, next);
                     }

@@ -1,4 +1,4 @@
-//! Greedy requests on the GPU, recorded in runs that overlap with execution.
+//! Greedy and GPU-sampled requests on the GPU, recorded in runs that overlap with execution.
 //!
 //! A request of n steps ([`GreedyStream`]) writes the run state and the argmax's length (n) and
 //! EOS ids ONCE, then is recorded in runs of `run` steps, each its own command buffer ending in
@@ -13,8 +13,9 @@
 //! [`Context::map_read`]: crate::context::Context::map_read
 
 use crate::context::{GpuError, Result};
-use crate::plan::DecodePlan;
+use crate::plan::{DecodePlan, Pick};
 use crate::state::RunState;
+use nibble_backend::DeviceSampling;
 use std::collections::VecDeque;
 
 impl DecodePlan {
@@ -47,6 +48,30 @@ impl DecodePlan {
         })
     }
 
+    /// [`Self::begin_greedy`] for a request whose ids the GPU samples by `spec`
+    /// (kernels/sample.rs): writes the sampler's settings, counts and draws once as well.
+    pub fn begin_sampled(
+        &self,
+        token: u32,
+        pos: usize,
+        n: u32,
+        run: u32,
+        eos: &[u32],
+        spec: &DeviceSampling<'_>,
+    ) -> Result<GreedyStream<'_>> {
+        if run == 0 {
+            return Err(GpuError::Shape("sampled runs of 0 steps".into()));
+        }
+        let mut runs = self.begin_runs(None, token, pos, n, eos)?;
+        self.start_sampled(n, spec)?;
+        runs.pick = Pick::Sample;
+        Ok(GreedyStream {
+            plan: self,
+            run,
+            runs,
+        })
+    }
+
     /// Start a greedy request of `n` steps from `token` at `pos` on the plan's own cache
     /// (`slot` None) or on multi-stream KV slot `slot` ([`DecodePlan::bind_slots`]): writes
     /// the state, the argmax's run length and EOS ids once. The caller guarantees `token < V`.
@@ -73,6 +98,7 @@ impl DecodePlan {
         self.start_greedy(token, pos, n, eos)?;
         Ok(GreedyRuns {
             slot,
+            pick: Pick::Argmax,
             pos,
             n,
             next: 0,
@@ -114,6 +140,8 @@ pub struct RunOutput {
 pub(crate) struct GreedyRuns {
     /// None: the plan's own cache; else the multi-stream KV slot.
     slot: Option<usize>,
+    /// How each step picks its token: the argmax, or the sampler for a sampled request.
+    pick: Pick,
     /// Position of the request's first step.
     pos: usize,
     n: u32,
@@ -139,7 +167,12 @@ impl GreedyRuns {
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             for s in first..first + len {
-                p.record_greedy_step(&mut pass, (self.pos + s as usize) as u32, self.slot);
+                p.record_greedy_step(
+                    &mut pass,
+                    (self.pos + s as usize) as u32,
+                    self.slot,
+                    self.pick,
+                );
             }
         }
         // Copies after the pass see the state and ids as this run left them, whatever the
