@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,bench,profile,routerab,ab,lone,combineab,splitab,flagsets,gputests,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,sampled,bench,profile,routerab,ab,lone,combineab,splitab,flagsets,gputests,batch,
 # fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has bench || has profile || has routerab || has ab || has lone || has combineab || has splitab || has flagsets || has batch || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has lone || has combineab || has splitab || has flagsets || has batch || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -90,6 +90,15 @@ fi
 if has bench; then
   say "bench gpu (default numerics): tg128 at depth 0 and 4096, sampled (generate's and the server's lone-stream way), pp512, batch 1/2/4/8 (multi-stream), folded vs per-token"
   timeout 400 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --sampled --batch 1,2,4,8 --compare-per-token --ctx 4700 --plot "$OUT/bench.svg" -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has sampled; then
+  # Sampled decoding on the full-size model: the oracle with the host's sampler against the GPU's
+  # folded runs sampled on the device (llama.cpp's settings, seed 5), then the sampled bench rows
+  # (folded on the device, host sampler per step, the server's lone stream, whole row).
+  say "parity gpu vs oracle, greedy and sampled (seed 5), 3 built-in prompts x 16 tokens"
+  timeout 400 $N parity -m $MODEL --backend gpu -n 16 --ctx 512 --sampled 5 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  say "bench gpu: tg128 greedy and sampled (folded on the device / host sampler per step / lone stream / whole row)"
+  timeout 300 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 5 --sampled --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has profile; then
   # Where one step's GPU time goes in the real plan (timestamps after every op), at three depths.

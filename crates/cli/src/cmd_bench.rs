@@ -40,9 +40,11 @@ pub struct Args {
     #[arg(long)]
     compare_per_token: bool,
     /// Also measure sampled generation (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
-    /// seeded): one step per token with the logits read back for the host's sampler, the way
-    /// `nibble generate` samples (`tgN sampled`) and the way the server decodes a lone sampled
-    /// request in its stream slot (`tgN sampled, lone stream`); then with no top-k
+    /// seeded) the way `nibble generate` samples (`tgN sampled`: folded runs sampled on the
+    /// device where the backend can, else a step per token with the host's sampler), with the
+    /// host's sampler per step for comparison (`tgN sampled, host sampler per step`), and the
+    /// way the server decodes a lone sampled request in its stream slot (`tgN sampled, lone
+    /// stream`); then with no top-k
     /// (temperature 1, top-p 0.95: the whole row is a candidate, as in an OpenAI request that
     /// sets only top_p; `tgN sampled, whole row`).
     #[arg(long)]
@@ -231,17 +233,31 @@ fn streams_match_single(b: &mut dyn Backend, n: usize, ids: &[Vec<u32>]) -> Resu
     Ok(same)
 }
 
-/// `--sampled`: tokens/s of `reps` runs of `n` sampled tokens, a device step per token and the
-/// host's sampler on its logits: through `Backend::step` (the main sequence, as `nibble
-/// generate`), or with `lone` through `streams_step` on stream slot 0 alone (as the server
-/// decodes a lone sampled request).
+/// How [`tg_sampled`] decodes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SampledWay {
+    /// A device step per token, the host's sampler on its logits (`Backend::step`).
+    Host,
+    /// The same through `streams_step` on stream slot 0 alone (how the server decodes a lone
+    /// sampled request).
+    Lone,
+    /// Folded runs sampled on the device (`Backend::decode_sampled_stream`, as `nibble
+    /// generate` decodes where the backend samples the settings), runs of [`SAMPLED_RUN`].
+    Folded,
+}
+
+/// Ids per folded sampled run in the benchmark: `nibble generate`'s default `--run`.
+const SAMPLED_RUN: usize = 16;
+
+/// `--sampled`: tokens/s of `reps` runs of `n` sampled tokens decoded `way`.
 fn tg_sampled(
     b: &mut dyn Backend,
     n: usize,
     reps: usize,
-    lone: bool,
+    way: SampledWay,
     params: &SamplingParams,
 ) -> Result<Vec<f64>> {
+    let lone = way == SampledWay::Lone;
     let mut out = vec![];
     for r in 0..reps {
         let mut sampler = Sampler::new(params.clone())?;
@@ -254,17 +270,25 @@ fn tg_sampled(
         };
         let mut tok = sampler.sample(&logits, &hist)?;
         let t = Instant::now();
-        for _ in 0..n {
+        if way == SampledWay::Folded {
             hist.push(tok);
-            let logits = if lone {
-                let mut all = b.streams_step(&[Some(tok)])?;
-                all.first_mut()
-                    .and_then(Option::take)
-                    .context("a one-step run returned no logits for stream 0")?
-            } else {
-                b.step(tok)?
-            };
-            tok = sampler.sample(&logits, &hist)?;
+            let draws = sampler.draw_uniforms(n);
+            let spec = sampler.device_sampling(&hist, &draws);
+            let got = b.decode_sampled_stream(tok, n, SAMPLED_RUN, &[], &spec, &mut |_| true)?;
+            anyhow::ensure!(got == n, "a folded sampled run gave {got} of {n} ids");
+        } else {
+            for _ in 0..n {
+                hist.push(tok);
+                let logits = if lone {
+                    let mut all = b.streams_step(&[Some(tok)])?;
+                    all.first_mut()
+                        .and_then(Option::take)
+                        .context("a one-step run returned no logits for stream 0")?
+                } else {
+                    b.step(tok)?
+                };
+                tok = sampler.sample(&logits, &hist)?;
+            }
         }
         out.push(n as f64 / t.elapsed().as_secs_f64());
         if lone {
@@ -338,17 +362,27 @@ pub fn run(a: Args) -> Result<()> {
             b.context_len()
         );
         let top_k = SamplingParams::llama_cpp_defaults(0);
+        let on_device =
+            b.samples_on_device(&Sampler::new(top_k.clone())?.device_sampling(&[], &[]));
         let name = format!("tg{} sampled", a.gen);
+        let way = if on_device {
+            SampledWay::Folded
+        } else {
+            SampledWay::Host
+        };
         stats.push(stat(
             name,
-            tg_sampled(b.as_mut(), a.gen, reps, false, &top_k)?,
+            tg_sampled(b.as_mut(), a.gen, reps, way, &top_k)?,
         ));
+        if on_device {
+            let name = format!("tg{} sampled, host sampler per step", a.gen);
+            let host = tg_sampled(b.as_mut(), a.gen, reps, SampledWay::Host, &top_k)?;
+            stats.push(stat(name, host));
+        }
         if b.max_streams() > 0 {
             let name = format!("tg{} sampled, lone stream", a.gen);
-            stats.push(stat(
-                name,
-                tg_sampled(b.as_mut(), a.gen, reps, true, &top_k)?,
-            ));
+            let lone = tg_sampled(b.as_mut(), a.gen, reps, SampledWay::Lone, &top_k)?;
+            stats.push(stat(name, lone));
         }
         let whole = SamplingParams {
             temperature: 1.0,
@@ -359,7 +393,7 @@ pub fn run(a: Args) -> Result<()> {
         let name = format!("tg{} sampled, whole row", a.gen);
         stats.push(stat(
             name,
-            tg_sampled(b.as_mut(), a.gen, reps, false, &whole)?,
+            tg_sampled(b.as_mut(), a.gen, reps, SampledWay::Host, &whole)?,
         ));
     }
     if a.prompt > 0 {

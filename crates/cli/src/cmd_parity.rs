@@ -16,6 +16,8 @@ use anyhow::{bail, Result};
 use nibble_backend::divergence::first_divergence;
 use nibble_backend::reference::RefBackend;
 use nibble_backend::{argmax, Backend};
+use nibble_engine::sampler::{Sampler, SamplingParams};
+use nibble_engine::tokenizer::Tokenizer;
 use nibble_gpu::plant::PlantTarget;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -39,6 +41,12 @@ pub struct Args {
     trace_tol: f64,
     #[arg(long)]
     json: bool,
+    /// Also compare sampled decoding (llama.cpp's settings: temperature 0.8, top-k 40, top-p
+    /// 0.95, min-p 0.05, seeded with this): the oracle with the host's sampler on each step
+    /// against the fast backend's own way (folded runs sampled on the device where it can):
+    /// the ids must be identical.
+    #[arg(long)]
+    sampled: Option<u64>,
     /// Testing the localiser: corrupt one tensor of the GPU copy first, `LAYER:TENSOR` with
     /// TENSOR one of qkv, o, router, gate, up, down (e.g. `2:o`).
     #[arg(long, hide = true)]
@@ -72,6 +80,19 @@ pub struct PromptReport {
     /// The first traced intermediate beyond `--trace-tol` there (None: none was, or the fast
     /// backend cannot trace).
     pub first_divergence_op: Option<OpReport>,
+}
+
+/// One prompt of `--sampled`: the oracle's host-sampled ids against the fast backend's.
+#[derive(Serialize, Debug)]
+pub struct SampledReport {
+    pub prompt: String,
+    pub seed: u64,
+    /// The fast backend sampled on the device (folded runs).
+    pub on_device: bool,
+    pub identical: bool,
+    pub first_divergence: Option<usize>,
+    pub oracle_tokens: Vec<u32>,
+    pub fast_tokens: Vec<u32>,
 }
 
 #[derive(Serialize, Debug)]
@@ -218,6 +239,48 @@ fn parse_plant(spec: &str) -> Result<(usize, PlantTarget)> {
     Ok((layer, target))
 }
 
+/// The ids of prompt `i`: its tokens, or without a tokenizer a deterministic id sequence.
+fn prompt_ids(tok: Option<&Tokenizer>, text: &str, i: usize) -> Result<Vec<u32>> {
+    Ok(match tok {
+        Some(t) => t.encode(text)?,
+        None => (0..8 + 4 * i as u32)
+            .map(|j| (j * 131 + i as u32 * 17) % 1000)
+            .collect(),
+    })
+}
+
+/// `n + 1` sampled ids after `prompt` (the first from the prompt's logits): folded runs
+/// sampled on the device where `b` samples `params` there, else a step per token with the
+/// host's sampler; both draw from the same seeded sampler in the same order.
+fn sampled_ids(
+    b: &mut dyn Backend,
+    prompt: &[u32],
+    n: usize,
+    params: &SamplingParams,
+) -> Result<Vec<u32>> {
+    b.truncate(0)?;
+    let mut s = Sampler::new(params.clone())?;
+    let mut hist = prompt.to_vec();
+    let mut tok = s.sample(&b.prefill(prompt)?, &hist)?;
+    let mut ids = vec![tok];
+    if b.samples_on_device(&s.device_sampling(&[], &[])) {
+        hist.push(tok);
+        let draws = s.draw_uniforms(n);
+        let spec = s.device_sampling(&hist, &draws);
+        b.decode_sampled_stream(tok, n, 16, &[], &spec, &mut |r| {
+            ids.extend_from_slice(r);
+            true
+        })?;
+    } else {
+        for _ in 0..n {
+            hist.push(tok);
+            tok = s.sample(&b.step(tok)?, &hist)?;
+            ids.push(tok);
+        }
+    }
+    Ok(ids)
+}
+
 pub fn run(a: Args) -> Result<()> {
     if a.backend.backend == BackendKind::Ref {
         bail!("parity compares a fast backend with the oracle: choose --backend gpu or auto");
@@ -264,25 +327,44 @@ pub fn run(a: Args) -> Result<()> {
 
     let mut reports = vec![];
     for (i, text) in texts.iter().enumerate() {
-        let ids = match &tok {
-            Some(t) => t.encode(text)?,
-            // Without a tokenizer, a deterministic id sequence per prompt.
-            None => (0..8 + 4 * i as u32)
-                .map(|j| (j * 131 + i as u32 * 17) % 1000)
-                .collect(),
-        };
+        let ids = prompt_ids(tok.as_ref(), text, i)?;
         let mut r = compare(&mut oracle, fast.as_mut(), &ids, a.tokens, bars)?;
         r.prompt = text.chars().take(40).collect();
         reports.push(r);
     }
-    let pass = reports
-        .iter()
-        .all(|r| r.identical && r.min_cosine >= a.min_cosine);
+    let mut sampled = vec![];
+    if let Some(seed) = a.sampled {
+        let params = SamplingParams::llama_cpp_defaults(seed);
+        let on_device =
+            fast.samples_on_device(&Sampler::new(params.clone())?.device_sampling(&[], &[]));
+        for (i, text) in texts.iter().enumerate() {
+            let ids = prompt_ids(tok.as_ref(), text, i)?;
+            let oracle_tokens = sampled_ids(&mut oracle, &ids, a.tokens, &params)?;
+            let fast_tokens = sampled_ids(fast.as_mut(), &ids, a.tokens, &params)?;
+            sampled.push(SampledReport {
+                prompt: text.chars().take(40).collect(),
+                seed,
+                on_device,
+                identical: oracle_tokens == fast_tokens,
+                first_divergence: oracle_tokens
+                    .iter()
+                    .zip(&fast_tokens)
+                    .position(|(x, y)| x != y),
+                oracle_tokens,
+                fast_tokens,
+            });
+        }
+    }
+    let sampled_pass = sampled.iter().all(|r| r.identical);
+    let pass = sampled_pass
+        && reports
+            .iter()
+            .all(|r| r.identical && r.min_cosine >= a.min_cosine);
     if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"backend": fast.name(), "pass": pass, "prompts": reports})
+                &serde_json::json!({"backend": fast.name(), "pass": pass, "prompts": reports, "sampled": sampled})
             )?
         );
     } else {
@@ -321,6 +403,21 @@ pub fn run(a: Args) -> Result<()> {
                 r.min_cosine,
                 r.mean_cosine,
                 r.max_abs_delta
+            );
+        }
+        for r in &sampled {
+            println!(
+                "sampled (seed {}, {}) {:<42} identical {}{}",
+                r.seed,
+                if r.on_device {
+                    "folded, sampled on the device"
+                } else {
+                    "host sampler per step"
+                },
+                format!("{:?}", r.prompt),
+                r.identical,
+                r.first_divergence
+                    .map_or(String::new(), |p| format!(" (diverge@{p})"))
             );
         }
         println!("parity {}", if pass { "PASS" } else { "FAIL" });

@@ -111,6 +111,24 @@ fn parity_passes_oracle_vs_gpu_on_the_tiny_model() {
     }
 }
 
+#[test]
+fn sampled_parity_folded_on_the_gpu_equals_the_oracle_with_the_host_sampler() {
+    if !have_gpu("sampled_parity_folded_on_the_gpu_equals_the_oracle_with_the_host_sampler") {
+        return;
+    }
+    let (out, j) = parity(&["-n", "16", "--sampled", "5"]);
+    assert!(out.status.success(), "{j:#}\n{}", text(&out.stderr));
+    let sampled = j["sampled"].as_array().unwrap();
+    assert_eq!(sampled.len(), 3, "{j:#}");
+    for p in sampled {
+        assert_eq!(p["on_device"], Value::Bool(true), "{p:#}");
+        assert_eq!(p["identical"], Value::Bool(true), "{p:#}");
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!((o.len(), &o), (17, &f), "{p:#}");
+        assert!(o.iter().any(|t| *t != o[0]), "{p:#}");
+    }
+}
+
 /// Plant `spec` (layer 2) and check that parity fails and names `want`.
 fn planted(spec: &str, want: &str) {
     let dir = tempfile::tempdir().unwrap();
