@@ -98,6 +98,25 @@ pub trait Backend: Send {
         let _ = (restart, n, eos);
         anyhow::bail!("{}: no multi-stream decode", self.name())
     }
+    /// Whether [`Backend::streams_queue_sampled`] takes a lone stream sampled by `spec`.
+    fn streams_sample_on_device(&self, spec: &DeviceSampling<'_>) -> bool {
+        let _ = spec;
+        false
+    }
+    /// [`Backend::streams_queue`]'s restart for exactly one fed stream whose ids the device
+    /// samples by `spec` (`spec.uniforms`: a draw per step the stream may take, its room in the
+    /// context, used in order); `streams_queue(None, ..)` continues it and
+    /// [`Backend::streams_collect`] returns its ids, as for greedy runs.
+    fn streams_queue_sampled(
+        &mut self,
+        restart: &[Option<u32>],
+        n: usize,
+        eos: &[u32],
+        spec: &DeviceSampling<'_>,
+    ) -> anyhow::Result<usize> {
+        let _ = (restart, n, eos, spec);
+        anyhow::bail!("{}: no multi-stream device sampling", self.name())
+    }
     /// Part 2: wait for the oldest queued run (later ones keep running) and return its ids per
     /// stream, as [`Backend::streams_decode_greedy`] does; `None` when no run is queued.
     fn streams_collect(&mut self) -> anyhow::Result<Option<Vec<Vec<u32>>>> {

@@ -143,7 +143,8 @@ fn have_gpu() -> bool {
 /// seeded sampled ones sent at once are decoded together on multi-stream slots (one-step runs
 /// while the sampled ones live, pipelined greedy runs after, streams ending mid-pipeline) and
 /// each text equals what `nibble generate` (the single-stream GPU path) writes for the same
-/// prompt and sampling; a follow-up request that extends an earlier one reuses
+/// prompt and sampling (a sampled request alone too: its stream sampled on the GPU); a
+/// follow-up request that extends an earlier one reuses
 /// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot.
 #[test]
 fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
@@ -224,6 +225,18 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
             "prompt {p:?}: served together vs single-stream"
         );
     }
+    // A sampled request alone on the server: its lone stream is sampled on the GPU in folded
+    // runs (fed its sampler's reserved draws), and the text is still `generate`'s.
+    let lone = serde_json::json!({"prompt": prompts[4], "max_tokens": 12, "temperature": 0.9, "top_k": 40, "seed": seed(4)})
+        .to_string();
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &lone);
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        v["choices"][0]["text"].as_str().unwrap(),
+        want[4].as_str(),
+        "lone sampled"
+    );
     // A follow-up that extends the first exchange lands on that slot's cached prefix.
     let follow = format!("{}{} and then", prompts[0], want[0]);
     let (st, b) = exchange(&addr, "POST", "/v1/completions", &body(&follow));

@@ -15,7 +15,7 @@
 //! seed and inputs always give the same ids. Scratch buffers live in the [`Sampler`] so the
 //! per-token path does not allocate after the first call.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -130,6 +130,10 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    /// Draws taken from `rng` ahead of use for a device sampler ([`Sampler::draw_uniforms`]),
+    /// in order; [`Sampler::sample`] uses these first, so the ids do not depend on how many
+    /// steps the device took before the host samples again ([`Sampler::consume_draws`]).
+    pending: VecDeque<f64>,
     /// Penalised copy of the logits row (len = vocab; only with penalties).
     scratch: Vec<f32>,
     /// Candidate (id, logit-or-probability) pairs: sorted by descending value after a streamed
@@ -203,6 +207,7 @@ impl Sampler {
         Ok(Self {
             params,
             rng,
+            pending: VecDeque::new(),
             scratch: Vec::new(),
             candidates: Vec::new(),
             edge: Vec::new(),
@@ -234,14 +239,24 @@ impl Sampler {
         self.sample_drawn(logits, history, Some(u))
     }
 
-    /// The next `n` draws [`Sampler::sample`] would make, one per sampled token, taken from
-    /// the RNG (so a device sampler can use them in order); all zero and nothing taken when
-    /// sampling is greedy (`temperature <= 0`), which draws nothing.
+    /// The next `n` draws [`Sampler::sample`] would make, one per sampled token, for a device
+    /// sampler to use in order: they stay reserved (the host's next samples use them first)
+    /// until [`Sampler::consume_draws`] says how many the device used. All zero when sampling
+    /// is greedy (`temperature <= 0`), which draws nothing.
     pub fn draw_uniforms(&mut self, n: usize) -> Vec<f64> {
         if self.params.temperature <= 0.0 {
             return vec![0.0; n];
         }
-        (0..n).map(|_| self.rng.random::<f64>()).collect()
+        while self.pending.len() < n {
+            self.pending.push_back(self.rng.random::<f64>());
+        }
+        self.pending.iter().take(n).copied().collect()
+    }
+
+    /// The device used the first `n` reserved draws (one per id it sampled).
+    pub fn consume_draws(&mut self, n: usize) {
+        let n = n.min(self.pending.len());
+        self.pending.drain(..n);
     }
 
     /// These settings as a device sampler takes them, with the penalty `history` (the fed
@@ -483,7 +498,11 @@ impl Sampler {
 
         // Draw from the renormalised survivors.
         let mass: f64 = self.candidates.iter().map(|c| c.1).sum();
-        let mut u = u.unwrap_or_else(|| self.rng.random::<f64>()) * mass;
+        let u = u.unwrap_or_else(|| match self.pending.pop_front() {
+            Some(d) => d,
+            None => self.rng.random::<f64>(),
+        });
+        let mut u = u * mass;
         for c in &self.candidates {
             if u < c.1 {
                 return Ok(c.0);

@@ -411,3 +411,33 @@ fn invalid_params_are_rejected() {
     assert!(Sampler::new(SamplingParams::qwen3_thinking()).is_ok());
     assert!(Sampler::new(SamplingParams::qwen3_non_thinking()).is_ok());
 }
+
+#[test]
+fn reserved_draws_keep_the_host_sequence_whatever_the_device_used() {
+    let logits = random_logits(3000, 4);
+    let p = SamplingParams::llama_cpp_defaults(21);
+    // The host alone: 12 samples.
+    let mut plain = Sampler::new(p.clone()).unwrap();
+    let want: Vec<u32> = (0..12)
+        .map(|_| plain.sample(&logits, &[]).unwrap())
+        .collect();
+    // A device reserves 8 draws and uses 5 of them (ids 2..7 of the sequence, fed the same
+    // draws); the host then samples the rest from the unused draws and the RNG after them.
+    let mut s = Sampler::new(p.clone()).unwrap();
+    let mut got: Vec<u32> = (0..2).map(|_| s.sample(&logits, &[]).unwrap()).collect();
+    let draws = s.draw_uniforms(8);
+    assert_eq!(draws.len(), 8);
+    for &u in &draws[..5] {
+        got.push(s.sample_with_uniform(&logits, &[], u).unwrap());
+    }
+    s.consume_draws(5);
+    // Reserving again returns the unused draws first.
+    assert_eq!(s.draw_uniforms(2), draws[5..7].to_vec());
+    while got.len() < 12 {
+        got.push(s.sample(&logits, &[]).unwrap());
+    }
+    assert_eq!(got, want);
+    // Greedy reserves nothing.
+    let mut g = Sampler::new(SamplingParams::default()).unwrap();
+    assert_eq!(g.draw_uniforms(3), vec![0.0; 3]);
+}

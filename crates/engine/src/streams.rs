@@ -1,8 +1,9 @@
 //! Requests on a multi-stream backend: each request owns one stream slot of the backend (its own
 //! KV cache and position) and the backend advances every active slot in the same device run:
-//! folded greedy runs ([`Backend::streams_decode_greedy`]) while every stream is greedy, single
-//! steps returning logits ([`Backend::streams_step`]) while a sampled one is among them (its
-//! sampler, seeded per request, picks the next id on the host). This module keeps a request's
+//! folded greedy runs ([`Backend::streams_decode_greedy`]) while every stream is greedy, or a
+//! lone sampled stream the device samples ([`Backend::streams_queue_sampled`], fed its
+//! sampler's reserved draws), single steps returning logits ([`Backend::streams_step`]) while a
+//! sampled one is among several (its sampler, seeded per request, picks the next id on the host). This module keeps a request's
 //! text side (streaming UTF-8 decode, stop ids and strings, limits, sampling history) exactly as
 //! [`crate::session::Session::generate`] does for one sequence, so a request's text is the same
 //! whichever path served it.
@@ -12,7 +13,7 @@ use crate::session::{FinishReason, GenParams, GenStats};
 use crate::stop::StopChecker;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use anyhow::Result;
-use nibble_backend::{argmax, Backend};
+use nibble_backend::{argmax, Backend, DeviceSampling};
 use std::time::Instant;
 
 /// One request bound to stream `slot`.
@@ -145,8 +146,28 @@ impl StreamSeq {
         }
     }
 
-    /// The ids a run produced for this stream (fed `next_input()` at the current position).
+    /// `n` draws of this stream's sampler reserved for a device that samples its next ids
+    /// (see [`Sampler::draw_uniforms`]; the ids a run brings back consume them).
+    pub fn device_draws(&mut self, n: usize) -> Vec<f64> {
+        self.sampler
+            .as_mut()
+            .map_or_else(Vec::new, |s| s.draw_uniforms(n))
+    }
+
+    /// This stream's sampling as a device takes it, with its penalty history (prompt and
+    /// every id so far); `None` for a greedy stream.
+    pub fn device_sampling<'a>(&'a self, draws: &'a [f64]) -> Option<DeviceSampling<'a>> {
+        self.sampler
+            .as_ref()
+            .map(|s| s.device_sampling(&self.history, draws))
+    }
+
+    /// The ids a run produced for this stream (fed `next_input()` at the current position);
+    /// for a sampled stream, the device sampled them with the first of its reserved draws.
     pub fn push_run(&mut self, ids: &[u32], on_text: &mut dyn FnMut(&str) -> bool) {
+        if let Some(s) = &mut self.sampler {
+            s.consume_draws(ids.len());
+        }
         self.pos += ids.len();
         for &id in ids {
             self.push(id, on_text);

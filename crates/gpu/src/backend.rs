@@ -463,6 +463,80 @@ impl GpuBackend {
         }
         Ok(produced)
     }
+
+    /// `streams_queue`, the lone stream's ids sampled by `spec` where given (the caller
+    /// checked that the GPU samples it and that one stream is fed).
+    fn streams_queue_with(
+        &mut self,
+        restart: Option<&[Option<u32>]>,
+        n: usize,
+        eos: &[u32],
+        spec: Option<&DeviceSampling<'_>>,
+    ) -> Result<usize> {
+        if let Some(tokens) = restart {
+            let seqs = self.stream_inputs(tokens, 0)?;
+            self.lone_idle("restart")?;
+            let ctx = self.context_len();
+            let b = self.batch.as_mut().expect("stream_inputs checked the path");
+            match lone_input(&seqs).filter(|_| self.lone_path) {
+                // One stream: the single-sequence plan in its KV slot (plan_slots.rs), its ids
+                // from the argmax or, with `spec`, the GPU sampler.
+                Some((slot, token, pos)) => {
+                    b.idle("restart")?;
+                    ensure!(
+                        eos.len() <= MAX_EOS,
+                        "at most {MAX_EOS} EOS ids, got {}",
+                        eos.len()
+                    );
+                    let n = u32::try_from(ctx - pos)?;
+                    let mut runs = self.plan.begin_runs(Some(slot), token, pos, n, eos)?;
+                    if let Some(sp) = spec {
+                        ensure!(
+                            sp.temperature <= 0.0 || sp.uniforms.len() >= n as usize,
+                            "a sampled stream with {n} steps of room needs {n} draws, got {}",
+                            sp.uniforms.len()
+                        );
+                        runs.set_sampled(&self.plan, sp)?;
+                    }
+                    self.lone = Some((slot, runs));
+                }
+                None => {
+                    ensure!(spec.is_none(), "the GPU samples one stream alone");
+                    if !b.restart(&seqs, eos)? {
+                        return Ok(0);
+                    }
+                }
+            }
+            self.stream_live = seqs.iter().map(Option::is_some).collect();
+            self.stream_live.resize(b.streams(), false);
+        }
+        // Every live stream stays within its context.
+        let ctx = self.context_len();
+        let Some(b) = self.batch.as_mut() else {
+            bail!("no multi-stream path: the GPU backend was built with 0 streams");
+        };
+        let room = (0..b.streams())
+            .filter(|s| self.stream_live[*s])
+            .map(|s| ctx.saturating_sub(self.stream_pos[s] + self.stream_queued))
+            .min()
+            .unwrap_or(0);
+        let mut n = n.min(room);
+        if n == 0 {
+            return Ok(0);
+        }
+        match &mut self.lone {
+            Some((_, runs)) => {
+                n = runs.submit(&self.plan, n as u32)? as usize;
+                if n == 0 {
+                    return Ok(0);
+                }
+            }
+            None => b.queue_run(n as u32)?,
+        }
+        self.stream_queued += n;
+        self.stream_runs.push_back(n);
+        Ok(n)
+    }
 }
 
 impl Backend for GpuBackend {
@@ -581,59 +655,31 @@ impl Backend for GpuBackend {
         n: usize,
         eos: &[u32],
     ) -> Result<usize> {
-        if let Some(tokens) = restart {
-            let seqs = self.stream_inputs(tokens, 0)?;
-            self.lone_idle("restart")?;
-            let ctx = self.context_len();
-            let b = self.batch.as_mut().expect("stream_inputs checked the path");
-            match lone_input(&seqs).filter(|_| self.lone_path) {
-                // One greedy stream: the single-sequence plan in its KV slot (plan_slots.rs).
-                Some((slot, token, pos)) => {
-                    b.idle("restart")?;
-                    ensure!(
-                        eos.len() <= MAX_EOS,
-                        "at most {MAX_EOS} EOS ids, got {}",
-                        eos.len()
-                    );
-                    let n = u32::try_from(ctx - pos)?;
-                    let runs = self.plan.begin_runs(Some(slot), token, pos, n, eos)?;
-                    self.lone = Some((slot, runs));
-                }
-                None => {
-                    if !b.restart(&seqs, eos)? {
-                        return Ok(0);
-                    }
-                }
-            }
-            self.stream_live = seqs.iter().map(Option::is_some).collect();
-            self.stream_live.resize(b.streams(), false);
-        }
-        // Every live stream stays within its context.
-        let ctx = self.context_len();
-        let Some(b) = self.batch.as_mut() else {
-            bail!("no multi-stream path: the GPU backend was built with 0 streams");
-        };
-        let room = (0..b.streams())
-            .filter(|s| self.stream_live[*s])
-            .map(|s| ctx.saturating_sub(self.stream_pos[s] + self.stream_queued))
-            .min()
-            .unwrap_or(0);
-        let mut n = n.min(room);
-        if n == 0 {
-            return Ok(0);
-        }
-        match &mut self.lone {
-            Some((_, runs)) => {
-                n = runs.submit(&self.plan, n as u32)? as usize;
-                if n == 0 {
-                    return Ok(0);
-                }
-            }
-            None => b.queue_run(n as u32)?,
-        }
-        self.stream_queued += n;
-        self.stream_runs.push_back(n);
-        Ok(n)
+        self.streams_queue_with(restart, n, eos, None)
+    }
+
+    fn streams_sample_on_device(&self, spec: &DeviceSampling<'_>) -> bool {
+        self.lone_path && self.batch.is_some() && !self.per_token && spec.in_device_range()
+    }
+
+    fn streams_queue_sampled(
+        &mut self,
+        restart: &[Option<u32>],
+        n: usize,
+        eos: &[u32],
+        spec: &DeviceSampling<'_>,
+    ) -> Result<usize> {
+        ensure!(
+            self.streams_sample_on_device(spec),
+            "these sampling settings are not sampled on the GPU (top_k {} of 1..={})",
+            spec.top_k,
+            nibble_backend::DEVICE_TOP_K_MAX
+        );
+        ensure!(
+            restart.iter().filter(|t| t.is_some()).count() == 1,
+            "the GPU samples one stream alone"
+        );
+        self.streams_queue_with(Some(restart), n, eos, Some(spec))
     }
 
     fn streams_collect(&mut self) -> Result<Option<Vec<Vec<u32>>>> {

@@ -156,3 +156,76 @@ fn sampled_stream_refuses_what_it_cannot_sample() {
     .unwrap();
     assert_eq!((n, g.position()), (8, 11));
 }
+
+/// A lone multi-stream slot sampled on the GPU (`streams_queue_sampled`, the server's way for
+/// one sampled request) against the same slot stepped with `streams_step` and the host
+/// sampler: the same ids, the runs pipelined two deep; the reserved draws the device did not
+/// use serve the host's next samples.
+#[test]
+fn lone_stream_sampled_on_the_gpu_equals_host_steps() {
+    let Some(ctx) = gpu("lone_stream_sampled_on_the_gpu_equals_host_steps") else {
+        return;
+    };
+    let m = model_with_vocab(6, false, 512);
+    let opts = GpuOptions {
+        context_len: 96,
+        streams: 2,
+        ..Default::default()
+    };
+    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let prompt = [5u32, 61, 300];
+    for p in settings() {
+        // Host: a step per token on slot 1.
+        let mut s = Sampler::new(p.clone()).unwrap();
+        let mut hist = prompt.to_vec();
+        let mut tok = s
+            .sample(&g.stream_prefill(1, 0, &prompt).unwrap(), &hist)
+            .unwrap();
+        let mut want = vec![tok];
+        for _ in 0..44 {
+            hist.push(tok);
+            let mut l = g.streams_step(&[None, Some(tok)]).unwrap();
+            tok = s.sample(l[1].as_ref().unwrap(), &hist).unwrap();
+            l.clear();
+            want.push(tok);
+        }
+        g.streams_end(1).unwrap();
+        // Device: the same request restarted on the slot, runs of 4 with two queued.
+        let mut s = Sampler::new(p.clone()).unwrap();
+        let mut hist = prompt.to_vec();
+        let tok = s
+            .sample(&g.stream_prefill(1, 0, &prompt).unwrap(), &hist)
+            .unwrap();
+        hist.push(tok);
+        let room = 96 - prompt.len();
+        let draws = s.draw_uniforms(room);
+        let spec = s.device_sampling(&hist, &draws);
+        assert!(g.streams_sample_on_device(&spec));
+        let inputs = [None, Some(tok)];
+        let mut got = vec![tok];
+        assert_eq!(g.streams_queue_sampled(&inputs, 4, &[], &spec).unwrap(), 4);
+        assert_eq!(g.streams_queue(None, 4, &[]).unwrap(), 4);
+        while got.len() < 25 {
+            let ids = g.streams_collect().unwrap().unwrap();
+            assert!(ids[0].is_empty());
+            got.extend_from_slice(&ids[1]);
+            g.streams_queue(None, 4, &[]).unwrap();
+        }
+        while let Some(ids) = g.streams_collect().unwrap() {
+            got.extend_from_slice(&ids[1]);
+        }
+        assert!(got.len() > 26 && got.len() < want.len(), "{}", got.len());
+        // The device took `got.len() - 1` steps with the first draws; the host goes on.
+        s.consume_draws(got.len() - 1);
+        let mut tok = *got.last().unwrap();
+        hist.extend_from_slice(&got[1..got.len() - 1]);
+        while got.len() < want.len() {
+            hist.push(tok);
+            let l = g.streams_step(&[None, Some(tok)]).unwrap();
+            tok = s.sample(l[1].as_ref().unwrap(), &hist).unwrap();
+            got.push(tok);
+        }
+        assert_eq!(got, want, "settings {:?}", p);
+        g.streams_end(1).unwrap();
+    }
+}

@@ -63,8 +63,7 @@ impl DecodePlan {
             return Err(GpuError::Shape("sampled runs of 0 steps".into()));
         }
         let mut runs = self.begin_runs(None, token, pos, n, eos)?;
-        self.start_sampled(n, spec)?;
-        runs.pick = Pick::Sample;
+        runs.set_sampled(self, spec)?;
         Ok(GreedyStream {
             plan: self,
             run,
@@ -152,6 +151,20 @@ pub(crate) struct GreedyRuns {
 }
 
 impl GreedyRuns {
+    /// Make the request's steps sample their ids by `spec` (kernels/sample.rs) instead of
+    /// the argmax: writes the sampler's settings, counts and draws for its steps. Before any
+    /// run is submitted.
+    pub(crate) fn set_sampled(&mut self, p: &DecodePlan, spec: &DeviceSampling<'_>) -> Result<()> {
+        if self.next > 0 {
+            return Err(GpuError::Shape(
+                "sampling set after a run was queued".into(),
+            ));
+        }
+        p.start_sampled(self.n, spec)?;
+        self.pick = Pick::Sample;
+        Ok(())
+    }
+
     /// Record the next run (up to `run` steps from `next`, positions `pos + step`) into its
     /// own command buffer and submit it without waiting. Returns the steps queued (0 when
     /// none is left).

@@ -14,9 +14,11 @@
 //!   GPU with `--max-streams`), every admitted request gets a stream slot (prefilled when it
 //!   joins) and ONE device run advances all of them together (continuous batching: a request
 //!   that arrives mid-run joins at the next run, a finished or cancelled one frees its slot at
-//!   once): a folded greedy run of up to [`RUN`] tokens while every stream is greedy, one step
-//!   returning each stream's logits while a sampled request is among them (its sampler picks
-//!   on the host; the greedy ones take the argmax). On a backend without streams each request
+//!   once): a folded greedy run of up to [`RUN`] tokens while every stream is greedy (or one
+//!   sampled stream is alone and the backend samples its settings on the device, fed the
+//!   request sampler's reserved draws), one step returning each stream's logits while a
+//!   sampled request is among several (its sampler picks on the host; the greedy ones take the
+//!   argmax). On a backend without streams each request
 //!   runs alone on the main sequence from prompt to end (with prefix reuse);
 //! * [`Worker::postprocess`] sends the final events, retires finished sequences and updates metrics.
 //!
@@ -191,7 +193,20 @@ impl Worker {
                 .as_ref()
                 .is_some_and(|s| s.sampled() && !s.finished())
         });
-        if joining || sampled {
+        // A lone sampled stream (no other live one, none joining) whose settings the device
+        // samples folds into pipelined runs like greedy ones.
+        let live: Vec<&StreamSeq> = sched
+            .running
+            .iter()
+            .filter_map(|q| q.stream.as_ref().filter(|s| !s.finished()))
+            .collect();
+        let lone_device = !joining
+            && sampled
+            && live.len() == 1
+            && live[0]
+                .device_sampling(&[])
+                .is_some_and(|sp| self.session.backend().streams_sample_on_device(&sp));
+        if joining || (sampled && !lone_device) {
             if let Err(msg) = self.drain(sched) {
                 return self.fail_streams(sched, msg, out);
             }
@@ -264,7 +279,9 @@ impl Worker {
             }
         }
         if inputs.iter().any(Option::is_some) || self.in_flight > 0 {
-            let advanced = if sampled {
+            let advanced = if lone_device {
+                self.step_lone_sampled(sched, &inputs)
+            } else if sampled {
                 self.step_sampled(sched, &inputs)
             } else {
                 self.step_greedy(sched, &inputs)
@@ -379,6 +396,49 @@ impl Worker {
         let eos = self.session.backend().config().eos_token_ids.clone();
         if self.in_flight == 0 {
             if self.guarded(|b| b.streams_queue(Some(inputs), RUN, &eos))? == 0 {
+                return Err("generation failed: no stream has room left in its context".into());
+            }
+            self.in_flight = 1;
+        }
+        while self.in_flight < IN_FLIGHT {
+            if self.guarded(|b| b.streams_queue(None, RUN, &eos))? == 0 {
+                break;
+            }
+            self.in_flight += 1;
+        }
+        self.collect_one(sched)
+    }
+
+    /// [`Self::step_greedy`] for a lone sampled stream the device samples: the restart hands
+    /// the device its settings, penalty history and reserved draws (one per step of room).
+    fn step_lone_sampled(
+        &mut self,
+        sched: &mut Scheduler,
+        inputs: &[Option<u32>],
+    ) -> Result<(), String> {
+        let eos = self.session.backend().config().eos_token_ids.clone();
+        if self.in_flight == 0 {
+            let Some(s) = sched
+                .running
+                .iter_mut()
+                .filter_map(|q| q.stream.as_mut())
+                .find(|s| inputs[s.slot].is_some())
+            else {
+                return Err("generation failed: no sampled stream to run".into());
+            };
+            let draws = s.device_draws(s.room());
+            let Some(spec) = s.device_sampling(&draws) else {
+                return Err("generation failed: the lone stream is not sampled".into());
+            };
+            let backend = self.session.backend_mut();
+            let queued = match catch_unwind(AssertUnwindSafe(|| {
+                backend.streams_queue_sampled(inputs, RUN, &eos, &spec)
+            })) {
+                Ok(Ok(n)) => n,
+                Ok(Err(e)) => return Err(format!("generation failed: {e:#}")),
+                Err(_) => return Err("generation failed: the engine panicked".to_owned()),
+            };
+            if queued == 0 {
                 return Err("generation failed: no stream has room left in its context".into());
             }
             self.in_flight = 1;
