@@ -239,8 +239,11 @@ enum SampledWay {
     /// A device step per token, the host's sampler on its logits (`Backend::step`).
     Host,
     /// The same through `streams_step` on stream slot 0 alone (how the server decodes a lone
-    /// sampled request).
+    /// sampled request the device cannot sample).
     Lone,
+    /// Stream slot 0 alone sampled on the device (`Backend::streams_queue_sampled`: how the
+    /// server decodes a lone sampled request now), runs of [`RUN`], [`IN_FLIGHT`] queued.
+    LoneFolded,
     /// Folded runs sampled on the device (`Backend::decode_sampled_stream`, as `nibble
     /// generate` decodes where the backend samples the settings), runs of [`SAMPLED_RUN`].
     Folded,
@@ -257,7 +260,7 @@ fn tg_sampled(
     way: SampledWay,
     params: &SamplingParams,
 ) -> Result<Vec<f64>> {
-    let lone = way == SampledWay::Lone;
+    let lone = matches!(way, SampledWay::Lone | SampledWay::LoneFolded);
     let mut out = vec![];
     for r in 0..reps {
         let mut sampler = Sampler::new(params.clone())?;
@@ -276,6 +279,26 @@ fn tg_sampled(
             let spec = sampler.device_sampling(&hist, &draws);
             let got = b.decode_sampled_stream(tok, n, SAMPLED_RUN, &[], &spec, &mut |_| true)?;
             anyhow::ensure!(got == n, "a folded sampled run gave {got} of {n} ids");
+        } else if way == SampledWay::LoneFolded {
+            hist.push(tok);
+            let draws = sampler.draw_uniforms(b.context_len() - hist.len() + 1);
+            let spec = sampler.device_sampling(&hist, &draws);
+            let mut queued = b.streams_queue_sampled(&[Some(tok)], RUN.min(n), &[], &spec)?;
+            let (mut in_flight, mut total) = (1, 0);
+            while in_flight > 0 {
+                while in_flight < IN_FLIGHT && queued < n {
+                    let q = b.streams_queue(None, RUN.min(n - queued), &[])?;
+                    if q == 0 {
+                        break;
+                    }
+                    queued += q;
+                    in_flight += 1;
+                }
+                let ids = b.streams_collect()?.expect("a run is queued");
+                in_flight -= 1;
+                total += ids[0].len();
+            }
+            anyhow::ensure!(total == n, "a lone sampled stream gave {total} of {n} ids");
         } else {
             for _ in 0..n {
                 hist.push(tok);
@@ -380,9 +403,22 @@ pub fn run(a: Args) -> Result<()> {
             stats.push(stat(name, host));
         }
         if b.max_streams() > 0 {
+            let spec_on = b.streams_sample_on_device(
+                &Sampler::new(top_k.clone())?.device_sampling(&[], &[]),
+            );
             let name = format!("tg{} sampled, lone stream", a.gen);
-            let lone = tg_sampled(b.as_mut(), a.gen, reps, SampledWay::Lone, &top_k)?;
+            let way = if spec_on {
+                SampledWay::LoneFolded
+            } else {
+                SampledWay::Lone
+            };
+            let lone = tg_sampled(b.as_mut(), a.gen, reps, way, &top_k)?;
             stats.push(stat(name, lone));
+            if spec_on {
+                let name = format!("tg{} sampled, lone stream, host sampler per step", a.gen);
+                let lone = tg_sampled(b.as_mut(), a.gen, reps, SampledWay::Lone, &top_k)?;
+                stats.push(stat(name, lone));
+            }
         }
         let whole = SamplingParams {
             temperature: 1.0,
