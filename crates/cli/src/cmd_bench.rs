@@ -403,9 +403,8 @@ pub fn run(a: Args) -> Result<()> {
             stats.push(stat(name, host));
         }
         if b.max_streams() > 0 {
-            let spec_on = b.streams_sample_on_device(
-                &Sampler::new(top_k.clone())?.device_sampling(&[], &[]),
-            );
+            let spec_on =
+                b.streams_sample_on_device(&Sampler::new(top_k.clone())?.device_sampling(&[], &[]));
             let name = format!("tg{} sampled, lone stream", a.gen);
             let way = if spec_on {
                 SampledWay::LoneFolded

@@ -762,71 +762,10 @@ impl DecodePlan {
     pub(crate) fn kv_caches(&self) -> (&[wgpu::Buffer], &[wgpu::Buffer]) {
         (&self.acts.k_cache, &self.acts.v_cache)
     }
-
-    /// Recompute layer `layer`'s folded router from its o-proj, router and norm weight on the
-    /// GPU (after plant.rs changed one of them); a no-op when the router is not folded.
-    pub fn refold(&self, layer: usize) -> anyhow::Result<()> {
-        let (Some(out), Some(lw)) = (self.folds.get(layer), self.weights.layers.get(layer)) else {
-            return Ok(());
-        };
-        match (&lw.o, &lw.router) {
-            (Matrix::Q4(o), Matrix::F32(r)) => {
-                RouterFoldKernel::new(&self.ctx)?.fold_into(&self.ctx, o, r, &lw.ffn_norm, out)?;
-                Ok(())
-            }
-            _ => anyhow::bail!("router fold: unexpected matrix forms"),
-        }
-    }
-
-    /// The compiled matvec kernel (tests check which splits it binds).
-    #[cfg(test)]
-    pub(crate) fn matvec_for_tests(&self) -> &MatvecKernel {
-        &self.k.matvec
-    }
-
-    /// Slot groups of the MoE down kernel (1: one workgroup sums a row block's K slots).
-    pub fn moe_down_split(&self) -> u32 {
-        self.k.moe.down_split()
-    }
-
-    /// Where the attention merges chunk partials ([`Combine`]).
-    pub fn attention_combine(&self) -> Combine {
-        self.k.attn.combine()
-    }
-
-    /// Bytes of the folded router matrices (router_fold.rs; 0 when the router has its own
-    /// dispatch).
-    pub fn fold_bytes(&self) -> u64 {
-        self.folds.iter().map(|b| b.size()).sum()
-    }
-
-    /// Dispatches one recorded step issues (with argmax), at position 0 (attention takes one
-    /// dispatch per layer while a chunk covers the context, two after).
-    pub fn dispatches_per_step(&self) -> usize {
-        self.dispatches_per_step_at(0)
-    }
-
-    /// [`Self::dispatches_per_step`] for a step at a position up to `pos_bound`.
-    pub fn dispatches_per_step_at(&self, pos_bound: u32) -> usize {
-        let count = |b: &MatvecBinding| b.dispatch_count();
-        let per_layer: usize = self
-            .layers
-            .iter()
-            .map(|lb| {
-                lb.norm1.is_some() as usize
-                    + lb.norm2.is_some() as usize
-                    + count(&lb.qkv)
-                    + count(&lb.o)
-                    + lb.router.as_ref().map_or(0, count)
-                    + self.k.attn.dispatches(&lb.attn, pos_bound) as usize
-                    + MoeKernel::dispatches(self.opts.routing) as usize
-            })
-            .sum();
-        let head = self.head.dispatch_count();
-        self.embed.dispatch_count() + per_layer + !self.fused as usize + head + 2
-    }
 }
 
+#[path = "plan_info.rs"]
+mod info;
 #[path = "plan_logits.rs"]
 mod logits;
 #[path = "plan_slots.rs"]
