@@ -184,8 +184,8 @@ if has batch; then
 fi
 if has load; then
   # The server's continuous batching on the GPU: 32 concurrent clients, a fixed request count,
-  # half greedy / half sampled (one-step runs while a sampled stream lives), then all greedy
-  # (pipelined folded runs).
+  # half greedy / half sampled (seeded, top-k: sampled on the GPU in the same pipelined runs
+  # since session 14; one-step runs before), then all greedy (pipelined folded runs).
   say "server load test: nibble serve --backend gpu --max-streams 8 --queue 64, 32 clients"
   $N serve -m $MODEL --backend gpu --max-streams 8 --queue 64 --ctx 2048 --port 8080 > "$OUT/serve.log" 2>&1 &
   SP=$!

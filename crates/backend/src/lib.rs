@@ -98,23 +98,24 @@ pub trait Backend: Send {
         let _ = (restart, n, eos);
         anyhow::bail!("{}: no multi-stream decode", self.name())
     }
-    /// Whether [`Backend::streams_queue_sampled`] takes a lone stream sampled by `spec`.
+    /// Whether [`Backend::streams_queue_sampled`] takes a stream sampled by `spec`.
     fn streams_sample_on_device(&self, spec: &DeviceSampling<'_>) -> bool {
         let _ = spec;
         false
     }
-    /// [`Backend::streams_queue`]'s restart for exactly one fed stream whose ids the device
-    /// samples by `spec` (`spec.uniforms`: a draw per step the stream may take, its room in the
-    /// context, used in order); `streams_queue(None, ..)` continues it and
-    /// [`Backend::streams_collect`] returns its ids, as for greedy runs.
+    /// [`Backend::streams_queue`]'s restart where stream `s`'s ids are sampled on the device
+    /// by `specs[s]` (`None`, and streams past `specs`: the argmax; `uniforms`: a draw per
+    /// step the stream may take, its room in the context, used in order);
+    /// `streams_queue(None, ..)` continues the runs and [`Backend::streams_collect`] returns
+    /// the ids, as for greedy runs.
     fn streams_queue_sampled(
         &mut self,
         restart: &[Option<u32>],
         n: usize,
         eos: &[u32],
-        spec: &DeviceSampling<'_>,
+        specs: &[Option<&DeviceSampling<'_>>],
     ) -> anyhow::Result<usize> {
-        let _ = (restart, n, eos, spec);
+        let _ = (restart, n, eos, specs);
         anyhow::bail!("{}: no multi-stream device sampling", self.name())
     }
     /// Part 2: wait for the oldest queued run (later ones keep running) and return its ids per

@@ -283,7 +283,8 @@ fn tg_sampled(
             hist.push(tok);
             let draws = sampler.draw_uniforms(b.context_len() - hist.len() + 1);
             let spec = sampler.device_sampling(&hist, &draws);
-            let mut queued = b.streams_queue_sampled(&[Some(tok)], RUN.min(n), &[], &spec)?;
+            let mut queued =
+                b.streams_queue_sampled(&[Some(tok)], RUN.min(n), &[], &[Some(&spec)])?;
             let (mut in_flight, mut total) = (1, 0);
             while in_flight > 0 {
                 while in_flight < IN_FLIGHT && queued < n {

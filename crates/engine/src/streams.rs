@@ -1,9 +1,9 @@
 //! Requests on a multi-stream backend: each request owns one stream slot of the backend (its own
 //! KV cache and position) and the backend advances every active slot in the same device run:
-//! folded greedy runs ([`Backend::streams_decode_greedy`]) while every stream is greedy, or a
-//! lone sampled stream the device samples ([`Backend::streams_queue_sampled`], fed its
-//! sampler's reserved draws), single steps returning logits ([`Backend::streams_step`]) while a
-//! sampled one is among several (its sampler, seeded per request, picks the next id on the host). This module keeps a request's
+//! folded runs while every stream is greedy ([`Backend::streams_decode_greedy`]) or sampled by
+//! settings the device samples ([`Backend::streams_queue_sampled`], fed each sampler's reserved
+//! draws), else single steps returning logits ([`Backend::streams_step`]; each sampler, seeded
+//! per request, picks the next id on the host). This module keeps a request's
 //! text side (streaming UTF-8 decode, stop ids and strings, limits, sampling history) exactly as
 //! [`crate::session::Session::generate`] does for one sequence, so a request's text is the same
 //! whichever path served it.

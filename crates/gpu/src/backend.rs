@@ -496,11 +496,13 @@ impl Backend for GpuBackend {
         n: usize,
         eos: &[u32],
     ) -> Result<usize> {
-        self.streams_queue_with(restart, n, eos, None)
+        self.streams_queue_with(restart, n, eos, &[])
     }
 
+    /// A lone stream on the plan (kernels/sample.rs) or any streams on the columns (its
+    /// column form).
     fn streams_sample_on_device(&self, spec: &DeviceSampling<'_>) -> bool {
-        self.lone_path && self.batch.is_some() && !self.per_token && spec.in_device_range()
+        self.batch.is_some() && !self.per_token && spec.in_device_range()
     }
 
     fn streams_queue_sampled(
@@ -508,19 +510,17 @@ impl Backend for GpuBackend {
         restart: &[Option<u32>],
         n: usize,
         eos: &[u32],
-        spec: &DeviceSampling<'_>,
+        specs: &[Option<&DeviceSampling<'_>>],
     ) -> Result<usize> {
-        ensure!(
-            self.streams_sample_on_device(spec),
-            "these sampling settings are not sampled on the GPU (top_k {} of 1..={})",
-            spec.top_k,
-            nibble_backend::DEVICE_TOP_K_MAX
-        );
-        ensure!(
-            restart.iter().filter(|t| t.is_some()).count() == 1,
-            "the GPU samples one stream alone"
-        );
-        self.streams_queue_with(Some(restart), n, eos, Some(spec))
+        for sp in specs.iter().flatten() {
+            ensure!(
+                self.streams_sample_on_device(sp),
+                "these sampling settings are not sampled on the GPU (top_k {} of 1..={})",
+                sp.top_k,
+                nibble_backend::DEVICE_TOP_K_MAX
+            );
+        }
+        self.streams_queue_with(Some(restart), n, eos, specs)
     }
 
     fn streams_collect(&mut self) -> Result<Option<Vec<Vec<u32>>>> {

@@ -93,19 +93,29 @@ impl GpuBackend {
         Ok(produced)
     }
 
-    /// `streams_queue`, the lone stream's ids sampled by `spec` where given (the caller
-    /// checked that the GPU samples it and that one stream is fed).
+    /// `streams_queue`, stream `s`'s ids sampled on the GPU by `specs[s]` where given (the
+    /// caller checked that the GPU samples them); every draw list holds the stream's room.
     pub(super) fn streams_queue_with(
         &mut self,
         restart: Option<&[Option<u32>]>,
         n: usize,
         eos: &[u32],
-        spec: Option<&DeviceSampling<'_>>,
+        specs: &[Option<&DeviceSampling<'_>>],
     ) -> Result<usize> {
         if let Some(tokens) = restart {
             let seqs = self.stream_inputs(tokens, 0)?;
             self.lone_idle("restart")?;
             let ctx = self.context_len();
+            for (s, sp) in specs.iter().enumerate() {
+                if let (Some(sp), Some(Some((_, pos)))) = (sp, seqs.get(s)) {
+                    let room = ctx - pos;
+                    ensure!(
+                        sp.temperature <= 0.0 || sp.uniforms.len() >= room,
+                        "sampled stream {s} with {room} steps of room needs {room} draws, got {}",
+                        sp.uniforms.len()
+                    );
+                }
+            }
             let b = self.batch.as_mut().expect("stream_inputs checked the path");
             match lone_input(&seqs).filter(|_| self.lone_path) {
                 // One stream: the single-sequence plan in its KV slot (plan_slots.rs), its ids
@@ -119,19 +129,13 @@ impl GpuBackend {
                     );
                     let n = u32::try_from(ctx - pos)?;
                     let mut runs = self.plan.begin_runs(Some(slot), token, pos, n, eos)?;
-                    if let Some(sp) = spec {
-                        ensure!(
-                            sp.temperature <= 0.0 || sp.uniforms.len() >= n as usize,
-                            "a sampled stream with {n} steps of room needs {n} draws, got {}",
-                            sp.uniforms.len()
-                        );
+                    if let Some(Some(sp)) = specs.get(slot) {
                         runs.set_sampled(&self.plan, sp)?;
                     }
                     self.lone = Some((slot, runs));
                 }
                 None => {
-                    ensure!(spec.is_none(), "the GPU samples one stream alone");
-                    if !b.restart(&seqs, eos)? {
+                    if !b.restart_sampled(&seqs, eos, specs)? {
                         return Ok(0);
                     }
                 }

@@ -34,11 +34,13 @@ use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKerne
 use crate::kernels::matvec::NormInput;
 use crate::kernels::moe::{MoeColsBinding, MoeColsBuffers, MoeKernel, MoeParams};
 use crate::kernels::router_cols::{RouterColsArgs, RouterColsBinding, RouterColsKernel};
+use crate::kernels::sample::{SampleBinding, SampleColsArgs, SampleKernel};
 use crate::numerics::Numerics;
 use crate::state::RunState;
 use crate::tune::Tune;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
+use nibble_backend::DeviceSampling;
 
 /// One layer's bindings.
 /// The matmuls are bound once per column count (`[nb - 1]`), so a run records only the columns
@@ -90,12 +92,15 @@ pub struct BatchPlan {
     router_k: RouterColsKernel,
     moe_k: MoeKernel,
     argmax_k: ArgmaxKernel,
+    sample_k: SampleKernel,
     bufs: Bufs,
     embed: EmbedBinding,
     layers: Vec<Layer>,
     /// `[nb - 1]`, like the layers' matmuls.
     head: Vec<MatmulBinding>,
     argmax: ArgmaxBinding,
+    /// The GPU sampler over the columns (runs restarted with sampling settings).
+    sample: SampleBinding,
     /// The queued greedy runs ([`BatchPlan::restart`] / [`BatchPlan::queue_run`] /
     /// [`BatchPlan::collect`]).
     pipe: Pipe,
@@ -117,6 +122,8 @@ struct Pipe {
     top: usize,
     /// Columns recorded (one past the highest live one at the restart).
     nb: u32,
+    /// The runs end each step in the GPU sampler (some column sampled) instead of the argmax.
+    sampled: bool,
     queued: std::collections::VecDeque<QueuedRun>,
 }
 
@@ -224,6 +231,7 @@ impl BatchPlan {
         let router_k = RouterColsKernel::new(ctx)?;
         let embed_k = EmbedKernel::new(ctx)?;
         let argmax_k = ArgmaxKernel::new(ctx)?;
+        let sample_k = SampleKernel::new(ctx)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in w.layers.iter().enumerate() {
             let (Matrix::Q4(wqkv), Matrix::Q4(wo), Matrix::F32(wr)) = (&lw.qkv, &lw.o, &lw.router)
@@ -363,6 +371,21 @@ impl BatchPlan {
                 eos: &[u32::MAX; MAX_EOS],
             },
         )?;
+        let (run_params, eos) = argmax.run_buffers();
+        let sample = sample_k.bind_cols(
+            ctx,
+            &SampleColsArgs {
+                logits: &logits,
+                n: v as u32,
+                nb: b,
+                cap: context_len as u32,
+                cols: &cols,
+                state: &state,
+                out_tokens: &out_tokens,
+                run_params,
+                eos,
+            },
+        )?;
         let keep = vec![hb, xn, qkv, att, router, route, moe_h];
         Ok(BatchPlan {
             ctx: ctx.clone(),
@@ -375,6 +398,7 @@ impl BatchPlan {
             router_k,
             moe_k,
             argmax_k,
+            sample_k,
             bufs: Bufs {
                 state,
                 cols,
@@ -390,6 +414,7 @@ impl BatchPlan {
             layers,
             head,
             argmax,
+            sample,
             pipe: Pipe::default(),
         })
     }
@@ -457,7 +482,9 @@ impl BatchPlan {
     ) -> Result<()> {
         self.record_layers(pass, pos_bound, nb, false)?;
         self.matmul.record(pass, &self.head[nb as usize - 1]);
-        if argmax {
+        if argmax && self.pipe.sampled {
+            self.sample_k.record(pass, &self.sample);
+        } else if argmax {
             self.argmax_k.record(pass, &self.argmax);
         }
         Ok(())
@@ -594,6 +621,18 @@ impl BatchPlan {
     /// Every queued run must have been collected. Returns whether any stream is live. The caller
     /// checks ids and positions.
     pub fn restart(&mut self, seqs: &[Option<(u32, usize)>], eos: &[u32]) -> Result<bool> {
+        self.restart_sampled(seqs, eos, &[])
+    }
+
+    /// [`BatchPlan::restart`] with stream `s` sampled on the GPU by `specs[s]` (`None`, and
+    /// streams past `specs`: the argmax); `specs[s].uniforms` holds a draw per step of its
+    /// room. With no sampled stream the runs end in the argmax, as a plain restart.
+    pub fn restart_sampled(
+        &mut self,
+        seqs: &[Option<(u32, usize)>],
+        eos: &[u32],
+        specs: &[Option<&DeviceSampling<'_>>],
+    ) -> Result<bool> {
         self.idle("restart")?;
         ensure!(
             eos.len() <= MAX_EOS,
@@ -609,11 +648,25 @@ impl BatchPlan {
         // The step limit is the out_tokens capacity; runs are bounded by the context instead.
         self.argmax
             .set_run(&self.ctx, self.context_len as u32, eos)?;
+        let sampled = specs.iter().any(Option::is_some);
+        if sampled {
+            // Each sampled stream's steps: its room in the context.
+            let per: Vec<_> = specs
+                .iter()
+                .zip(seqs.iter().chain(std::iter::repeat(&None)))
+                .map(|(sp, q)| match (sp, q) {
+                    (Some(sp), Some((_, pos))) => Some((*sp, self.context_len - pos)),
+                    _ => None,
+                })
+                .collect();
+            self.sample.set_requests(&self.ctx, &per)?;
+        }
         self.pipe = Pipe {
             live: true,
             steps: 0,
             top,
             nb,
+            sampled,
             queued: Default::default(),
         };
         Ok(true)

@@ -203,7 +203,11 @@ fn lone_stream_sampled_on_the_gpu_equals_host_steps() {
         assert!(g.streams_sample_on_device(&spec));
         let inputs = [None, Some(tok)];
         let mut got = vec![tok];
-        assert_eq!(g.streams_queue_sampled(&inputs, 4, &[], &spec).unwrap(), 4);
+        assert_eq!(
+            g.streams_queue_sampled(&inputs, 4, &[], &[None, Some(&spec)])
+                .unwrap(),
+            4
+        );
         assert_eq!(g.streams_queue(None, 4, &[]).unwrap(), 4);
         while got.len() < 25 {
             let ids = g.streams_collect().unwrap().unwrap();
@@ -227,5 +231,113 @@ fn lone_stream_sampled_on_the_gpu_equals_host_steps() {
         }
         assert_eq!(got, want, "settings {:?}", p);
         g.streams_end(1).unwrap();
+    }
+}
+
+/// Three streams on the columns, two sampled by different settings and one greedy, sampled on
+/// the GPU in pipelined runs (`streams_queue_sampled`, the server's way while every sampled
+/// stream's settings are the device's) against the same streams stepped together with
+/// `streams_step` (host sampler, argmax): the same ids per stream.
+#[test]
+fn column_streams_sampled_on_the_gpu_equal_host_steps() {
+    let Some(ctx) = gpu("column_streams_sampled_on_the_gpu_equal_host_steps") else {
+        return;
+    };
+    let m = model_with_vocab(8, false, 512);
+    let ctxlen = 80;
+    let opts = GpuOptions {
+        context_len: ctxlen,
+        streams: 3,
+        ..Default::default()
+    };
+    let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+    let prompts: [&[u32]; 3] = [&[5, 61, 300], &[9, 9], &[400, 17, 3, 88]];
+    let sets = settings();
+    let params = [Some(sets[0].clone()), None, Some(sets[2].clone())];
+    let steps = 20;
+    // Host: every stream stepped together, the sampled ones by their host samplers.
+    let mut samplers: Vec<Option<Sampler>> = params
+        .iter()
+        .map(|p| p.clone().map(|p| Sampler::new(p).unwrap()))
+        .collect();
+    let mut hist: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let mut want: Vec<Vec<u32>> = vec![vec![]; 3];
+    let mut toks = [0u32; 3];
+    for s in 0..3 {
+        let l = g.stream_prefill(s, 0, prompts[s]).unwrap();
+        toks[s] = match &mut samplers[s] {
+            Some(sm) => sm.sample(&l, &hist[s]).unwrap(),
+            None => nibble_backend::argmax(&l),
+        };
+        want[s].push(toks[s]);
+    }
+    for _ in 0..steps {
+        for s in 0..3 {
+            hist[s].push(toks[s]);
+        }
+        let ls = g
+            .streams_step(&toks.iter().map(|t| Some(*t)).collect::<Vec<_>>())
+            .unwrap();
+        for s in 0..3 {
+            let l = ls[s].as_ref().unwrap();
+            toks[s] = match &mut samplers[s] {
+                Some(sm) => sm.sample(l, &hist[s]).unwrap(),
+                None => nibble_backend::argmax(l),
+            };
+            want[s].push(toks[s]);
+        }
+    }
+    for s in 0..3 {
+        g.streams_end(s).unwrap();
+    }
+    // Device: the same requests restarted, runs of 4 with two queued.
+    let mut samplers: Vec<Option<Sampler>> = params
+        .iter()
+        .map(|p| p.clone().map(|p| Sampler::new(p).unwrap()))
+        .collect();
+    let mut hist: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let mut got: Vec<Vec<u32>> = vec![vec![]; 3];
+    let mut inputs = vec![None; 3];
+    for s in 0..3 {
+        let l = g.stream_prefill(s, 0, prompts[s]).unwrap();
+        let t = match &mut samplers[s] {
+            Some(sm) => sm.sample(&l, &hist[s]).unwrap(),
+            None => nibble_backend::argmax(&l),
+        };
+        hist[s].push(t);
+        got[s].push(t);
+        inputs[s] = Some(t);
+    }
+    let draws: Vec<Vec<f64>> = (0..3)
+        .map(|s| match &mut samplers[s] {
+            Some(sm) => sm.draw_uniforms(ctxlen - prompts[s].len()),
+            None => vec![],
+        })
+        .collect();
+    let specs: Vec<_> = (0..3)
+        .map(|s| {
+            samplers[s]
+                .as_ref()
+                .map(|sm| sm.device_sampling(&hist[s], &draws[s]))
+        })
+        .collect();
+    let refs: Vec<_> = specs.iter().map(Option::as_ref).collect();
+    assert_eq!(g.streams_queue_sampled(&inputs, 4, &[], &refs).unwrap(), 4);
+    assert_eq!(g.streams_queue(None, 4, &[]).unwrap(), 4);
+    while got[0].len() <= steps {
+        let ids = g.streams_collect().unwrap().unwrap();
+        for s in 0..3 {
+            got[s].extend_from_slice(&ids[s]);
+        }
+        g.streams_queue(None, 4, &[]).unwrap();
+    }
+    while let Some(ids) = g.streams_collect().unwrap() {
+        for s in 0..3 {
+            got[s].extend_from_slice(&ids[s]);
+        }
+    }
+    for s in 0..3 {
+        assert!(got[s].len() > steps, "{}", got[s].len());
+        assert_eq!(got[s][..=steps], want[s][..], "stream {s}");
     }
 }

@@ -14,11 +14,10 @@
 //!   GPU with `--max-streams`), every admitted request gets a stream slot (prefilled when it
 //!   joins) and ONE device run advances all of them together (continuous batching: a request
 //!   that arrives mid-run joins at the next run, a finished or cancelled one frees its slot at
-//!   once): a folded greedy run of up to [`RUN`] tokens while every stream is greedy (or one
-//!   sampled stream is alone and the backend samples its settings on the device, fed the
-//!   request sampler's reserved draws), one step returning each stream's logits while a
-//!   sampled request is among several (its sampler picks on the host; the greedy ones take the
-//!   argmax). On a backend without streams each request
+//!   once): a folded run of up to [`RUN`] tokens while every stream is greedy or sampled by
+//!   settings the backend samples on the device (fed each request sampler's reserved draws),
+//!   else one step returning each stream's logits (the sampled streams pick on the host, the
+//!   greedy ones take the argmax). On a backend without streams each request
 //!   runs alone on the main sequence from prompt to end (with prefix reuse);
 //! * [`Worker::postprocess`] sends the final events, retires finished sequences and updates metrics.
 //!
@@ -193,20 +192,18 @@ impl Worker {
                 .as_ref()
                 .is_some_and(|s| s.sampled() && !s.finished())
         });
-        // A lone sampled stream (no other live one, none joining) whose settings the device
-        // samples folds into pipelined runs like greedy ones.
-        let live: Vec<&StreamSeq> = sched
-            .running
-            .iter()
-            .filter_map(|q| q.stream.as_ref().filter(|s| !s.finished()))
-            .collect();
-        let lone_device = !joining
+        // Sampled streams whose settings the device samples (every live one) fold into
+        // pipelined runs like greedy ones, sampled on the GPU.
+        let backend = self.session.backend();
+        let on_device = !joining
             && sampled
-            && live.len() == 1
-            && live[0]
-                .device_sampling(&[])
-                .is_some_and(|sp| self.session.backend().streams_sample_on_device(&sp));
-        if joining || (sampled && !lone_device) {
+            && sched
+                .running
+                .iter()
+                .filter_map(|q| q.stream.as_ref().filter(|s| !s.finished()))
+                .filter_map(|s| s.device_sampling(&[]))
+                .all(|sp| backend.streams_sample_on_device(&sp));
+        if joining || (sampled && !on_device) {
             if let Err(msg) = self.drain(sched) {
                 return self.fail_streams(sched, msg, out);
             }
@@ -279,8 +276,8 @@ impl Worker {
             }
         }
         if inputs.iter().any(Option::is_some) || self.in_flight > 0 {
-            let advanced = if lone_device {
-                self.step_lone_sampled(sched, &inputs)
+            let advanced = if on_device {
+                self.step_device_sampled(sched, &inputs)
             } else if sampled {
                 self.step_sampled(sched, &inputs)
             } else {
@@ -409,30 +406,32 @@ impl Worker {
         self.collect_one(sched)
     }
 
-    /// [`Self::step_greedy`] for a lone sampled stream the device samples: the restart hands
-    /// the device its settings, penalty history and reserved draws (one per step of room).
-    fn step_lone_sampled(
+    /// [`Self::step_greedy`] for runs whose sampled streams the device samples: the restart
+    /// hands the device each sampled stream's settings, penalty history and reserved draws (one
+    /// per step of its room); the greedy ones take the argmax as before.
+    fn step_device_sampled(
         &mut self,
         sched: &mut Scheduler,
         inputs: &[Option<u32>],
     ) -> Result<(), String> {
         let eos = self.session.backend().config().eos_token_ids.clone();
         if self.in_flight == 0 {
-            let Some(s) = sched
-                .running
-                .iter_mut()
-                .filter_map(|q| q.stream.as_mut())
-                .find(|s| inputs[s.slot].is_some())
-            else {
-                return Err("generation failed: no sampled stream to run".into());
-            };
-            let draws = s.device_draws(s.room());
-            let Some(spec) = s.device_sampling(&draws) else {
-                return Err("generation failed: the lone stream is not sampled".into());
-            };
+            let mut draws = vec![Vec::new(); inputs.len()];
+            for s in sched.running.iter_mut().filter_map(|q| q.stream.as_mut()) {
+                if inputs.get(s.slot).is_some_and(Option::is_some) && s.sampled() {
+                    draws[s.slot] = s.device_draws(s.room());
+                }
+            }
+            let mut specs = vec![None; inputs.len()];
+            for s in sched.running.iter().filter_map(|q| q.stream.as_ref()) {
+                if inputs.get(s.slot).is_some_and(Option::is_some) {
+                    specs[s.slot] = s.device_sampling(&draws[s.slot]);
+                }
+            }
+            let refs: Vec<_> = specs.iter().map(Option::as_ref).collect();
             let backend = self.session.backend_mut();
             let queued = match catch_unwind(AssertUnwindSafe(|| {
-                backend.streams_queue_sampled(inputs, RUN, &eos, &spec)
+                backend.streams_queue_sampled(inputs, RUN, &eos, &refs)
             })) {
                 Ok(Ok(n)) => n,
                 Ok(Err(e)) => return Err(format!("generation failed: {e:#}")),

@@ -5,11 +5,19 @@
 //! (`hist`, `scan`, `collect`, `finish`), the last of which advances the run state exactly as
 //! the argmax's `finish` does, sharing its run-length and EOS buffers.
 //!
-//! Buffers of a binding: `req [V + cap]` u32 (per-id penalty counts, then the uniforms as f32
-//! bits, one per step), `vals [V]` f32 (the penalised row), `work [2048 + 8]` u32 (the first
-//! pass's histogram and the selection's scalars), `list [V]` u32 (the candidate ids).
+//! Buffers of a binding, one slice per column (B = 1 for the single token): `req [B, V + cap]`
+//! u32 (per-id penalty counts, then the uniforms as f32 bits, one per step), `vals [B, V]` f32
+//! (the penalised row), `work [B, 2048 + 8]` u32 (the first pass's histogram and the
+//! selection's scalars), `list [B, V]` u32 (the candidate ids), `params [B]` (the settings).
+//!
+//! Column form ([`SampleKernel::bind_cols`], multi-stream runs): every live column of the
+//! [`crate::columns`] buffer samples by its own settings (a greedy column as k = 1 with no
+//! draw: the top-1 of the order, which is the argmax on finite rows), `finish_cols` advances
+//! each column as the argmax's column form does, and a fifth dispatch sets the run's `done`.
 
+use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
+use crate::kernels::embed::check_cols;
 use crate::state::with_state;
 use nibble_backend::{DeviceSampling, DEVICE_TOP_K_MAX};
 
@@ -18,11 +26,37 @@ const CHUNK: u32 = 256 * 4;
 /// Words of `work`: the histogram (`HB`) and the `SEL_*` scalars.
 const WORK_WORDS: u64 = 2048 + 8;
 
-pub struct SampleKernel {
+/// The four pipelines of one form (single token, or columns with `done` as a fifth).
+struct Passes {
     hist: wgpu::ComputePipeline,
     scan: wgpu::ComputePipeline,
     collect: wgpu::ComputePipeline,
     finish: wgpu::ComputePipeline,
+}
+
+pub struct SampleKernel {
+    single: Passes,
+    cols: Passes,
+    done: wgpu::ComputePipeline,
+}
+
+/// What one column sampling binding reads and writes.
+pub struct SampleColsArgs<'a> {
+    /// `[nb, n]` f32 logits, column `c` at `c * n`.
+    pub logits: &'a wgpu::Buffer,
+    pub n: u32,
+    /// Columns, `1..=MAX_COLUMNS`.
+    pub nb: u32,
+    /// Steps one request of a column can take (uniforms held per column).
+    pub cap: u32,
+    /// The [`crate::columns`] buffer (read-write) and the run state (its `done`).
+    pub cols: &'a wgpu::Buffer,
+    pub state: &'a wgpu::Buffer,
+    /// `[nb, out_cap]` u32, `out_cap` from the argmax's column params.
+    pub out_tokens: &'a wgpu::Buffer,
+    /// The column argmax binding's run parameters and EOS ids.
+    pub run_params: &'a wgpu::Buffer,
+    pub eos: &'a wgpu::Buffer,
 }
 
 /// What one sampling binding reads and writes.
@@ -57,8 +91,41 @@ struct SParams {
     repetition: f32,
     presence: f32,
     frequency: f32,
-    p0: u32,
+    ucap: u32,
     p1: u32,
+}
+
+impl SParams {
+    /// The settings of `s` for a row of `n` ids (`None`: greedy, k = 1, no penalties).
+    fn of(s: Option<&DeviceSampling<'_>>, n: u32, ucap: u32) -> SParams {
+        let greedy = s.is_none_or(|s| s.temperature <= 0.0);
+        let d = DeviceSampling {
+            temperature: 0.0,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            history: &[],
+            uniforms: &[],
+        };
+        let s = s.unwrap_or(&d);
+        SParams {
+            n,
+            k: if greedy { 1 } else { s.top_k as u32 },
+            greedy: greedy as u32,
+            penalties: s.has_penalties() as u32,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repetition: s.repetition_penalty,
+            presence: s.presence_penalty,
+            frequency: s.frequency_penalty,
+            ucap,
+            p1: 0,
+        }
+    }
 }
 
 pub struct SampleBinding {
@@ -66,8 +133,12 @@ pub struct SampleBinding {
     scan: wgpu::BindGroup,
     collect: wgpu::BindGroup,
     finish: wgpu::BindGroup,
+    /// The column form's `done_cols` (None: the single-token form).
+    done: Option<wgpu::BindGroup>,
     groups: u32,
     n: u32,
+    /// Columns (1 for the single-token form).
+    nb: u32,
     cap: u32,
     params: wgpu::Buffer,
     req: wgpu::Buffer,
@@ -75,38 +146,61 @@ pub struct SampleBinding {
 
 impl SampleKernel {
     pub fn new(ctx: &Context) -> Result<SampleKernel> {
-        let m = ctx.module(
-            "sample",
-            &with_state(include_str!("../shaders/sample.wgsl")),
-        )?;
+        let src = with_state(&format!(
+            "{COLUMNS_WGSL}\n{}",
+            include_str!("../shaders/sample.wgsl")
+        ));
+        let m = ctx.module("sample", &src)?;
+        let passes = |sfx: &str| -> Result<Passes> {
+            let p = |e: &str| ctx.pipeline(&format!("sample.{e}{sfx}"), &m, &format!("{e}{sfx}"));
+            Ok(Passes {
+                hist: p("hist")?,
+                scan: p("scan")?,
+                collect: p("collect")?,
+                finish: p("finish")?,
+            })
+        };
         Ok(SampleKernel {
-            hist: ctx.pipeline("sample.hist", &m, "hist")?,
-            scan: ctx.pipeline("sample.scan", &m, "scan")?,
-            collect: ctx.pipeline("sample.collect", &m, "collect")?,
-            finish: ctx.pipeline("sample.finish", &m, "finish")?,
+            single: passes("")?,
+            cols: passes("_cols")?,
+            done: ctx.pipeline("sample.done_cols", &m, "done_cols")?,
         })
     }
 
-    pub fn bind(&self, ctx: &Context, a: &SampleArgs<'_>) -> Result<SampleBinding> {
-        let n = a.n as u64;
-        if a.n == 0 || a.logits.size() < n * 4 || a.out_tokens.size() < a.cap as u64 * 4 {
+    /// The scratch buffers of `nb` columns of `n` ids with `cap` uniforms each.
+    fn scratch(ctx: &Context, n: u32, nb: u32, cap: u32) -> Result<[wgpu::Buffer; 5]> {
+        let (n, nb) = (n as u64, nb as u64);
+        Ok([
+            ctx.storage("sample.req", nb * (n + cap as u64) * 4)?,
+            ctx.storage("sample.vals", nb * n * 4)?,
+            ctx.storage("sample.work", nb * WORK_WORDS * 4)?,
+            ctx.storage("sample.list", nb * n * 4)?,
+            ctx.storage("sample.params", nb * std::mem::size_of::<SParams>() as u64)?,
+        ])
+    }
+
+    fn check(ctx: &Context, n: u32, logits: &wgpu::Buffer, nb: u32) -> Result<u32> {
+        if n == 0 || logits.size() < nb as u64 * n as u64 * 4 {
             return Err(GpuError::Shape(format!(
-                "sample: n = {}, cap = {}: logits or out_tokens too small",
-                a.n, a.cap
+                "sample: n = {n}, {nb} columns: logits too small"
             )));
         }
-        let groups = a.n.div_ceil(CHUNK);
+        let groups = n.div_ceil(CHUNK);
         if groups > ctx.limits.max_compute_workgroups_per_dimension {
+            return Err(GpuError::Shape(format!("sample: {n} logits is too many")));
+        }
+        Ok(groups)
+    }
+
+    pub fn bind(&self, ctx: &Context, a: &SampleArgs<'_>) -> Result<SampleBinding> {
+        let groups = Self::check(ctx, a.n, a.logits, 1)?;
+        if a.out_tokens.size() < a.cap as u64 * 4 {
             return Err(GpuError::Shape(format!(
-                "sample: {} logits is too many",
-                a.n
+                "sample: out_tokens holds fewer than {} ids",
+                a.cap
             )));
         }
-        let req = ctx.storage("sample.req", (n + a.cap as u64) * 4)?;
-        let vals = ctx.storage("sample.vals", n * 4)?;
-        let work = ctx.storage("sample.work", WORK_WORDS * 4)?;
-        let list = ctx.storage("sample.list", n * 4)?;
-        let params = ctx.uniform("sample.params", &[0u8; std::mem::size_of::<SParams>()])?;
+        let [req, vals, work, list, params] = Self::scratch(ctx, a.n, 1, a.cap)?;
         let all = [
             a.logits.as_entire_binding(),
             req.as_entire_binding(),
@@ -124,30 +218,85 @@ impl SampleKernel {
             let res: Vec<_> = ix.iter().map(|i| all[*i as usize].clone()).collect();
             ctx.bind_group_at(label, p, ix, &res)
         };
+        let k = &self.single;
         Ok(SampleBinding {
-            hist: group("sample.hist", &self.hist, &[0, 1, 2, 3, 5, 8])?,
-            scan: group("sample.scan", &self.scan, &[3, 5, 8])?,
-            collect: group("sample.collect", &self.collect, &[2, 3, 4, 5, 8])?,
-            finish: group("sample.finish", &self.finish, &[1, 2, 3, 4, 5, 6, 7, 8, 9])?,
+            hist: group("sample.hist", &k.hist, &[0, 1, 2, 3, 5, 8])?,
+            scan: group("sample.scan", &k.scan, &[3, 5, 8])?,
+            collect: group("sample.collect", &k.collect, &[2, 3, 4, 5, 8])?,
+            finish: group("sample.finish", &k.finish, &[1, 2, 3, 4, 5, 6, 7, 8, 9])?,
+            done: None,
             groups,
             n: a.n,
+            nb: 1,
             cap: a.cap,
             params,
             req,
         })
     }
 
-    /// Record one step's sampling (4 dispatches).
+    /// Column form: see the module docs.
+    pub fn bind_cols(&self, ctx: &Context, a: &SampleColsArgs<'_>) -> Result<SampleBinding> {
+        check_cols(a.cols, a.nb, "sample")?;
+        let groups = Self::check(ctx, a.n, a.logits, a.nb)?;
+        let [req, vals, work, list, params] = Self::scratch(ctx, a.n, a.nb, a.cap)?;
+        let all = [
+            a.logits.as_entire_binding(),
+            req.as_entire_binding(),
+            vals.as_entire_binding(),
+            work.as_entire_binding(),
+            list.as_entire_binding(),
+            a.state.as_entire_binding(),
+            a.out_tokens.as_entire_binding(),
+            a.eos.as_entire_binding(),
+            params.as_entire_binding(),
+            a.run_params.as_entire_binding(),
+            a.cols.as_entire_binding(),
+        ];
+        let group = |label: &str, p: &wgpu::ComputePipeline, ix: &[u32]| {
+            let res: Vec<_> = ix.iter().map(|i| all[*i as usize].clone()).collect();
+            ctx.bind_group_at(label, p, ix, &res)
+        };
+        let k = &self.cols;
+        Ok(SampleBinding {
+            hist: group("sample.hist_cols", &k.hist, &[0, 1, 2, 3, 8, 9, 10])?,
+            scan: group("sample.scan_cols", &k.scan, &[3, 8, 9, 10])?,
+            collect: group("sample.collect_cols", &k.collect, &[2, 3, 4, 8, 9, 10])?,
+            finish: group(
+                "sample.finish_cols",
+                &k.finish,
+                &[1, 2, 3, 4, 6, 7, 8, 9, 10],
+            )?,
+            done: Some(group("sample.done_cols", &self.done, &[5, 9, 10])?),
+            groups,
+            n: a.n,
+            nb: a.nb,
+            cap: a.cap,
+            params,
+            req,
+        })
+    }
+
+    /// Record one step's sampling (4 dispatches; 5 for columns).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &SampleBinding) {
-        for (p, g, x) in [
-            (&self.hist, &b.hist, b.groups),
-            (&self.scan, &b.scan, 1),
-            (&self.collect, &b.collect, b.groups),
-            (&self.finish, &b.finish, 1),
+        let k = if b.done.is_some() {
+            &self.cols
+        } else {
+            &self.single
+        };
+        for (p, g, x, y) in [
+            (&k.hist, &b.hist, b.groups, b.nb),
+            (&k.scan, &b.scan, 1, b.nb),
+            (&k.collect, &b.collect, b.groups, b.nb),
+            (&k.finish, &b.finish, 1, b.nb),
         ] {
             pass.set_pipeline(p);
             pass.set_bind_group(0, g, &[]);
-            pass.dispatch_workgroups(x, 1, 1);
+            pass.dispatch_workgroups(x, y, 1);
+        }
+        if let Some(d) = &b.done {
+            pass.set_pipeline(&self.done);
+            pass.set_bind_group(0, d, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
         }
     }
 }
@@ -155,56 +304,67 @@ impl SampleKernel {
 impl SampleBinding {
     /// Dispatches [`SampleKernel::record`] issues per step.
     pub fn dispatch_count(&self) -> usize {
-        4
+        4 + self.done.is_some() as usize
     }
 
     /// Write a request's settings, penalty counts and `steps` uniforms (the host's draws,
     /// rounded to f32). Errors when the settings are outside [`DeviceSampling::in_device_range`],
     /// `steps` exceeds the binding's capacity or too few draws are given.
     pub fn set_request(&self, ctx: &Context, s: &DeviceSampling<'_>, steps: usize) -> Result<()> {
-        let greedy = s.temperature <= 0.0;
-        if !s.in_device_range() {
+        self.set_requests(ctx, &[Some((s, steps))])
+    }
+
+    /// [`SampleBinding::set_request`] per column: `specs[c]` (settings, steps) for column `c`
+    /// (`None`, and columns past `specs`: greedy).
+    pub fn set_requests(
+        &self,
+        ctx: &Context,
+        specs: &[Option<(&DeviceSampling<'_>, usize)>],
+    ) -> Result<()> {
+        if specs.len() > self.nb as usize {
             return Err(GpuError::Shape(format!(
-                "device sampling: settings out of range (top_k {} must be 1..={DEVICE_TOP_K_MAX})",
-                s.top_k
+                "device sampling: {} columns of {}",
+                specs.len(),
+                self.nb
             )));
         }
-        if steps > self.cap as usize || (!greedy && s.uniforms.len() < steps) {
-            return Err(GpuError::Shape(format!(
-                "device sampling: {steps} steps with {} draws (capacity {})",
-                s.uniforms.len(),
-                self.cap
-            )));
-        }
-        let penalties = s.has_penalties();
-        let p = SParams {
-            n: self.n,
-            k: if greedy { 1 } else { s.top_k as u32 },
-            greedy: greedy as u32,
-            penalties: penalties as u32,
-            temperature: s.temperature,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            repetition: s.repetition_penalty,
-            presence: s.presence_penalty,
-            frequency: s.frequency_penalty,
-            p0: 0,
-            p1: 0,
-        };
-        ctx.write(&self.params, 0, bytemuck::bytes_of(&p));
-        if penalties {
-            let mut counts = vec![0u32; self.n as usize];
-            for &id in s.history {
-                if let Some(c) = counts.get_mut(id as usize) {
-                    *c += 1;
+        let stride = (self.n + self.cap) as u64 * 4;
+        let mut params = Vec::with_capacity(self.nb as usize);
+        for c in 0..self.nb as usize {
+            let spec = specs.get(c).copied().flatten();
+            if let Some((s, steps)) = spec {
+                let greedy = s.temperature <= 0.0;
+                if !s.in_device_range() {
+                    return Err(GpuError::Shape(format!(
+                        "device sampling: settings out of range (top_k {} must be 1..={DEVICE_TOP_K_MAX})",
+                        s.top_k
+                    )));
+                }
+                if steps > self.cap as usize || (!greedy && s.uniforms.len() < steps) {
+                    return Err(GpuError::Shape(format!(
+                        "device sampling: {steps} steps with {} draws (capacity {})",
+                        s.uniforms.len(),
+                        self.cap
+                    )));
+                }
+                if s.has_penalties() {
+                    let mut counts = vec![0u32; self.n as usize];
+                    for &id in s.history {
+                        if let Some(c) = counts.get_mut(id as usize) {
+                            *c += 1;
+                        }
+                    }
+                    ctx.write(&self.req, c as u64 * stride, bytemuck::cast_slice(&counts));
+                }
+                if !greedy && steps > 0 {
+                    let u: Vec<f32> = s.uniforms[..steps].iter().map(|&u| u as f32).collect();
+                    let at = c as u64 * stride + self.n as u64 * 4;
+                    ctx.write(&self.req, at, bytemuck::cast_slice(&u));
                 }
             }
-            ctx.write(&self.req, 0, bytemuck::cast_slice(&counts));
+            params.push(SParams::of(spec.map(|x| x.0), self.n, self.cap));
         }
-        if !greedy && steps > 0 {
-            let u: Vec<f32> = s.uniforms[..steps].iter().map(|&u| u as f32).collect();
-            ctx.write(&self.req, self.n as u64 * 4, bytemuck::cast_slice(&u));
-        }
+        ctx.write(&self.params, 0, bytemuck::cast_slice(&params));
         Ok(())
     }
 }

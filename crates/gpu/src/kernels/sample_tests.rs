@@ -232,3 +232,121 @@ fn gpu_sampler_stops_at_eos_and_draws_spread() {
     let got = gpu_sample(&none, &spec(&p, &[], &u), 6, &[]);
     assert_eq!(got, vec![u32::MAX]);
 }
+
+/// The column form: three columns with their own rows and settings (sampled with penalties,
+/// greedy, sampled at top-k 5) and an idle fourth, several steps in one pass; each column's
+/// ids equal the host sampler's (the greedy one: the argmax), the idle column is untouched and
+/// the run's `done` is set once every column has taken its steps.
+#[test]
+fn gpu_sampler_columns_match_host_sampler() {
+    use super::argmax::ArgmaxColsArgs;
+    use super::sample::SampleColsArgs;
+    use crate::columns::{self, Col};
+    let Some(ctx) = gpu("gpu_sampler_columns_match_host_sampler") else {
+        return;
+    };
+    let (n, nb, steps) = (3001usize, 4u32, 6usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let rows: Vec<Vec<f32>> = (0..nb)
+        .map(|c| row(n, [0, 4, 2, 0][c as usize], &mut rng))
+        .collect();
+    let flat: Vec<f32> = rows.concat();
+    let lb = ctx
+        .storage_init("logits", bytemuck::cast_slice(&flat))
+        .unwrap();
+    let cs = [
+        Col::active(1, 10, 0),
+        Col::active(2, 20, 1),
+        Col::active(3, 30, 2),
+        Col::idle(),
+    ];
+    let cols = columns::buffer(&ctx, &cs).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    let cap = 16u32;
+    let out = ctx.storage("out", (nb * cap) as u64 * 4).unwrap();
+    let am = ArgmaxKernel::new(&ctx).unwrap();
+    let ab = am
+        .bind_cols(
+            &ctx,
+            &ArgmaxColsArgs {
+                logits: &lb,
+                n: n as u32,
+                nb,
+                cols: &cols,
+                state: &state,
+                out_tokens: &out,
+                cap,
+                max_steps: steps as u32,
+                eos: &[0; 4],
+            },
+        )
+        .unwrap();
+    ab.set_run(&ctx, steps as u32, &[]).unwrap();
+    let (rp, eb) = ab.run_buffers();
+    let k = SampleKernel::new(&ctx).unwrap();
+    let b = k
+        .bind_cols(
+            &ctx,
+            &SampleColsArgs {
+                logits: &lb,
+                n: n as u32,
+                nb,
+                cap,
+                cols: &cols,
+                state: &state,
+                out_tokens: &out,
+                run_params: rp,
+                eos: eb,
+            },
+        )
+        .unwrap();
+    let p0 = SamplingParams {
+        temperature: 0.9,
+        top_k: 30,
+        top_p: 0.9,
+        repetition_penalty: 1.4,
+        frequency_penalty: 0.7,
+        ..Default::default()
+    };
+    let p2 = SamplingParams {
+        temperature: 1.2,
+        top_k: 5,
+        ..Default::default()
+    };
+    let h0: Vec<u32> = (0..9).map(|_| rng.random_range(0..n as u32)).collect();
+    let u0: Vec<f64> = (0..steps).map(|_| rng.random::<f64>()).collect();
+    let u2: Vec<f64> = (0..steps).map(|_| rng.random::<f64>()).collect();
+    let (s0, s2) = (spec(&p0, &h0, &u0), spec(&p2, &[], &u2));
+    b.set_requests(&ctx, &[Some((&s0, steps)), None, Some((&s2, steps))])
+        .unwrap();
+    ctx.run_pass(|p| {
+        for _ in 0..steps {
+            k.record(p, &b);
+        }
+    })
+    .unwrap();
+    let ids = ctx.read_u32(&out, (nb * cap) as usize).unwrap();
+    let col = |c: usize| ids[c * cap as usize..][..steps].to_vec();
+    assert_eq!(
+        col(0),
+        host_sample(&rows[0], &p0, &h0, &u0, &[]),
+        "column 0"
+    );
+    let greedy = crate::kernels::argmax::argmax_ref(&rows[1]);
+    assert_eq!(col(1), vec![greedy; steps], "column 1 (greedy)");
+    assert_eq!(
+        col(2),
+        host_sample(&rows[2], &p2, &[], &u2, &[]),
+        "column 2"
+    );
+    let after = columns::read(&ctx, &cols).unwrap();
+    for c in 0..3 {
+        assert_eq!(
+            (after[c].step, after[c].done, after[c].pos),
+            (steps as u32, 1, cs[c].pos + steps as u32)
+        );
+    }
+    assert_eq!(after[3], cs[3], "the idle column is untouched");
+    assert!(ids[3 * cap as usize..][..steps].iter().all(|&x| x == 0));
+    assert_eq!(RunState::read(&ctx, &state).unwrap().done, 1);
+}
