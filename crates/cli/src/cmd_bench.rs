@@ -250,7 +250,7 @@ enum SampledWay {
 }
 
 /// Ids per folded sampled run in the benchmark: `nibble generate`'s default `--run`.
-const SAMPLED_RUN: usize = 16;
+const SAMPLED_RUN: usize = 4;
 
 /// `--sampled`: tokens/s of `reps` runs of `n` sampled tokens decoded `way`.
 fn tg_sampled(

@@ -28,8 +28,10 @@ pub struct SamplingArgs {
     /// A string that ends generation (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
-    /// Greedy tokens decoded per folded run.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens decoded per folded run (greedy, or sampled on the GPU): 4, like `--fold`, from
+    /// the fold sweep (docs/BENCHMARKS.md: longer runs size every step's attention grid for the
+    /// run's last position).
+    #[arg(long, default_value_t = 4)]
     pub run: usize,
 }
 

@@ -27,7 +27,7 @@ pub struct GenParams {
     pub sampling: SamplingParams,
     /// Texts that end generation (not emitted).
     pub stop_strings: Vec<String>,
-    /// Tokens per folded greedy run.
+    /// Tokens per folded run (greedy, or sampled on the device).
     pub greedy_run: usize,
 }
 
@@ -37,7 +37,7 @@ impl Default for GenParams {
             max_tokens: 128,
             sampling: SamplingParams::default(),
             stop_strings: vec![],
-            greedy_run: 16,
+            greedy_run: 4,
         }
     }
 }
