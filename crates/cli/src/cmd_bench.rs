@@ -190,24 +190,12 @@ fn tg_batch(
             first.push(Some(argmax(&logits)));
         }
         let t = Instant::now();
-        let mut queued = b.streams_queue(Some(&first), RUN.min(n), &[])?;
-        let (mut in_flight, mut total) = (1, 0);
-        while in_flight > 0 {
-            while in_flight < IN_FLIGHT && queued < n {
-                let q = b.streams_queue(None, RUN.min(n - queued), &[])?;
-                if q == 0 {
-                    break;
-                }
-                queued += q;
-                in_flight += 1;
-            }
-            let ids = b.streams_collect()?.expect("a run is queued");
-            in_flight -= 1;
-            total += ids.iter().map(|v| v.len()).sum::<usize>();
-            if r == 0 {
-                for (all, got) in first_ids.iter_mut().zip(&ids) {
-                    all.extend_from_slice(got);
-                }
+        let queued = b.streams_queue(Some(&first), RUN.min(n), &[])?;
+        let ids = drain_runs(b, n, queued)?;
+        let total: usize = ids.iter().map(Vec::len).sum();
+        if r == 0 {
+            for (all, got) in first_ids.iter_mut().zip(ids) {
+                *all = got;
             }
         }
         anyhow::ensure!(total == bsz * n, "{total} ids from {bsz} x {n} steps");
@@ -217,6 +205,30 @@ fn tg_batch(
         b.streams_end(s)?;
     }
     Ok((out, first_ids))
+}
+
+/// After a restart that queued `queued` steps: keep [`IN_FLIGHT`] runs of [`RUN`] steps queued
+/// until `n` steps are, collecting each run as the server does; the ids per stream.
+fn drain_runs(b: &mut dyn Backend, n: usize, mut queued: usize) -> Result<Vec<Vec<u32>>> {
+    let mut in_flight = 1;
+    let mut all: Vec<Vec<u32>> = vec![];
+    while in_flight > 0 {
+        while in_flight < IN_FLIGHT && queued < n {
+            let q = b.streams_queue(None, RUN.min(n - queued), &[])?;
+            if q == 0 {
+                break;
+            }
+            queued += q;
+            in_flight += 1;
+        }
+        let ids = b.streams_collect()?.expect("a run is queued");
+        in_flight -= 1;
+        all.resize(all.len().max(ids.len()), Vec::new());
+        for (a, got) in all.iter_mut().zip(&ids) {
+            a.extend_from_slice(got);
+        }
+    }
+    Ok(all)
 }
 
 /// How many of the streams' first-rep ids ([`tg_batch`]) equal single-stream greedy decoding of
@@ -283,22 +295,8 @@ fn tg_sampled(
             hist.push(tok);
             let draws = sampler.draw_uniforms(b.context_len() - hist.len() + 1);
             let spec = sampler.device_sampling(&hist, &draws);
-            let mut queued =
-                b.streams_queue_sampled(&[Some(tok)], RUN.min(n), &[], &[Some(&spec)])?;
-            let (mut in_flight, mut total) = (1, 0);
-            while in_flight > 0 {
-                while in_flight < IN_FLIGHT && queued < n {
-                    let q = b.streams_queue(None, RUN.min(n - queued), &[])?;
-                    if q == 0 {
-                        break;
-                    }
-                    queued += q;
-                    in_flight += 1;
-                }
-                let ids = b.streams_collect()?.expect("a run is queued");
-                in_flight -= 1;
-                total += ids[0].len();
-            }
+            let queued = b.streams_queue_sampled(&[Some(tok)], RUN.min(n), &[], &[Some(&spec)])?;
+            let total = drain_runs(b, n, queued)?.first().map_or(0, Vec::len);
             anyhow::ensure!(total == n, "a lone sampled stream gave {total} of {n} ids");
         } else {
             for _ in 0..n {

@@ -77,6 +77,19 @@ pub struct SampleArgs<'a> {
     pub eos: &'a wgpu::Buffer,
 }
 
+/// What both forms bind (`cols`: the column form's [`crate::columns`] buffer).
+struct Common<'a> {
+    logits: &'a wgpu::Buffer,
+    n: u32,
+    nb: u32,
+    cap: u32,
+    state: &'a wgpu::Buffer,
+    out_tokens: &'a wgpu::Buffer,
+    run_params: &'a wgpu::Buffer,
+    eos: &'a wgpu::Buffer,
+    cols: Option<&'a wgpu::Buffer>,
+}
+
 /// Mirror of `SParams` in sample.wgsl.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -193,53 +206,51 @@ impl SampleKernel {
     }
 
     pub fn bind(&self, ctx: &Context, a: &SampleArgs<'_>) -> Result<SampleBinding> {
-        let groups = Self::check(ctx, a.n, a.logits, 1)?;
         if a.out_tokens.size() < a.cap as u64 * 4 {
             return Err(GpuError::Shape(format!(
                 "sample: out_tokens holds fewer than {} ids",
                 a.cap
             )));
         }
-        let [req, vals, work, list, params] = Self::scratch(ctx, a.n, 1, a.cap)?;
-        let all = [
-            a.logits.as_entire_binding(),
-            req.as_entire_binding(),
-            vals.as_entire_binding(),
-            work.as_entire_binding(),
-            list.as_entire_binding(),
-            a.state.as_entire_binding(),
-            a.out_tokens.as_entire_binding(),
-            a.eos.as_entire_binding(),
-            params.as_entire_binding(),
-            a.run_params.as_entire_binding(),
-        ];
-        // Derived layouts hold only the bindings an entry point uses.
-        let group = |label: &str, p: &wgpu::ComputePipeline, ix: &[u32]| {
-            let res: Vec<_> = ix.iter().map(|i| all[*i as usize].clone()).collect();
-            ctx.bind_group_at(label, p, ix, &res)
-        };
-        let k = &self.single;
-        Ok(SampleBinding {
-            hist: group("sample.hist", &k.hist, &[0, 1, 2, 3, 5, 8])?,
-            scan: group("sample.scan", &k.scan, &[3, 5, 8])?,
-            collect: group("sample.collect", &k.collect, &[2, 3, 4, 5, 8])?,
-            finish: group("sample.finish", &k.finish, &[1, 2, 3, 4, 5, 6, 7, 8, 9])?,
-            done: None,
-            groups,
-            n: a.n,
-            nb: 1,
-            cap: a.cap,
-            params,
-            req,
-        })
+        self.bind_common(
+            ctx,
+            &Common {
+                logits: a.logits,
+                n: a.n,
+                nb: 1,
+                cap: a.cap,
+                state: a.state,
+                out_tokens: a.out_tokens,
+                run_params: a.run_params,
+                eos: a.eos,
+                cols: None,
+            },
+        )
     }
 
     /// Column form: see the module docs.
     pub fn bind_cols(&self, ctx: &Context, a: &SampleColsArgs<'_>) -> Result<SampleBinding> {
         check_cols(a.cols, a.nb, "sample")?;
+        self.bind_common(
+            ctx,
+            &Common {
+                logits: a.logits,
+                n: a.n,
+                nb: a.nb,
+                cap: a.cap,
+                state: a.state,
+                out_tokens: a.out_tokens,
+                run_params: a.run_params,
+                eos: a.eos,
+                cols: Some(a.cols),
+            },
+        )
+    }
+
+    fn bind_common(&self, ctx: &Context, a: &Common<'_>) -> Result<SampleBinding> {
         let groups = Self::check(ctx, a.n, a.logits, a.nb)?;
         let [req, vals, work, list, params] = Self::scratch(ctx, a.n, a.nb, a.cap)?;
-        let all = [
+        let mut all = vec![
             a.logits.as_entire_binding(),
             req.as_entire_binding(),
             vals.as_entire_binding(),
@@ -250,23 +261,47 @@ impl SampleKernel {
             a.eos.as_entire_binding(),
             params.as_entire_binding(),
             a.run_params.as_entire_binding(),
-            a.cols.as_entire_binding(),
         ];
+        if let Some(c) = a.cols {
+            all.push(c.as_entire_binding());
+        }
+        // Derived layouts hold only the bindings an entry point uses.
         let group = |label: &str, p: &wgpu::ComputePipeline, ix: &[u32]| {
             let res: Vec<_> = ix.iter().map(|i| all[*i as usize].clone()).collect();
             ctx.bind_group_at(label, p, ix, &res)
         };
-        let k = &self.cols;
+        let (hist, scan, collect, finish, done) = match a.cols {
+            None => {
+                let k = &self.single;
+                (
+                    group("sample.hist", &k.hist, &[0, 1, 2, 3, 5, 8])?,
+                    group("sample.scan", &k.scan, &[3, 5, 8])?,
+                    group("sample.collect", &k.collect, &[2, 3, 4, 5, 8])?,
+                    group("sample.finish", &k.finish, &[1, 2, 3, 4, 5, 6, 7, 8, 9])?,
+                    None,
+                )
+            }
+            Some(_) => {
+                let k = &self.cols;
+                (
+                    group("sample.hist_cols", &k.hist, &[0, 1, 2, 3, 8, 9, 10])?,
+                    group("sample.scan_cols", &k.scan, &[3, 8, 9, 10])?,
+                    group("sample.collect_cols", &k.collect, &[2, 3, 4, 8, 9, 10])?,
+                    group(
+                        "sample.finish_cols",
+                        &k.finish,
+                        &[1, 2, 3, 4, 6, 7, 8, 9, 10],
+                    )?,
+                    Some(group("sample.done_cols", &self.done, &[5, 9, 10])?),
+                )
+            }
+        };
         Ok(SampleBinding {
-            hist: group("sample.hist_cols", &k.hist, &[0, 1, 2, 3, 8, 9, 10])?,
-            scan: group("sample.scan_cols", &k.scan, &[3, 8, 9, 10])?,
-            collect: group("sample.collect_cols", &k.collect, &[2, 3, 4, 8, 9, 10])?,
-            finish: group(
-                "sample.finish_cols",
-                &k.finish,
-                &[1, 2, 3, 4, 6, 7, 8, 9, 10],
-            )?,
-            done: Some(group("sample.done_cols", &self.done, &[5, 9, 10])?),
+            hist,
+            scan,
+            collect,
+            finish,
+            done,
             groups,
             n: a.n,
             nb: a.nb,

@@ -116,17 +116,7 @@ fn host_sample(
 }
 
 fn spec<'a>(p: &SamplingParams, history: &'a [u32], u: &'a [f64]) -> DeviceSampling<'a> {
-    DeviceSampling {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        min_p: p.min_p,
-        repetition_penalty: p.repetition_penalty,
-        presence_penalty: p.presence_penalty,
-        frequency_penalty: p.frequency_penalty,
-        history,
-        uniforms: u,
-    }
+    Sampler::new(p.clone()).unwrap().device_sampling(history, u)
 }
 
 #[test]
