@@ -193,17 +193,9 @@ impl Worker {
                 .is_some_and(|s| s.sampled() && !s.finished())
         });
         // Sampled streams whose settings the device samples (every live one) fold into
-        // pipelined runs like greedy ones, sampled on the GPU.
-        let backend = self.session.backend();
-        let on_device = !joining
-            && sampled
-            && sched
-                .running
-                .iter()
-                .filter_map(|q| q.stream.as_ref().filter(|s| !s.finished()))
-                .filter_map(|s| s.device_sampling(&[]))
-                .all(|sp| backend.streams_sample_on_device(&sp));
-        if joining || (sampled && !on_device) {
+        // pipelined runs like greedy ones, sampled on the GPU; queued runs go on unless a
+        // request joins or a sampled stream needs the host.
+        if joining || (sampled && !self.all_sampled_on_device(sched)) {
             if let Err(msg) = self.drain(sched) {
                 return self.fail_streams(sched, msg, out);
             }
@@ -276,7 +268,9 @@ impl Worker {
             }
         }
         if inputs.iter().any(Option::is_some) || self.in_flight > 0 {
-            let advanced = if on_device {
+            // After a join the queued runs were collected, so the run restarts with the
+            // joined streams on the device too.
+            let advanced = if sampled && self.all_sampled_on_device(sched) {
                 self.step_device_sampled(sched, &inputs)
             } else if sampled {
                 self.step_sampled(sched, &inputs)
@@ -404,6 +398,17 @@ impl Worker {
             self.in_flight += 1;
         }
         self.collect_one(sched)
+    }
+
+    /// Whether the backend samples every live sampled stream's settings on the device.
+    fn all_sampled_on_device(&self, sched: &Scheduler) -> bool {
+        let backend = self.session.backend();
+        sched
+            .running
+            .iter()
+            .filter_map(|q| q.stream.as_ref().filter(|s| !s.finished()))
+            .filter_map(|s| s.device_sampling(&[]))
+            .all(|sp| backend.streams_sample_on_device(&sp))
     }
 
     /// [`Self::step_greedy`] for runs whose sampled streams the device samples: the restart
