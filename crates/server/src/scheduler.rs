@@ -271,7 +271,7 @@ impl Worker {
             // After a join the queued runs were collected, so the run restarts with the
             // joined streams on the device too.
             let advanced = if sampled && self.all_sampled_on_device(sched) {
-                self.step_device_sampled(sched, &inputs)
+                self.step_runs(sched, &inputs, true)
             } else if sampled {
                 self.step_sampled(sched, &inputs)
             } else {
@@ -384,9 +384,39 @@ impl Worker {
     /// Keep [`IN_FLIGHT`] greedy runs of [`RUN`] steps queued (restarting from the host's ids
     /// when none is) and collect the oldest.
     fn step_greedy(&mut self, sched: &mut Scheduler, inputs: &[Option<u32>]) -> Result<(), String> {
+        self.step_runs(sched, inputs, false)
+    }
+
+    /// [`Self::step_greedy`], the restart handing the device each sampled stream's settings,
+    /// penalty history and reserved draws (one per step of its room) where `on_device`; the
+    /// greedy streams take the argmax either way.
+    fn step_runs(
+        &mut self,
+        sched: &mut Scheduler,
+        inputs: &[Option<u32>],
+        on_device: bool,
+    ) -> Result<(), String> {
         let eos = self.session.backend().config().eos_token_ids.clone();
         if self.in_flight == 0 {
-            if self.guarded(|b| b.streams_queue(Some(inputs), RUN, &eos))? == 0 {
+            let queued = if on_device {
+                let mut draws = vec![Vec::new(); inputs.len()];
+                for s in sched.running.iter_mut().filter_map(|q| q.stream.as_mut()) {
+                    if inputs.get(s.slot).is_some_and(Option::is_some) && s.sampled() {
+                        draws[s.slot] = s.device_draws(s.room());
+                    }
+                }
+                let mut specs = vec![None; inputs.len()];
+                for s in sched.running.iter().filter_map(|q| q.stream.as_ref()) {
+                    if inputs.get(s.slot).is_some_and(Option::is_some) {
+                        specs[s.slot] = s.device_sampling(&draws[s.slot]);
+                    }
+                }
+                let refs: Vec<_> = specs.iter().map(Option::as_ref).collect();
+                self.guarded(|b| b.streams_queue_sampled(inputs, RUN, &eos, &refs))?
+            } else {
+                self.guarded(|b| b.streams_queue(Some(inputs), RUN, &eos))?
+            };
+            if queued == 0 {
                 return Err("generation failed: no stream has room left in its context".into());
             }
             self.in_flight = 1;
@@ -409,51 +439,6 @@ impl Worker {
             .filter_map(|q| q.stream.as_ref().filter(|s| !s.finished()))
             .filter_map(|s| s.device_sampling(&[]))
             .all(|sp| backend.streams_sample_on_device(&sp))
-    }
-
-    /// [`Self::step_greedy`] for runs whose sampled streams the device samples: the restart
-    /// hands the device each sampled stream's settings, penalty history and reserved draws (one
-    /// per step of its room); the greedy ones take the argmax as before.
-    fn step_device_sampled(
-        &mut self,
-        sched: &mut Scheduler,
-        inputs: &[Option<u32>],
-    ) -> Result<(), String> {
-        let eos = self.session.backend().config().eos_token_ids.clone();
-        if self.in_flight == 0 {
-            let mut draws = vec![Vec::new(); inputs.len()];
-            for s in sched.running.iter_mut().filter_map(|q| q.stream.as_mut()) {
-                if inputs.get(s.slot).is_some_and(Option::is_some) && s.sampled() {
-                    draws[s.slot] = s.device_draws(s.room());
-                }
-            }
-            let mut specs = vec![None; inputs.len()];
-            for s in sched.running.iter().filter_map(|q| q.stream.as_ref()) {
-                if inputs.get(s.slot).is_some_and(Option::is_some) {
-                    specs[s.slot] = s.device_sampling(&draws[s.slot]);
-                }
-            }
-            let refs: Vec<_> = specs.iter().map(Option::as_ref).collect();
-            let backend = self.session.backend_mut();
-            let queued = match catch_unwind(AssertUnwindSafe(|| {
-                backend.streams_queue_sampled(inputs, RUN, &eos, &refs)
-            })) {
-                Ok(Ok(n)) => n,
-                Ok(Err(e)) => return Err(format!("generation failed: {e:#}")),
-                Err(_) => return Err("generation failed: the engine panicked".to_owned()),
-            };
-            if queued == 0 {
-                return Err("generation failed: no stream has room left in its context".into());
-            }
-            self.in_flight = 1;
-        }
-        while self.in_flight < IN_FLIGHT {
-            if self.guarded(|b| b.streams_queue(None, RUN, &eos))? == 0 {
-                break;
-            }
-            self.in_flight += 1;
-        }
-        self.collect_one(sched)
     }
 
     /// The run failed: every stream in it ends with `msg` (their slots are freed and forgotten,
