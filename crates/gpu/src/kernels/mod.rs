@@ -7,6 +7,7 @@ pub mod attention;
 #[cfg(test)]
 mod cols_tests;
 pub mod embed;
+pub mod gemm;
 pub mod matmul;
 #[cfg(test)]
 mod matmul_tests;
@@ -15,6 +16,7 @@ pub mod matvec;
 mod matvec_tests;
 mod matvec_wgsl;
 pub mod moe;
+pub mod moe_prefill;
 pub mod norm;
 #[cfg(test)]
 mod numerics_tests;

@@ -1,0 +1,202 @@
+//! Lavapipe tests of the prefill GEMM's dense forms against an f64 reference over the dequantised
+//! weights: odd shapes, both tile heights, a split matrix, rows past `dims.m` left alone, the
+//! `+=` form, and shape errors. The expert forms are tested through the MoE
+//! (moe_prefill_tests.rs).
+
+use super::*;
+use crate::testing::{dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
+
+/// `(tokens, rows, cols)`: one token and one row; rows not a multiple of the 128-row tile;
+/// tokens not a multiple of either tile height; the 2048-input rows of the real qkv; many tiles.
+const SHAPES: &[(usize, usize, usize)] = &[
+    (1, 1, 32),
+    (5, 130, 64),
+    (37, 200, 96),
+    (64, 128, 2048),
+    (130, 384, 128),
+];
+
+/// Padding rows past `m` in X and Y, and padding columns past the rows in Y: never written.
+const PAD_ROWS: usize = 3;
+const PAD_COLS: usize = 5;
+
+fn dims(ctx: &Context, m: usize) -> wgpu::Buffer {
+    ctx.uniform("dims", bytemuck::cast_slice(&[m as u32, 0, 0, 0]))
+        .unwrap()
+}
+
+/// Reference `Y [m, rows]` in f64 and `Σ|w||x|` per output (the scale of f32 rounding).
+fn reference(deq: &[f32], rows: usize, cols: usize, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut y = vec![0f64; m * rows];
+    let mut mag = vec![0f64; m * rows];
+    for t in 0..m {
+        for r in 0..rows {
+            for c in 0..cols {
+                let p = deq[r * cols + c] as f64 * x[t * cols + c] as f64;
+                y[t * rows + r] += p;
+                mag[t * rows + r] += p.abs();
+            }
+        }
+    }
+    (y, mag)
+}
+
+/// Run a dense GEMM over `m` tokens with `tm` tokens per thread into a Y pre-filled with
+/// `init` (`[m + PAD_ROWS, rows + PAD_COLS]`); returns Y.
+#[allow(clippy::too_many_arguments)]
+fn run_dense(
+    ctx: &Context,
+    k: &GemmKernel,
+    w: &Q4Matrix,
+    x: &[f32],
+    m: usize,
+    tm: u32,
+    acc: bool,
+    init: &[f32],
+) -> Vec<f32> {
+    let (rows, cols) = (w.rows as usize, w.cols as usize);
+    let stride = rows + PAD_COLS;
+    let xb = ctx.storage_init("x", bytemuck::cast_slice(x)).unwrap();
+    let y = ctx.storage_init("y", bytemuck::cast_slice(init)).unwrap();
+    let d = dims(ctx, m);
+    let b = k
+        .bind(
+            ctx,
+            &GemmArgs {
+                form: if acc { GemmForm::DenseAcc } else { GemmForm::Dense },
+                w: GemmWeights { m: w, up: None },
+                x: &xb,
+                y: &y,
+                y_stride: stride as u32,
+                x_rows: (x.len() / cols) as u32,
+                y_rows: (m + PAD_ROWS) as u32,
+                dims: Some(&d),
+                plan: None,
+                rows_per_expert: 0,
+                max_tiles: 0,
+            },
+            tm,
+        )
+        .unwrap();
+    assert_eq!(b.dispatch_count(), w.parts.len());
+    ctx.run_pass(|p| k.record(p, &b, m as u32)).unwrap();
+    ctx.read_f32(&y, (m + PAD_ROWS) * stride).unwrap()
+}
+
+/// Y against the reference within 1e-5 of Σ|w||x| (f32 sums of up to 2048 products in order),
+/// `base` added first (the `+=` form), and every padding element still equal to `init`.
+fn check(got: &[f32], init: &[f32], want: &(Vec<f64>, Vec<f64>), base: bool, rows: usize, m: usize, what: &str) {
+    let stride = rows + PAD_COLS;
+    for t in 0..m + PAD_ROWS {
+        for c in 0..stride {
+            let i = t * stride + c;
+            if t < m && c < rows {
+                let b = if base { init[i] as f64 } else { 0.0 };
+                let w = want.0[t * rows + c] + b;
+                let err = (got[i] as f64 - w).abs();
+                assert!(
+                    err <= 1e-5 * want.1[t * rows + c] + 1e-6 * b.abs(),
+                    "{what}: token {t} row {c}: got {}, want {w}",
+                    got[i]
+                );
+            } else {
+                assert_eq!(
+                    got[i].to_bits(),
+                    init[i].to_bits(),
+                    "{what}: token {t} column {c} past the output was written"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_dense_matches_reference() {
+    let Some(ctx) = gpu("gemm_dense_matches_reference") else {
+        return;
+    };
+    let k = GemmKernel::new(&ctx).unwrap();
+    let mut r = rng(71);
+    for &(m, rows, cols) in SHAPES {
+        let wb = rand_q4_0(&mut r, rows, cols);
+        let deq = dequant_q4_0(&wb, rows, cols);
+        let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        // X holds PAD_ROWS more tokens than dims.m: they must not be read into Y.
+        let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+        let want = reference(&deq, rows, cols, &x, m);
+        let stride = rows + PAD_COLS;
+        for tm in [2, 4] {
+            let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
+            let got = run_dense(&ctx, &k, &w, &x, m, tm, false, &init);
+            check(&got, &init, &want, false, rows, m, &format!("dense m {m} [{rows}, {cols}] tm {tm}"));
+            let init = rand_f32(&mut r, (m + PAD_ROWS) * stride, -2.0, 2.0);
+            let got = run_dense(&ctx, &k, &w, &x, m, tm, true, &init);
+            check(&got, &init, &want, true, rows, m, &format!("dense+= m {m} [{rows}, {cols}] tm {tm}"));
+        }
+    }
+}
+
+/// A matrix split over 15 bindings gives the same Y as the reference (one dispatch per part,
+/// each writing its own row range).
+#[test]
+fn gemm_split_matrix_matches_reference() {
+    let Some(ctx) = gpu("gemm_split_matrix_matches_reference") else {
+        return;
+    };
+    let mut r = rng(72);
+    let (m, rows, cols) = (45, 300, 128);
+    let small = ctx.with_max_binding_bytes(20 * 4 * 16);
+    let k = GemmKernel::new(&small).unwrap();
+    let wb = rand_q4_0(&mut r, rows, cols);
+    let deq = dequant_q4_0(&wb, rows, cols);
+    let w = Q4Matrix::upload(&small, "w", rows, cols, 1, &[&wb]).unwrap();
+    assert_eq!(w.parts.len(), 15);
+    let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+    let want = reference(&deq, rows, cols, &x, m);
+    let init = vec![f32::NAN; (m + PAD_ROWS) * (rows + PAD_COLS)];
+    let got = run_dense(&ctx, &k, &w, &x, m, 4, false, &init);
+    check(&got, &init, &want, false, rows, m, "split");
+}
+
+#[test]
+fn gemm_rejects_bad_shapes() {
+    let Some(ctx) = gpu("gemm_rejects_bad_shapes") else {
+        return;
+    };
+    let k = GemmKernel::new(&ctx).unwrap();
+    let mut r = rng(73);
+    let wb = rand_q4_0(&mut r, 64, 64);
+    let w = Q4Matrix::upload(&ctx, "w", 64, 64, 1, &[&wb]).unwrap();
+    let x = ctx.storage("x", 4 * 64 * 4).unwrap();
+    let y = ctx.storage("y", 4 * 64 * 4).unwrap();
+    let d = dims(&ctx, 4);
+    let args = |x_rows: u32, y_rows: u32, stride: u32, with_dims: bool| GemmArgs {
+        form: GemmForm::Dense,
+        w: GemmWeights { m: &w, up: None },
+        x: &x,
+        y: &y,
+        y_stride: stride,
+        x_rows,
+        y_rows,
+        dims: with_dims.then_some(&d),
+        plan: None,
+        rows_per_expert: 0,
+        max_tiles: 0,
+    };
+    assert!(k.bind(&ctx, &args(4, 4, 64, true), 4).is_ok());
+    for (a, tm, what) in [
+        (args(5, 4, 64, true), 4, "X too small"),
+        (args(4, 5, 64, true), 4, "Y too small"),
+        (args(4, 4, 63, true), 4, "stride below the rows"),
+        (args(4, 4, 64, false), 4, "no dims"),
+        (args(4, 4, 64, true), 3, "3 tokens per thread"),
+        (args(0, 4, 64, true), 4, "zero rows"),
+    ] {
+        assert!(k.bind(&ctx, &a, tm).is_err(), "{what} was accepted");
+    }
+    let gu = GemmArgs {
+        form: GemmForm::GateUp,
+        ..args(4, 4, 64, true)
+    };
+    assert!(k.bind(&ctx, &gu, 4).is_err(), "gate_up without a plan was accepted");
+}

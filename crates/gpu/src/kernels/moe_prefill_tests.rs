@@ -1,0 +1,215 @@
+//! Lavapipe tests of the prefill MoE (route, plan, expert GEMMs, combine) against the scalar
+//! references of moe_ref.rs on random inputs: odd token counts, a chunk shorter than the buffers,
+//! consecutive layers (the counts are cleared between them), split expert tensors, and the plan's
+//! own invariants (every assignment exactly once, grouped by expert, tiles covering each list).
+
+use super::*;
+use crate::kernels::moe::{down_ref, gate_up_ref, router_ref};
+use crate::testing::{dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
+use rand::Rng;
+
+struct Layer {
+    gate: Q4Matrix,
+    up: Q4Matrix,
+    down: Q4Matrix,
+    dg: Vec<f32>,
+    du: Vec<f32>,
+    dd: Vec<f32>,
+}
+
+fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims) -> Layer {
+    let (e, h, i) = (d.experts as usize, d.hidden as usize, d.inter as usize);
+    let g = rand_q4_0(r, e * i, h);
+    let u = rand_q4_0(r, e * i, h);
+    let dn = rand_q4_0(r, e * h, i);
+    Layer {
+        gate: Q4Matrix::upload(ctx, "gate", e * i, h, i, &[&g]).unwrap(),
+        up: Q4Matrix::upload(ctx, "up", e * i, h, i, &[&u]).unwrap(),
+        down: Q4Matrix::upload(ctx, "down", e * h, i, h, &[&dn]).unwrap(),
+        dg: dequant_q4_0(&g, e * i, h),
+        du: dequant_q4_0(&u, e * i, h),
+        dd: dequant_q4_0(&dn, e * h, i),
+    }
+}
+
+/// `h + MoE(xn)` per token from the references.
+fn reference(d: &MoeDims, l: &Layer, logits: &[f32], xn: &[f32], h: &[f32], t: usize) -> Vec<f32> {
+    let (e, hd, i, k) = (
+        d.experts as usize,
+        d.hidden as usize,
+        d.inter as usize,
+        d.top_k as usize,
+    );
+    let mut out = h[..t * hd].to_vec();
+    for tok in 0..t {
+        let (ids, w) = router_ref(&logits[tok * e..(tok + 1) * e], k, d.norm_topk);
+        let x = &xn[tok * hd..(tok + 1) * hd];
+        let acts: Vec<Vec<f32>> = ids
+            .iter()
+            .map(|&ex| {
+                let ex = ex as usize;
+                gate_up_ref(
+                    &l.dg[ex * i * hd..(ex + 1) * i * hd],
+                    &l.du[ex * i * hd..(ex + 1) * i * hd],
+                    x,
+                )
+            })
+            .collect();
+        let wd: Vec<&[f32]> = ids
+            .iter()
+            .map(|&ex| &l.dd[ex as usize * hd * i..(ex as usize + 1) * hd * i])
+            .collect();
+        let hs: Vec<&[f32]> = acts.iter().map(|a| a.as_slice()).collect();
+        let y = down_ref(&wd, &hs, &w, hd);
+        for (o, v) in out[tok * hd..(tok + 1) * hd].iter_mut().zip(y) {
+            *o += v;
+        }
+    }
+    out
+}
+
+/// The plan read back: every assignment `0..t K` once in the list, each expert's rows together
+/// and in `rid` order of experts, the inverse consistent, the tiles exactly the list's
+/// `ceil(count / bm)` row blocks.
+fn check_plan(words: &[u32], p: &MoePrefill, logits: &[f32], t: usize) {
+    let d = p.dims;
+    let (e, k) = (d.experts as usize, d.top_k as usize);
+    let l = p.layout;
+    let inv0 = l.list as usize + (p.tokens_max * d.top_k) as usize;
+    let off = &words[l.off as usize..l.off as usize + e + 1];
+    assert_eq!(off[e] as usize, t * k, "offsets end at T K");
+    let list = &words[l.list as usize..l.list as usize + t * k];
+    let inv = &words[inv0..inv0 + t * k];
+    let mut seen = vec![false; t * k];
+    for (j, &i) in list.iter().enumerate() {
+        let i = i as usize;
+        assert!(i < t * k && !seen[i], "list position {j}: assignment {i} repeated or out of range");
+        seen[i] = true;
+        assert_eq!(inv[i] as usize, j, "inverse of assignment {i}");
+        let tok = i / k;
+        let (ids, _) = router_ref(&logits[tok * e..(tok + 1) * e], k, d.norm_topk);
+        let ex = ids[i % k] as usize;
+        assert!(
+            off[ex] as usize <= j && j < off[ex + 1] as usize,
+            "assignment {i} (expert {ex}) at {j} outside the expert's list"
+        );
+    }
+    let bm = 16 * p.tm;
+    let mut tiles = vec![];
+    for ex in 0..e {
+        let mut m0 = 0;
+        while m0 < off[ex + 1] - off[ex] {
+            tiles.push(((ex as u32) << 16) | m0);
+            m0 += bm;
+        }
+    }
+    assert_eq!(words[0] as usize, tiles.len(), "tile count");
+    assert_eq!(&words[l.tiles as usize..l.tiles as usize + tiles.len()], &tiles[..]);
+}
+
+/// One chunk of `t` tokens through `layers` consecutive MoE layers on the GPU and the reference.
+fn run_case(ctx: &Context, d: MoeDims, tokens_max: u32, t: usize, seed: u64, split: bool) {
+    let mut r = rng(seed);
+    let (e, hd) = (d.experts as usize, d.hidden as usize);
+    let tm = tokens_max as usize;
+    let logits = ctx.storage("logits", (tm * e) as u64 * 4).unwrap();
+    let h = ctx.storage("h", (tm * hd) as u64 * 4).unwrap();
+    let xn = ctx.storage("xn", (tm * hd) as u64 * 4).unwrap();
+    let dims = ctx
+        .uniform("dims", bytemuck::cast_slice(&[t as u32, 0, 0, 0]))
+        .unwrap();
+    let wctx = if split {
+        // Two experts' worth of gate rows per binding: several parts.
+        ctx.with_max_binding_bytes((2 * d.inter * d.hidden / 32 * 16) as u64)
+    } else {
+        ctx.with_max_binding_bytes(ctx.max_binding_bytes())
+    };
+    let gemm = GemmKernel::new(ctx).unwrap();
+    let bufs = MoePrefillBuffers {
+        logits: &logits,
+        h: &h,
+        dims: &dims,
+    };
+    let moe = MoePrefill::new(ctx, d, tokens_max, &bufs).unwrap();
+    let mut hv = rand_f32(&mut r, tm * hd, -1.0, 1.0);
+    ctx.write(&h, 0, bytemuck::cast_slice(&hv));
+    for li in 0..2 {
+        let l = layer(&wctx, &mut r, &d);
+        if split {
+            assert!(l.gate.parts.len() > 1 && l.down.parts.len() > 1);
+        }
+        // Logits spread wide enough that the top-K has no ties.
+        let lg = rand_f32(&mut r, tm * e, -4.0, 4.0);
+        let x = rand_f32(&mut r, tm * hd, -1.0, 1.0);
+        ctx.write(&logits, 0, bytemuck::cast_slice(&lg));
+        ctx.write(&xn, 0, bytemuck::cast_slice(&x));
+        let b = moe
+            .bind_layer(ctx, &gemm, &xn, &l.gate, &l.up, &l.down)
+            .unwrap();
+        ctx.run_pass(|p| moe.record(p, &gemm, &b, t as u32)).unwrap();
+        let words = ctx
+            .read_u32(moe.plan_buffer(), (moe.plan_buffer().size() / 4) as usize)
+            .unwrap();
+        check_plan(&words, &moe, &lg, t);
+        let want = reference(&d, &l, &lg, &x, &hv, t);
+        let got = ctx.read_f32(&h, tm * hd).unwrap();
+        let what = format!("E {} K {} H {hd} I {} t {t} layer {li}", e, d.top_k, d.inter);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (i, (g, w)) in got[..t * hd].iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 2e-5 * scale,
+                "{what}: element {i}: got {g}, want {w} (scale {scale})"
+            );
+        }
+        assert_eq!(
+            &got[t * hd..],
+            &hv[t * hd..],
+            "{what}: rows past the chunk were written"
+        );
+        hv = got;
+    }
+}
+
+#[test]
+fn moe_prefill_matches_reference() {
+    let Some(ctx) = gpu("moe_prefill_matches_reference") else {
+        return;
+    };
+    let tiny = MoeDims {
+        hidden: 64,
+        inter: 64,
+        experts: 16,
+        top_k: 4,
+        norm_topk: true,
+    };
+    // One token; a chunk shorter than the buffers; lists long enough for several tiles.
+    run_case(&ctx, tiny, 8, 1, 81, false);
+    run_case(&ctx, tiny, 64, 37, 82, false);
+    run_case(&ctx, tiny, 300, 300, 83, false);
+    // Odd widths (I not a multiple of the 64-column gate/up tile, H of the 128-row down tile),
+    // no renormalisation, 64-row tiles (300 x 2 / 8 >= 64 tokens per expert).
+    let odd = MoeDims {
+        hidden: 96,
+        inter: 160,
+        experts: 8,
+        top_k: 2,
+        norm_topk: false,
+    };
+    run_case(&ctx, odd, 300, 257, 84, false);
+    run_case(&ctx, odd, 40, 33, 85, false);
+}
+
+#[test]
+fn moe_prefill_split_experts_match_reference() {
+    let Some(ctx) = gpu("moe_prefill_split_experts_match_reference") else {
+        return;
+    };
+    let d = MoeDims {
+        hidden: 64,
+        inter: 64,
+        experts: 16,
+        top_k: 4,
+        norm_topk: true,
+    };
+    run_case(&ctx, d, 50, 50, 86, true);
+}

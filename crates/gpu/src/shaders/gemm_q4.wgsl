@@ -1,0 +1,113 @@
+// Tiled int4 x f32 GEMM of the batched prefill (gemm.rs): Y[row(m), n] (+)= W[n, :] . X[xrow(m), :]
+// for a tile of BM token rows x 128 weight rows per workgroup. Prepended by the host: `TM` tokens
+// per thread, `BM = 16 TM`, `XV` (TM floats: vec2<f32> or vec4<f32>), the form's tile functions
+// (`gm_tile`, `gm_xrow`, `gm_yrow`, `gm_wload`) and its epilogue lines (//GEMM_STORE), and the
+// per-token accumulator lines (//GEMM_DECL, //GEMM_FMA).
+//
+// Forms (gemm.rs `GemmForm`): dense (tokens 0..dims.m of X and Y, weight rows of one matrix part,
+// plain or `+=`), gate_up (a MoE tile: the rows of one expert's assignment list, X gathered by
+// token, gate rows in tile columns 0..64 and the same up rows in 64..128, `silu(gate) * up`
+// stored) and down (a MoE tile, X and Y in list order).
+//
+// 256 threads = 16 x 16: thread (tx = li % 16, ty = li / 16) owns tokens ty*TM .. ty*TM+TM of the
+// tile and weight columns tx*4 .. +4 and 64 + tx*4 .. +4 (so a warp's weight reads are 16
+// consecutive vec4s: conflict-free, and its X reads are two broadcasts). The K dimension goes by
+// one int4 block (32 values) per step: X [32][BM] and the dequantised W [32][128] are staged in
+// shared memory; the next block's global loads are issued before the math of this one. Every
+// accumulator is its own variable (//GEMM_DECL): the NVIDIA compiler puts per-thread arrays
+// indexed in loops into slow local memory.
+//
+// Per (token, weight row) the sum runs over k in order, one f32 fma each, on exactly dequantised
+// weights (f16 scale x (nibble - 8) is exact in f32): the oracle's products up to f32 rounding.
+struct Params { n: u32, bpr: u32, xs4: u32, ys: u32, ycol: u32, e_lo: u32, e_hi: u32, pad: u32 };
+struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
+@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>; // [rows * bpr] nibble blocks
+@group(0) @binding(1) var<storage, read> sc: array<u32>;       // [rows * bpr] f16 scales, 2 per word
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;  // [rows of X, xs4]
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [rows of Y, ys]
+@group(0) @binding(4) var<uniform> p: Params;
+@group(0) @binding(5) var<uniform> dims: Dims;
+
+// X of the block: xs[k * BM / TM + i] holds tokens TM i .. TM i + TM at k.
+var<workgroup> xs: array<XV, 32u * BM / TM>;
+// Dequantised W of the block: ws[k * 32 + c] holds tile columns 4c .. 4c + 4 at k.
+var<workgroup> ws: array<vec4<f32>, 32u * 32u>;
+
+struct Tile { ok: bool, m0: u32, mend: u32, wrow: u32, list0: u32 };
+
+fn f16_at(i: u32) -> f32 {
+    let v = unpack2x16float(sc[i >> 1u]);
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+
+fn silu(g: f32) -> f32 {
+    return g / (1.0 + exp(-g));
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    // Uniform per workgroup, so no barrier below is skipped by part of it.
+    let t = gm_tile(wid);
+    if (!t.ok) {
+        return;
+    }
+    let tx = li % 16u;
+    let ty = li / 16u;
+    // Staging roles. X: row sr of the tile, vec4s sv .. sv + XPT of the block (32 bytes or 16
+    // contiguous per thread; a warp's stores are 32 consecutive rows: conflict-free).
+    let sr = li % BM;
+    let sv = (li / BM) * XPT;
+    let xrow = gm_xrow(t, min(t.m0 + sr, t.mend - 1u));
+    // W: tile column nn, words 2 h, 2 h + 1 of the block (elements 8h .. 8h+8 and 16+8h .. 16+8h+8).
+    let nn = li % 128u;
+    let h = li / 128u;
+    var xr: array<vec4<f32>, XPT>;
+    var wq: vec2<u32>;
+    var wd: f32;
+    //GEMM_DECL
+    for (var i = 0u; i < XPT; i++) {
+        xr[i] = x[xrow * p.xs4 + sv + i];
+    }
+    let wl = gm_wload(wid, t, nn, h, 0u);
+    wq = wl.xy;
+    wd = bitcast<f32>(wl.z);
+    for (var b = 0u; b < p.bpr; b++) {
+        // The previous block's math is done with the staging buffers.
+        workgroupBarrier();
+        for (var i = 0u; i < XPT; i++) {
+            let k = 4u * (sv + i);
+            let v = xr[i];
+            xs[(k * BM + sr) / TM][sr % TM] = v.x;
+            xs[((k + 1u) * BM + sr) / TM][sr % TM] = v.y;
+            xs[((k + 2u) * BM + sr) / TM][sr % TM] = v.z;
+            xs[((k + 3u) * BM + sr) / TM][sr % TM] = v.w;
+        }
+        for (var j = 0u; j < 2u; j++) {
+            let w = wq[j];
+            let k = 8u * h + 4u * j;
+            for (var c = 0u; c < 4u; c++) {
+                let lo = f32((w >> (8u * c)) & 0xFu) - 8.0;
+                let hi = f32((w >> (8u * c + 4u)) & 0xFu) - 8.0;
+                ws[(k + c) * 32u + nn / 4u][nn % 4u] = wd * lo;
+                ws[(k + c + 16u) * 32u + nn / 4u][nn % 4u] = wd * hi;
+            }
+        }
+        workgroupBarrier();
+        // The next block's loads overlap this block's math.
+        if (b + 1u < p.bpr) {
+            for (var i = 0u; i < XPT; i++) {
+                xr[i] = x[xrow * p.xs4 + (b + 1u) * 8u + sv + i];
+            }
+            let wn = gm_wload(wid, t, nn, h, b + 1u);
+            wq = wn.xy;
+            wd = bitcast<f32>(wn.z);
+        }
+        for (var k = 0u; k < 32u; k++) {
+            let xv = xs[k * (BM / TM) + ty];
+            let w0 = ws[k * 32u + tx];
+            let w1 = ws[k * 32u + 16u + tx];
+            //GEMM_FMA
+        }
+    }
+    //GEMM_STORE
+}
