@@ -59,6 +59,10 @@ pub struct BackendArgs {
     /// combine serves, default 16). Unset keys keep the measured defaults.
     #[arg(long, value_parser = |s: &str| s.parse::<nibble_gpu::tune::Tune>())]
     pub tune: Option<nibble_gpu::tune::Tune>,
+    /// GPU: prompt tokens per chunk of the GEMM prefill (0: the column prefill, 8 tokens per
+    /// dispatch, for comparisons).
+    #[arg(long, default_value_t = nibble_gpu::prefill::DEFAULT_CHUNK)]
+    pub prefill_chunk: u32,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -81,6 +85,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
             .combine_dispatch
             .then_some(nibble_gpu::kernels::attention::Combine::Dispatch),
         tune: args.tune.unwrap_or_default(),
+        prefill_chunk: args.prefill_chunk,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

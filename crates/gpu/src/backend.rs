@@ -10,10 +10,12 @@
 //!   (kernels/sample.rs) in place of the argmax, for the settings it takes (top-k 1..=256).
 //! - An early stop of the stream (`on_ids` returning false) lets the queued run finish:
 //!   `position()` then counts the steps the GPU really took, and the caller truncates.
-//! - `step` / `prefill` return logits. `prefill` records the prompt in chunks of
-//!   [`PREFILL_CHUNK`] tokens, one command buffer each, and reads back only the last token's
-//!   logits (each token is still its own set of matvecs: weight rows are not yet shared by the
-//!   tokens of a chunk).
+//! - `step` / `prefill` return logits. `prefill` of 2 tokens or more takes the GEMM prefill
+//!   (`prefill.rs`: chunks of [`GpuOptions::prefill_chunk`] tokens, one command buffer each,
+//!   every weight tile shared by the chunk's tokens), also for stream slots; only the last
+//!   token's logits come back. `--per-token` and the int8 numerics prefill token by token
+//!   ([`PREFILL_CHUNK`] tokens per command buffer), `prefill_chunk` 0 takes the column prefill
+//!   (8 tokens per dispatch).
 //! - [`GpuOptions::numerics`] picks the activation form of every int4 matvec; the default
 //!   ([`Numerics::DEFAULT`]) is the fastest that keeps the oracle-parity bar.
 //! - Position bookkeeping follows the trait: a failing call leaves `position()` unchanged.
@@ -23,6 +25,7 @@ use crate::kernels::attention::Combine;
 use crate::kernels::moe::Routing;
 use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
+use crate::prefill::{PrefillPlan, Target};
 use crate::stream::GreedyRuns;
 use crate::weights::GpuWeights;
 use anyhow::{bail, ensure, Result};
@@ -64,6 +67,9 @@ pub struct GpuOptions {
     /// nothing): rows per team of the qkv and o-proj matvecs, the MoE kernels' lanes, rows and
     /// down slot groups, the attention's split, tile loads and fused-combine limit.
     pub tune: crate::tune::Tune,
+    /// Prompt tokens per chunk of the GEMM prefill (`prefill.rs`); 0 keeps the column prefill
+    /// (8 tokens per dispatch), for comparisons.
+    pub prefill_chunk: u32,
 }
 
 impl Default for GpuOptions {
@@ -80,6 +86,7 @@ impl Default for GpuOptions {
             lone_stream: true,
             attention_combine: None,
             tune: crate::tune::Tune::default(),
+            prefill_chunk: crate::prefill::DEFAULT_CHUNK,
         }
     }
 }
@@ -108,7 +115,11 @@ pub struct GpuBackend {
     batch: Option<crate::batch::BatchPlan>,
     /// Batched prefill: 8 prompt tokens per dispatch into the main sequence's cache (f32
     /// numerics; the int8 forms prefill token by token).
+    /// Only with `GpuOptions::prefill_chunk` 0: the GEMM prefill replaces it.
     prefill: Option<crate::batch::BatchPlan>,
+    /// The GEMM prefill (`prefill.rs`), the default for prompts of 2 tokens or more, main
+    /// sequence and stream slots alike (f32 numerics, not `--per-token`).
+    gemm_prefill: Option<PrefillPlan>,
     stream_pos: Vec<usize>,
     /// Streams the queued multi-stream runs advance (set by a restart, cleared by
     /// `streams_end`), the steps queued and not collected, and each queued run's length.
@@ -214,7 +225,7 @@ impl GpuBackend {
             }
             _ => false,
         };
-        let prefill = if opts.numerics.quantized() || opts.per_token {
+        let prefill = if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk > 0 {
             None
         } else {
             let (k_cache, v_cache) = plan.kv_caches();
@@ -228,6 +239,23 @@ impl GpuBackend {
                 BatchMode::Prefill { k_cache, v_cache },
             )?)
         };
+        let gemm_prefill = if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk == 0
+        {
+            None
+        } else {
+            let mut p = PrefillPlan::new(
+                ctx,
+                &plan.weights,
+                opts.context_len,
+                opts.prefill_chunk,
+                merge,
+                plan.kv_caches(),
+            )?;
+            if let Some(b) = &batch {
+                p.bind_streams(&plan.weights, b.kv_caches(), b.streams() as u32)?;
+            }
+            Some(p)
+        };
         Ok(GpuBackend {
             plan,
             per_token: opts.per_token,
@@ -240,6 +268,7 @@ impl GpuBackend {
             lone_path,
             batch,
             prefill,
+            gemm_prefill,
         })
     }
 
@@ -304,7 +333,7 @@ impl GpuBackend {
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
              routing {:?}, router {}, attention combine {}, MoE down slot groups {}, \
              lm_head {}, tune {}\n\
-             prefill: {} tokens per command buffer\n\
+             prefill: {}\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions{}",
             info.name,
             info.device_type,
@@ -327,7 +356,7 @@ impl GpuBackend {
             self.plan.moe_down_split(),
             self.plan.head_form(),
             o.tune,
-            PREFILL_CHUNK,
+            self.prefill_summary(),
             self.resident_bytes(),
             self.resident_bytes() as f64 / (1u64 << 20) as f64,
             o.context_len,
@@ -336,6 +365,21 @@ impl GpuBackend {
                 x => format!("\nmulti-stream: {x}"),
             },
         )
+    }
+
+    /// How prompts are prefilled, in words (for `describe`).
+    pub fn prefill_summary(&self) -> String {
+        match (&self.gemm_prefill, &self.prefill) {
+            (Some(g), _) => format!(
+                "GEMM prefill, chunks of up to {} tokens per command buffer",
+                g.chunk()
+            ),
+            (None, Some(_)) => format!(
+                "column prefill, {} tokens per dispatch",
+                crate::columns::MAX_COLUMNS
+            ),
+            (None, None) => format!("token by token, {PREFILL_CHUNK} tokens per command buffer"),
+        }
     }
 
     fn check_token(&self, t: u32) -> Result<()> {
@@ -423,12 +467,13 @@ impl Backend for GpuBackend {
             );
         }
         // A failure leaves the position at `start` (the rows written are stale).
-        let logits = match (&mut self.prefill, tokens) {
+        let logits = match (&mut self.prefill, tokens, &self.gemm_prefill) {
             // One token is a decode step (`Backend::step`: sampled generation): the
             // single-sequence step, its next one recorded while it runs (plan_logits.rs).
-            (_, [t]) => self.plan.step_logits(*t, start)?,
-            (Some(b), _) => b.prefill_sequence(tokens, start)?,
-            (None, _) => self.plan.prefill_logits(tokens, start)?,
+            (_, [t], _) => self.plan.step_logits(*t, start)?,
+            (_, _, Some(g)) => g.prefill(Target::Main, tokens, start)?,
+            (Some(b), _, None) => b.prefill_sequence(tokens, start)?,
+            (None, _, None) => self.plan.prefill_logits(tokens, start)?,
         };
         self.pos = start + tokens.len();
         Ok(logits)
@@ -469,7 +514,10 @@ impl Backend for GpuBackend {
         );
         // A failure leaves the stream at `start` (rows past it are stale).
         self.stream_pos[slot] = start;
-        let logits = b.prefill_slot(slot, prompt, start)?;
+        let logits = match &self.gemm_prefill {
+            Some(g) if prompt.len() > 1 => g.prefill(Target::Stream(slot as u32), prompt, start)?,
+            _ => b.prefill_slot(slot, prompt, start)?,
+        };
         self.stream_pos[slot] = start + prompt.len();
         Ok(logits)
     }

@@ -38,6 +38,9 @@ pub mod numerics;
 mod parity_tests;
 pub mod plan;
 pub mod plant;
+pub mod prefill;
+#[cfg(test)]
+mod prefill_tests;
 pub mod profile;
 #[cfg(test)]
 mod sampled_tests;

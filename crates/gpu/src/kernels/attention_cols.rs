@@ -1,5 +1,5 @@
-//! Multi-column attention: the chunk / single / combine kernels of `attention.rs` over `B <= 8`
-//! columns (columns.rs) in one dispatch each, the column in the grid's z dimension. Column `c`
+//! Multi-column attention: the chunk / single / combine kernels of `attention.rs` over `B`
+//! columns (columns.rs: up to 8 streams, or one per prefill-chunk token) in one dispatch each, the column in the grid's z dimension. Column `c`
 //! reads its q|k|v at `qkv[c * (Hq + 2 Hkv) * D ..]`, its position `cols[c].pos` and its KV
 //! region, slot `cols[c].slot` of the `[slots, ctx, Hkv, D]` caches (rows from `slot * ctx`),
 //! and writes `out[c * Hq * D ..]`; its chunk partials get a leading column dimension
@@ -57,7 +57,7 @@ pub(super) struct ColsPipelines {
 pub struct AttentionColsBuffers<'a> {
     /// Run state (`State` in shaders/state.wgsl): `done` ends every column at once.
     pub state: &'a wgpu::Buffer,
-    /// `[MAX_COLUMNS]` `Col` (columns.rs): per-column position, slot, done.
+    /// `[max(columns, MAX_COLUMNS)]` `Col` (columns.rs): per-column position, slot, done.
     pub cols: &'a wgpu::Buffer,
     /// `[columns, Hq*D | Hkv*D | Hkv*D]` f32: fused q|k|v per column (read only).
     pub qkv: &'a wgpu::Buffer,
@@ -69,7 +69,7 @@ pub struct AttentionColsBuffers<'a> {
     pub v_cache: &'a wgpu::Buffer,
     /// `[columns, Hq*D]` f32 attention output.
     pub out: &'a wgpu::Buffer,
-    /// Columns the activation buffers hold (1..=[`MAX_COLUMNS`]): the most `nb` can be.
+    /// Columns the activation buffers hold (1..=65535): the most `nb` can be.
     pub columns: u32,
     /// KV slots the caches hold (>= 1); columns with `slot >= slots` are skipped.
     pub slots: u32,
@@ -103,10 +103,12 @@ impl AttentionColsBinding {
     }
 }
 
+/// Columns are the grid's z: 1..=65535 (the multi-stream plans use up to [`MAX_COLUMNS`], the
+/// prefill plan one per chunk token).
 fn check_columns(columns: u32, what: &str) -> Result<()> {
-    if columns == 0 || columns as usize > MAX_COLUMNS {
+    if columns == 0 || columns > 65535 {
         return Err(GpuError::Shape(format!(
-            "attention {what}: {columns} columns, need 1..={MAX_COLUMNS}"
+            "attention {what}: {columns} columns, need 1..=65535"
         )));
     }
     Ok(())
@@ -195,7 +197,9 @@ impl AttentionKernel {
             )));
         }
         need(b.state, 4, "state")?;
-        let col_words = (MAX_COLUMNS * std::mem::size_of::<crate::columns::Col>() / 4) as u64;
+        let col_words = (MAX_COLUMNS.max(b.columns as usize)
+            * std::mem::size_of::<crate::columns::Col>()
+            / 4) as u64;
         need(b.cols, col_words, "cols")?;
         need(b.qkv, nb * (hq + 2 * hkv) * d, "qkv")?;
         need(b.q_norm, d, "q_norm")?;

@@ -130,6 +130,13 @@ impl EmbedKernel {
     }
 
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &EmbedBinding) {
+        self.record_n(pass, b, b.nb);
+    }
+
+    /// [`Self::record`] over the first `nb` columns only (`nb <= ` the bound count; the prefill
+    /// plan's last chunk is shorter than the rest).
+    pub fn record_n(&self, pass: &mut wgpu::ComputePass<'_>, b: &EmbedBinding, nb: u32) {
+        let nb = nb.min(b.nb);
         pass.set_pipeline(if b.columns {
             &self.cols
         } else {
@@ -137,17 +144,18 @@ impl EmbedKernel {
         });
         for bg in &b.dispatches {
             pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(b.groups, b.nb, 1);
+            pass.dispatch_workgroups(b.groups, nb, 1);
         }
     }
 }
 
-/// `nb` in `1..=MAX_COLUMNS` and `cols` large enough for the `[MAX_COLUMNS]` column array.
+/// `nb` in `1..=65535` (the grid dimension) and `cols` holding at least `max(nb, MAX_COLUMNS)`
+/// columns (the multi-stream plans bind `[MAX_COLUMNS]`, the prefill plan one per chunk token).
 pub(crate) fn check_cols(cols: &wgpu::Buffer, nb: u32, what: &str) -> Result<()> {
-    let need = (MAX_COLUMNS * std::mem::size_of::<Col>()) as u64;
-    if nb == 0 || nb as usize > MAX_COLUMNS || cols.size() < need {
+    let need = (MAX_COLUMNS.max(nb as usize) * std::mem::size_of::<Col>()) as u64;
+    if nb == 0 || nb > 65535 || cols.size() < need {
         return Err(GpuError::Shape(format!(
-            "{what}: {nb} columns (1..={MAX_COLUMNS}) with a column buffer of {} bytes (need {need})",
+            "{what}: {nb} columns (1..=65535) with a column buffer of {} bytes (need {need})",
             cols.size()
         )));
     }

@@ -346,10 +346,9 @@ impl GemmKernel {
         }
         need(a.y, y_need, "Y")?;
         if a.form == GemmForm::GateUp {
-            let up = a
-                .w
-                .up
-                .ok_or_else(|| GpuError::Shape("gemm gate_up needs the up matrix".into()))?;
+            let up =
+                a.w.up
+                    .ok_or_else(|| GpuError::Shape("gemm gate_up needs the up matrix".into()))?;
             if up.rows != m.rows
                 || up.cols != m.cols
                 || up.parts.len() != m.parts.len()

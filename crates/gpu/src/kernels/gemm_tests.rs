@@ -63,7 +63,11 @@ fn run_dense(
         .bind(
             ctx,
             &GemmArgs {
-                form: if acc { GemmForm::DenseAcc } else { GemmForm::Dense },
+                form: if acc {
+                    GemmForm::DenseAcc
+                } else {
+                    GemmForm::Dense
+                },
                 w: GemmWeights { m: w, up: None },
                 x: &xb,
                 y: &y,
@@ -85,7 +89,15 @@ fn run_dense(
 
 /// Y against the reference within 1e-5 of Σ|w||x| (f32 sums of up to 2048 products in order),
 /// `base` added first (the `+=` form), and every padding element still equal to `init`.
-fn check(got: &[f32], init: &[f32], want: &(Vec<f64>, Vec<f64>), base: bool, rows: usize, m: usize, what: &str) {
+fn check(
+    got: &[f32],
+    init: &[f32],
+    want: &(Vec<f64>, Vec<f64>),
+    base: bool,
+    rows: usize,
+    m: usize,
+    what: &str,
+) {
     let stride = rows + PAD_COLS;
     for t in 0..m + PAD_ROWS {
         for c in 0..stride {
@@ -128,10 +140,26 @@ fn gemm_dense_matches_reference() {
         for tm in [2, 4] {
             let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
             let got = run_dense(&ctx, &k, &w, &x, m, tm, false, &init);
-            check(&got, &init, &want, false, rows, m, &format!("dense m {m} [{rows}, {cols}] tm {tm}"));
+            check(
+                &got,
+                &init,
+                &want,
+                false,
+                rows,
+                m,
+                &format!("dense m {m} [{rows}, {cols}] tm {tm}"),
+            );
             let init = rand_f32(&mut r, (m + PAD_ROWS) * stride, -2.0, 2.0);
             let got = run_dense(&ctx, &k, &w, &x, m, tm, true, &init);
-            check(&got, &init, &want, true, rows, m, &format!("dense+= m {m} [{rows}, {cols}] tm {tm}"));
+            check(
+                &got,
+                &init,
+                &want,
+                true,
+                rows,
+                m,
+                &format!("dense+= m {m} [{rows}, {cols}] tm {tm}"),
+            );
         }
     }
 }
@@ -198,5 +226,8 @@ fn gemm_rejects_bad_shapes() {
         form: GemmForm::GateUp,
         ..args(4, 4, 64, true)
     };
-    assert!(k.bind(&ctx, &gu, 4).is_err(), "gate_up without a plan was accepted");
+    assert!(
+        k.bind(&ctx, &gu, 4).is_err(),
+        "gate_up without a plan was accepted"
+    );
 }

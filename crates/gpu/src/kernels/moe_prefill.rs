@@ -165,11 +165,7 @@ impl MoePrefill {
                 b.dims.as_entire_binding(),
             ],
         )?;
-        let csrc = [
-            consts.as_str(),
-            include_str!("../shaders/moe_combine.wgsl"),
-        ]
-        .concat();
+        let csrc = [consts.as_str(), include_str!("../shaders/moe_combine.wgsl")].concat();
         let combine_p = ctx.compute("moe_prefill.combine", &csrc, "combine")?;
         let combine_bg = ctx.bind_group(
             "moe_prefill.combine",
@@ -229,7 +225,10 @@ impl MoePrefill {
             ctx,
             &GemmArgs {
                 form: GemmForm::GateUp,
-                w: GemmWeights { m: gate, up: Some(up) },
+                w: GemmWeights {
+                    m: gate,
+                    up: Some(up),
+                },
                 x: xn,
                 y: &self.act,
                 y_stride: d.inter,

@@ -83,7 +83,10 @@ fn check_plan(words: &[u32], p: &MoePrefill, logits: &[f32], t: usize) {
     let mut seen = vec![false; t * k];
     for (j, &i) in list.iter().enumerate() {
         let i = i as usize;
-        assert!(i < t * k && !seen[i], "list position {j}: assignment {i} repeated or out of range");
+        assert!(
+            i < t * k && !seen[i],
+            "list position {j}: assignment {i} repeated or out of range"
+        );
         seen[i] = true;
         assert_eq!(inv[i] as usize, j, "inverse of assignment {i}");
         let tok = i / k;
@@ -104,7 +107,10 @@ fn check_plan(words: &[u32], p: &MoePrefill, logits: &[f32], t: usize) {
         }
     }
     assert_eq!(words[0] as usize, tiles.len(), "tile count");
-    assert_eq!(&words[l.tiles as usize..l.tiles as usize + tiles.len()], &tiles[..]);
+    assert_eq!(
+        &words[l.tiles as usize..l.tiles as usize + tiles.len()],
+        &tiles[..]
+    );
 }
 
 /// One chunk of `t` tokens through `layers` consecutive MoE layers on the GPU and the reference.
@@ -146,14 +152,18 @@ fn run_case(ctx: &Context, d: MoeDims, tokens_max: u32, t: usize, seed: u64, spl
         let b = moe
             .bind_layer(ctx, &gemm, &xn, &l.gate, &l.up, &l.down)
             .unwrap();
-        ctx.run_pass(|p| moe.record(p, &gemm, &b, t as u32)).unwrap();
+        ctx.run_pass(|p| moe.record(p, &gemm, &b, t as u32))
+            .unwrap();
         let words = ctx
             .read_u32(moe.plan_buffer(), (moe.plan_buffer().size() / 4) as usize)
             .unwrap();
         check_plan(&words, &moe, &lg, t);
         let want = reference(&d, &l, &lg, &x, &hv, t);
         let got = ctx.read_f32(&h, tm * hd).unwrap();
-        let what = format!("E {} K {} H {hd} I {} t {t} layer {li}", e, d.top_k, d.inter);
+        let what = format!(
+            "E {} K {} H {hd} I {} t {t} layer {li}",
+            e, d.top_k, d.inter
+        );
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         for (i, (g, w)) in got[..t * hd].iter().zip(&want).enumerate() {
             assert!(

@@ -124,6 +124,76 @@ impl RmsNormKernel {
     }
 }
 
+/// RMSNorm of every row of a prefill chunk, `y[t] = rmsnorm(h[t]) * w` for `t < dims.m`
+/// (shaders/rmsnorm_rows.wgsl): one workgroup per token row.
+pub struct RmsNormRowsKernel {
+    pipeline: wgpu::ComputePipeline,
+    hidden: u32,
+}
+
+/// Bind group of one rows norm.
+pub struct RmsNormRowsBinding {
+    bg: wgpu::BindGroup,
+}
+
+impl RmsNormRowsKernel {
+    /// The pipeline for rows of `hidden` (a multiple of 4) values and this `eps`.
+    pub fn new(ctx: &Context, hidden: u32, eps: f32) -> Result<Self> {
+        if hidden == 0 || hidden % 4 != 0 || !(eps.is_finite() && eps >= 0.0) {
+            return Err(GpuError::Shape(format!(
+                "rmsnorm rows: hidden {hidden} (a multiple of 4), eps {eps}"
+            )));
+        }
+        let src = format!(
+            "const H4: u32 = {}u;\nconst EPS: f32 = {:e};\n{}",
+            hidden / 4,
+            eps,
+            include_str!("../shaders/rmsnorm_rows.wgsl")
+        );
+        Ok(RmsNormRowsKernel {
+            pipeline: ctx.compute("rmsnorm_rows", &src, "main")?,
+            hidden,
+        })
+    }
+
+    /// `h`, `y` `[rows, H]`, `w` `[H]`, `dims` the `[m, 0, 0, 0]` uniform (`m <= rows`).
+    pub fn bind(
+        &self,
+        ctx: &Context,
+        h: &wgpu::Buffer,
+        w: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        rows: u32,
+        dims: &wgpu::Buffer,
+    ) -> Result<RmsNormRowsBinding> {
+        let n = rows as u64 * self.hidden as u64 * 4;
+        if rows == 0 || h.size() < n || y.size() < n || w.size() < self.hidden as u64 * 4 {
+            return Err(GpuError::Shape(format!(
+                "rmsnorm rows: {rows} rows of {}: a buffer is too small",
+                self.hidden
+            )));
+        }
+        let bg = ctx.bind_group(
+            "rmsnorm_rows",
+            &self.pipeline,
+            &[
+                h.as_entire_binding(),
+                w.as_entire_binding(),
+                y.as_entire_binding(),
+                dims.as_entire_binding(),
+            ],
+        )?;
+        Ok(RmsNormRowsBinding { bg })
+    }
+
+    /// Record the norm of the first `rows` rows (the chunk's tokens, as `dims` says).
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &RmsNormRowsBinding, rows: u32) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &b.bg, &[]);
+        pass.dispatch_workgroups(rows, 1, 1);
+    }
+}
+
 /// Scalar reference: returns (new `h`, normalised output), in f64 internally.
 pub fn rmsnorm_ref(h: &[f32], add: Option<&[f32]>, w: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
     let h: Vec<f32> = match add {
@@ -138,4 +208,59 @@ pub fn rmsnorm_ref(h: &[f32], add: Option<&[f32]>, w: &[f32], eps: f32) -> (Vec<
         .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
         .collect();
     (h, y)
+}
+
+#[cfg(test)]
+mod rows_tests {
+    use super::*;
+    use crate::testing::{gpu, rand_f32, rng};
+
+    /// Every row of a chunk against the reference (odd widths, rows past `m` untouched).
+    #[test]
+    fn rmsnorm_rows_matches_reference() {
+        let Some(ctx) = gpu("rmsnorm_rows_matches_reference") else {
+            return;
+        };
+        let mut r = rng(91);
+        for (hidden, rows, m) in [(4usize, 1usize, 1u32), (64, 5, 3), (2052, 9, 9)] {
+            let k = RmsNormRowsKernel::new(&ctx, hidden as u32, 1e-6).unwrap();
+            // Rows with a wide spread of magnitudes.
+            let h: Vec<f32> = rand_f32(&mut r, rows * hidden, -1.0, 1.0)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * 10f32.powi((i / hidden) as i32 % 5 - 2))
+                .collect();
+            let w = rand_f32(&mut r, hidden, 0.5, 1.5);
+            let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+            let wb = ctx.storage_init("w", bytemuck::cast_slice(&w)).unwrap();
+            let y = ctx
+                .storage_init("y", &vec![0xFF; rows * hidden * 4])
+                .unwrap();
+            let dims = ctx
+                .uniform("dims", bytemuck::cast_slice(&[m, 0, 0, 0]))
+                .unwrap();
+            let b = k.bind(&ctx, &hb, &wb, &y, rows as u32, &dims).unwrap();
+            ctx.run_pass(|p| k.record(p, &b, m)).unwrap();
+            let got = ctx.read_f32(&y, rows * hidden).unwrap();
+            for t in 0..rows {
+                let row = &got[t * hidden..(t + 1) * hidden];
+                if t < m as usize {
+                    let (_, want) = rmsnorm_ref(&h[t * hidden..(t + 1) * hidden], None, &w, 1e-6);
+                    crate::testing::assert_close(
+                        row,
+                        &want,
+                        1e-6,
+                        1e-5,
+                        &format!("H {hidden} row {t}"),
+                    );
+                } else {
+                    assert!(
+                        row.iter().all(|v| v.is_nan()),
+                        "H {hidden}: row {t} past m written"
+                    );
+                }
+            }
+            assert!(k.bind(&ctx, &hb, &wb, &y, rows as u32 + 1, &dims).is_err());
+        }
+    }
 }

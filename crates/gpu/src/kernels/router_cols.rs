@@ -35,7 +35,7 @@ pub struct RouterColsArgs<'a> {
     pub logits: &'a wgpu::Buffer,
     /// The [`crate::columns`] buffer (read only).
     pub cols: &'a wgpu::Buffer,
-    /// Columns, `1..=MAX_COLUMNS` (the grid's z).
+    /// Columns, `1..=65535` (the grid's z; the column buffer holds at least as many).
     pub nb: u32,
 }
 
@@ -152,10 +152,15 @@ impl RouterColsKernel {
 
     /// Record the dispatches (one per matrix part), each over `nb` columns in z.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &RouterColsBinding) {
+        self.record_n(pass, b, b.nb);
+    }
+
+    /// [`Self::record`] over the first `nb` columns only (at most the bound count).
+    pub fn record_n(&self, pass: &mut wgpu::ComputePass<'_>, b: &RouterColsBinding, nb: u32) {
         pass.set_pipeline(if b.wide { &self.wide } else { &self.narrow });
         for (bg, (gx, gy)) in &b.dispatches {
             pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(*gx, *gy, b.nb);
+            pass.dispatch_workgroups(*gx, *gy, nb.min(b.nb));
         }
     }
 }

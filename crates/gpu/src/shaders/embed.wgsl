@@ -10,7 +10,7 @@ struct Params { rows: u32, bpr: u32, row_start: u32, pad: u32 };
 @group(0) @binding(2) var<storage, read_write> h: array<vec4<f32>>; // [nb, bpr * 8]
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<storage, read> state: State;           // main only
-@group(0) @binding(5) var<storage, read> cols: array<Col, 8>;    // main_cols only
+@group(0) @binding(5) var<storage, read> cols: array<Col>;    // main_cols only
 
 fn lo4(v: u32) -> vec4<f32> { return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)); }
 fn hi4(v: u32) -> vec4<f32> { return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u)); }
@@ -43,6 +43,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 @compute @workgroup_size(64)
 fn main_cols(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.y;
-    if (c >= 8u || cols[c].done != 0u) { return; }
+    if (c >= arrayLength(&cols) || cols[c].done != 0u) { return; }
     embed_block(cols[c].token, gid.x, c * p.bpr * 8u);
 }

@@ -10,7 +10,7 @@ struct Params { rows: u32, c4: u32, row_start: u32, gx: u32, eps: f32, y_stride:
 @group(0) @binding(1) var<storage, read> nol_h: array<vec4<f32>>;     // [nb, c4] residual streams
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;         // [nb, y_stride] logits
 @group(0) @binding(3) var<uniform> p: Params;
-@group(0) @binding(4) var<storage, read> cols: array<Col, 8>;
+@group(0) @binding(4) var<storage, read> cols: array<Col>;
 @group(0) @binding(5) var<storage, read> nol_w: array<vec4<f32>>;     // [c4] RMSNorm weight
 @group(0) @binding(6) var<storage, read_write> xn: array<vec4<f32>>;  // [nb, c4] normalised
 
@@ -23,7 +23,7 @@ var<workgroup> red: array<f32, 256>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let col = wid.z;
-    if (col >= 8u || cols[col].done != 0u) { return; }
+    if (col >= arrayLength(&cols) || cols[col].done != 0u) { return; }
     nol_base = col * p.c4;
     nol_stage(li, p.c4, p.eps);
     if (p.publish != 0u && wid.x + wid.y == 0u) {

@@ -1,0 +1,419 @@
+//! Batched prefill as GEMMs, the default prompt path: up to `chunk` prompt tokens (default
+//! [`DEFAULT_CHUNK`]) go through every layer together, each weight block dequantised once per
+//! tile of tokens (kernels/gemm.rs) and each expert once per tile of the tokens that chose it
+//! (kernels/moe_prefill.rs). The column prefill (`batch.rs`, 8 tokens per dispatch) it replaces
+//! read every weight once per 8 tokens and every expert once per token.
+//!
+//! One chunk, one command buffer, per layer (`T` = tokens in the chunk, buffers `[chunk, ...]`):
+//! 1. `xn = rmsnorm(h) * attn_norm` (one workgroup per token);
+//! 2. `qkv = Wqkv xn` (dense GEMM);
+//! 3. attention over the columns in prefill mode (attention_cols.rs): every token's roped k and v
+//!    written into its cache row first, then each token attends causally over the cache (rows of
+//!    earlier chunks included), one column per token in the grid's z;
+//! 4. `h += Wo att` (dense GEMM, `+=`);
+//! 5. the router with the norm on load (router_cols.rs, one column per token), publishing `xn`;
+//! 6. the MoE (route, plan, gate/up GEMM, down GEMM, combine into `h`).
+//!
+//! The embedding runs first (one column per token); after the last chunk's layers the last
+//! token's row of `h` is copied out and the lm_head (the column matmul with the final norm on
+//! load) gives the logits, copied into a mappable buffer in the same submission. Chunks are
+//! submitted back to back; the host writes the next chunk's columns and token count on the
+//! queue (ordered after the previous submission) and waits once, for the logits.
+//!
+//! The KV rows go where decode reads them: the decode plan's cache `[ctx, Hkv, D]` for the main
+//! sequence, or slot `s` of the multi-stream caches `[B, ctx, Hkv, D]` ([`PrefillPlan::bind_streams`]).
+//! Numerics are f32 activations throughout, like the default decode path.
+
+use crate::columns::{Col, MAX_COLUMNS};
+use crate::context::{Context, Result as GpuResult};
+use crate::kernels::attention::{
+    AttentionColsBinding, AttentionColsBuffers, AttentionKernel, AttentionParams, AttentionScratch,
+    ColumnMode, Combine,
+};
+use crate::kernels::embed::{EmbedBinding, EmbedKernel};
+use crate::kernels::gemm::{GemmArgs, GemmBinding, GemmForm, GemmKernel, GemmWeights};
+use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
+use crate::kernels::matvec::NormInput;
+use crate::kernels::moe_prefill::{MoeDims, MoePrefill, MoePrefillBuffers, MoePrefillLayer};
+use crate::kernels::norm::{RmsNormRowsBinding, RmsNormRowsKernel};
+use crate::kernels::router_cols::{RouterColsArgs, RouterColsBinding, RouterColsKernel};
+use crate::state::RunState;
+use crate::weights::{GpuWeights, HeadRef, Matrix};
+use anyhow::{bail, ensure, Result};
+
+/// Prompt tokens per chunk by default (llama.cpp's default micro-batch is 512 too).
+pub const DEFAULT_CHUNK: u32 = 512;
+
+/// Dense GEMMs take 64-token tiles from this many tokens on (fewer: 32-token tiles, so a short
+/// chunk still spreads over more workgroups).
+const TALL_TILE_TOKENS: u32 = 256;
+
+struct Layer {
+    norm: RmsNormRowsBinding,
+    qkv: [GemmBinding; 2],
+    /// The main sequence's cache (the decode plan's).
+    attn: AttentionColsBinding,
+    /// The multi-stream caches, once bound ([`PrefillPlan::bind_streams`]).
+    attn_streams: Option<AttentionColsBinding>,
+    o: [GemmBinding; 2],
+    router: RouterColsBinding,
+    moe: MoePrefillLayer,
+}
+
+/// Which KV caches a prefill writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The decode plan's own sequence.
+    Main,
+    /// Slot `s` of the multi-stream caches.
+    Stream(u32),
+}
+
+/// Buffers and bindings of the GEMM prefill (see the module docs).
+pub struct PrefillPlan {
+    ctx: Context,
+    chunk: u32,
+    hidden: usize,
+    vocab: usize,
+    gemm: GemmKernel,
+    norm_k: RmsNormRowsKernel,
+    embed_k: EmbedKernel,
+    attn_k: AttentionKernel,
+    router_k: RouterColsKernel,
+    matmul: MatmulKernel,
+    moe: MoePrefill,
+    embed: EmbedBinding,
+    layers: Vec<Layer>,
+    head: MatmulBinding,
+    /// `[max(chunk, 8)]` Col: token `i` of the chunk is column `i`.
+    cols: wgpu::Buffer,
+    /// Uniform `[T, 0, 0, 0]`.
+    dims: wgpu::Buffer,
+    /// `[chunk, H]` the residual stream.
+    h: wgpu::Buffer,
+    /// `[H]` the last prompt token's row of `h`, for the lm_head.
+    hlast: wgpu::Buffer,
+    /// `[V]` and its mappable copy.
+    logits: wgpu::Buffer,
+    logits_rb: wgpu::Buffer,
+    state: wgpu::Buffer,
+    /// xn `[chunk, H]`, qkv `[chunk, Q + 2 KV]`, att `[chunk, Q]`, router logits `[chunk, E]`.
+    keep: Vec<wgpu::Buffer>,
+    scratch: AttentionScratch,
+    /// Multi-stream KV slots bound, 0 before [`Self::bind_streams`].
+    stream_slots: u32,
+}
+
+impl PrefillPlan {
+    /// Bind every layer of `w` for chunks of up to `chunk` tokens, writing the main sequence's
+    /// KV rows into `k_cache`/`v_cache` (`[ctx, Hkv, D]` per layer, the decode plan's).
+    pub fn new(
+        ctx: &Context,
+        w: &GpuWeights,
+        context_len: usize,
+        chunk: u32,
+        merge: Combine,
+        (k_cache, v_cache): (&[wgpu::Buffer], &[wgpu::Buffer]),
+    ) -> Result<PrefillPlan> {
+        let cfg = &w.cfg;
+        ensure!(
+            (1..=65535).contains(&chunk),
+            "prefill chunk of {chunk} tokens (1..=65535)"
+        );
+        ensure!(
+            k_cache.len() == cfg.num_layers && v_cache.len() == cfg.num_layers,
+            "prefill caches for {} layers, the model has {}",
+            k_cache.len(),
+            cfg.num_layers
+        );
+        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let (e, k, i, v) = (
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+            cfg.vocab_size,
+        );
+        let eps = cfg.rms_norm_eps;
+        let t = chunk as usize;
+        let f32s = |label: &str, n: usize| ctx.storage(label, (t * n) as u64 * 4);
+        // Every token of the chunk is a column of its own: the sequence needs no split for
+        // parallelism, so the fewest chunks (as long as shared memory allows) keep the
+        // partials small.
+        let ap = AttentionParams::from_config(cfg, context_len)?;
+        let attn_k = AttentionKernel::with_split(ctx, ap, Some((1, u32::MAX)))?.with_combine(merge);
+        let state = RunState::default().buffer(ctx)?;
+        let cols = ctx.storage(
+            "p.cols",
+            (t.max(MAX_COLUMNS) * std::mem::size_of::<Col>()) as u64,
+        )?;
+        let dims = ctx.uniform("p.dims", bytemuck::cast_slice(&[0u32; 4]))?;
+        let hb = f32s("p.h", h)?;
+        let xn = f32s("p.xn", h)?;
+        let qkv = f32s("p.qkv", q + 2 * kv)?;
+        let att = f32s("p.att", q)?;
+        let rlog = f32s("p.router", e)?;
+        let hlast = ctx.storage("p.hlast", h as u64 * 4)?;
+        let logits = ctx.storage("p.logits", v as u64 * 4)?;
+        let logits_rb = ctx.readback_buffer("p.logits.readback", v as u64 * 4);
+        let scratch = attn_k.scratch_cols(ctx, chunk)?;
+        let gemm = GemmKernel::new(ctx)?;
+        let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
+        let embed_k = EmbedKernel::new(ctx)?;
+        let router_k = RouterColsKernel::new(ctx)?;
+        let matmul = MatmulKernel::new(ctx)?;
+        let moe = MoePrefill::new(
+            ctx,
+            MoeDims {
+                hidden: h as u32,
+                inter: i as u32,
+                experts: e as u32,
+                top_k: k as u32,
+                norm_topk: cfg.norm_topk_prob,
+            },
+            chunk,
+            &MoePrefillBuffers {
+                logits: &rlog,
+                h: &hb,
+                dims: &dims,
+            },
+        )?;
+        let dense = |m, x: &wgpu::Buffer, y: &wgpu::Buffer, stride: usize, acc: bool| {
+            let args = GemmArgs {
+                form: if acc {
+                    GemmForm::DenseAcc
+                } else {
+                    GemmForm::Dense
+                },
+                w: GemmWeights { m, up: None },
+                x,
+                y,
+                y_stride: stride as u32,
+                x_rows: chunk,
+                y_rows: chunk,
+                dims: Some(&dims),
+                plan: None,
+                rows_per_expert: 0,
+                max_tiles: 0,
+            };
+            Ok::<_, crate::context::GpuError>([
+                gemm.bind(ctx, &args, 2)?,
+                gemm.bind(ctx, &args, 4)?,
+            ])
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (Matrix::Q4(wqkv), Matrix::Q4(wo), Matrix::F32(wr)) = (&lw.qkv, &lw.o, &lw.router)
+            else {
+                bail!("the GEMM prefill needs int4 attention projections and an f32 router");
+            };
+            layers.push(Layer {
+                norm: norm_k.bind(ctx, &hb, &lw.attn_norm, &xn, chunk, &dims)?,
+                qkv: dense(wqkv, &xn, &qkv, q + 2 * kv, false)?,
+                attn: attn_k.bind_cols(
+                    ctx,
+                    &AttentionColsBuffers {
+                        state: &state,
+                        cols: &cols,
+                        qkv: &qkv,
+                        q_norm: &lw.q_norm,
+                        k_norm: &lw.k_norm,
+                        k_cache: &k_cache[l],
+                        v_cache: &v_cache[l],
+                        out: &att,
+                        columns: chunk,
+                        slots: 1,
+                        mode: ColumnMode::Prefill,
+                    },
+                    &scratch,
+                )?,
+                attn_streams: None,
+                o: dense(wo, &att, &hb, h, true)?,
+                router: router_k.bind(
+                    ctx,
+                    &RouterColsArgs {
+                        m: wr,
+                        x: NormInput {
+                            h: &hb,
+                            weight: &lw.ffn_norm,
+                            eps,
+                        },
+                        xn: &xn,
+                        logits: &rlog,
+                        cols: &cols,
+                        nb: chunk,
+                    },
+                )?,
+                moe: moe.bind_layer(ctx, &gemm, &xn, &lw.gate, &lw.up, &lw.down)?,
+            });
+        }
+        let HeadRef::Q4(whead) = w.head() else {
+            bail!("the GEMM prefill needs an int4 lm_head");
+        };
+        let head = matmul.bind(
+            ctx,
+            &MatmulArgs {
+                m: whead,
+                input: MatmulInput::Norm(NormInput {
+                    h: &hlast,
+                    weight: &w.out_norm,
+                    eps,
+                }),
+                nb: 1,
+                y: &logits,
+                y_stride: v as u32,
+                state: &state,
+            },
+        )?;
+        let embed = embed_k.bind_cols(ctx, &w.embed, &hb, &cols, chunk)?;
+        Ok(PrefillPlan {
+            ctx: ctx.clone(),
+            chunk,
+            hidden: h,
+            vocab: v,
+            gemm,
+            norm_k,
+            embed_k,
+            attn_k,
+            router_k,
+            matmul,
+            moe,
+            embed,
+            layers,
+            head,
+            cols,
+            dims,
+            h: hb,
+            hlast,
+            logits,
+            logits_rb,
+            state,
+            keep: vec![xn, qkv, att, rlog],
+            scratch,
+            stream_slots: 0,
+        })
+    }
+
+    /// Also bind the multi-stream caches (`[slots, ctx, Hkv, D]` per layer), so
+    /// [`Target::Stream`] prefills write a stream's slot.
+    pub fn bind_streams(
+        &mut self,
+        w: &GpuWeights,
+        (k_cache, v_cache): (&[wgpu::Buffer], &[wgpu::Buffer]),
+        slots: u32,
+    ) -> Result<()> {
+        ensure!(
+            k_cache.len() == self.layers.len() && v_cache.len() == self.layers.len(),
+            "stream caches for {} layers, the model has {}",
+            k_cache.len(),
+            self.layers.len()
+        );
+        let [_, qkv, att, _] = &self.keep[..] else {
+            unreachable!("keep holds xn, qkv, att, router logits")
+        };
+        for (l, (layer, lw)) in self.layers.iter_mut().zip(&w.layers).enumerate() {
+            layer.attn_streams = Some(self.attn_k.bind_cols(
+                &self.ctx,
+                &AttentionColsBuffers {
+                    state: &self.state,
+                    cols: &self.cols,
+                    qkv,
+                    q_norm: &lw.q_norm,
+                    k_norm: &lw.k_norm,
+                    k_cache: &k_cache[l],
+                    v_cache: &v_cache[l],
+                    out: att,
+                    columns: self.chunk,
+                    slots,
+                    mode: ColumnMode::Prefill,
+                },
+                &self.scratch,
+            )?);
+        }
+        self.stream_slots = slots;
+        Ok(())
+    }
+
+    /// Most tokens per chunk.
+    pub fn chunk(&self) -> u32 {
+        self.chunk
+    }
+
+    /// Prefill `tokens` at positions `pos..` of `target`'s sequence; returns the logits `[V]`
+    /// after the last token. The caller checks the ids and that `pos + len` fits the context.
+    pub fn prefill(&self, target: Target, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        ensure!(!tokens.is_empty(), "prefill of an empty token list");
+        let slot = match target {
+            Target::Main => 0,
+            Target::Stream(s) => {
+                ensure!(
+                    s < self.stream_slots,
+                    "stream slot {s} of {} bound to the prefill",
+                    self.stream_slots
+                );
+                s
+            }
+        };
+        let chunks: Vec<&[u32]> = tokens.chunks(self.chunk as usize).collect();
+        let mut last = None;
+        for (c, group) in chunks.iter().enumerate() {
+            let p0 = pos + c * self.chunk as usize;
+            let n = group.len() as u32;
+            let cs: Vec<Col> = group
+                .iter()
+                .enumerate()
+                .map(|(j, &t)| Col::active(t, (p0 + j) as u32, slot))
+                .collect();
+            self.ctx.write(&self.cols, 0, bytemuck::cast_slice(&cs));
+            self.ctx
+                .write(&self.dims, 0, bytemuck::cast_slice(&[n, 0, 0, 0]));
+            let bound = (p0 + group.len() - 1) as u32;
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                self.record_layers(&mut pass, target, n, bound)?;
+            }
+            if c + 1 == chunks.len() {
+                let row = self.hidden as u64 * 4;
+                enc.copy_buffer_to_buffer(&self.h, (n as u64 - 1) * row, &self.hlast, 0, row);
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    self.matmul.record(&mut pass, &self.head);
+                }
+                let bytes = self.vocab as u64 * 4;
+                enc.copy_buffer_to_buffer(&self.logits, 0, &self.logits_rb, 0, bytes);
+            }
+            last = Some(self.ctx.submit(enc));
+        }
+        let index = last.expect("at least one chunk");
+        let bytes = self.ctx.map_read(&self.logits_rb, index)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// The embedding and every layer over the chunk's first `n` columns.
+    fn record_layers(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        target: Target,
+        n: u32,
+        pos_bound: u32,
+    ) -> GpuResult<()> {
+        let tall = (n >= TALL_TILE_TOKENS) as usize;
+        self.embed_k.record_n(pass, &self.embed, n);
+        for l in &self.layers {
+            self.norm_k.record(pass, &l.norm, n);
+            self.gemm.record(pass, &l.qkv[tall], n);
+            let attn = match target {
+                Target::Main => &l.attn,
+                Target::Stream(_) => l
+                    .attn_streams
+                    .as_ref()
+                    .expect("prefill() checked the stream slots are bound"),
+            };
+            self.attn_k.record_cols(pass, attn, pos_bound, n)?;
+            self.gemm.record(pass, &l.o[tall], n);
+            self.router_k.record_n(pass, &l.router, n);
+            self.moe.record(pass, &self.gemm, &l.moe, n);
+        }
+        Ok(())
+    }
+}
