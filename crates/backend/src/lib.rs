@@ -150,6 +150,12 @@ pub trait Backend: Send {
         let _ = reps;
         Ok(None)
     }
+    /// Diagnostics: GPU time per op kind of prefilling `tokens` (one chunk) from position 0,
+    /// which it leaves at `tokens.len()`. The default, `Ok(None)`: not supported.
+    fn profile_prefill(&mut self, tokens: &[u32]) -> anyhow::Result<Option<Vec<OpTime>>> {
+        let _ = tokens;
+        Ok(None)
+    }
     /// Diagnostics: append `token` like [`Backend::step`] and return the named intermediates of
     /// that step (a backend exposes the subset it can read back, under the oracle's names), so
     /// a parity tool can name the first op where two backends diverge. The slow path. The

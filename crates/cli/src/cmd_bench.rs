@@ -54,6 +54,10 @@ pub struct Args {
     /// every op (GPU backend only).
     #[arg(long, value_delimiter = ',')]
     profile: Vec<usize>,
+    /// Also print where the GPU time of prefilling this many prompt tokens (one chunk, from
+    /// position 0) goes, op by op over the layers (GPU backend, GEMM prefill only).
+    #[arg(long)]
+    profile_prefill: Option<usize>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -477,6 +481,30 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let profile_rows = profile(b.as_mut(), &a.profile, reps)?;
+    if let Some(n) = a.profile_prefill {
+        b.truncate(0)?;
+        let Some(ops) = b.profile_prefill(&prompt_ids(n))? else {
+            anyhow::bail!(
+                "--profile-prefill: backend {} cannot time its prefill",
+                b.name()
+            );
+        };
+        let total: f64 = ops.iter().map(|o| o.us).sum();
+        eprintln!(
+            "prefill profile: {n} tokens from position 0, GPU {:.1} ms ({:.0} tok/s)",
+            total / 1e3,
+            n as f64 / total * 1e6
+        );
+        for o in &ops {
+            eprintln!(
+                "  {:<32} {:>4} calls {:>10.1} us {:>5.1}%",
+                o.op,
+                o.calls,
+                o.us,
+                100.0 * o.us / total
+            );
+        }
+    }
     // After the timed tests, so its 1 GiB scratch buffer is not resident during them.
     let read_gbps = b.read_bandwidth_gbps()?;
     drop(b);

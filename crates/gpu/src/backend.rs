@@ -648,6 +648,27 @@ impl Backend for GpuBackend {
         Ok(self.plan.profile_step(0, self.pos, reps)?)
     }
 
+    /// [`PrefillPlan::profile`] of `tokens` from position 0 (the GEMM prefill only).
+    fn profile_prefill(&mut self, tokens: &[u32]) -> Result<Option<Vec<OpTime>>> {
+        self.lone_idle("a profiled prefill")?;
+        for t in tokens {
+            self.check_token(*t)?;
+        }
+        ensure!(
+            tokens.len() <= self.context_len(),
+            "prompt of {} tokens exceeds the context of {}",
+            tokens.len(),
+            self.context_len()
+        );
+        let Some(g) = &self.gemm_prefill else {
+            return Ok(None);
+        };
+        self.pos = 0;
+        let ops = g.profile(tokens, 0)?;
+        self.pos = tokens.len();
+        Ok(ops)
+    }
+
     /// One op per submit with a readback each ([`DecodePlan::trace_step`]).
     fn trace_step(&mut self, token: u32) -> Result<Option<StepTrace>> {
         self.check_token(token)?;

@@ -40,6 +40,7 @@ use crate::kernels::router_cols::{RouterColsArgs, RouterColsBinding, RouterColsK
 use crate::state::RunState;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
+use nibble_backend::OpTime;
 
 /// Prompt tokens per chunk by default (llama.cpp's default micro-batch is 512 too).
 pub const DEFAULT_CHUNK: u32 = 512;
@@ -370,7 +371,7 @@ impl PrefillPlan {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                self.record_layers(&mut pass, target, n, bound)?;
+                self.record_layers(&mut pass, target, n, bound, &mut |_, _| {})?;
             }
             if c + 1 == chunks.len() {
                 let row = self.hidden as u64 * 4;
@@ -389,19 +390,24 @@ impl PrefillPlan {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    /// The embedding and every layer over the chunk's first `n` columns.
+    /// The embedding and every layer over the chunk's first `n` columns; `mark` runs after
+    /// every op with its name (the profile's timestamps; a no-op otherwise).
     fn record_layers(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         target: Target,
         n: u32,
         pos_bound: u32,
+        mark: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
     ) -> GpuResult<()> {
         let tall = (n >= TALL_TILE_TOKENS) as usize;
         self.embed_k.record_n(pass, &self.embed, n);
+        mark(pass, "embed");
         for l in &self.layers {
             self.norm_k.record(pass, &l.norm, n);
+            mark(pass, "attn norm");
             self.gemm.record(pass, &l.qkv[tall], n);
+            mark(pass, "qkv gemm");
             let attn = match target {
                 Target::Main => &l.attn,
                 Target::Stream(_) => l
@@ -410,10 +416,96 @@ impl PrefillPlan {
                     .expect("prefill() checked the stream slots are bound"),
             };
             self.attn_k.record_cols(pass, attn, pos_bound, n)?;
+            mark(pass, "attention (kv write + attend)");
             self.gemm.record(pass, &l.o[tall], n);
+            mark(pass, "o gemm +=");
             self.router_k.record_n(pass, &l.router, n);
-            self.moe.record(pass, &self.gemm, &l.moe, n);
+            mark(pass, "router (norm on load)");
+            self.moe.record_marked(pass, &self.gemm, &l.moe, n, mark);
         }
         Ok(())
+    }
+
+    /// GPU time per op kind of one chunk of `tokens` (at most a chunk) at positions `pos..`
+    /// of the main sequence, summed over the layers: the chunk is recorded once unmarked
+    /// (warm-up), then again with a timestamp after every op (their gaps include the marks'
+    /// own cost, as in `profile.rs`). `None` without timestamps inside passes. Writes the KV
+    /// rows of those positions like a prefill.
+    pub fn profile(&self, tokens: &[u32], pos: usize) -> Result<Option<Vec<OpTime>>> {
+        let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        if !self.ctx.features.contains(need) {
+            return Ok(None);
+        }
+        ensure!(
+            !tokens.is_empty() && tokens.len() <= self.chunk as usize,
+            "prefill profile of {} tokens (1..={})",
+            tokens.len(),
+            self.chunk
+        );
+        let n = tokens.len() as u32;
+        let cs: Vec<Col> = tokens
+            .iter()
+            .enumerate()
+            .map(|(j, &t)| Col::active(t, (pos + j) as u32, 0))
+            .collect();
+        self.ctx.write(&self.cols, 0, bytemuck::cast_slice(&cs));
+        self.ctx
+            .write(&self.dims, 0, bytemuck::cast_slice(&[n, 0, 0, 0]));
+        let bound = (pos + tokens.len() - 1) as u32;
+        let marks = 2 + 10 * self.layers.len() as u32;
+        let set = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("prefill.profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: marks,
+        });
+        let resolve = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("prefill.profile.resolve"),
+            size: marks as u64 * 8,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        let mut labels = Vec::new();
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.record_layers(&mut pass, Target::Main, n, bound, &mut |_, _| {})?;
+            let mut next = 0u32;
+            pass.write_timestamp(&set, next);
+            next += 1;
+            self.record_layers(&mut pass, Target::Main, n, bound, &mut |p, op| {
+                if next < marks {
+                    p.write_timestamp(&set, next);
+                }
+                next += 1;
+                labels.push(op);
+            })?;
+            ensure!(
+                next <= marks,
+                "prefill profile: {next} marks, room for {marks}"
+            );
+        }
+        let used = labels.len() as u32 + 1;
+        enc.resolve_query_set(&set, 0..used, &resolve, 0);
+        self.ctx.queue.submit([enc.finish()]);
+        self.ctx.wait()?;
+        let ticks: Vec<u64> =
+            bytemuck::pod_collect_to_vec(&self.ctx.read(&resolve, 0, used as u64 * 8)?);
+        let period = self.ctx.queue.get_timestamp_period() as f64;
+        let mut out: Vec<OpTime> = Vec::new();
+        for (op, w) in labels.iter().zip(ticks.windows(2)) {
+            let us = w[1].wrapping_sub(w[0]) as f64 * period / 1e3;
+            match out.iter_mut().find(|o| o.op == *op) {
+                Some(o) => {
+                    o.calls += 1;
+                    o.us += us;
+                }
+                None => out.push(OpTime {
+                    op: op.to_string(),
+                    calls: 1,
+                    us,
+                }),
+            }
+        }
+        Ok(Some(out))
     }
 }

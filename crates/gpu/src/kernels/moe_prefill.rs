@@ -270,17 +270,34 @@ impl MoePrefill {
         l: &MoePrefillLayer,
         tokens: u32,
     ) {
+        self.record_marked(pass, gemm, l, tokens, &mut |_, _| {});
+    }
+
+    /// [`Self::record`] with `mark` called after each op (the prefill profile's timestamps).
+    pub fn record_marked(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        gemm: &GemmKernel,
+        l: &MoePrefillLayer,
+        tokens: u32,
+        mark: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) {
         pass.set_pipeline(&self.route.0);
         pass.set_bind_group(0, &self.route.1, &[]);
         pass.dispatch_workgroups(tokens, 1, 1);
+        mark(pass, "moe route");
         pass.set_pipeline(&self.build.0);
         pass.set_bind_group(0, &self.build.1, &[]);
         pass.dispatch_workgroups(1, 1, 1);
+        mark(pass, "moe plan");
         gemm.record(pass, &l.gate_up, tokens);
+        mark(pass, "moe gate/up gemm");
         gemm.record(pass, &l.down, tokens);
+        mark(pass, "moe down gemm");
         pass.set_pipeline(&self.combine.0);
         pass.set_bind_group(0, &self.combine.1, &[]);
         pass.dispatch_workgroups(tokens, (self.dims.hidden / 4).div_ceil(256), 1);
+        mark(pass, "moe combine");
     }
 
     /// Most tokens one chunk may hold.
