@@ -11,7 +11,7 @@
 //!    written into its cache row first, then each token attends causally over the cache (rows of
 //!    earlier chunks included), one column per token in the grid's z;
 //! 4. `h += Wo att` (dense GEMM, `+=`);
-//! 5. the router with the norm on load (router_cols.rs, one column per token), publishing `xn`;
+//! 5. `xn = rmsnorm(h) * ffn_norm`, then the router logits `Wr xn` (the f32 GEMM);
 //! 6. the MoE (route, plan, gate/up GEMM, down GEMM, combine into `h`).
 //!
 //! The embedding runs first (one column per token); after the last chunk's layers the last
@@ -36,7 +36,6 @@ use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKerne
 use crate::kernels::matvec::NormInput;
 use crate::kernels::moe_prefill::{MoeDims, MoePrefill, MoePrefillBuffers, MoePrefillLayer};
 use crate::kernels::norm::{RmsNormRowsBinding, RmsNormRowsKernel};
-use crate::kernels::router_cols::{RouterColsArgs, RouterColsBinding, RouterColsKernel};
 use crate::state::RunState;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
@@ -57,7 +56,8 @@ struct Layer {
     /// The multi-stream caches, once bound ([`PrefillPlan::bind_streams`]).
     attn_streams: Option<AttentionColsBinding>,
     o: [GemmBinding; 2],
-    router: RouterColsBinding,
+    ffn_norm: RmsNormRowsBinding,
+    router: [GemmBinding; 2],
     moe: MoePrefillLayer,
 }
 
@@ -80,7 +80,6 @@ pub struct PrefillPlan {
     norm_k: RmsNormRowsKernel,
     embed_k: EmbedKernel,
     attn_k: AttentionKernel,
-    router_k: RouterColsKernel,
     matmul: MatmulKernel,
     moe: MoePrefill,
     embed: EmbedBinding,
@@ -160,7 +159,6 @@ impl PrefillPlan {
         let gemm = GemmKernel::new(ctx)?;
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
         let embed_k = EmbedKernel::new(ctx)?;
-        let router_k = RouterColsKernel::new(ctx)?;
         let matmul = MatmulKernel::new(ctx)?;
         let moe = MoePrefill::new(
             ctx,
@@ -178,29 +176,30 @@ impl PrefillPlan {
                 dims: &dims,
             },
         )?;
-        let dense = |m, x: &wgpu::Buffer, y: &wgpu::Buffer, stride: usize, acc: bool| {
-            let args = GemmArgs {
-                form: if acc {
-                    GemmForm::DenseAcc
-                } else {
-                    GemmForm::Dense
-                },
-                w: GemmWeights { m, up: None },
-                x,
-                y,
-                y_stride: stride as u32,
-                x_rows: chunk,
-                y_rows: chunk,
-                dims: Some(&dims),
-                plan: None,
-                rows_per_expert: 0,
-                max_tiles: 0,
+        let dense =
+            |w: GemmWeights<'_>, x: &wgpu::Buffer, y: &wgpu::Buffer, stride: usize, acc: bool| {
+                let args = GemmArgs {
+                    form: match (w, acc) {
+                        (GemmWeights::F32(_), _) => GemmForm::DenseF32,
+                        (_, true) => GemmForm::DenseAcc,
+                        _ => GemmForm::Dense,
+                    },
+                    w,
+                    x,
+                    y,
+                    y_stride: stride as u32,
+                    x_rows: chunk,
+                    y_rows: chunk,
+                    dims: Some(&dims),
+                    plan: None,
+                    rows_per_expert: 0,
+                    max_tiles: 0,
+                };
+                Ok::<_, crate::context::GpuError>([
+                    gemm.bind(ctx, &args, 2)?,
+                    gemm.bind(ctx, &args, 4)?,
+                ])
             };
-            Ok::<_, crate::context::GpuError>([
-                gemm.bind(ctx, &args, 2)?,
-                gemm.bind(ctx, &args, 4)?,
-            ])
-        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in w.layers.iter().enumerate() {
             let (Matrix::Q4(wqkv), Matrix::Q4(wo), Matrix::F32(wr)) = (&lw.qkv, &lw.o, &lw.router)
@@ -209,7 +208,7 @@ impl PrefillPlan {
             };
             layers.push(Layer {
                 norm: norm_k.bind(ctx, &hb, &lw.attn_norm, &xn, chunk, &dims)?,
-                qkv: dense(wqkv, &xn, &qkv, q + 2 * kv, false)?,
+                qkv: dense(GemmWeights::Q4(wqkv), &xn, &qkv, q + 2 * kv, false)?,
                 attn: attn_k.bind_cols(
                     ctx,
                     &AttentionColsBuffers {
@@ -228,22 +227,9 @@ impl PrefillPlan {
                     &scratch,
                 )?,
                 attn_streams: None,
-                o: dense(wo, &att, &hb, h, true)?,
-                router: router_k.bind(
-                    ctx,
-                    &RouterColsArgs {
-                        m: wr,
-                        x: NormInput {
-                            h: &hb,
-                            weight: &lw.ffn_norm,
-                            eps,
-                        },
-                        xn: &xn,
-                        logits: &rlog,
-                        cols: &cols,
-                        nb: chunk,
-                    },
-                )?,
+                o: dense(GemmWeights::Q4(wo), &att, &hb, h, true)?,
+                ffn_norm: norm_k.bind(ctx, &hb, &lw.ffn_norm, &xn, chunk, &dims)?,
+                router: dense(GemmWeights::F32(wr), &xn, &rlog, e, false)?,
                 moe: moe.bind_layer(ctx, &gemm, &xn, &lw.gate, &lw.up, &lw.down)?,
             });
         }
@@ -275,7 +261,6 @@ impl PrefillPlan {
             norm_k,
             embed_k,
             attn_k,
-            router_k,
             matmul,
             moe,
             embed,
@@ -419,8 +404,10 @@ impl PrefillPlan {
             mark(pass, "attention (kv write + attend)");
             self.gemm.record(pass, &l.o[tall], n);
             mark(pass, "o gemm +=");
-            self.router_k.record_n(pass, &l.router, n);
-            mark(pass, "router (norm on load)");
+            self.norm_k.record(pass, &l.ffn_norm, n);
+            mark(pass, "ffn norm");
+            self.gemm.record(pass, &l.router[tall], n);
+            mark(pass, "router gemm");
             self.moe.record_marked(pass, &self.gemm, &l.moe, n, mark);
         }
         Ok(())
@@ -452,7 +439,7 @@ impl PrefillPlan {
         self.ctx
             .write(&self.dims, 0, bytemuck::cast_slice(&[n, 0, 0, 0]));
         let bound = (pos + tokens.len() - 1) as u32;
-        let marks = 2 + 10 * self.layers.len() as u32;
+        let marks = 2 + 11 * self.layers.len() as u32;
         let set = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("prefill.profile"),
             ty: wgpu::QueryType::Timestamp,

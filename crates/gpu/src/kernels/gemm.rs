@@ -5,9 +5,9 @@
 //! ~2.8 TFLOP of multiply-adds.
 //!
 //! Forms ([`GemmForm`], one pipeline each; shaders/gemm_q4.wgsl):
-//! - `Dense` / `DenseAcc`: `Y[m, ycol + n] (+)= W[n, :] · X[m, :]` for tokens `m < dims.m` and
-//!   the rows `n` of one matrix part (a split matrix is one dispatch per part). `DenseAcc` is
-//!   the residual add after `o_proj`.
+//! - `Dense` / `DenseAcc` / `DenseF32`: `Y[m, ycol + n] (+)= W[n, :] · X[m, :]` for tokens
+//!   `m < dims.m` and the rows `n` of one matrix part (a split matrix is one dispatch per part).
+//!   `DenseAcc` is the residual add after `o_proj`; `DenseF32` reads an f32 matrix (the router).
 //! - `GateUp` and `Down`: one MoE layer over a chunk, on the tiles of a [`crate::kernels::moe_prefill`]
 //!   plan (a tile = up to `BM` rows of one expert's assignment list). `GateUp` gathers X by token
 //!   and stores `silu(gate · x) * (up · x)` per assignment; `Down` reads and writes in list order.
@@ -23,7 +23,7 @@
 use std::sync::OnceLock;
 
 use crate::context::{Context, GpuError, Result};
-use crate::tensor::{Q4Matrix, BLOCK};
+use crate::tensor::{F32Matrix, Q4Matrix, BLOCK};
 
 /// Weight rows (tile columns) of one workgroup; `GateUp` uses 64 gate + the same 64 up rows.
 pub const TILE_ROWS: u32 = 128;
@@ -35,6 +35,8 @@ const WG: u32 = 256;
 pub enum GemmForm {
     Dense,
     DenseAcc,
+    /// `Dense` over an f32 matrix (the router).
+    DenseF32,
     GateUp,
     Down,
 }
@@ -74,13 +76,14 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
         "const TM: u32 = {tm}u;\nconst BM: u32 = {bm}u;\nconst XPT: u32 = {xpt}u;\nalias XV = {xv};\n"
     );
     let cols = form.cols_per_tile();
-    let wload_one = format!(
+    // The weight row of tile column nn at block b (clamped into the matrix part).
+    let row_of = format!(
         "    let n = min(wid.x * {cols}u + (nn % {cols}u), p.n - 1u);
     let blk = (t.wrow + n) * p.bpr + b;
 "
     );
     match (form, plan) {
-        (GemmForm::Dense | GemmForm::DenseAcc, _) => {
+        (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => {
             s += "fn gm_tile(wid: vec3<u32>) -> Tile {
     let m0 = wid.y * BM;
     return Tile(m0 < dims.m, m0, min(m0 + BM, dims.m), 0u, 0u);
@@ -118,13 +121,55 @@ fn gm_yrow(t: Tile, m: u32) -> u32 {{ return t.list0 + m; }}
         }
         _ => unreachable!("expert forms are built with a plan layout"),
     }
-    if form == GemmForm::GateUp {
-        s += "@group(0) @binding(6) var<storage, read> qs2: array<vec4<u32>>; // up nibbles
-@group(0) @binding(7) var<storage, read> sc2: array<u32>;       // up scales
-fn gm_wload(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> vec3<u32> {
+    if form == GemmForm::DenseF32 {
+        // Thread (nn, h) stages inputs 16 h .. 16 h + 16 of row nn: four vec4s.
+        s += "@group(0) @binding(0) var<storage, read> wf: array<vec4<f32>>; // [rows, bpr * 8]
+struct WReg { a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32> };
+fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
 ";
-        s += &wload_one;
-        s += "    var q: vec4<u32>;
+        s += &row_of;
+        s += "    let i = blk * 8u + 4u * h;
+    return WReg(wf[i], wf[i + 1u], wf[i + 2u], wf[i + 3u]);
+}
+fn gm_wstore(r: WReg, nn: u32, h: u32) {
+    let k = 16u * h;
+    let c = nn / 4u;
+    let j = nn % 4u;
+    for (var i = 0u; i < 4u; i++) {
+        ws[(k + i) * 32u + c][j] = r.a[i];
+        ws[(k + 4u + i) * 32u + c][j] = r.b[i];
+        ws[(k + 8u + i) * 32u + c][j] = r.c[i];
+        ws[(k + 12u + i) * 32u + c][j] = r.d[i];
+    }
+}
+";
+    } else {
+        // Thread (nn, h) stages words 2h, 2h + 1 of the Q4 block of row nn: elements 8h .. 8h+8
+        // (low nibbles) and 16 + 8h .. 16 + 8h + 8 (high nibbles), dequantised on the store.
+        s += "@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>; // [rows * bpr] nibble blocks
+@group(0) @binding(1) var<storage, read> sc: array<u32>;       // [rows * bpr] f16 scales, 2 per word
+fn f16_at(i: u32) -> f32 {
+    let v = unpack2x16float(sc[i >> 1u]);
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+struct WReg { q: vec2<u32>, d: f32 };
+fn gm_wstore(r: WReg, nn: u32, h: u32) {
+    for (var j = 0u; j < 2u; j++) {
+        let w = r.q[j];
+        let k = 8u * h + 4u * j;
+        for (var c = 0u; c < 4u; c++) {
+            let lo = f32((w >> (8u * c)) & 0xFu) - 8.0;
+            let hi = f32((w >> (8u * c + 4u)) & 0xFu) - 8.0;
+            ws[(k + c) * 32u + nn / 4u][nn % 4u] = r.d * lo;
+            ws[(k + c + 16u) * 32u + nn / 4u][nn % 4u] = r.d * hi;
+        }
+    }
+}
+fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
+";
+        s += &row_of;
+        if form == GemmForm::GateUp {
+            s += "    var q: vec4<u32>;
     var d: f32;
     if (nn < 64u) {
         q = qs[blk];
@@ -134,16 +179,17 @@ fn gm_wload(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> vec3<u32> {
         let v = unpack2x16float(sc2[blk >> 1u]);
         d = select(v.x, v.y, (blk & 1u) == 1u);
     }
-    return vec3<u32>(select(q.xy, q.zw, h == 1u), bitcast<u32>(d));
+    return WReg(select(q.xy, q.zw, h == 1u), d);
+}
+@group(0) @binding(6) var<storage, read> qs2: array<vec4<u32>>; // up nibbles
+@group(0) @binding(7) var<storage, read> sc2: array<u32>;       // up scales
+";
+        } else {
+            s += "    let q = qs[blk];
+    return WReg(select(q.xy, q.zw, h == 1u), f16_at(blk));
 }
 ";
-    } else {
-        s += "fn gm_wload(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> vec3<u32> {\n";
-        s += &wload_one;
-        s += "    let q = qs[blk];
-    return vec3<u32>(select(q.xy, q.zw, h == 1u), bitcast<u32>(f16_at(blk)));
-}
-";
+        }
     }
     let comp = ["x", "y", "z", "w"];
     let mut decl = String::new();
@@ -192,11 +238,88 @@ fn gm_wload(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> vec3<u32> {
     s + &body
 }
 
-/// One weight matrix part of a GEMM dispatch and what it reads.
-pub struct GemmWeights<'a> {
-    pub m: &'a Q4Matrix,
-    /// `GateUp` only: the up matrix, split like `m`.
-    pub up: Option<&'a Q4Matrix>,
+/// The weights of a GEMM: an int4 matrix (`Dense`, `DenseAcc`, `Down`), the gate and up
+/// matrices (`GateUp`, split alike) or an f32 matrix (`DenseF32`: the router).
+#[derive(Clone, Copy)]
+pub enum GemmWeights<'a> {
+    Q4(&'a Q4Matrix),
+    GateUp {
+        gate: &'a Q4Matrix,
+        up: &'a Q4Matrix,
+    },
+    F32(&'a F32Matrix),
+}
+
+impl GemmWeights<'_> {
+    /// `(rows, inputs)`.
+    fn shape(&self) -> (u32, u32) {
+        match self {
+            GemmWeights::Q4(m) | GemmWeights::GateUp { gate: m, .. } => (m.rows, m.cols),
+            GemmWeights::F32(f) => (f.rows, f.cols),
+        }
+    }
+
+    /// Whether these are the weights `form` reads.
+    fn fit(&self, form: GemmForm) -> bool {
+        matches!(
+            (self, form),
+            (
+                GemmWeights::Q4(_),
+                GemmForm::Dense | GemmForm::DenseAcc | GemmForm::Down
+            ) | (GemmWeights::GateUp { .. }, GemmForm::GateUp)
+                | (GemmWeights::F32(_), GemmForm::DenseF32)
+        )
+    }
+
+    /// Per binding part: first row, rows, and the weight bindings.
+    fn parts(&self) -> Result<Vec<(u32, u32, Vec<(u32, wgpu::BindingResource<'_>)>)>> {
+        Ok(match self {
+            GemmWeights::Q4(m) => m
+                .parts
+                .iter()
+                .map(|p| {
+                    let e = vec![
+                        (0, p.qs.as_entire_binding()),
+                        (1, p.scales.as_entire_binding()),
+                    ];
+                    (p.row_start, p.rows, e)
+                })
+                .collect(),
+            GemmWeights::GateUp { gate, up } => {
+                if up.rows != gate.rows
+                    || up.cols != gate.cols
+                    || up.parts.len() != gate.parts.len()
+                    || up
+                        .parts
+                        .iter()
+                        .zip(&gate.parts)
+                        .any(|(u, g)| u.rows != g.rows)
+                {
+                    return Err(GpuError::Shape(
+                        "gemm gate_up: gate and up must have the same shape and parts".into(),
+                    ));
+                }
+                gate.parts
+                    .iter()
+                    .zip(&up.parts)
+                    .map(|(g, u)| {
+                        let e = vec![
+                            (0, g.qs.as_entire_binding()),
+                            (1, g.scales.as_entire_binding()),
+                            (6, u.qs.as_entire_binding()),
+                            (7, u.scales.as_entire_binding()),
+                        ];
+                        (g.row_start, g.rows, e)
+                    })
+                    .collect()
+            }
+            GemmWeights::F32(f) => f
+                .parts
+                .iter()
+                .map(|p| (p.row_start, p.rows, vec![(0, p.w.as_entire_binding())]))
+                .collect(),
+        })
+    }
 }
 
 /// One GEMM to bind.
@@ -241,7 +364,8 @@ impl GemmBinding {
 
 /// GEMM pipelines, compiled on first use per (form, tokens per thread, plan layout).
 pub struct GemmKernel {
-    dense: [[OnceLock<wgpu::ComputePipeline>; 2]; 2],
+    /// `[Dense, DenseAcc, DenseF32][tm 2, 4]`.
+    dense: [[OnceLock<wgpu::ComputePipeline>; 2]; 3],
     expert: std::sync::Mutex<Vec<((GemmForm, u32, PlanLayout), wgpu::ComputePipeline)>>,
 }
 
@@ -272,8 +396,8 @@ impl GemmKernel {
     ) -> Result<wgpu::ComputePipeline> {
         let label = format!("gemm_q4.{form:?}.tm{tm}");
         match (form, plan) {
-            (GemmForm::Dense | GemmForm::DenseAcc, _) => {
-                let slot = &self.dense[(form == GemmForm::DenseAcc) as usize][(tm == 4) as usize];
+            (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => {
+                let slot = &self.dense[form as usize][(tm == 4) as usize];
                 if let Some(p) = slot.get() {
                     return Ok(p.clone());
                 }
@@ -300,8 +424,14 @@ impl GemmKernel {
         if tm != 2 && tm != 4 {
             return Err(GpuError::Shape(format!("gemm: {tm} tokens per thread")));
         }
-        let m = a.w.m;
-        let cols = m.cols as u64;
+        if !a.w.fit(a.form) {
+            return Err(GpuError::Shape(format!(
+                "gemm {:?}: the wrong kind of weights",
+                a.form
+            )));
+        }
+        let (wrows, wcols) = a.w.shape();
+        let cols = wcols as u64;
         if cols == 0 || cols % BLOCK as u64 != 0 {
             return Err(GpuError::Shape(format!(
                 "gemm: {cols} inputs is not a positive multiple of 32"
@@ -317,10 +447,9 @@ impl GemmKernel {
                 .plan
                 .ok_or_else(|| GpuError::Shape(format!("gemm {:?} needs a plan", a.form)))?;
             let n = a.rows_per_expert;
-            if n == 0 || m.rows % n != 0 {
+            if n == 0 || wrows % n != 0 {
                 return Err(GpuError::Shape(format!(
-                    "gemm: {} weight rows are not whole experts of {n}",
-                    m.rows
+                    "gemm: {wrows} weight rows are not whole experts of {n}"
                 )));
             }
             need(buf, (pl.list + a.y_rows) as u64, "plan")?;
@@ -332,7 +461,7 @@ impl GemmKernel {
             }
             (n as u64, Some((buf, pl)))
         } else {
-            (m.rows as u64, None)
+            (wrows as u64, None)
         };
         if (a.y_stride as u64) < out_cols {
             return Err(GpuError::Shape(format!(
@@ -345,55 +474,37 @@ impl GemmKernel {
             return Err(GpuError::Shape("gemm: Y too large for u32 indices".into()));
         }
         need(a.y, y_need, "Y")?;
-        if a.form == GemmForm::GateUp {
-            let up =
-                a.w.up
-                    .ok_or_else(|| GpuError::Shape("gemm gate_up needs the up matrix".into()))?;
-            if up.rows != m.rows
-                || up.cols != m.cols
-                || up.parts.len() != m.parts.len()
-                || up.parts.iter().zip(&m.parts).any(|(u, g)| u.rows != g.rows)
-            {
-                return Err(GpuError::Shape(
-                    "gemm gate_up: gate and up must have the same shape and parts".into(),
-                ));
-            }
-        }
         let pipeline = self.pipeline(ctx, a.form, tm, plan.map(|p| p.1))?;
-        let bpr = m.cols / BLOCK as u32;
-        let mut parts = Vec::with_capacity(m.parts.len());
-        for (pi, part) in m.parts.iter().enumerate() {
+        let bpr = wcols / BLOCK as u32;
+        let wparts = a.w.parts()?;
+        let mut parts = Vec::with_capacity(wparts.len());
+        for (row_start, rows, wentries) in wparts {
             let (n, ycol, e_lo, e_hi) = if expert {
                 let per = a.rows_per_expert;
-                if part.row_start % per != 0 || part.rows % per != 0 {
+                if row_start % per != 0 || rows % per != 0 {
                     return Err(GpuError::Shape(
                         "gemm: a matrix part splits an expert".into(),
                     ));
                 }
-                let lo = part.row_start / per;
-                (per, 0, lo, lo + part.rows / per)
+                let lo = row_start / per;
+                (per, 0, lo, lo + rows / per)
             } else {
-                (part.rows, part.row_start, 0, 0)
+                (rows, row_start, 0, 0)
             };
-            let words = [n, bpr, m.cols / 4, a.y_stride, ycol, e_lo, e_hi, 0];
+            let words = [n, bpr, wcols / 4, a.y_stride, ycol, e_lo, e_hi, 0];
             let params = ctx.uniform("gemm.params", bytemuck::cast_slice(&words))?;
-            let mut entries = vec![
-                (0, part.qs.as_entire_binding()),
-                (1, part.scales.as_entire_binding()),
+            let mut entries = wentries;
+            entries.extend([
                 (2, a.x.as_entire_binding()),
                 (3, a.y.as_entire_binding()),
                 (4, params.as_entire_binding()),
-            ];
+            ]);
             match (plan, a.dims) {
                 (Some((buf, _)), _) => entries.push((8, buf.as_entire_binding())),
                 (None, Some(d)) => entries.push((5, d.as_entire_binding())),
                 (None, None) => {
                     return Err(GpuError::Shape("gemm: a dense form needs dims".into()))
                 }
-            }
-            if let (GemmForm::GateUp, Some(up)) = (a.form, a.w.up) {
-                entries.push((6, up.parts[pi].qs.as_entire_binding()));
-                entries.push((7, up.parts[pi].scales.as_entire_binding()));
             }
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
             let bg = ctx.bind_group_at("gemm_q4", &pipeline, &ids, &res)?;

@@ -47,14 +47,20 @@ fn reference(deq: &[f32], rows: usize, cols: usize, x: &[f32], m: usize) -> (Vec
 fn run_dense(
     ctx: &Context,
     k: &GemmKernel,
-    w: &Q4Matrix,
+    w: GemmWeights<'_>,
     x: &[f32],
     m: usize,
     tm: u32,
     acc: bool,
     init: &[f32],
 ) -> Vec<f32> {
-    let (rows, cols) = (w.rows as usize, w.cols as usize);
+    let (r, c) = w.shape();
+    let (rows, cols) = (r as usize, c as usize);
+    let form = match (w, acc) {
+        (GemmWeights::F32(_), _) => GemmForm::DenseF32,
+        (_, true) => GemmForm::DenseAcc,
+        _ => GemmForm::Dense,
+    };
     let stride = rows + PAD_COLS;
     let xb = ctx.storage_init("x", bytemuck::cast_slice(x)).unwrap();
     let y = ctx.storage_init("y", bytemuck::cast_slice(init)).unwrap();
@@ -63,12 +69,8 @@ fn run_dense(
         .bind(
             ctx,
             &GemmArgs {
-                form: if acc {
-                    GemmForm::DenseAcc
-                } else {
-                    GemmForm::Dense
-                },
-                w: GemmWeights { m: w, up: None },
+                form,
+                w,
                 x: &xb,
                 y: &y,
                 y_stride: stride as u32,
@@ -82,7 +84,7 @@ fn run_dense(
             tm,
         )
         .unwrap();
-    assert_eq!(b.dispatch_count(), w.parts.len());
+    assert_eq!(b.dispatch_count(), w.parts().unwrap().len());
     ctx.run_pass(|p| k.record(p, &b, m as u32)).unwrap();
     ctx.read_f32(&y, (m + PAD_ROWS) * stride).unwrap()
 }
@@ -133,24 +135,21 @@ fn gemm_dense_matches_reference() {
         let wb = rand_q4_0(&mut r, rows, cols);
         let deq = dequant_q4_0(&wb, rows, cols);
         let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        let wf = F32Matrix::upload(&ctx, "wf", rows, cols, &deq).unwrap();
         // X holds PAD_ROWS more tokens than dims.m: they must not be read into Y.
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
         let stride = rows + PAD_COLS;
         for tm in [2, 4] {
             let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
-            let got = run_dense(&ctx, &k, &w, &x, m, tm, false, &init);
-            check(
-                &got,
-                &init,
-                &want,
-                false,
-                rows,
-                m,
-                &format!("dense m {m} [{rows}, {cols}] tm {tm}"),
-            );
+            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, false, &init);
+            let what = format!("dense m {m} [{rows}, {cols}] tm {tm}");
+            check(&got, &init, &want, false, rows, m, &what);
+            // The same weights as an f32 matrix (the router's form).
+            let got = run_dense(&ctx, &k, GemmWeights::F32(&wf), &x, m, tm, false, &init);
+            check(&got, &init, &want, false, rows, m, &format!("f32 {what}"));
             let init = rand_f32(&mut r, (m + PAD_ROWS) * stride, -2.0, 2.0);
-            let got = run_dense(&ctx, &k, &w, &x, m, tm, true, &init);
+            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, true, &init);
             check(
                 &got,
                 &init,
@@ -182,8 +181,12 @@ fn gemm_split_matrix_matches_reference() {
     let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
     let want = reference(&deq, rows, cols, &x, m);
     let init = vec![f32::NAN; (m + PAD_ROWS) * (rows + PAD_COLS)];
-    let got = run_dense(&ctx, &k, &w, &x, m, 4, false, &init);
+    let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, 4, false, &init);
     check(&got, &init, &want, false, rows, m, "split");
+    let wf = F32Matrix::upload(&small, "wf", rows, cols, &deq).unwrap();
+    assert!(wf.parts.len() > 1);
+    let got = run_dense(&ctx, &k, GemmWeights::F32(&wf), &x, m, 2, false, &init);
+    check(&got, &init, &want, false, rows, m, "split f32");
 }
 
 #[test]
@@ -200,7 +203,7 @@ fn gemm_rejects_bad_shapes() {
     let d = dims(&ctx, 4);
     let args = |x_rows: u32, y_rows: u32, stride: u32, with_dims: bool| GemmArgs {
         form: GemmForm::Dense,
-        w: GemmWeights { m: &w, up: None },
+        w: GemmWeights::Q4(&w),
         x: &x,
         y: &y,
         y_stride: stride,

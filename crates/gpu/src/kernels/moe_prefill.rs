@@ -225,10 +225,7 @@ impl MoePrefill {
             ctx,
             &GemmArgs {
                 form: GemmForm::GateUp,
-                w: GemmWeights {
-                    m: gate,
-                    up: Some(up),
-                },
+                w: GemmWeights::GateUp { gate, up },
                 x: xn,
                 y: &self.act,
                 y_stride: d.inter,
@@ -245,7 +242,7 @@ impl MoePrefill {
             ctx,
             &GemmArgs {
                 form: GemmForm::Down,
-                w: GemmWeights { m: down, up: None },
+                w: GemmWeights::Q4(down),
                 x: &self.act,
                 y: &self.dn,
                 y_stride: d.hidden,

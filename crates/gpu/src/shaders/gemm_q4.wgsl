@@ -1,11 +1,12 @@
-// Tiled int4 x f32 GEMM of the batched prefill (gemm.rs): Y[row(m), n] (+)= W[n, :] . X[xrow(m), :]
-// for a tile of BM token rows x 128 weight rows per workgroup. Prepended by the host: `TM` tokens
-// per thread, `BM = 16 TM`, `XV` (TM floats: vec2<f32> or vec4<f32>), the form's tile functions
-// (`gm_tile`, `gm_xrow`, `gm_yrow`, `gm_wload`) and its epilogue lines (//GEMM_STORE), and the
-// per-token accumulator lines (//GEMM_DECL, //GEMM_FMA).
+// Tiled int4 (or f32) x f32 GEMM of the batched prefill (gemm.rs): Y[row(m), n] (+)= W[n, :] .
+// X[xrow(m), :] for a tile of BM token rows x 128 weight rows per workgroup. Prepended by the host:
+// `TM` tokens per thread, `BM = 16 TM`, `XV` (TM floats: vec2<f32> or vec4<f32>), the form's tile
+// functions (`gm_tile`, `gm_xrow`, `gm_yrow`), its weight staging (`WReg`, `gm_wfetch`: a
+// thread's share of one block of 32 inputs into registers; `gm_wstore`: dequantised into `ws`),
+// its epilogue lines (//GEMM_STORE), and the per-token accumulator lines (//GEMM_DECL, //GEMM_FMA).
 //
 // Forms (gemm.rs `GemmForm`): dense (tokens 0..dims.m of X and Y, weight rows of one matrix part,
-// plain or `+=`), gate_up (a MoE tile: the rows of one expert's assignment list, X gathered by
+// plain or `+=`; int4 or f32 weights: the router), gate_up (a MoE tile: the rows of one expert's assignment list, X gathered by
 // token, gate rows in tile columns 0..64 and the same up rows in 64..128, `silu(gate) * up`
 // stored) and down (a MoE tile, X and Y in list order).
 //
@@ -21,8 +22,6 @@
 // weights (f16 scale x (nibble - 8) is exact in f32): the oracle's products up to f32 rounding.
 struct Params { n: u32, bpr: u32, xs4: u32, ys: u32, ycol: u32, e_lo: u32, e_hi: u32, pad: u32 };
 struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
-@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>; // [rows * bpr] nibble blocks
-@group(0) @binding(1) var<storage, read> sc: array<u32>;       // [rows * bpr] f16 scales, 2 per word
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;  // [rows of X, xs4]
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [rows of Y, ys]
 @group(0) @binding(4) var<uniform> p: Params;
@@ -34,11 +33,6 @@ var<workgroup> xs: array<XV, 32u * BM / TM>;
 var<workgroup> ws: array<vec4<f32>, 32u * 32u>;
 
 struct Tile { ok: bool, m0: u32, mend: u32, wrow: u32, list0: u32 };
-
-fn f16_at(i: u32) -> f32 {
-    let v = unpack2x16float(sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
-}
 
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
@@ -58,19 +52,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sr = li % BM;
     let sv = (li / BM) * XPT;
     let xrow = gm_xrow(t, min(t.m0 + sr, t.mend - 1u));
-    // W: tile column nn, words 2 h, 2 h + 1 of the block (elements 8h .. 8h+8 and 16+8h .. 16+8h+8).
+    // W: tile column nn, half h of the block's share (see `gm_wfetch`).
     let nn = li % 128u;
     let h = li / 128u;
     var xr: array<vec4<f32>, XPT>;
-    var wq: vec2<u32>;
-    var wd: f32;
     //GEMM_DECL
     for (var i = 0u; i < XPT; i++) {
         xr[i] = x[xrow * p.xs4 + sv + i];
     }
-    let wl = gm_wload(wid, t, nn, h, 0u);
-    wq = wl.xy;
-    wd = bitcast<f32>(wl.z);
+    var wr = gm_wfetch(wid, t, nn, h, 0u);
     for (var b = 0u; b < p.bpr; b++) {
         // The previous block's math is done with the staging buffers.
         workgroupBarrier();
@@ -82,25 +72,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             xs[((k + 2u) * BM + sr) / TM][sr % TM] = v.z;
             xs[((k + 3u) * BM + sr) / TM][sr % TM] = v.w;
         }
-        for (var j = 0u; j < 2u; j++) {
-            let w = wq[j];
-            let k = 8u * h + 4u * j;
-            for (var c = 0u; c < 4u; c++) {
-                let lo = f32((w >> (8u * c)) & 0xFu) - 8.0;
-                let hi = f32((w >> (8u * c + 4u)) & 0xFu) - 8.0;
-                ws[(k + c) * 32u + nn / 4u][nn % 4u] = wd * lo;
-                ws[(k + c + 16u) * 32u + nn / 4u][nn % 4u] = wd * hi;
-            }
-        }
+        gm_wstore(wr, nn, h);
         workgroupBarrier();
         // The next block's loads overlap this block's math.
         if (b + 1u < p.bpr) {
             for (var i = 0u; i < XPT; i++) {
                 xr[i] = x[xrow * p.xs4 + (b + 1u) * 8u + sv + i];
             }
-            let wn = gm_wload(wid, t, nn, h, b + 1u);
-            wq = wn.xy;
-            wd = bitcast<f32>(wn.z);
+            wr = gm_wfetch(wid, t, nn, h, b + 1u);
         }
         for (var k = 0u; k < 32u; k++) {
             let xv = xs[k * (BM / TM) + ty];
