@@ -209,8 +209,7 @@ fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
             let n0 = wid.x * {cols}u + tx * 4u;
 "
         );
-        for j in 0..4 {
-            let cj = comp[j];
+        for (j, cj) in comp.iter().enumerate() {
             store += &match form {
                 GemmForm::GateUp => format!(
                     "            if (n0 + {j}u < p.n) {{ y[yb + n0 + {j}u] = silu(a{i}l.{cj}) * a{i}h.{cj}; }}\n"
@@ -237,6 +236,12 @@ fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
         .replace("    //GEMM_STORE\n", &store);
     s + &body
 }
+
+/// One binding part of a GEMM's weights: first row, rows, and its `(binding, resource)`s.
+type WeightPart<'a> = (u32, u32, Vec<(u32, wgpu::BindingResource<'a>)>);
+
+/// Compiled expert-form pipelines by (form, tokens per thread, plan layout).
+type ExpertPipes = Vec<((GemmForm, u32, PlanLayout), wgpu::ComputePipeline)>;
 
 /// The weights of a GEMM: an int4 matrix (`Dense`, `DenseAcc`, `Down`), the gate and up
 /// matrices (`GateUp`, split alike) or an f32 matrix (`DenseF32`: the router).
@@ -272,7 +277,7 @@ impl GemmWeights<'_> {
     }
 
     /// Per binding part: first row, rows, and the weight bindings.
-    fn parts(&self) -> Result<Vec<(u32, u32, Vec<(u32, wgpu::BindingResource<'_>)>)>> {
+    fn parts(&self) -> Result<Vec<WeightPart<'_>>> {
         Ok(match self {
             GemmWeights::Q4(m) => m
                 .parts
@@ -366,7 +371,7 @@ impl GemmBinding {
 pub struct GemmKernel {
     /// `[Dense, DenseAcc, DenseF32][tm 2, 4]`.
     dense: [[OnceLock<wgpu::ComputePipeline>; 2]; 3],
-    expert: std::sync::Mutex<Vec<((GemmForm, u32, PlanLayout), wgpu::ComputePipeline)>>,
+    expert: std::sync::Mutex<ExpertPipes>,
 }
 
 impl GemmKernel {
