@@ -41,8 +41,16 @@ use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
 use nibble_backend::OpTime;
 
-/// Prompt tokens per chunk by default (llama.cpp's default micro-batch is 512 too).
-pub const DEFAULT_CHUNK: u32 = 512;
+/// Prompt tokens per chunk by default. Longer chunks give each expert more tokens per weight
+/// tile: on the H200 a 2048-token prompt ran at 1217 / 1535 / 1729 tok/s with chunks of 512 /
+/// 1024 / 2048 (docs/BENCHMARKS.md run 81). [`PrefillPlan::new`] shortens it when the buffers
+/// would pass [`CHUNK_BUDGET`].
+pub const DEFAULT_CHUNK: u32 = 2048;
+
+/// Most bytes the chunk-sized buffers may take (one binding must also hold each): the attention
+/// partials grow with the context (`[chunk, Hq, ctx / chunk length, D]`), the MoE rows with
+/// `K` (`[chunk K, H]`).
+pub const CHUNK_BUDGET: u64 = 512 << 20;
 
 /// Dense GEMMs take 64-token tiles from this many tokens on (fewer: 32-token tiles, so a short
 /// chunk still spreads over more workgroups).
@@ -134,13 +142,23 @@ impl PrefillPlan {
             cfg.vocab_size,
         );
         let eps = cfg.rms_norm_eps;
-        let t = chunk as usize;
-        let f32s = |label: &str, n: usize| ctx.storage(label, (t * n) as u64 * 4);
+        let ap = AttentionParams::from_config(cfg, context_len)?;
         // Every token of the chunk is a column of its own: the sequence needs no split for
         // parallelism, so the fewest chunks (as long as shared memory allows) keep the
         // partials small.
-        let ap = AttentionParams::from_config(cfg, context_len)?;
         let attn_k = AttentionKernel::with_split(ctx, ap, Some((1, u32::MAX)))?.with_combine(merge);
+        let chunk = fit_chunk(
+            chunk,
+            CHUNK_BUDGET.min(ctx.max_binding_bytes()),
+            &[
+                attn_k.scratch_bytes_per_column(),
+                (k * h * 4) as u64,
+                (k * i * 4) as u64,
+                ((q + 2 * kv) * 4) as u64,
+            ],
+        );
+        let t = chunk as usize;
+        let f32s = |label: &str, n: usize| ctx.storage(label, (t * n) as u64 * 4);
         let state = RunState::default().buffer(ctx)?;
         let cols = ctx.storage(
             "p.cols",
@@ -406,7 +424,8 @@ impl PrefillPlan {
             mark(pass, "o gemm +=");
             self.norm_k.record(pass, &l.ffn_norm, n);
             mark(pass, "ffn norm");
-            self.gemm.record(pass, &l.router[tall], n);
+            // E = 128 outputs are one tile column: the 32-token tiles give twice the workgroups.
+            self.gemm.record(pass, &l.router[0], n);
             mark(pass, "router gemm");
             self.moe.record_marked(pass, &self.gemm, &l.moe, n, mark);
         }
@@ -494,5 +513,23 @@ impl PrefillPlan {
             }
         }
         Ok(Some(out))
+    }
+}
+
+/// The longest chunk up to `want` whose buffers of `per_token` bytes per token each stay within
+/// `budget` (at least one token).
+fn fit_chunk(want: u32, budget: u64, per_token: &[u64]) -> u32 {
+    let most = per_token.iter().max().copied().unwrap_or(1).max(1);
+    want.min((budget / most).clamp(1, u32::MAX as u64) as u32)
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    #[test]
+    fn fit_chunk_keeps_every_buffer_in_the_budget() {
+        assert_eq!(super::fit_chunk(2048, 512 << 20, &[4 << 10, 64 << 10]), 2048);
+        // 1 MiB per token: 512 tokens fit 512 MiB.
+        assert_eq!(super::fit_chunk(2048, 512 << 20, &[1 << 20, 8]), 512);
+        assert_eq!(super::fit_chunk(100, 10, &[1 << 20]), 1);
     }
 }

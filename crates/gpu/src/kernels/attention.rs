@@ -507,6 +507,12 @@ impl AttentionKernel {
         self.split
     }
 
+    /// Bytes of one column's partials ([`Self::scratch_cols`] holds `columns` of them).
+    pub fn scratch_bytes_per_column(&self) -> u64 {
+        let p = &self.params;
+        p.heads as u64 * self.split.slots() as u64 * (p.head_dim as u64 + 2) * 4 + p.kv_heads as u64 * 4
+    }
+
     /// Partial buffers sized for the whole cache.
     pub fn scratch(&self, ctx: &Context) -> Result<AttentionScratch> {
         self.scratch_for(ctx, 1)
