@@ -7,9 +7,10 @@
 //! One chunk, one command buffer, per layer (`T` = tokens in the chunk, buffers `[chunk, ...]`):
 //! 1. `xn = rmsnorm(h) * attn_norm` (one workgroup per token);
 //! 2. `qkv = Wqkv xn` (dense GEMM);
-//! 3. attention over the columns in prefill mode (attention_cols.rs): every token's roped k and v
-//!    written into its cache row first, then each token attends causally over the cache (rows of
-//!    earlier chunks included), one column per token in the grid's z;
+//! 3. attention: every token's roped k and v written into its cache row first (the column
+//!    attention's KV write), then the query-tile kernel (kernels/attention_prefill.rs: a block
+//!    of tokens x the q heads of a kv head per workgroup, causal over the cache, rows of earlier
+//!    chunks included); shapes it does not take use the column attention (one column per token);
 //! 4. `h += Wo att` (dense GEMM, `+=`);
 //! 5. `xn = rmsnorm(h) * ffn_norm`, then the router logits `Wr xn` (the f32 GEMM);
 //! 6. the MoE (route, plan, gate/up GEMM, down GEMM, combine into `h`).
@@ -28,7 +29,10 @@ use crate::columns::{Col, MAX_COLUMNS};
 use crate::context::{Context, Result as GpuResult};
 use crate::kernels::attention::{
     AttentionColsBinding, AttentionColsBuffers, AttentionKernel, AttentionParams, AttentionScratch,
-    ColumnMode, Combine,
+    ColumnMode, Combine, KvWriteBinding,
+};
+use crate::kernels::attention_prefill::{
+    AttentionPrefillBinding, AttentionPrefillBuffers, AttentionPrefillKernel,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::gemm::{GemmArgs, GemmBinding, GemmForm, GemmKernel, GemmWeights};
@@ -60,13 +64,20 @@ struct Layer {
     norm: RmsNormRowsBinding,
     qkv: [GemmBinding; 2],
     /// The main sequence's cache (the decode plan's).
-    attn: AttentionColsBinding,
+    attn: Attn,
     /// The multi-stream caches, once bound ([`PrefillPlan::bind_streams`]).
-    attn_streams: Option<AttentionColsBinding>,
+    attn_streams: Option<Attn>,
     o: [GemmBinding; 2],
     ffn_norm: RmsNormRowsBinding,
     router: [GemmBinding; 2],
     moe: MoePrefillLayer,
+}
+
+/// One layer's attention over one cache: the query-tile kernel after the KV write (the
+/// default), or the column attention where the tile kernel does not take the shapes.
+enum Attn {
+    Tiles(KvWriteBinding, AttentionPrefillBinding),
+    Columns(AttentionColsBinding),
 }
 
 /// Which KV caches a prefill writes.
@@ -88,6 +99,8 @@ pub struct PrefillPlan {
     norm_k: RmsNormRowsKernel,
     embed_k: EmbedKernel,
     attn_k: AttentionKernel,
+    /// The query-tile attention; `None`: the column attention (shapes it does not take).
+    tiles_k: Option<AttentionPrefillKernel>,
     matmul: MatmulKernel,
     moe: MoePrefill,
     embed: EmbedBinding,
@@ -107,7 +120,8 @@ pub struct PrefillPlan {
     state: wgpu::Buffer,
     /// xn `[chunk, H]`, qkv `[chunk, Q + 2 KV]`, att `[chunk, Q]`, router logits `[chunk, E]`.
     keep: Vec<wgpu::Buffer>,
-    scratch: AttentionScratch,
+    /// The column attention's partials (only without the tile kernel).
+    scratch: Option<AttentionScratch>,
     /// Multi-stream KV slots bound, 0 before [`Self::bind_streams`].
     stream_slots: u32,
 }
@@ -147,11 +161,20 @@ impl PrefillPlan {
         // parallelism, so the fewest chunks (as long as shared memory allows) keep the
         // partials small.
         let attn_k = AttentionKernel::with_split(ctx, ap, Some((1, u32::MAX)))?.with_combine(merge);
+        let tiles_k = if AttentionPrefillKernel::supports(&ap) {
+            Some(AttentionPrefillKernel::new(ctx, ap)?)
+        } else {
+            None
+        };
         let chunk = fit_chunk(
             chunk,
             CHUNK_BUDGET.min(ctx.max_binding_bytes()),
             &[
-                attn_k.scratch_bytes_per_column(),
+                if tiles_k.is_some() {
+                    0
+                } else {
+                    attn_k.scratch_bytes_per_column()
+                },
                 (k * h * 4) as u64,
                 (k * i * 4) as u64,
                 ((q + 2 * kv) * 4) as u64,
@@ -173,7 +196,10 @@ impl PrefillPlan {
         let hlast = ctx.storage("p.hlast", h as u64 * 4)?;
         let logits = ctx.storage("p.logits", v as u64 * 4)?;
         let logits_rb = ctx.readback_buffer("p.logits.readback", v as u64 * 4);
-        let scratch = attn_k.scratch_cols(ctx, chunk)?;
+        let scratch = match tiles_k {
+            Some(_) => None,
+            None => Some(attn_k.scratch_cols(ctx, chunk)?),
+        };
         let gemm = GemmKernel::new(ctx)?;
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
         let embed_k = EmbedKernel::new(ctx)?;
@@ -227,8 +253,9 @@ impl PrefillPlan {
             layers.push(Layer {
                 norm: norm_k.bind(ctx, &hb, &lw.attn_norm, &xn, chunk, &dims)?,
                 qkv: dense(GemmWeights::Q4(wqkv), &xn, &qkv, q + 2 * kv, false)?,
-                attn: attn_k.bind_cols(
+                attn: bind_attn(
                     ctx,
+                    (&attn_k, tiles_k.as_ref(), scratch.as_ref()),
                     &AttentionColsBuffers {
                         state: &state,
                         cols: &cols,
@@ -242,7 +269,7 @@ impl PrefillPlan {
                         slots: 1,
                         mode: ColumnMode::Prefill,
                     },
-                    &scratch,
+                    &dims,
                 )?,
                 attn_streams: None,
                 o: dense(GemmWeights::Q4(wo), &att, &hb, h, true)?,
@@ -279,6 +306,7 @@ impl PrefillPlan {
             norm_k,
             embed_k,
             attn_k,
+            tiles_k,
             matmul,
             moe,
             embed,
@@ -315,8 +343,9 @@ impl PrefillPlan {
             unreachable!("keep holds xn, qkv, att, router logits")
         };
         for (l, (layer, lw)) in self.layers.iter_mut().zip(&w.layers).enumerate() {
-            layer.attn_streams = Some(self.attn_k.bind_cols(
+            layer.attn_streams = Some(bind_attn(
                 &self.ctx,
+                (&self.attn_k, self.tiles_k.as_ref(), self.scratch.as_ref()),
                 &AttentionColsBuffers {
                     state: &self.state,
                     cols: &self.cols,
@@ -330,7 +359,7 @@ impl PrefillPlan {
                     slots,
                     mode: ColumnMode::Prefill,
                 },
-                &self.scratch,
+                &self.dims,
             )?);
         }
         self.stream_slots = slots;
@@ -418,7 +447,16 @@ impl PrefillPlan {
                     .as_ref()
                     .expect("prefill() checked the stream slots are bound"),
             };
-            self.attn_k.record_cols(pass, attn, pos_bound, n)?;
+            match attn {
+                Attn::Tiles(write, attend) => {
+                    self.attn_k.record_kv_write(pass, write, n)?;
+                    self.tiles_k
+                        .as_ref()
+                        .expect("tile bindings come from the tile kernel")
+                        .record(pass, attend, n);
+                }
+                Attn::Columns(b) => self.attn_k.record_cols(pass, b, pos_bound, n)?,
+            }
             mark(pass, "attention (kv write + attend)");
             self.gemm.record(pass, &l.o[tall], n);
             mark(pass, "o gemm +=");
@@ -516,6 +554,41 @@ impl PrefillPlan {
     }
 }
 
+/// One layer's attention over the cache in `b`: the KV write and the query-tile kernel when
+/// there is one, else the column attention with `scratch`.
+fn bind_attn(
+    ctx: &Context,
+    (attn_k, tiles_k, scratch): (
+        &AttentionKernel,
+        Option<&AttentionPrefillKernel>,
+        Option<&AttentionScratch>,
+    ),
+    b: &AttentionColsBuffers<'_>,
+    dims: &wgpu::Buffer,
+) -> Result<Attn> {
+    Ok(match (tiles_k, scratch) {
+        (Some(t), _) => Attn::Tiles(
+            attn_k.bind_kv_write(ctx, b)?,
+            t.bind(
+                ctx,
+                &AttentionPrefillBuffers {
+                    qkv: b.qkv,
+                    q_norm: b.q_norm,
+                    k_cache: b.k_cache,
+                    v_cache: b.v_cache,
+                    out: b.out,
+                    cols: b.cols,
+                    dims,
+                    tokens: b.columns,
+                    slots: b.slots,
+                },
+            )?,
+        ),
+        (None, Some(sc)) => Attn::Columns(attn_k.bind_cols(ctx, b, sc)?),
+        (None, None) => bail!("the column attention needs its partials"),
+    })
+}
+
 /// The longest chunk up to `want` whose buffers of `per_token` bytes per token each stay within
 /// `budget` (at least one token).
 fn fit_chunk(want: u32, budget: u64, per_token: &[u64]) -> u32 {
@@ -527,7 +600,10 @@ fn fit_chunk(want: u32, budget: u64, per_token: &[u64]) -> u32 {
 mod chunk_tests {
     #[test]
     fn fit_chunk_keeps_every_buffer_in_the_budget() {
-        assert_eq!(super::fit_chunk(2048, 512 << 20, &[4 << 10, 64 << 10]), 2048);
+        assert_eq!(
+            super::fit_chunk(2048, 512 << 20, &[4 << 10, 64 << 10]),
+            2048
+        );
         // 1 MiB per token: 512 tokens fit 512 MiB.
         assert_eq!(super::fit_chunk(2048, 512 << 20, &[1 << 20, 8]), 512);
         assert_eq!(super::fit_chunk(100, 10, &[1 << 20]), 1);

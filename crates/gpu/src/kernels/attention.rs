@@ -208,7 +208,7 @@ impl AttentionParams {
         self.ctx.div_ceil(self.chunk)
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(GpuError::Shape(format!("attention {self:?}: {m}")));
         if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
             return bad("heads must be a positive multiple of kv_heads".into());
@@ -510,7 +510,8 @@ impl AttentionKernel {
     /// Bytes of one column's partials ([`Self::scratch_cols`] holds `columns` of them).
     pub fn scratch_bytes_per_column(&self) -> u64 {
         let p = &self.params;
-        p.heads as u64 * self.split.slots() as u64 * (p.head_dim as u64 + 2) * 4 + p.kv_heads as u64 * 4
+        p.heads as u64 * self.split.slots() as u64 * (p.head_dim as u64 + 2) * 4
+            + p.kv_heads as u64 * 4
     }
 
     /// Partial buffers sized for the whole cache.
@@ -763,7 +764,7 @@ pub use reference::{attention_ref, rope_ref};
 
 #[path = "attention_cols.rs"]
 mod cols;
-pub use cols::{AttentionColsBinding, AttentionColsBuffers, ColumnMode};
+pub use cols::{AttentionColsBinding, AttentionColsBuffers, ColumnMode, KvWriteBinding};
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]

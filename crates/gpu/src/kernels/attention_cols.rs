@@ -76,6 +76,14 @@ pub struct AttentionColsBuffers<'a> {
     pub mode: ColumnMode,
 }
 
+/// The prefill mode's KV write on its own ([`AttentionKernel::bind_kv_write`]).
+#[derive(Debug)]
+pub struct KvWriteBinding {
+    pipe: wgpu::ComputePipeline,
+    bg: wgpu::BindGroup,
+    columns: u32,
+}
+
 /// Bind groups of one layer's multi-column attention, created once.
 #[derive(Debug)]
 pub struct AttentionColsBinding {
@@ -316,6 +324,90 @@ impl AttentionKernel {
         pass.set_pipeline(&b.pipes.combine);
         pass.set_bind_group(0, &b.combine, &[]);
         pass.dispatch_workgroups(p.heads, 1, nb);
+        Ok(())
+    }
+
+    /// The prefill mode's KV write alone (no partials, no output): what the GEMM prefill's
+    /// query-tile attention (attention_prefill.rs) needs in the cache before it reads it.
+    /// `b.mode` must be [`ColumnMode::Prefill`]; `b.out` is not bound.
+    pub fn bind_kv_write(
+        &self,
+        ctx: &Context,
+        b: &AttentionColsBuffers<'_>,
+    ) -> Result<KvWriteBinding> {
+        let p = &self.params;
+        check_columns(b.columns, "kv write")?;
+        if b.mode != ColumnMode::Prefill {
+            return Err(GpuError::Shape(
+                "attention kv write: needs the prefill mode".into(),
+            ));
+        }
+        let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
+        let cache = b.slots as u64 * p.ctx as u64 * hkv * d;
+        if b.slots == 0 || cache >= 1 << 31 {
+            return Err(GpuError::Shape(format!(
+                "attention kv write: {} slots x {} rows",
+                b.slots, p.ctx
+            )));
+        }
+        let col_words = (MAX_COLUMNS.max(b.columns as usize)
+            * std::mem::size_of::<crate::columns::Col>()
+            / 4) as u64;
+        need(b.state, 4, "state")?;
+        need(b.cols, col_words, "cols")?;
+        need(b.qkv, b.columns as u64 * (hq + 2 * hkv) * d, "qkv")?;
+        need(b.q_norm, d, "q_norm")?;
+        need(b.k_norm, d, "k_norm")?;
+        need(b.k_cache, cache, "k_cache")?;
+        need(b.v_cache, cache, "v_cache")?;
+        let pipes = self.cols_pipelines(ctx, ColumnMode::Prefill)?;
+        let pipe = pipes
+            .kv_write
+            .ok_or_else(|| GpuError::Shape("attention kv write: no pipeline".into()))?;
+        let params = ctx.uniform(
+            "attention.cols_params",
+            bytemuck::cast_slice(&[b.slots, 0, 0, 0]),
+        )?;
+        let res = [
+            whole(b.state),
+            whole(b.qkv),
+            whole(b.q_norm),
+            whole(b.k_norm),
+            whole(&self.inv_freq),
+            whole(b.k_cache),
+            whole(b.v_cache),
+            whole(b.cols),
+            whole(&params),
+        ];
+        let bg = ctx.bind_group_at(
+            "attention.kv_write_cols",
+            &pipe,
+            &[0, 1, 2, 3, 4, 5, 6, 10, 11],
+            &res,
+        )?;
+        Ok(KvWriteBinding {
+            pipe,
+            bg,
+            columns: b.columns,
+        })
+    }
+
+    /// Record [`Self::bind_kv_write`]'s dispatch over columns `0..nb`.
+    pub fn record_kv_write(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        b: &KvWriteBinding,
+        nb: u32,
+    ) -> Result<()> {
+        if nb == 0 || nb > b.columns {
+            return Err(GpuError::Shape(format!(
+                "attention kv write of {nb} columns, binding holds 1..={}",
+                b.columns
+            )));
+        }
+        pass.set_pipeline(&b.pipe);
+        pass.set_bind_group(0, &b.bg, &[]);
+        pass.dispatch_workgroups(1, self.params.kv_heads, nb);
         Ok(())
     }
 

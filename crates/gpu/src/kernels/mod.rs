@@ -4,6 +4,7 @@
 pub mod advance;
 pub mod argmax;
 pub mod attention;
+pub mod attention_prefill;
 #[cfg(test)]
 mod cols_tests;
 pub mod embed;

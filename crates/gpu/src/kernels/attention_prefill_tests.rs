@@ -1,0 +1,170 @@
+//! Lavapipe tests of the query-tile prefill attention: after the column attention's KV write,
+//! every token's output against the scalar references (`rope_ref` for q, `attention_ref` over
+//! the cache the write left), for Qwen3's group of 8 and other groups, a chunk that is not a
+//! whole number of query tiles, tokens deep into a cache holding earlier rows, K/V tiles cut
+//! short, and a slot other than 0 (the other slots untouched).
+
+use super::*;
+use crate::columns::{self, Col};
+use crate::kernels::attention::{
+    attention_ref, rope_ref, AttentionColsBuffers, AttentionKernel, ColumnMode,
+};
+use crate::state::RunState;
+use crate::testing::{assert_close, gpu, rand_f32, rng};
+
+fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32) -> AttentionParams {
+    AttentionParams {
+        heads,
+        kv_heads,
+        head_dim,
+        ctx,
+        chunk: 16,
+        rope_theta: 1_000_000.0,
+        eps: 1e-6,
+    }
+}
+
+/// `t` tokens at positions `p0..` of `slot` (of `slots`) through the KV write and the kernel;
+/// checks every output row and that the cache outside the written rows is unchanged.
+fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u32, seed: u64) {
+    let mut r = rng(seed);
+    let d = p.head_dim as usize;
+    let (hq, hkv) = (p.heads as usize, p.kv_heads as usize);
+    let w = (hq + 2 * hkv) * d;
+    let cache_len = slots as usize * p.ctx as usize * hkv * d;
+    let qkv = rand_f32(&mut r, t as usize * w, -2.0, 2.0);
+    let q_norm = rand_f32(&mut r, d, 0.5, 1.5);
+    let k_norm = rand_f32(&mut r, d, 0.5, 1.5);
+    let kc0 = rand_f32(&mut r, cache_len, -1.5, 1.5);
+    let vc0 = rand_f32(&mut r, cache_len, -1.0, 1.0);
+    let f = |label: &str, v: &[f32]| ctx.storage_init(label, bytemuck::cast_slice(v)).unwrap();
+    let (qb, qn, kn) = (f("qkv", &qkv), f("q_norm", &q_norm), f("k_norm", &k_norm));
+    let (kc, vc) = (f("k_cache", &kc0), f("v_cache", &vc0));
+    let out = f("out", &vec![f32::NAN; t as usize * hq * d]);
+    let cs: Vec<Col> = (0..t).map(|j| Col::active(5 + j, p0 + j, slot)).collect();
+    let cols = ctx
+        .storage(
+            "cols",
+            (t.max(8) as usize * std::mem::size_of::<Col>()) as u64,
+        )
+        .unwrap();
+    ctx.write(&cols, 0, bytemuck::cast_slice(&cs));
+    let dims = ctx
+        .uniform("dims", bytemuck::cast_slice(&[t, 0, 0, 0]))
+        .unwrap();
+    let state = RunState::default().buffer(ctx).unwrap();
+    let ak = AttentionKernel::new(ctx, p).unwrap();
+    let write = ak
+        .bind_kv_write(
+            ctx,
+            &AttentionColsBuffers {
+                state: &state,
+                cols: &cols,
+                qkv: &qb,
+                q_norm: &qn,
+                k_norm: &kn,
+                k_cache: &kc,
+                v_cache: &vc,
+                out: &out,
+                columns: t,
+                slots,
+                mode: ColumnMode::Prefill,
+            },
+        )
+        .unwrap();
+    let k = AttentionPrefillKernel::new(ctx, p).unwrap();
+    let b = k
+        .bind(
+            ctx,
+            &AttentionPrefillBuffers {
+                qkv: &qb,
+                q_norm: &qn,
+                k_cache: &kc,
+                v_cache: &vc,
+                out: &out,
+                cols: &cols,
+                dims: &dims,
+                tokens: t,
+                slots,
+            },
+        )
+        .unwrap();
+    ctx.run_pass(|pass| {
+        ak.record_kv_write(pass, &write, t).unwrap();
+        k.record(pass, &b, t);
+    })
+    .unwrap();
+    let got = ctx.read_f32(&out, t as usize * hq * d).unwrap();
+    let kcg = ctx.read_f32(&kc, cache_len).unwrap();
+    let vcg = ctx.read_f32(&vc, cache_len).unwrap();
+    let what = format!("{p:?} slot {slot}/{slots} p0 {p0} t {t}");
+    let row_w = hkv * d;
+    let slot_len = p.ctx as usize * row_w;
+    let s0 = slot as usize * slot_len;
+    // Only rows p0..p0+t of the slot were written.
+    for (name, got_c, orig) in [("k", &kcg, &kc0), ("v", &vcg, &vc0)] {
+        let (a, z) = (s0 + p0 as usize * row_w, s0 + (p0 + t) as usize * row_w);
+        assert_eq!(got_c[..a], orig[..a], "{what}: {name} rows before");
+        assert_eq!(got_c[z..], orig[z..], "{what}: {name} rows after");
+    }
+    let (ks, vs) = (&kcg[s0..s0 + slot_len], &vcg[s0..s0 + slot_len]);
+    for j in 0..t as usize {
+        let pos = p0 + j as u32;
+        let (q, _) = rope_ref(&p, &qkv[j * w..(j + 1) * w], &q_norm, &k_norm, pos);
+        let want = attention_ref(&p, &q, ks, vs, pos);
+        assert_close(
+            &got[j * hq * d..(j + 1) * hq * d],
+            &want,
+            2e-5,
+            1e-4,
+            &format!("{what}: token {j}"),
+        );
+    }
+}
+
+#[test]
+fn attention_prefill_matches_reference() {
+    let Some(ctx) = gpu("attention_prefill_matches_reference") else {
+        return;
+    };
+    // Qwen3's group of 8 at D = 128 (8 tokens per tile): one tile from position 0; a chunk of 13
+    // tokens (a tile and a partial one) deep in a 2-slot cache, in slot 1.
+    let q = params(16, 2, 128, 80);
+    check(&ctx, q, 1, 0, 0, 8, 501);
+    check(&ctx, q, 2, 1, 50, 13, 502);
+    // The tiny model's shape (G = 2, D = 32: 32 tokens per tile), 40 tokens from position 7.
+    let tiny = params(4, 2, 32, 64);
+    check(&ctx, tiny, 1, 0, 7, 40, 503);
+    // G = 1 at D = 16 (64 tokens per tile), G = 4 at D = 64.
+    check(&ctx, params(3, 3, 16, 100), 3, 2, 20, 70, 504);
+    check(&ctx, params(8, 2, 64, 48), 1, 0, 1, 45, 505);
+}
+
+#[test]
+fn attention_prefill_rejects_what_it_cannot_take() {
+    let Some(ctx) = gpu("attention_prefill_rejects_what_it_cannot_take") else {
+        return;
+    };
+    // G = 3 does not divide 64; D = 20 is not a multiple of 16.
+    for p in [params(6, 2, 32, 16), params(2, 1, 20, 16)] {
+        assert!(!AttentionPrefillKernel::supports(&p));
+        assert!(AttentionPrefillKernel::new(&ctx, p).is_err());
+    }
+    let p = params(4, 2, 32, 16);
+    let k = AttentionPrefillKernel::new(&ctx, p).unwrap();
+    let small = ctx.storage("small", 16).unwrap();
+    let dims = ctx.uniform("dims", &[0u8; 16]).unwrap();
+    let cols = columns::buffer(&ctx, &[]).unwrap();
+    let b = AttentionPrefillBuffers {
+        qkv: &small,
+        q_norm: &small,
+        k_cache: &small,
+        v_cache: &small,
+        out: &small,
+        cols: &cols,
+        dims: &dims,
+        tokens: 2,
+        slots: 1,
+    };
+    assert!(k.bind(&ctx, &b).is_err(), "buffers too small were accepted");
+}
