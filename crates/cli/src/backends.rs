@@ -63,6 +63,10 @@ pub struct BackendArgs {
     /// dispatch, for comparisons).
     #[arg(long, default_value_t = nibble_gpu::prefill::DEFAULT_CHUNK)]
     pub prefill_chunk: u32,
+    /// GPU: the GEMM prefill's attention as query tiles (a block of tokens per workgroup)
+    /// instead of one column per token (for comparisons; slower on the H200 so far).
+    #[arg(long)]
+    pub prefill_query_tiles: bool,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -86,6 +90,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
             .then_some(nibble_gpu::kernels::attention::Combine::Dispatch),
         tune: args.tune.unwrap_or_default(),
         prefill_chunk: args.prefill_chunk,
+        prefill_query_tiles: args.prefill_query_tiles,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

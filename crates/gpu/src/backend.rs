@@ -70,6 +70,9 @@ pub struct GpuOptions {
     /// Prompt tokens per chunk of the GEMM prefill (`prefill.rs`); 0 keeps the column prefill
     /// (8 tokens per dispatch), for comparisons.
     pub prefill_chunk: u32,
+    /// The GEMM prefill's attention as query tiles (kernels/attention_prefill.rs) instead of one
+    /// column per token; off by default: slower on the H200 (docs/BENCHMARKS.md run 82).
+    pub prefill_query_tiles: bool,
 }
 
 impl Default for GpuOptions {
@@ -87,6 +90,7 @@ impl Default for GpuOptions {
             attention_combine: None,
             tune: crate::tune::Tune::default(),
             prefill_chunk: crate::prefill::DEFAULT_CHUNK,
+            prefill_query_tiles: false,
         }
     }
 }
@@ -247,7 +251,7 @@ impl GpuBackend {
                 ctx,
                 &plan.weights,
                 opts.context_len,
-                opts.prefill_chunk,
+                (opts.prefill_chunk, opts.prefill_query_tiles),
                 merge,
                 plan.kv_caches(),
             )?;

@@ -7,10 +7,11 @@
 //! One chunk, one command buffer, per layer (`T` = tokens in the chunk, buffers `[chunk, ...]`):
 //! 1. `xn = rmsnorm(h) * attn_norm` (one workgroup per token);
 //! 2. `qkv = Wqkv xn` (dense GEMM);
-//! 3. attention: every token's roped k and v written into its cache row first (the column
-//!    attention's KV write), then the query-tile kernel (kernels/attention_prefill.rs: a block
-//!    of tokens x the q heads of a kv head per workgroup, causal over the cache, rows of earlier
-//!    chunks included); shapes it does not take use the column attention (one column per token);
+//! 3. attention over the columns in prefill mode (attention_cols.rs): every token's roped k and v
+//!    written into its cache row first, then each token attends causally over the cache (rows of
+//!    earlier chunks included), one column per token in the grid's z. With
+//!    `GpuOptions::prefill_query_tiles` the KV write is followed by the query-tile kernel
+//!    instead (kernels/attention_prefill.rs; correct, but slower on the H200: run 82);
 //! 4. `h += Wo att` (dense GEMM, `+=`);
 //! 5. `xn = rmsnorm(h) * ffn_norm`, then the router logits `Wr xn` (the f32 GEMM);
 //! 6. the MoE (route, plan, gate/up GEMM, down GEMM, combine into `h`).
@@ -73,8 +74,8 @@ struct Layer {
     moe: MoePrefillLayer,
 }
 
-/// One layer's attention over one cache: the query-tile kernel after the KV write (the
-/// default), or the column attention where the tile kernel does not take the shapes.
+/// One layer's attention over one cache: the column attention (the default), or the KV write
+/// and the query-tile kernel (`GpuOptions::prefill_query_tiles`, where it takes the shapes).
 enum Attn {
     Tiles(KvWriteBinding, AttentionPrefillBinding),
     Columns(AttentionColsBinding),
@@ -99,7 +100,7 @@ pub struct PrefillPlan {
     norm_k: RmsNormRowsKernel,
     embed_k: EmbedKernel,
     attn_k: AttentionKernel,
-    /// The query-tile attention; `None`: the column attention (shapes it does not take).
+    /// The query-tile attention when asked for and the shapes allow; `None`: the column attention.
     tiles_k: Option<AttentionPrefillKernel>,
     matmul: MatmulKernel,
     moe: MoePrefill,
@@ -133,7 +134,7 @@ impl PrefillPlan {
         ctx: &Context,
         w: &GpuWeights,
         context_len: usize,
-        chunk: u32,
+        (chunk, query_tiles): (u32, bool),
         merge: Combine,
         (k_cache, v_cache): (&[wgpu::Buffer], &[wgpu::Buffer]),
     ) -> Result<PrefillPlan> {
@@ -161,7 +162,7 @@ impl PrefillPlan {
         // parallelism, so the fewest chunks (as long as shared memory allows) keep the
         // partials small.
         let attn_k = AttentionKernel::with_split(ctx, ap, Some((1, u32::MAX)))?.with_combine(merge);
-        let tiles_k = if AttentionPrefillKernel::supports(&ap) {
+        let tiles_k = if query_tiles && AttentionPrefillKernel::supports(&ap) {
             Some(AttentionPrefillKernel::new(ctx, ap)?)
         } else {
             None

@@ -17,6 +17,13 @@ fn opts(prefill_chunk: u32, streams: usize) -> GpuOptions {
     }
 }
 
+fn tiles(o: GpuOptions) -> GpuOptions {
+    GpuOptions {
+        prefill_query_tiles: true,
+        ..o
+    }
+}
+
 fn prompt(len: usize, seed: u32) -> Vec<u32> {
     (0..len as u32)
         .map(|i| (i * 131 + seed * 17 + 3) % 512)
@@ -31,8 +38,13 @@ fn gemm_prefill_matches_the_oracle_and_the_column_prefill() {
     let m = model_with_vocab(14, false, 512);
     let mut columns = GpuBackend::with_context(&ctx, m.as_ref(), opts(0, 0)).unwrap();
     assert!(columns.prefill_summary().starts_with("column prefill"));
-    for chunk in [16u32, 512] {
-        let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(chunk, 0)).unwrap();
+    // The column attention (default) in many chunks and in one; the query tiles in many.
+    for (chunk, o) in [
+        (16u32, opts(16, 0)),
+        (512, opts(512, 0)),
+        (16, tiles(opts(16, 0))),
+    ] {
+        let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
         assert!(
             gb.describe()
                 .contains(&format!("GEMM prefill, chunks of up to {chunk} tokens")),
@@ -92,7 +104,17 @@ fn gemm_prefill_of_a_stream_slot_matches_the_main_sequence() {
         return;
     };
     let m = model_with_vocab(15, false, 512);
-    let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(16, 2)).unwrap();
+    for o in [opts(16, 2), tiles(opts(16, 2))] {
+        stream_slot_case(&ctx, m.clone(), o);
+    }
+}
+
+fn stream_slot_case(
+    ctx: &crate::context::Context,
+    m: std::sync::Arc<crate::backend_tests::Mem>,
+    o: GpuOptions,
+) {
+    let mut gb = GpuBackend::with_context(ctx, m.as_ref(), o).unwrap();
     let mut rb = RefBackend::new(m.clone(), 256).unwrap();
     let p = prompt(41, 5);
     let want = rb.prefill(&p).unwrap();
