@@ -95,6 +95,19 @@ impl Default for GpuOptions {
     }
 }
 
+/// The GEMM prefill of a backend: built on the first prompt of 2 tokens or more, so backends
+/// that never prefill one (decode-only benchmarks, most tests on lavapipe, where compiling its
+/// pipelines is slow) pay nothing for it.
+enum GemmPrefill {
+    Off,
+    Pending {
+        chunk: u32,
+        query_tiles: bool,
+        merge: Combine,
+    },
+    Built(Box<PrefillPlan>),
+}
+
 /// `(slot, token, position)` of the only stream fed in `seqs`; `None` when none or several are.
 fn lone_input(seqs: &[Option<(u32, usize)>]) -> Option<(usize, u32, usize)> {
     let mut fed = seqs
@@ -123,7 +136,7 @@ pub struct GpuBackend {
     prefill: Option<crate::batch::BatchPlan>,
     /// The GEMM prefill (`prefill.rs`), the default for prompts of 2 tokens or more, main
     /// sequence and stream slots alike (f32 numerics, not `--per-token`).
-    gemm_prefill: Option<PrefillPlan>,
+    gemm_prefill: GemmPrefill,
     stream_pos: Vec<usize>,
     /// Streams the queued multi-stream runs advance (set by a restart, cleared by
     /// `streams_end`), the steps queued and not collected, and each queued run's length.
@@ -245,20 +258,13 @@ impl GpuBackend {
         };
         let gemm_prefill = if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk == 0
         {
-            None
+            GemmPrefill::Off
         } else {
-            let mut p = PrefillPlan::new(
-                ctx,
-                &plan.weights,
-                opts.context_len,
-                (opts.prefill_chunk, opts.prefill_query_tiles),
+            GemmPrefill::Pending {
+                chunk: opts.prefill_chunk,
+                query_tiles: opts.prefill_query_tiles,
                 merge,
-                plan.kv_caches(),
-            )?;
-            if let Some(b) = &batch {
-                p.bind_streams(&plan.weights, b.kv_caches(), b.streams() as u32)?;
             }
-            Some(p)
         };
         Ok(GpuBackend {
             plan,
@@ -374,16 +380,51 @@ impl GpuBackend {
     /// How prompts are prefilled, in words (for `describe`).
     pub fn prefill_summary(&self) -> String {
         match (&self.gemm_prefill, &self.prefill) {
-            (Some(g), _) => format!(
+            (GemmPrefill::Built(g), _) => format!(
                 "GEMM prefill, chunks of up to {} tokens per command buffer",
                 g.chunk()
             ),
-            (None, Some(_)) => format!(
+            (GemmPrefill::Pending { chunk, .. }, _) => format!(
+                "GEMM prefill, chunks of up to {} tokens per command buffer (built at the first \
+                 prompt, shorter if its buffers would pass {} MiB)",
+                (*chunk as usize).min(self.context_len()),
+                crate::prefill::CHUNK_BUDGET >> 20
+            ),
+            (GemmPrefill::Off, Some(_)) => format!(
                 "column prefill, {} tokens per dispatch",
                 crate::columns::MAX_COLUMNS
             ),
-            (None, None) => format!("token by token, {PREFILL_CHUNK} tokens per command buffer"),
+            (GemmPrefill::Off, None) => {
+                format!("token by token, {PREFILL_CHUNK} tokens per command buffer")
+            }
         }
+    }
+
+    /// The GEMM prefill, built now if this is its first use; `None` when it is off.
+    fn gemm_prefill(&mut self) -> Result<Option<&PrefillPlan>> {
+        if let GemmPrefill::Pending {
+            chunk,
+            query_tiles,
+            merge,
+        } = self.gemm_prefill
+        {
+            let mut p = PrefillPlan::new(
+                &self.plan.ctx,
+                &self.plan.weights,
+                self.context_len(),
+                (chunk, query_tiles),
+                merge,
+                self.plan.kv_caches(),
+            )?;
+            if let Some(b) = &self.batch {
+                p.bind_streams(&self.plan.weights, b.kv_caches(), b.streams() as u32)?;
+            }
+            self.gemm_prefill = GemmPrefill::Built(Box::new(p));
+        }
+        Ok(match &self.gemm_prefill {
+            GemmPrefill::Built(g) => Some(g),
+            _ => None,
+        })
     }
 
     fn check_token(&self, t: u32) -> Result<()> {
@@ -471,13 +512,16 @@ impl Backend for GpuBackend {
             );
         }
         // A failure leaves the position at `start` (the rows written are stale).
-        let logits = match (&mut self.prefill, tokens, &self.gemm_prefill) {
+        let logits = if let [t] = tokens {
             // One token is a decode step (`Backend::step`: sampled generation): the
             // single-sequence step, its next one recorded while it runs (plan_logits.rs).
-            (_, [t], _) => self.plan.step_logits(*t, start)?,
-            (_, _, Some(g)) => g.prefill(Target::Main, tokens, start)?,
-            (Some(b), _, None) => b.prefill_sequence(tokens, start)?,
-            (None, _, None) => self.plan.prefill_logits(tokens, start)?,
+            self.plan.step_logits(*t, start)?
+        } else if let Some(g) = self.gemm_prefill()? {
+            g.prefill(Target::Main, tokens, start)?
+        } else if let Some(b) = &mut self.prefill {
+            b.prefill_sequence(tokens, start)?
+        } else {
+            self.plan.prefill_logits(tokens, start)?
         };
         self.pos = start + tokens.len();
         Ok(logits)
@@ -518,9 +562,16 @@ impl Backend for GpuBackend {
         );
         // A failure leaves the stream at `start` (rows past it are stale).
         self.stream_pos[slot] = start;
-        let logits = match &self.gemm_prefill {
-            Some(g) if prompt.len() > 1 => g.prefill(Target::Stream(slot as u32), prompt, start)?,
-            _ => b.prefill_slot(slot, prompt, start)?,
+        let logits = match prompt.len() > 1 {
+            true if !matches!(self.gemm_prefill, GemmPrefill::Off) => self
+                .gemm_prefill()?
+                .expect("not off")
+                .prefill(Target::Stream(slot as u32), prompt, start)?,
+            _ => self
+                .batch
+                .as_mut()
+                .expect("checked above")
+                .prefill_slot(slot, prompt, start)?,
         };
         self.stream_pos[slot] = start + prompt.len();
         Ok(logits)
@@ -664,10 +715,12 @@ impl Backend for GpuBackend {
             tokens.len(),
             self.context_len()
         );
-        let Some(g) = &self.gemm_prefill else {
+        if matches!(self.gemm_prefill, GemmPrefill::Off) {
             return Ok(None);
-        };
+        }
+        // The profile writes rows from position 0 whatever the outcome.
         self.pos = 0;
+        let g = self.gemm_prefill()?.expect("not off");
         let ops = g.profile(tokens, 0)?;
         self.pos = tokens.len();
         Ok(ops)

@@ -167,8 +167,9 @@ impl PrefillPlan {
         } else {
             None
         };
+        // No prompt is longer than the context, so no chunk need be either.
         let chunk = fit_chunk(
-            chunk,
+            chunk.min(context_len.clamp(1, u32::MAX as usize) as u32),
             CHUNK_BUDGET.min(ctx.max_binding_bytes()),
             &[
                 if tiles_k.is_some() {
