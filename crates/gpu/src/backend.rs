@@ -14,7 +14,7 @@
 //!   (`prefill.rs`: chunks of [`GpuOptions::prefill_chunk`] tokens, one command buffer each,
 //!   every weight tile shared by the chunk's tokens), also for stream slots; only the last
 //!   token's logits come back. `--per-token` and the int8 numerics prefill token by token
-//!   ([`PREFILL_CHUNK`] tokens per command buffer), `prefill_chunk` 0 takes the column prefill
+//!   ([`crate::plan::PREFILL_CHUNK`] tokens per command buffer), `prefill_chunk` 0 takes the column prefill
 //!   (8 tokens per dispatch).
 //! - [`GpuOptions::numerics`] picks the activation form of every int4 matvec; the default
 //!   ([`Numerics::DEFAULT`]) is the fastest that keeps the oracle-parity bar.
@@ -24,8 +24,7 @@ use crate::context::{AdapterChoice, Context};
 use crate::kernels::attention::Combine;
 use crate::kernels::moe::Routing;
 use crate::numerics::Numerics;
-use crate::plan::{DecodePlan, PlanOptions, PREFILL_CHUNK};
-use crate::prefill::{PrefillPlan, Target};
+use crate::plan::{DecodePlan, PlanOptions};
 use crate::stream::GreedyRuns;
 use crate::weights::GpuWeights;
 use anyhow::{bail, ensure, Result};
@@ -93,19 +92,6 @@ impl Default for GpuOptions {
             prefill_query_tiles: false,
         }
     }
-}
-
-/// The GEMM prefill of a backend: built on the first prompt of 2 tokens or more, so backends
-/// that never prefill one (decode-only benchmarks, most tests on lavapipe, where compiling its
-/// pipelines is slow) pay nothing for it.
-enum GemmPrefill {
-    Off,
-    Pending {
-        chunk: u32,
-        query_tiles: bool,
-        merge: Combine,
-    },
-    Built(Box<PrefillPlan>),
 }
 
 /// `(slot, token, position)` of the only stream fed in `seqs`; `None` when none or several are.
@@ -377,56 +363,6 @@ impl GpuBackend {
         )
     }
 
-    /// How prompts are prefilled, in words (for `describe`).
-    pub fn prefill_summary(&self) -> String {
-        match (&self.gemm_prefill, &self.prefill) {
-            (GemmPrefill::Built(g), _) => format!(
-                "GEMM prefill, chunks of up to {} tokens per command buffer",
-                g.chunk()
-            ),
-            (GemmPrefill::Pending { chunk, .. }, _) => format!(
-                "GEMM prefill, chunks of up to {} tokens per command buffer (built at the first \
-                 prompt, shorter if its buffers would pass {} MiB)",
-                (*chunk as usize).min(self.context_len()),
-                crate::prefill::CHUNK_BUDGET >> 20
-            ),
-            (GemmPrefill::Off, Some(_)) => format!(
-                "column prefill, {} tokens per dispatch",
-                crate::columns::MAX_COLUMNS
-            ),
-            (GemmPrefill::Off, None) => {
-                format!("token by token, {PREFILL_CHUNK} tokens per command buffer")
-            }
-        }
-    }
-
-    /// The GEMM prefill, built now if this is its first use; `None` when it is off.
-    fn gemm_prefill(&mut self) -> Result<Option<&PrefillPlan>> {
-        if let GemmPrefill::Pending {
-            chunk,
-            query_tiles,
-            merge,
-        } = self.gemm_prefill
-        {
-            let mut p = PrefillPlan::new(
-                &self.plan.ctx,
-                &self.plan.weights,
-                self.context_len(),
-                (chunk, query_tiles),
-                merge,
-                self.plan.kv_caches(),
-            )?;
-            if let Some(b) = &self.batch {
-                p.bind_streams(&self.plan.weights, b.kv_caches(), b.streams() as u32)?;
-            }
-            self.gemm_prefill = GemmPrefill::Built(Box::new(p));
-        }
-        Ok(match &self.gemm_prefill {
-            GemmPrefill::Built(g) => Some(g),
-            _ => None,
-        })
-    }
-
     fn check_token(&self, t: u32) -> Result<()> {
         let v = self.plan.weights.cfg.vocab_size;
         if t as usize >= v {
@@ -512,17 +448,7 @@ impl Backend for GpuBackend {
             );
         }
         // A failure leaves the position at `start` (the rows written are stale).
-        let logits = if let [t] = tokens {
-            // One token is a decode step (`Backend::step`: sampled generation): the
-            // single-sequence step, its next one recorded while it runs (plan_logits.rs).
-            self.plan.step_logits(*t, start)?
-        } else if let Some(g) = self.gemm_prefill()? {
-            g.prefill(Target::Main, tokens, start)?
-        } else if let Some(b) = &mut self.prefill {
-            b.prefill_sequence(tokens, start)?
-        } else {
-            self.plan.prefill_logits(tokens, start)?
-        };
+        let logits = self.prefill_main(tokens, start)?;
         self.pos = start + tokens.len();
         Ok(logits)
     }
@@ -562,17 +488,7 @@ impl Backend for GpuBackend {
         );
         // A failure leaves the stream at `start` (rows past it are stale).
         self.stream_pos[slot] = start;
-        let logits = match prompt.len() > 1 {
-            true if !matches!(self.gemm_prefill, GemmPrefill::Off) => self
-                .gemm_prefill()?
-                .expect("not off")
-                .prefill(Target::Stream(slot as u32), prompt, start)?,
-            _ => self
-                .batch
-                .as_mut()
-                .expect("checked above")
-                .prefill_slot(slot, prompt, start)?,
-        };
+        let logits = self.prefill_stream(slot, prompt, start)?;
         self.stream_pos[slot] = start + prompt.len();
         Ok(logits)
     }
@@ -703,27 +619,8 @@ impl Backend for GpuBackend {
         Ok(self.plan.profile_step(0, self.pos, reps)?)
     }
 
-    /// [`PrefillPlan::profile`] of `tokens` from position 0 (the GEMM prefill only).
     fn profile_prefill(&mut self, tokens: &[u32]) -> Result<Option<Vec<OpTime>>> {
-        self.lone_idle("a profiled prefill")?;
-        for t in tokens {
-            self.check_token(*t)?;
-        }
-        ensure!(
-            tokens.len() <= self.context_len(),
-            "prompt of {} tokens exceeds the context of {}",
-            tokens.len(),
-            self.context_len()
-        );
-        if matches!(self.gemm_prefill, GemmPrefill::Off) {
-            return Ok(None);
-        }
-        // The profile writes rows from position 0 whatever the outcome.
-        self.pos = 0;
-        let g = self.gemm_prefill()?.expect("not off");
-        let ops = g.profile(tokens, 0)?;
-        self.pos = tokens.len();
-        Ok(ops)
+        self.profile_gemm_prefill(tokens)
     }
 
     /// One op per submit with a readback each ([`DecodePlan::trace_step`]).
@@ -838,3 +735,7 @@ impl Backend for GpuBackend {
 
 #[path = "backend_runs.rs"]
 mod runs;
+
+#[path = "backend_prefill.rs"]
+mod prefill_paths;
+use prefill_paths::GemmPrefill;

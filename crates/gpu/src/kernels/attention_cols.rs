@@ -178,6 +178,30 @@ impl AttentionKernel {
         Ok(slot.get_or_init(|| built).clone())
     }
 
+    /// The sizes of everything both bindings read: the cache of `b.slots` slots (u32 indices
+    /// address it, see AttentionParams::validate), state, columns, q|k|v and the norms.
+    fn check_inputs(&self, b: &AttentionColsBuffers<'_>) -> Result<()> {
+        let p = &self.params;
+        let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
+        let cache = b.slots as u64 * p.ctx as u64 * hkv * d;
+        if b.slots == 0 || cache >= 1 << 31 {
+            return Err(GpuError::Shape(format!(
+                "attention cache of {} slots x {} rows: need 1 slot or more and < 2^31 elements",
+                b.slots, p.ctx
+            )));
+        }
+        let col_words = (MAX_COLUMNS.max(b.columns as usize)
+            * std::mem::size_of::<crate::columns::Col>()
+            / 4) as u64;
+        need(b.state, 4, "state")?;
+        need(b.cols, col_words, "cols")?;
+        need(b.qkv, b.columns as u64 * (hq + 2 * hkv) * d, "qkv")?;
+        need(b.q_norm, d, "q_norm")?;
+        need(b.k_norm, d, "k_norm")?;
+        need(b.k_cache, cache, "k_cache")?;
+        need(b.v_cache, cache, "v_cache")
+    }
+
     /// Check the buffer sizes and create the bind groups of one layer's multi-column attention
     /// (compiling the column pipelines of `b.mode` on first use).
     pub fn bind_cols(
@@ -194,27 +218,12 @@ impl AttentionKernel {
                 scratch.columns, b.columns
             )));
         }
-        let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
-        let nb = b.columns as u64;
-        let cache = b.slots as u64 * p.ctx as u64 * hkv * d;
-        // u32 indices address the cache (see AttentionParams::validate).
-        if b.slots == 0 || cache >= 1 << 31 {
-            return Err(GpuError::Shape(format!(
-                "attention cache of {} slots x {} rows: need 1 slot or more and < 2^31 elements",
-                b.slots, p.ctx
-            )));
-        }
-        need(b.state, 4, "state")?;
-        let col_words = (MAX_COLUMNS.max(b.columns as usize)
-            * std::mem::size_of::<crate::columns::Col>()
-            / 4) as u64;
-        need(b.cols, col_words, "cols")?;
-        need(b.qkv, nb * (hq + 2 * hkv) * d, "qkv")?;
-        need(b.q_norm, d, "q_norm")?;
-        need(b.k_norm, d, "k_norm")?;
-        need(b.k_cache, cache, "k_cache")?;
-        need(b.v_cache, cache, "v_cache")?;
-        need(b.out, nb * hq * d, "out")?;
+        self.check_inputs(b)?;
+        need(
+            b.out,
+            b.columns as u64 * (p.heads * p.head_dim) as u64,
+            "out",
+        )?;
         let pipes = self.cols_pipelines(ctx, b.mode)?;
         let params = ctx.uniform(
             "attention.cols_params",
@@ -335,31 +344,13 @@ impl AttentionKernel {
         ctx: &Context,
         b: &AttentionColsBuffers<'_>,
     ) -> Result<KvWriteBinding> {
-        let p = &self.params;
         check_columns(b.columns, "kv write")?;
         if b.mode != ColumnMode::Prefill {
             return Err(GpuError::Shape(
                 "attention kv write: needs the prefill mode".into(),
             ));
         }
-        let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
-        let cache = b.slots as u64 * p.ctx as u64 * hkv * d;
-        if b.slots == 0 || cache >= 1 << 31 {
-            return Err(GpuError::Shape(format!(
-                "attention kv write: {} slots x {} rows",
-                b.slots, p.ctx
-            )));
-        }
-        let col_words = (MAX_COLUMNS.max(b.columns as usize)
-            * std::mem::size_of::<crate::columns::Col>()
-            / 4) as u64;
-        need(b.state, 4, "state")?;
-        need(b.cols, col_words, "cols")?;
-        need(b.qkv, b.columns as u64 * (hq + 2 * hkv) * d, "qkv")?;
-        need(b.q_norm, d, "q_norm")?;
-        need(b.k_norm, d, "k_norm")?;
-        need(b.k_cache, cache, "k_cache")?;
-        need(b.v_cache, cache, "v_cache")?;
+        self.check_inputs(b)?;
         let pipes = self.cols_pipelines(ctx, ColumnMode::Prefill)?;
         let pipe = pipes
             .kv_write

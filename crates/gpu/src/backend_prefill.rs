@@ -1,0 +1,132 @@
+//! Which path a prompt takes through [`GpuBackend`] (split from backend.rs): the GEMM prefill
+//! (`prefill.rs`), built at the first prompt of 2 tokens or more, for the main sequence and for
+//! stream slots; the column prefill (`--prefill-chunk 0`); token by token (`--per-token`, the
+//! int8 numerics); and a one-token prompt as a decode step.
+
+use super::GpuBackend;
+use crate::kernels::attention::Combine;
+use crate::plan::PREFILL_CHUNK;
+use crate::prefill::{PrefillPlan, Target};
+use anyhow::{ensure, Result};
+use nibble_backend::{Backend, OpTime};
+
+/// The GEMM prefill of a backend: built on the first prompt of 2 tokens or more, so backends
+/// that never prefill one (decode-only benchmarks, most tests on lavapipe, where compiling its
+/// pipelines is slow) pay nothing for it.
+pub(super) enum GemmPrefill {
+    Off,
+    Pending {
+        chunk: u32,
+        query_tiles: bool,
+        merge: Combine,
+    },
+    Built(Box<PrefillPlan>),
+}
+
+impl GpuBackend {
+    /// How prompts are prefilled, in words (for `describe`).
+    pub fn prefill_summary(&self) -> String {
+        match (&self.gemm_prefill, &self.prefill) {
+            (GemmPrefill::Built(g), _) => format!(
+                "GEMM prefill, chunks of up to {} tokens per command buffer",
+                g.chunk()
+            ),
+            (GemmPrefill::Pending { chunk, .. }, _) => format!(
+                "GEMM prefill, chunks of up to {} tokens per command buffer (built at the first \
+                 prompt, shorter if its buffers would pass {} MiB)",
+                (*chunk as usize).min(self.context_len()),
+                crate::prefill::CHUNK_BUDGET >> 20
+            ),
+            (GemmPrefill::Off, Some(_)) => format!(
+                "column prefill, {} tokens per dispatch",
+                crate::columns::MAX_COLUMNS
+            ),
+            (GemmPrefill::Off, None) => {
+                format!("token by token, {PREFILL_CHUNK} tokens per command buffer")
+            }
+        }
+    }
+
+    /// The GEMM prefill, built now if this is its first use; `None` when it is off.
+    pub(super) fn gemm_prefill(&mut self) -> Result<Option<&PrefillPlan>> {
+        if let GemmPrefill::Pending {
+            chunk,
+            query_tiles,
+            merge,
+        } = self.gemm_prefill
+        {
+            let mut p = PrefillPlan::new(
+                &self.plan.ctx,
+                &self.plan.weights,
+                self.context_len(),
+                (chunk, query_tiles),
+                merge,
+                self.plan.kv_caches(),
+            )?;
+            if let Some(b) = &self.batch {
+                p.bind_streams(&self.plan.weights, b.kv_caches(), b.streams() as u32)?;
+            }
+            self.gemm_prefill = GemmPrefill::Built(Box::new(p));
+        }
+        Ok(match &self.gemm_prefill {
+            GemmPrefill::Built(g) => Some(g),
+            _ => None,
+        })
+    }
+
+    /// `tokens` (checked by the caller) at positions `start..` of the main sequence; the logits
+    /// after the last one.
+    pub(super) fn prefill_main(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+        Ok(if let [t] = tokens {
+            // One token is a decode step (`Backend::step`: sampled generation): the
+            // single-sequence step, its next one recorded while it runs (plan_logits.rs).
+            self.plan.step_logits(*t, start)?
+        } else if let Some(g) = self.gemm_prefill()? {
+            g.prefill(Target::Main, tokens, start)?
+        } else if let Some(b) = &mut self.prefill {
+            b.prefill_sequence(tokens, start)?
+        } else {
+            self.plan.prefill_logits(tokens, start)?
+        })
+    }
+
+    /// `prompt` (checked by the caller, the multi-stream path built) into stream `slot` at
+    /// positions `start..`; the logits after the last token.
+    pub(super) fn prefill_stream(
+        &mut self,
+        slot: usize,
+        prompt: &[u32],
+        start: usize,
+    ) -> Result<Vec<f32>> {
+        if prompt.len() > 1 && !matches!(self.gemm_prefill, GemmPrefill::Off) {
+            let g = self.gemm_prefill()?.expect("not off");
+            return g.prefill(Target::Stream(slot as u32), prompt, start);
+        }
+        let b = self.batch.as_mut().expect("the caller checked the streams");
+        b.prefill_slot(slot, prompt, start)
+    }
+
+    /// [`PrefillPlan::profile`] of `tokens` from position 0 (the GEMM prefill only; `None`
+    /// without it).
+    pub(super) fn profile_gemm_prefill(&mut self, tokens: &[u32]) -> Result<Option<Vec<OpTime>>> {
+        self.lone_idle("a profiled prefill")?;
+        for t in tokens {
+            self.check_token(*t)?;
+        }
+        ensure!(
+            tokens.len() <= self.context_len(),
+            "prompt of {} tokens exceeds the context of {}",
+            tokens.len(),
+            self.context_len()
+        );
+        if matches!(self.gemm_prefill, GemmPrefill::Off) {
+            return Ok(None);
+        }
+        // The profile writes rows from position 0 whatever the outcome.
+        self.pos = 0;
+        let g = self.gemm_prefill()?.expect("not off");
+        let ops = g.profile(tokens, 0)?;
+        self.pos = tokens.len();
+        Ok(ops)
+    }
+}
