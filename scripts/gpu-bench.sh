@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,sampled,bench,profile,routerab,ab,lone,prefill,prefillprof,combineab,splitab,flagsets,gputests,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,sampled,bench,profile,routerab,ab,lone,prefill,coop,prefillprof,combineab,splitab,flagsets,gputests,batch,
 # fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has lone || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has lone || has coop || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -149,6 +149,24 @@ if has prefill; then
   for c in ${PREFILL_CHUNKS:-128 256 512 1024 2048}; do
     say "prefill chunk $c: pp2048"
     timeout 200 $N bench -m $MODEL --backend gpu --prefill-chunk $c -p 2048 -n 16 --reps 3 --ctx 2200 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+  done
+fi
+if has coop; then
+  # The GEMM prefill's int4 products on matrix units (kernels/gemm_coop.rs, the default where the
+  # device offers 16x16x16 f16 cooperative matrices) against the f32-fma kernel
+  # (--prefill-f32-gemm): pp512 at depth 0 and 4096 in two interleaved rounds, then pp2048 once each.
+  # COOP_QUICK=1: one round at depth 0 only (a short call).
+  if [[ "${COOP_QUICK:-0}" == 1 ]]; then
+    for mode in "" --prefill-f32-gemm; do
+      say "coop pp512: ${mode:-gemm on matrix units}"
+      timeout 200 $N bench -m $MODEL --backend gpu $mode -p 512 -n 16 --reps 3 --ctx 1024 -v 2>&1 | grep -E "^tg|^pp|prefill:" | tee -a "$S"
+    done
+  else
+    flag_ab coop "gemm on matrix units" "gemm on f32 fmas" --prefill-f32-gemm -p 512 -n 16 --reps 3 --depth 0,4096 --ctx 4700
+  fi
+  for mode in "" --prefill-f32-gemm; do
+    say "coop pp2048: ${mode:-gemm on matrix units}"
+    timeout 200 $N bench -m $MODEL --backend gpu $mode -p 2048 -n 16 --reps 3 --ctx 2200 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
   done
 fi
 if has prefillprof; then

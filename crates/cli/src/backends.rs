@@ -67,6 +67,10 @@ pub struct BackendArgs {
     /// instead of one column per token (for comparisons; slower on the H200 so far).
     #[arg(long)]
     pub prefill_query_tiles: bool,
+    /// GPU: the GEMM prefill's int4 products as f32 fmas even where matrix units (tensor
+    /// cores) are offered (for comparisons; the matrix-unit kernel is the default there).
+    #[arg(long)]
+    pub prefill_f32_gemm: bool,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -91,6 +95,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         tune: args.tune.unwrap_or_default(),
         prefill_chunk: args.prefill_chunk,
         prefill_query_tiles: args.prefill_query_tiles,
+        prefill_matrix_units: !args.prefill_f32_gemm,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

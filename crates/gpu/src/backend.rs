@@ -72,6 +72,10 @@ pub struct GpuOptions {
     /// The GEMM prefill's attention as query tiles (kernels/attention_prefill.rs) instead of one
     /// column per token; off by default: slower on the H200 (docs/BENCHMARKS.md run 82).
     pub prefill_query_tiles: bool,
+    /// The GEMM prefill's int4 products on matrix units (tensor cores; kernels/gemm_coop.rs)
+    /// where the device offers them (NVIDIA on Vulkan); false keeps the f32-fma kernel
+    /// everywhere, for comparisons.
+    pub prefill_matrix_units: bool,
 }
 
 impl Default for GpuOptions {
@@ -90,6 +94,7 @@ impl Default for GpuOptions {
             tune: crate::tune::Tune::default(),
             prefill_chunk: crate::prefill::DEFAULT_CHUNK,
             prefill_query_tiles: false,
+            prefill_matrix_units: true,
         }
     }
 }
@@ -247,8 +252,11 @@ impl GpuBackend {
             GemmPrefill::Off
         } else {
             GemmPrefill::Pending {
-                chunk: opts.prefill_chunk,
-                query_tiles: opts.prefill_query_tiles,
+                shape: crate::prefill::PrefillShape {
+                    chunk: opts.prefill_chunk,
+                    query_tiles: opts.prefill_query_tiles,
+                    matrix_units: opts.prefill_matrix_units,
+                },
                 merge,
             }
         };

@@ -6,7 +6,7 @@
 use super::GpuBackend;
 use crate::kernels::attention::Combine;
 use crate::plan::PREFILL_CHUNK;
-use crate::prefill::{PrefillPlan, Target};
+use crate::prefill::{PrefillPlan, PrefillShape, Target};
 use anyhow::{ensure, Result};
 use nibble_backend::{Backend, OpTime};
 
@@ -15,11 +15,7 @@ use nibble_backend::{Backend, OpTime};
 /// pipelines is slow) pay nothing for it.
 pub(super) enum GemmPrefill {
     Off,
-    Pending {
-        chunk: u32,
-        query_tiles: bool,
-        merge: Combine,
-    },
+    Pending { shape: PrefillShape, merge: Combine },
     Built(Box<PrefillPlan>),
 }
 
@@ -28,13 +24,19 @@ impl GpuBackend {
     pub fn prefill_summary(&self) -> String {
         match (&self.gemm_prefill, &self.prefill) {
             (GemmPrefill::Built(g), _) => format!(
-                "GEMM prefill, chunks of up to {} tokens per command buffer",
+                "GEMM prefill ({}), chunks of up to {} tokens per command buffer",
+                g.gemm_kind(),
                 g.chunk()
             ),
-            (GemmPrefill::Pending { chunk, .. }, _) => format!(
-                "GEMM prefill, chunks of up to {} tokens per command buffer (built at the first \
-                 prompt, shorter if its buffers would pass {} MiB)",
-                (*chunk as usize).min(self.context_len()),
+            (GemmPrefill::Pending { shape, .. }, _) => format!(
+                "GEMM prefill ({}), chunks of up to {} tokens per command buffer (built at the \
+                 first prompt, shorter if its buffers would pass {} MiB)",
+                if shape.matrix_units && crate::kernels::gemm_coop::supported(&self.plan.ctx) {
+                    crate::kernels::gemm_coop::DESCRIPTION
+                } else {
+                    crate::kernels::gemm::DESCRIPTION
+                },
+                (shape.chunk as usize).min(self.context_len()),
                 crate::prefill::CHUNK_BUDGET >> 20
             ),
             (GemmPrefill::Off, Some(_)) => format!(
@@ -49,17 +51,12 @@ impl GpuBackend {
 
     /// The GEMM prefill, built now if this is its first use; `None` when it is off.
     pub(super) fn gemm_prefill(&mut self) -> Result<Option<&PrefillPlan>> {
-        if let GemmPrefill::Pending {
-            chunk,
-            query_tiles,
-            merge,
-        } = self.gemm_prefill
-        {
+        if let GemmPrefill::Pending { shape, merge } = self.gemm_prefill {
             let mut p = PrefillPlan::new(
                 &self.plan.ctx,
                 &self.plan.weights,
                 self.context_len(),
-                (chunk, query_tiles),
+                shape,
                 merge,
                 self.plan.kv_caches(),
             )?;

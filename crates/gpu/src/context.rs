@@ -61,6 +61,9 @@ pub struct Context {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     max_binding: u64,
+    /// Whether 16x16x16 f16 x f16 -> f32 cooperative-matrix products run here, with f16 shaders
+    /// and subgroups of exactly 32 (kernels/gemm_coop.rs).
+    coop16: bool,
     errors: Arc<Mutex<Vec<String>>>,
 }
 
@@ -113,11 +116,26 @@ impl Context {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             | wgpu::Features::MEMORY_DECORATION_COHERENT;
+        let coop16 = Self::offers_coop16(adapter, &info);
+        let coop = if coop16 {
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        } else {
+            wgpu::Features::empty()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("nibble"),
-            required_features: adapter.features() & wanted,
+            required_features: adapter.features() & (wanted | coop),
             required_limits: adapter.limits(),
             memory_hints: wgpu::MemoryHints::Performance,
+            experimental_features: if coop16 {
+                // SAFETY: wgpu marks cooperative matrices experimental (its bugs may be UB). We
+                // request them only where the adapter lists the exact product the one kernel
+                // that uses them needs (gemm_coop.rs), which is tested against an f64 reference
+                // on such devices; NIBBLE_NO_COOP=1 turns them off.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         }))
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
@@ -139,8 +157,37 @@ impl Context {
             limits,
             features,
             max_binding,
+            coop16: coop16 && features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             errors,
         })
+    }
+
+    /// Whether `adapter` offers what kernels/gemm_coop.rs needs: f16 shaders, subgroups of
+    /// exactly 32, and subgroup-scope 16x16x16 products of f16 into f32. Off with
+    /// `NIBBLE_NO_COOP=1`.
+    fn offers_coop16(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> bool {
+        if std::env::var_os("NIBBLE_NO_COOP").is_some_and(|v| v == "1") {
+            return false;
+        }
+        let f = adapter.features();
+        let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP;
+        f.contains(need)
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32
+            && adapter.cooperative_matrix_properties().iter().any(|p| {
+                p.m_size == 16
+                    && p.n_size == 16
+                    && p.k_size == 16
+                    && p.ab_type == wgpu::CooperativeScalarType::F16
+                    && p.cr_type == wgpu::CooperativeScalarType::F32
+            })
+    }
+
+    /// Whether kernels/gemm_coop.rs can run on this device (see `offers_coop16`).
+    pub fn coop_f16_16x16(&self) -> bool {
+        self.coop16
     }
 
     /// Largest storage binding, in bytes (possibly lowered for tests).

@@ -127,6 +127,17 @@ pub struct PrefillPlan {
     stream_slots: u32,
 }
 
+/// The prefill's build choices (from [`crate::GpuOptions`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillShape {
+    /// Most tokens per chunk (one command buffer each).
+    pub chunk: u32,
+    /// Attention as query tiles (kernels/attention_prefill.rs) instead of one column per token.
+    pub query_tiles: bool,
+    /// The int4 GEMMs on matrix units (kernels/gemm_coop.rs) where the device has them.
+    pub matrix_units: bool,
+}
+
 impl PrefillPlan {
     /// Bind every layer of `w` for chunks of up to `chunk` tokens, writing the main sequence's
     /// KV rows into `k_cache`/`v_cache` (`[ctx, Hkv, D]` per layer, the decode plan's).
@@ -134,7 +145,11 @@ impl PrefillPlan {
         ctx: &Context,
         w: &GpuWeights,
         context_len: usize,
-        (chunk, query_tiles): (u32, bool),
+        PrefillShape {
+            chunk,
+            query_tiles,
+            matrix_units,
+        }: PrefillShape,
         merge: Combine,
         (k_cache, v_cache): (&[wgpu::Buffer], &[wgpu::Buffer]),
     ) -> Result<PrefillPlan> {
@@ -202,7 +217,7 @@ impl PrefillPlan {
             Some(_) => None,
             None => Some(attn_k.scratch_cols(ctx, chunk)?),
         };
-        let gemm = GemmKernel::new(ctx)?;
+        let gemm = GemmKernel::with_coop(ctx, matrix_units)?;
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
         let embed_k = EmbedKernel::new(ctx)?;
         let matmul = MatmulKernel::new(ctx)?;
@@ -371,6 +386,15 @@ impl PrefillPlan {
     /// Most tokens per chunk.
     pub fn chunk(&self) -> u32 {
         self.chunk
+    }
+
+    /// Which GEMM kernel the int4 projections run on, in words.
+    pub fn gemm_kind(&self) -> &'static str {
+        if self.gemm.coop() {
+            crate::kernels::gemm_coop::DESCRIPTION
+        } else {
+            crate::kernels::gemm::DESCRIPTION
+        }
     }
 
     /// Prefill `tokens` at positions `pos..` of `target`'s sequence; returns the logits `[V]`

@@ -27,6 +27,9 @@ use crate::tensor::{F32Matrix, Q4Matrix, BLOCK};
 
 /// Weight rows (tile columns) of one workgroup; `GateUp` uses 64 gate + the same 64 up rows.
 pub const TILE_ROWS: u32 = 128;
+
+/// The f32 kernel in words (for `--verbose`).
+pub const DESCRIPTION: &str = "int4 GEMM, f32 fmas";
 /// Threads per workgroup (16 x 16).
 const WG: u32 = 256;
 
@@ -66,13 +69,40 @@ pub struct PlanLayout {
     pub list: u32,
 }
 
+/// WGSL of the f32 kernel's `gm_wstore` for int4 weights: thread (nn, h)'s share of one block
+/// (`WReg`: words 2h, 2h + 1 of row nn's block and its scale), dequantised into `ws`: elements
+/// 8h .. 8h + 8 (low nibbles) and 16 + 8h .. 16 + 8h + 8 (high nibbles).
+const WSTORE_F32: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
+    for (var j = 0u; j < 2u; j++) {
+        let w = r.q[j];
+        let k = 8u * h + 4u * j;
+        for (var c = 0u; c < 4u; c++) {
+            let lo = f32((w >> (8u * c)) & 0xFu) - 8.0;
+            let hi = f32((w >> (8u * c + 4u)) & 0xFu) - 8.0;
+            ws[(k + c) * 32u + nn / 4u][nn % 4u] = r.d * lo;
+            ws[(k + c + 16u) * 32u + nn / 4u][nn % 4u] = r.d * hi;
+        }
+    }
+}
+";
+
 /// The WGSL of `form` with `tm` tokens per thread (2 or 4).
 pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
+    let s = prelude(form, tm, plan, WSTORE_F32);
+    shader_body(form, tm, s)
+}
+
+/// The WGSL both kernels share (this file's and gemm_coop.rs's): the tile constants (`TM`, `BM`,
+/// `XPT`, `XV`), the form's tile functions (`gm_tile`, `gm_xrow`, `gm_yrow`) and its weight
+/// bindings and fetch (`WReg`, `gm_wfetch`), with `wstore` (the kernel's `gm_wstore` for int4
+/// weights) in between.
+pub(crate) fn prelude(form: GemmForm, tm: u32, plan: Option<PlanLayout>, wstore: &str) -> String {
     let bm = 16 * tm;
     let xv = if tm == 4 { "vec4<f32>" } else { "vec2<f32>" };
     // vec4s of X each thread stages per block: 8 per row, BM rows, 256 threads.
     let xpt = 8 * bm / WG;
-    let mut s = format!(
+    let mut s = String::from(include_str!("../shaders/gemm_common.wgsl"));
+    s += &format!(
         "const TM: u32 = {tm}u;\nconst BM: u32 = {bm}u;\nconst XPT: u32 = {xpt}u;\nalias XV = {xv};\n"
     );
     let cols = form.cols_per_tile();
@@ -153,19 +183,9 @@ fn f16_at(i: u32) -> f32 {
     return select(v.x, v.y, (i & 1u) == 1u);
 }
 struct WReg { q: vec2<u32>, d: f32 };
-fn gm_wstore(r: WReg, nn: u32, h: u32) {
-    for (var j = 0u; j < 2u; j++) {
-        let w = r.q[j];
-        let k = 8u * h + 4u * j;
-        for (var c = 0u; c < 4u; c++) {
-            let lo = f32((w >> (8u * c)) & 0xFu) - 8.0;
-            let hi = f32((w >> (8u * c + 4u)) & 0xFu) - 8.0;
-            ws[(k + c) * 32u + nn / 4u][nn % 4u] = r.d * lo;
-            ws[(k + c + 16u) * 32u + nn / 4u][nn % 4u] = r.d * hi;
-        }
-    }
-}
-fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
+";
+        s += wstore;
+        s += "fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
 ";
         s += &row_of;
         if form == GemmForm::GateUp {
@@ -191,6 +211,12 @@ fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
 ";
         }
     }
+    s
+}
+
+/// The f32 kernel: per-token accumulator lines, epilogue and body after `s` (the prelude).
+fn shader_body(form: GemmForm, tm: u32, s: String) -> String {
+    let cols = form.cols_per_tile();
     let comp = ["x", "y", "z", "w"];
     let mut decl = String::new();
     let mut fma = String::new();
@@ -369,15 +395,29 @@ impl GemmBinding {
 
 /// GEMM pipelines, compiled on first use per (form, tokens per thread, plan layout).
 pub struct GemmKernel {
+    /// Whether the int4 forms run on matrix units (gemm_coop.rs) rather than f32 fmas.
+    coop: bool,
     /// `[Dense, DenseAcc, DenseF32][tm 2, 4]`.
     dense: [[OnceLock<wgpu::ComputePipeline>; 2]; 3],
     expert: std::sync::Mutex<ExpertPipes>,
 }
 
 impl GemmKernel {
-    /// Check the shared memory fits (24 KiB at 4 tokens per thread).
+    /// [`GemmKernel::with_coop`] with matrix units wherever the device has them.
     pub fn new(ctx: &Context) -> Result<GemmKernel> {
-        let need = (32 * 64 * 4 + 32 * 128 * 4) as u64;
+        Self::with_coop(ctx, true)
+    }
+
+    /// Check the shared memory fits (24 KiB at 4 tokens per thread for the f32 kernel, 42.5 KiB
+    /// for the matrix-unit one); `coop`: run the int4 forms on matrix units where
+    /// [`super::gemm_coop::supported`] (the f32 router GEMM always takes f32 fmas).
+    pub fn with_coop(ctx: &Context, coop: bool) -> Result<GemmKernel> {
+        let coop = coop && super::gemm_coop::supported(ctx);
+        let need = if coop {
+            (2 * 32 * 72 * 2 + 2 * 32 * 136 * 2 + 8 * 512 * 4) as u64
+        } else {
+            (32 * 64 * 4 + 32 * 128 * 4) as u64
+        };
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
         if need > limit {
             return Err(GpuError::TooLarge {
@@ -387,9 +427,24 @@ impl GemmKernel {
             });
         }
         Ok(GemmKernel {
+            coop,
             dense: Default::default(),
             expert: Default::default(),
         })
+    }
+
+    /// Whether the int4 forms run on matrix units.
+    pub fn coop(&self) -> bool {
+        self.coop
+    }
+
+    /// The WGSL of one pipeline: the matrix-unit kernel for int4 forms where chosen.
+    fn source(&self, form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
+        if self.coop && form != GemmForm::DenseF32 {
+            super::gemm_coop::shader(form, tm, plan)
+        } else {
+            shader(form, tm, plan)
+        }
     }
 
     fn pipeline(
@@ -399,14 +454,19 @@ impl GemmKernel {
         tm: u32,
         plan: Option<PlanLayout>,
     ) -> Result<wgpu::ComputePipeline> {
-        let label = format!("gemm_q4.{form:?}.tm{tm}");
+        let kind = if self.coop && form != GemmForm::DenseF32 {
+            "gemm_coop"
+        } else {
+            "gemm_q4"
+        };
+        let label = format!("{kind}.{form:?}.tm{tm}");
         match (form, plan) {
             (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => {
                 let slot = &self.dense[form as usize][(tm == 4) as usize];
                 if let Some(p) = slot.get() {
                     return Ok(p.clone());
                 }
-                let p = ctx.compute(&label, &shader(form, tm, None), "main")?;
+                let p = ctx.compute(&label, &self.source(form, tm, None), "main")?;
                 Ok(slot.get_or_init(|| p).clone())
             }
             (_, Some(pl)) => {
@@ -415,7 +475,7 @@ impl GemmKernel {
                 if let Some((_, p)) = cache.iter().find(|(k, _)| *k == key) {
                     return Ok(p.clone());
                 }
-                let p = ctx.compute(&label, &shader(form, tm, Some(pl)), "main")?;
+                let p = ctx.compute(&label, &self.source(form, tm, Some(pl)), "main")?;
                 cache.push((key, p.clone()));
                 Ok(p)
             }

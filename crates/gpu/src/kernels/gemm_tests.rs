@@ -234,3 +234,71 @@ fn gemm_rejects_bad_shapes() {
         "gate_up without a plan was accepted"
     );
 }
+
+/// Diagnostic (ignored; run on a device where the matrix-unit kernel is chosen to see what it
+/// reads): one-hot weights (row r picks input `r % 32` of block `r / 128 % 2`) times inputs that
+/// encode their own (token, input) index, so each wrong output names the element it came from.
+#[test]
+#[ignore]
+fn gemm_onehot_probe() {
+    let Some(ctx) = gpu("gemm_onehot_probe") else {
+        return;
+    };
+    let k = GemmKernel::new(&ctx).unwrap();
+    eprintln!("gemm_onehot_probe: matrix units {}", k.coop());
+    let (m, rows, cols) = (32usize, 256usize, 64usize);
+    let mut wb = Vec::new();
+    for r in 0..rows {
+        let (hot_blk, hot) = ((r / 128) % 2, r % 32);
+        for blk in 0..cols / 32 {
+            wb.extend_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+            for j in 0..16 {
+                let lo = if blk == hot_blk && hot == j { 9u8 } else { 8 };
+                let hi = if blk == hot_blk && hot == j + 16 {
+                    9u8
+                } else {
+                    8
+                };
+                wb.push(lo | (hi << 4));
+            }
+        }
+    }
+    let deq = dequant_q4_0(&wb, rows, cols);
+    let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+    let x: Vec<f32> = (0..(m + PAD_ROWS) * cols)
+        .map(|i| ((i / cols) * 64 + i % cols) as f32 / 4096.0)
+        .collect();
+    let want = reference(&deq, rows, cols, &x, m);
+    let stride = rows + PAD_COLS;
+    let mut bad = 0;
+    for tm in [2, 4] {
+        let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
+        let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, false, &init);
+        let mut first = Vec::new();
+        let mut n = 0;
+        for t in 0..m {
+            for r in 0..rows {
+                let g = got[t * stride + r];
+                let wv = want.0[t * rows + r] as f32;
+                if g != wv {
+                    n += 1;
+                    if first.len() < 8 {
+                        let code = g * 4096.0;
+                        first.push(format!(
+                            "(t {t}, row {r}) got {g} = token {} input {} (want {wv})",
+                            (code / 64.0).floor(),
+                            code % 64.0
+                        ));
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "gemm_onehot_probe tm {tm}: {n} of {} wrong: {}",
+            m * rows,
+            first.join("; ")
+        );
+        bad += n;
+    }
+    assert_eq!(bad, 0);
+}

@@ -9,6 +9,7 @@ pub mod attention_prefill;
 mod cols_tests;
 pub mod embed;
 pub mod gemm;
+pub mod gemm_coop;
 pub mod matmul;
 #[cfg(test)]
 mod matmul_tests;

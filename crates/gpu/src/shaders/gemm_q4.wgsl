@@ -20,19 +20,12 @@
 //
 // Per (token, weight row) the sum runs over k in order, one f32 fma each, on exactly dequantised
 // weights (f16 scale x (nibble - 8) is exact in f32): the oracle's products up to f32 rounding.
-struct Params { n: u32, bpr: u32, xs4: u32, ys: u32, ycol: u32, e_lo: u32, e_hi: u32, pad: u32 };
-struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;  // [rows of X, xs4]
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [rows of Y, ys]
-@group(0) @binding(4) var<uniform> p: Params;
-@group(0) @binding(5) var<uniform> dims: Dims;
+// Params, Dims, bindings 2..5 and Tile: gemm_common.wgsl (shared with gemm_coop.rs).
 
 // X of the block: xs[k * BM / TM + i] holds tokens TM i .. TM i + TM at k.
 var<workgroup> xs: array<XV, 32u * BM / TM>;
 // Dequantised W of the block: ws[k * 32 + c] holds tile columns 4c .. 4c + 4 at k.
 var<workgroup> ws: array<vec4<f32>, 32u * 32u>;
-
-struct Tile { ok: bool, m0: u32, mend: u32, wrow: u32, list0: u32 };
 
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));

@@ -1,0 +1,523 @@
+//! The prefill GEMM on matrix units (tensor cores): the same forms, tiles, bindings and grid as
+//! [`super::gemm`], with the multiply-adds done by 16x16x16 cooperative-matrix products
+//! (wgpu's experimental `wgpu_cooperative_matrix`, Vulkan `VK_KHR_cooperative_matrix`) in place
+//! of one f32 fma per thread and term. Used where the device offers f16 x f16 -> f32 products of
+//! that size with 32-wide subgroups (NVIDIA); elsewhere (lavapipe, Metal) the f32 kernel runs.
+//!
+//! Numerics: f32-class, not f16-class. Each staged value is split into two f16s, `v = hi + lo`
+//! (`hi` = `v` cut to 11 significant bits by masking, `lo = f16(v - hi)`), and a product is
+//! `xh·wh + xl·wh + xh·wl`, accumulated in f32 by the matrix unit: what is dropped is `xl·wl`
+//! (below 2^-20 of the term) and the rounding of `lo` (2^-21). A weight `d · (q - 8)` has at most
+//! 14 significant bits, so its split is exact whenever `lo` is a normal f16. X is scaled by 2^4
+//! and W by 2^8 (exact; undone by 2^-12 in the epilogue) so that `lo` is normal for |x| >= 2^-7
+//! and |w| >= 2^-11; below that, if the matrix units flush f16 subnormals (not measured), a term
+//! loses at most 2^-18 of x or 2^-22 of w in absolute terms. Inputs must stay below 2^11 in
+//! magnitude (f16's range after the scaling): the GEMMs' inputs are RMS-normalised rows,
+//! attention outputs and `silu(gate) * up`; nothing checks this on the device yet.
+//! Tested against the same f64 reference and bound as the f32 kernel (gemm_tests.rs,
+//! moe_prefill_tests.rs and prefill_tests.rs run it wherever the device has it).
+//!
+//! Tile work: 256 threads = 8 subgroups of 32. The tile's `BM` tokens are `MT = BM / 16` token
+//! tiles and its 128 weight rows 8 column tiles of 16; subgroup `sg` owns token tile `sg % MT`
+//! and `MT` column tiles chosen so that in `GateUp` each gate tile `c` (columns < 64) comes with
+//! its up tile `c + 4`. Per block of 32 inputs the whole workgroup stages X^T `[32][BM]` and W^T
+//! `[32][128]` as f16 pairs in shared memory (rows padded by 8 halves against bank conflicts;
+//! each thread's stores are consecutive across the warp), then each subgroup runs its products.
+//! The epilogue stores each accumulator pair through a per-subgroup 2 x 16 x 16 f32 scratch and
+//! writes it out with the form's rule (`=`, `+=`, `silu(gate) * up`).
+
+use super::gemm::{prelude, GemmForm, PlanLayout};
+
+/// The kernel in words (for `--verbose`).
+pub const DESCRIPTION: &str = "int4 GEMM on matrix units, split-f16 products, f32 sums";
+
+/// `gm_wstore` for int4 weights: thread (nn, h)'s 16 values of one block (elements 8h .. 8h + 8
+/// and 16 + 8h .. 16 + 8h + 8 of row nn, as in gemm.rs), scaled by `WS` and split into `wh`/`wl`
+/// at `[k][nn]`.
+const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
+    let d = r.d * WS;
+    for (var j = 0u; j < 2u; j++) {
+        let w = r.q[j];
+        let k = 8u * h + 4u * j;
+        for (var c = 0u; c < 4u; c++) {
+            wsplit((k + c) * SW + nn, d * (f32((w >> (8u * c)) & 0xFu) - 8.0));
+            wsplit((k + c + 16u) * SW + nn, d * (f32((w >> (8u * c + 4u)) & 0xFu) - 8.0));
+        }
+    }
+}
+";
+
+/// The body after the prelude; `//COOP_DECL`, `//COOP_MMA` and `//COOP_STORE` are expanded per
+/// accumulator by [`shader`].
+const BODY: &str = "
+const SX: u32 = BM + 8u;   // halves per staged X^T row (one input k, BM tokens + padding)
+const SW: u32 = 136u;      // halves per staged W^T row (one input k, 128 weight rows + padding)
+// X x 2^4 and W x 2^8 (exact) keep the low halves of the splits in f16's normal range for the
+// usual magnitudes (whether the matrix units keep f16 subnormals was not measured); the sums
+// are scaled back by 2^-12 (exact) in the epilogue.
+const XS: f32 = 16.0;
+const WS: f32 = 256.0;
+const UNS: f32 = 0.000244140625;
+var<workgroup> xh: array<f16, 32u * SX>;
+var<workgroup> xl: array<f16, 32u * SX>;
+var<workgroup> wh: array<f16, 32u * SW>;
+var<workgroup> wl: array<f16, 32u * SW>;
+var<workgroup> cs: array<f32, 8u * 512u>; // per subgroup: two 16 x 16 accumulators, row-major
+
+// `hi` is `v` with its low 13 mantissa bits cleared (11 significant bits: exact in f16) and
+// `lo = v - hi` (exact in f32). Integer masking, not `v - f32(f16(v))`: the H200's compiler
+// folds that round trip to zero (the products were then exactly f16-rounded ones).
+fn split_hi(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) & 0xFFFFE000u);
+}
+fn xsplit(i: u32, v: f32) {
+    let a = split_hi(v);
+    xh[i] = f16(a);
+    xl[i] = f16(v - a);
+}
+fn wsplit(i: u32, v: f32) {
+    let a = split_hi(v);
+    wh[i] = f16(a);
+    wl[i] = f16(v - a);
+}
+fn silu(g: f32) -> f32 {
+    return g / (1.0 + exp(-g));
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    // The tile flag, uniform per workgroup: passed through `workgroupUniformLoad` so the
+    // validator sees it is (barriers and matrix operations need uniform control flow, and the
+    // expert forms read `plan`, a storage buffer). It lives in a padding half of `wl` (row 31,
+    // column 135: neither staged nor read by the products) rather than in a u32 workgroup
+    // variable of its own: with one, every product read garbage on the H200 (presumably the
+    // f16 arrays were placed off the alignment its matrix loads need; the probes in this file's
+    // tests and docs/runs/2026-12-02-h200-run84-87* show the bisection). A workgroup without a
+    // tile runs its block loop zero times and writes nothing: no early return ahead of the
+    // products (the form that was tested).
+    let t = gm_tile(wid);
+    if (li == 0u) {
+        wl[31u * SW + 135u] = select(f16(0.0), f16(1.0), t.ok);
+    }
+    let nblocks = select(0u, p.bpr, workgroupUniformLoad(&wl[31u * SW + 135u]) != f16(0.0));
+    // Staging roles as in gemm_q4.wgsl: X row sr of the tile, vec4s sv .. sv + XPT of the block;
+    // W tile column nn, half h of the block.
+    let sr = li % BM;
+    let sv = (li / BM) * XPT;
+    let xrow = gm_xrow(t, min(t.m0 + sr, t.mend - 1u));
+    let nn = li % 128u;
+    let h = li / 128u;
+    var xr: array<vec4<f32>, XPT>;
+    for (var i = 0u; i < XPT; i++) {
+        xr[i] = x[xrow * p.xs4 + sv + i];
+    }
+    var wr = gm_wfetch(wid, t, nn, h, 0u);
+    let ti = sg % MT;
+    let g = sg / MT;
+    // The accumulators start as loads of this subgroup's zeroed epilogue scratch (the form
+    // tested in the kernel; `coop_mat16x16<f32, C>()` gives zeros too, coop_probe).
+    for (var j = 0u; j < 16u; j++) {
+        cs[sg * 512u + lane + 32u * j] = 0.0;
+    }
+    workgroupBarrier();
+    //COOP_DECL
+    for (var b = 0u; b < nblocks; b++) {
+        // The previous block's products are done with the staging buffers.
+        workgroupBarrier();
+        for (var i = 0u; i < XPT; i++) {
+            let k = 4u * (sv + i);
+            let v = xr[i] * XS;
+            xsplit(k * SX + sr, v.x);
+            xsplit((k + 1u) * SX + sr, v.y);
+            xsplit((k + 2u) * SX + sr, v.z);
+            xsplit((k + 3u) * SX + sr, v.w);
+        }
+        gm_wstore(wr, nn, h);
+        workgroupBarrier();
+        // The next block's loads overlap this block's products (the last block loads itself
+        // again rather than branch).
+        let bn = min(b + 1u, p.bpr - 1u);
+        for (var i = 0u; i < XPT; i++) {
+            xr[i] = x[xrow * p.xs4 + bn * 8u + sv + i];
+        }
+        wr = gm_wfetch(wid, t, nn, h, bn);
+        for (var kk = 0u; kk < 32u; kk += 16u) {
+            // A = X[16 tokens][16 k], stored k-major: column-major with stride SX.
+            let ah = coopLoad<coop_mat16x16<f16, A>>(&xh[kk * SX + 16u * ti], SX);
+            let al = coopLoad<coop_mat16x16<f16, A>>(&xl[kk * SX + 16u * ti], SX);
+            //COOP_MMA
+        }
+    }
+    //COOP_STORE
+}
+";
+
+/// The WGSL of `form` (an int4 form: `DenseF32` stays on the f32 kernel) with `tm` tokens per
+/// thread of the f32 kernel's tiling (tile height `16 tm`: 2 or 4 token tiles).
+pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
+    debug_assert!(form != GemmForm::DenseF32 && (tm == 2 || tm == 4));
+    let mt = tm;
+    let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
+    s += &format!("const MT: u32 = {mt}u;\n");
+    s += &prelude(form, tm, plan, WSTORE_COOP);
+    // (gate-or-first, up-or-second) column tiles of each accumulator pair.
+    let pairs: Vec<(&str, &str)> = if mt == 4 {
+        vec![("2u * g", "2u * g + 4u"), ("2u * g + 1u", "2u * g + 5u")]
+    } else {
+        vec![("g", "g + 4u")]
+    };
+    let cols = form.cols_per_tile();
+    let mut decl = String::new();
+    let mut mma = String::new();
+    let mut store = String::new();
+    for (i, (na, nb)) in pairs.iter().enumerate() {
+        for (acc, n) in [(format!("c{i}a"), na), (format!("c{i}b"), nb)] {
+            decl +=
+                &format!("    var {acc} = coopLoad<coop_mat16x16<f32, C>>(&cs[sg * 512u], 16u);\n");
+            mma += &format!(
+                "            {{
+                let bh = coopLoadT<coop_mat16x16<f16, B>>(&wh[kk * SW + 16u * ({n})], SW);
+                let bl = coopLoadT<coop_mat16x16<f16, B>>(&wl[kk * SW + 16u * ({n})], SW);
+                {acc} = coopMultiplyAdd(ah, bh, {acc});
+                {acc} = coopMultiplyAdd(al, bh, {acc});
+                {acc} = coopMultiplyAdd(ah, bl, {acc});
+            }}
+"
+            );
+        }
+        let write = match form {
+            GemmForm::GateUp => {
+                "            if (na < p.n) { y[yb + na] = silu(cs[o + e] * UNS) * (cs[o + 256u + e] * UNS); }\n"
+            }
+            GemmForm::DenseAcc => {
+                "            if (na < p.n) { y[yb + na] += cs[o + e] * UNS; }
+            if (nb < p.n) { y[yb + nb] += cs[o + 256u + e] * UNS; }\n"
+            }
+            _ => {
+                "            if (na < p.n) { y[yb + na] = cs[o + e] * UNS; }
+            if (nb < p.n) { y[yb + nb] = cs[o + 256u + e] * UNS; }\n"
+            }
+        };
+        store += &format!(
+            "    {{
+        let o = sg * 512u;
+        coopStoreT(c{i}a, &cs[o], 16u);
+        coopStoreT(c{i}b, &cs[o + 256u], 16u);
+        workgroupBarrier();
+        for (var j = 0u; j < 8u; j++) {{
+            let e = lane + 32u * j;
+            let m = t.m0 + 16u * ti + e / 16u;
+            if (m < t.mend) {{
+                let yb = gm_yrow(t, m) * p.ys + p.ycol;
+                let na = wid.x * {cols}u + 16u * ({na}) + e % 16u;
+                let nb = wid.x * {cols}u + 16u * ({nb}) + e % 16u;
+{write}            }}
+        }}
+        workgroupBarrier();
+    }}
+"
+        );
+    }
+    s + &BODY
+        .replace("    //COOP_DECL\n", &decl)
+        .replace("            //COOP_MMA\n", &mma)
+        .replace("    //COOP_STORE\n", &store)
+}
+
+/// Whether `ctx` can run this kernel: 16x16x16 f16 x f16 -> f32 cooperative products, f16 in
+/// shaders, and subgroups of exactly 32 (the tile split above assumes 8 subgroups; the check is
+/// made here, never assumed).
+pub fn supported(ctx: &crate::context::Context) -> bool {
+    ctx.coop_f16_16x16()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Diagnostic (ignored: needs a device with cooperative matrices, e.g. the H200 through
+    /// `NIBBLE_TEST_ADAPTER=nvidia`): one subgroup checks the matrix operations this kernel uses
+    /// one by one against what they must give: a zero-constructed accumulator stored, one loaded
+    /// from zeroed shared memory, and A x I + 0 with A column-major and I row-major in shared
+    /// memory (f16), each accumulator started both ways. Prints the first mismatches.
+    #[test]
+    #[ignore]
+    fn coop_probe() {
+        let Some(ctx) = crate::testing::gpu("coop_probe") else {
+            return;
+        };
+        if !supported(&ctx) {
+            eprintln!("coop_probe: no 16x16x16 f16 cooperative matrices on this device");
+            return;
+        }
+        let src = "enable f16;
+enable wgpu_cooperative_matrix;
+@group(0) @binding(0) var<storage, read_write> out: array<f32>; // [4 * 256]
+var<workgroup> a: array<f16, 16u * 24u>;
+var<workgroup> b: array<f16, 16u * 24u>;
+var<workgroup> z: array<f32, 256u>;
+@compute @workgroup_size(32)
+fn main(@builtin(local_invocation_index) li: u32) {
+    for (var j = 0u; j < 8u; j++) {
+        let e = li + 32u * j;
+        z[e] = 0.0;
+        let r = e / 16u;
+        let c = e % 16u;
+        // A(m = c, k = r) stored column-major (column k contiguous over m), stride 24.
+        a[r * 24u + c] = f16(f32(r * 16u + c) * 0.25 - 20.0);
+        // I(k = r, n = c) row-major, stride 24.
+        b[r * 24u + c] = select(f16(0.0), f16(1.0), r == c);
+    }
+    workgroupBarrier();
+    let c0 = coop_mat16x16<f32, C>();
+    let cz = coopLoad<coop_mat16x16<f32, C>>(&z[0], 16u);
+    let am = coopLoad<coop_mat16x16<f16, A>>(&a[0], 24u);
+    let bm = coopLoadT<coop_mat16x16<f16, B>>(&b[0], 24u);
+    let p0 = coopMultiplyAdd(am, bm, c0);
+    let pz = coopMultiplyAdd(am, bm, cz);
+    coopStoreT(c0, &out[0], 16u);
+    coopStoreT(cz, &out[256], 16u);
+    coopStoreT(p0, &out[512], 16u);
+    coopStoreT(pz, &out[768], 16u);
+}
+";
+        let pipe = ctx.compute("coop_probe", src, "main").unwrap();
+        let out = ctx.storage("out", 4 * 1024).unwrap();
+        let bg = ctx
+            .bind_group("coop_probe", &pipe, &[out.as_entire_binding()])
+            .unwrap();
+        ctx.run_pass(|p| {
+            p.set_pipeline(&pipe);
+            p.set_bind_group(0, &bg, &[]);
+            p.dispatch_workgroups(1, 1, 1);
+        })
+        .unwrap();
+        let got = ctx.read_f32(&out, 1024).unwrap();
+        let mut bad = 0;
+        for (part, name) in ["zero ctor", "zero load", "A x I + ctor", "A x I + load"]
+            .iter()
+            .enumerate()
+        {
+            let mut first = Vec::new();
+            for e in 0..256 {
+                // Row-major store: element (m, n) at m * 16 + n; A(m, k) = (k * 16 + m) / 4 - 20.
+                let (m, n) = (e / 16, e % 16);
+                let want = if part < 2 {
+                    0.0
+                } else {
+                    (n * 16 + m) as f32 * 0.25 - 20.0
+                };
+                let g = got[part * 256 + e];
+                if g != want && first.len() < 4 {
+                    first.push(format!("({m},{n}) got {g} want {want}"));
+                }
+            }
+            eprintln!(
+                "coop_probe {name}: {}",
+                if first.is_empty() {
+                    "ok".into()
+                } else {
+                    first.join("; ")
+                }
+            );
+            bad += first.len();
+        }
+        assert_eq!(
+            bad, 0,
+            "cooperative-matrix operations disagree with their definitions"
+        );
+    }
+
+    /// Diagnostic (ignored; a device with cooperative matrices): the kernel's own tile split
+    /// with known small integers: 8 subgroups of a 256-wide workgroup, each two 16 x 16 output
+    /// tiles from X^T and W^T staged at the kernel's strides and offsets, accumulated over two
+    /// k steps in loop-carried variables, in four variants (subgroup ids from the builtin or
+    /// from `li / 32`; two staging arrays, or the kernel's four with its 3 products each).
+    #[test]
+    #[ignore]
+    fn coop_probe_tiles() {
+        let Some(ctx) = crate::testing::gpu("coop_probe_tiles") else {
+            return;
+        };
+        let tmpl = "enable f16;
+enable wgpu_cooperative_matrix;
+@group(0) @binding(0) var<storage, read_write> out: array<f32>; // [4096 + 256]
+const SX: u32 = 40u;
+const SW: u32 = 136u;
+var<workgroup> xh: array<f16, 32u * SX>;
+var<workgroup> wh: array<f16, 32u * SW>;
+//LO_DECL
+var<workgroup> cs: array<f32, 4096u>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgb: u32,
+        @builtin(subgroup_invocation_id) laneb: u32) {
+    let sg = SG_EXPR;
+    let lane = LANE_EXPR;
+    for (var i = li; i < 32u * SX; i += 256u) {
+        xh[i] = f16(f32(((i / SX) * 7u + (i % SX) * 3u) % 17u) - 8.0);
+        //LO_X
+    }
+    for (var i = li; i < 32u * SW; i += 256u) {
+        wh[i] = f16(f32(((i / SW) * 5u + (i % SW) * 11u) % 13u) - 6.0);
+        //LO_W
+    }
+    for (var j = 0u; j < 16u; j++) {
+        cs[sg * 512u + lane + 32u * j] = 0.0;
+    }
+    workgroupBarrier();
+    let ti = sg % 2u;
+    let g = sg / 2u;
+    var ca = coopLoad<coop_mat16x16<f32, C>>(&cs[sg * 512u], 16u);
+    var cb = coopLoad<coop_mat16x16<f32, C>>(&cs[sg * 512u], 16u);
+    for (var kk = 0u; kk < 32u; kk += 16u) {
+        let ah = coopLoad<coop_mat16x16<f16, A>>(&xh[kk * SX + 16u * ti], SX);
+        let ba = coopLoadT<coop_mat16x16<f16, B>>(&wh[kk * SW + 16u * g], SW);
+        ca = coopMultiplyAdd(ah, ba, ca);
+        let bb = coopLoadT<coop_mat16x16<f16, B>>(&wh[kk * SW + 16u * (g + 4u)], SW);
+        cb = coopMultiplyAdd(ah, bb, cb);
+        //LO_MMA
+    }
+    workgroupBarrier();
+    coopStoreT(ca, &cs[sg * 512u], 16u);
+    coopStoreT(cb, &cs[sg * 512u + 256u], 16u);
+    workgroupBarrier();
+    for (var j = 0u; j < 16u; j++) {
+        out[sg * 512u + lane + 32u * j] = cs[sg * 512u + lane + 32u * j];
+    }
+    out[4096u + li] = f32(sgb * 32u + laneb);
+}
+";
+        let lo_decl =
+            "var<workgroup> xl: array<f16, 32u * SX>;\nvar<workgroup> wl: array<f16, 32u * SW>;";
+        let lo_mma = "let al = coopLoad<coop_mat16x16<f16, A>>(&xl[kk * SX + 16u * ti], SX);
+        let bla = coopLoadT<coop_mat16x16<f16, B>>(&wl[kk * SW + 16u * g], SW);
+        ca = coopMultiplyAdd(al, ba, ca);
+        ca = coopMultiplyAdd(ah, bla, ca);
+        let blb = coopLoadT<coop_mat16x16<f16, B>>(&wl[kk * SW + 16u * (g + 4u)], SW);
+        cb = coopMultiplyAdd(al, bb, cb);
+        cb = coopMultiplyAdd(ah, blb, cb);";
+        // CPU: X^T(k, m), W^T(k, n) as the shader fills them.
+        let xt = |k: usize, m: usize| ((k * 7 + m * 3) % 17) as f32 - 8.0;
+        let wt = |k: usize, n: usize| ((k * 5 + n * 11) % 13) as f32 - 6.0;
+        let mut failed = 0;
+        for (name, sg, lane, lo) in [
+            ("builtin ids, 2 arrays", "sgb", "laneb", false),
+            ("li / 32, 2 arrays", "li / 32u", "li % 32u", false),
+            ("builtin ids, 4 arrays", "sgb", "laneb", true),
+            ("li / 32, 4 arrays", "li / 32u", "li % 32u", true),
+        ] {
+            let mut src = tmpl.replace("SG_EXPR", sg).replace("LANE_EXPR", lane);
+            if lo {
+                src = src
+                    .replace("//LO_DECL", lo_decl)
+                    .replace("//LO_X", "xl[i] = f16(0.0);")
+                    .replace("//LO_W", "wl[i] = f16(0.0);")
+                    .replace("//LO_MMA", lo_mma);
+            }
+            let module = wgpu::naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            wgpu::naga::valid::Validator::new(
+                wgpu::naga::valid::ValidationFlags::all(),
+                wgpu::naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+            if !supported(&ctx) {
+                continue;
+            }
+            let pipe = match ctx.compute("coop_probe_tiles", &src, "main") {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("coop_probe_tiles {name}: pipeline error {e}");
+                    failed += 1;
+                    continue;
+                }
+            };
+            let out = ctx.storage("out", 4 * (4096 + 256)).unwrap();
+            let bg = ctx
+                .bind_group("coop_probe_tiles", &pipe, &[out.as_entire_binding()])
+                .unwrap();
+            ctx.run_pass(|p| {
+                p.set_pipeline(&pipe);
+                p.set_bind_group(0, &bg, &[]);
+                p.dispatch_workgroups(1, 1, 1);
+            })
+            .unwrap();
+            let got = ctx.read_f32(&out, 4096 + 256).unwrap();
+            let mut first = Vec::new();
+            let mut bad = 0;
+            for sgi in 0..8 {
+                let (ti, g) = (sgi % 2, sgi / 2);
+                for (half, nt) in [(0, g), (1, g + 4)] {
+                    for e in 0..256 {
+                        let (m, n) = (16 * ti + e / 16, 16 * nt + e % 16);
+                        let want: f32 = (0..32).map(|k| xt(k, m) * wt(k, n)).sum();
+                        let v = got[sgi * 512 + half * 256 + e];
+                        if v != want {
+                            bad += 1;
+                            if first.len() < 3 {
+                                first.push(format!("sg {sgi} tile {nt} ({m},{n}): {v} vs {want}"));
+                            }
+                        }
+                    }
+                }
+            }
+            let ids: Vec<u32> = got[4096..4096 + 40].iter().map(|v| *v as u32).collect();
+            eprintln!(
+                "coop_probe_tiles {name}: {bad} of 4096 wrong {}; sg*32+lane of li 0..40: {ids:?}",
+                first.join("; ")
+            );
+            failed += (bad > 0) as usize;
+        }
+        assert_eq!(failed, 0);
+    }
+
+    /// Every form and tile height parses and validates with naga (the device-free half of the
+    /// check: lavapipe has no cooperative matrices, so the numbers are tested on devices that
+    /// do, by the same tests as the f32 kernel).
+    #[test]
+    fn coop_shaders_validate() {
+        use wgpu::naga;
+        let pl = PlanLayout {
+            k: 8,
+            off: 1,
+            tiles: 130,
+            list: 400,
+        };
+        for form in [
+            GemmForm::Dense,
+            GemmForm::DenseAcc,
+            GemmForm::GateUp,
+            GemmForm::Down,
+        ] {
+            for tm in [2, 4] {
+                let plan = matches!(form, GemmForm::GateUp | GemmForm::Down).then_some(pl);
+                let src = shader(form, tm, plan);
+                let module = naga::front::wgsl::parse_str(&src)
+                    .unwrap_or_else(|e| panic!("{form:?} tm{tm}: {}", e.emit_to_string(&src)));
+                let info = naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    naga::valid::Capabilities::all(),
+                )
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{form:?} tm{tm}: {}", e.emit_to_string(&src)));
+                // The Vulkan backend's translation (what the device's compiler will see).
+                let opts = naga::back::spv::Options {
+                    lang_version: (1, 3),
+                    ..Default::default()
+                };
+                let words = naga::back::spv::write_vec(&module, &info, &opts, None)
+                    .unwrap_or_else(|e| panic!("{form:?} tm{tm}: SPIR-V: {e}"));
+                assert!(words.len() > 100, "{form:?} tm{tm}: {} words", words.len());
+                if let Ok(dir) = std::env::var("NIBBLE_DUMP_SPV") {
+                    std::fs::write(format!("{dir}/gemm_coop_{form:?}_tm{tm}.wgsl"), &src)
+                        .expect("write WGSL dump");
+                    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                    let path = format!("{dir}/gemm_coop_{form:?}_tm{tm}.spv");
+                    std::fs::write(&path, bytes).expect("write SPIR-V dump");
+                }
+            }
+        }
+    }
+}
