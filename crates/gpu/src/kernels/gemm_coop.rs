@@ -236,6 +236,25 @@ pub fn supported(ctx: &crate::context::Context) -> bool {
 mod tests {
     use super::*;
 
+    /// Run `pipe` as one workgroup writing `n` f32s to binding 0; returns them.
+    fn run_one_workgroup(
+        ctx: &crate::context::Context,
+        pipe: &wgpu::ComputePipeline,
+        n: usize,
+    ) -> Vec<f32> {
+        let out = ctx.storage("out", 4 * n as u64).unwrap();
+        let bg = ctx
+            .bind_group("coop probe", pipe, &[out.as_entire_binding()])
+            .unwrap();
+        ctx.run_pass(|p| {
+            p.set_pipeline(pipe);
+            p.set_bind_group(0, &bg, &[]);
+            p.dispatch_workgroups(1, 1, 1);
+        })
+        .unwrap();
+        ctx.read_f32(&out, n).unwrap()
+    }
+
     /// Diagnostic (ignored: needs a device with cooperative matrices, e.g. the H200 through
     /// `NIBBLE_TEST_ADAPTER=nvidia`): one subgroup checks the matrix operations this kernel uses
     /// one by one against what they must give: a zero-constructed accumulator stored, one loaded
@@ -283,17 +302,7 @@ fn main(@builtin(local_invocation_index) li: u32) {
 }
 ";
         let pipe = ctx.compute("coop_probe", src, "main").unwrap();
-        let out = ctx.storage("out", 4 * 1024).unwrap();
-        let bg = ctx
-            .bind_group("coop_probe", &pipe, &[out.as_entire_binding()])
-            .unwrap();
-        ctx.run_pass(|p| {
-            p.set_pipeline(&pipe);
-            p.set_bind_group(0, &bg, &[]);
-            p.dispatch_workgroups(1, 1, 1);
-        })
-        .unwrap();
-        let got = ctx.read_f32(&out, 1024).unwrap();
+        let got = run_one_workgroup(&ctx, &pipe, 1024);
         let mut bad = 0;
         for (part, name) in ["zero ctor", "zero load", "A x I + ctor", "A x I + load"]
             .iter()
@@ -434,17 +443,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgb: u32
                     continue;
                 }
             };
-            let out = ctx.storage("out", 4 * (4096 + 256)).unwrap();
-            let bg = ctx
-                .bind_group("coop_probe_tiles", &pipe, &[out.as_entire_binding()])
-                .unwrap();
-            ctx.run_pass(|p| {
-                p.set_pipeline(&pipe);
-                p.set_bind_group(0, &bg, &[]);
-                p.dispatch_workgroups(1, 1, 1);
-            })
-            .unwrap();
-            let got = ctx.read_f32(&out, 4096 + 256).unwrap();
+            let got = run_one_workgroup(&ctx, &pipe, 4096 + 256);
             let mut first = Vec::new();
             let mut bad = 0;
             for sgi in 0..8 {
