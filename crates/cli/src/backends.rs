@@ -121,6 +121,8 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
                 x => format!(", {x}"),
             }
         );
+        // Which prefill (and on which GEMM kernel) this device runs, e.g. matrix units or fmas.
+        eprintln!("gpu prefill: {}", g.prefill_summary());
     }
     Ok(g)
 }
