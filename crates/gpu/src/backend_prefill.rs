@@ -15,15 +15,19 @@ use nibble_backend::{Backend, OpTime};
 /// pipelines is slow) pay nothing for it.
 pub(super) enum GemmPrefill {
     Off,
-    Pending { shape: PrefillShape, merge: Combine },
-    Built(Box<PrefillPlan>),
+    Pending {
+        shape: PrefillShape,
+        merge: Combine,
+    },
+    /// The plan and what it was built from (to rebuild it on f32 fmas, `run_gemm_prefill`).
+    Built(Box<PrefillPlan>, PrefillShape, Combine),
 }
 
 impl GpuBackend {
     /// How prompts are prefilled, in words (for `describe`).
     pub fn prefill_summary(&self) -> String {
         match (&self.gemm_prefill, &self.prefill) {
-            (GemmPrefill::Built(g), _) => format!(
+            (GemmPrefill::Built(g, ..), _) => format!(
                 "GEMM prefill ({}), chunks of up to {} tokens per command buffer",
                 g.gemm_kind(),
                 g.chunk()
@@ -63,12 +67,49 @@ impl GpuBackend {
             if let Some(b) = &self.batch {
                 p.bind_streams(&self.plan.weights, b.kv_caches(), b.streams() as u32)?;
             }
-            self.gemm_prefill = GemmPrefill::Built(Box::new(p));
+            self.gemm_prefill = GemmPrefill::Built(Box::new(p), shape, merge);
         }
         Ok(match &self.gemm_prefill {
-            GemmPrefill::Built(g) => Some(g),
+            GemmPrefill::Built(g, ..) => Some(g),
             _ => None,
         })
+    }
+
+    /// The GEMM prefill (not off) of `tokens` into `target` at positions `start..`; the logits
+    /// after the last one. The matrix-unit GEMM takes its inputs through f16 (kernels/gemm_coop.rs:
+    /// magnitudes below 2^11), and a value past that range turns into inf/NaN that reaches the
+    /// logits. So where its logits are not all finite, the plan is rebuilt on f32 fmas (for the
+    /// rest of this backend's life, with a warning) and the prompt run again: its KV rows are
+    /// written afresh, and a model whose logits are non-finite on fmas too gets them as before.
+    fn run_gemm_prefill(
+        &mut self,
+        target: Target,
+        tokens: &[u32],
+        start: usize,
+    ) -> Result<Vec<f32>> {
+        let g = self
+            .gemm_prefill()?
+            .expect("the caller checked it is not off");
+        let logits = g.prefill(target, tokens, start)?;
+        if !g.uses_matrix_units() || logits.iter().all(|v| v.is_finite()) {
+            return Ok(logits);
+        }
+        let GemmPrefill::Built(_, shape, merge) = self.gemm_prefill else {
+            unreachable!("built above");
+        };
+        eprintln!(
+            "warning: the matrix-unit prefill GEMM gave non-finite logits (GEMM inputs past \
+             f16's range?); prefilling on f32 fmas from now on"
+        );
+        self.gemm_prefill = GemmPrefill::Pending {
+            shape: PrefillShape {
+                matrix_units: false,
+                ..shape
+            },
+            merge,
+        };
+        let g = self.gemm_prefill()?.expect("rebuilt");
+        g.prefill(target, tokens, start)
     }
 
     /// `tokens` (checked by the caller) at positions `start..` of the main sequence; the logits
@@ -78,8 +119,8 @@ impl GpuBackend {
             // One token is a decode step (`Backend::step`: sampled generation): the
             // single-sequence step, its next one recorded while it runs (plan_logits.rs).
             self.plan.step_logits(*t, start)?
-        } else if let Some(g) = self.gemm_prefill()? {
-            g.prefill(Target::Main, tokens, start)?
+        } else if !matches!(self.gemm_prefill, GemmPrefill::Off) {
+            self.run_gemm_prefill(Target::Main, tokens, start)?
         } else if let Some(b) = &mut self.prefill {
             b.prefill_sequence(tokens, start)?
         } else {
@@ -96,8 +137,7 @@ impl GpuBackend {
         start: usize,
     ) -> Result<Vec<f32>> {
         if prompt.len() > 1 && !matches!(self.gemm_prefill, GemmPrefill::Off) {
-            let g = self.gemm_prefill()?.expect("not off");
-            return g.prefill(Target::Stream(slot as u32), prompt, start);
+            return self.run_gemm_prefill(Target::Stream(slot as u32), prompt, start);
         }
         let b = self.batch.as_mut().expect("the caller checked the streams");
         b.prefill_slot(slot, prompt, start)

@@ -8,7 +8,7 @@ use crate::testing::{cosine, gpu};
 use nibble_backend::{Backend, RefBackend};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::synth::{gguf_dtype, tensor_bytes, SynthParams};
-use nibble_model::weights::{TensorKey, Weight, WeightSource};
+use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -55,6 +55,20 @@ pub(crate) fn model_with_vocab(seed: u64, tie: bool, vocab: usize) -> Arc<Mem> {
         .map(|k| (k, tensor_bytes(&cfg, &p, k)))
         .collect();
     Arc::new(Mem { cfg, t })
+}
+
+/// [`model_with_vocab`] with every layer's two RMSNorm weights times `scale`: the GEMM inputs
+/// (normalised rows) then reach `scale` times their usual magnitude.
+pub(crate) fn model_with_norm_scale(seed: u64, vocab: usize, scale: f32) -> Arc<Mem> {
+    let mut m = Arc::try_unwrap(model_with_vocab(seed, false, vocab))
+        .unwrap_or_else(|_| unreachable!("a fresh Arc"));
+    for (k, b) in m.t.iter_mut() {
+        if let TensorKey::Layer(_, LayerTensor::AttnNorm | LayerTensor::FfnNorm) = k {
+            let v: Vec<f32> = bytemuck::pod_collect_to_vec::<u8, f32>(b);
+            *b = bytemuck::cast_slice(&v.iter().map(|x| x * scale).collect::<Vec<f32>>()).to_vec();
+        }
+    }
+    Arc::new(m)
 }
 
 fn opts(per_token: bool, fold: u32) -> GpuOptions {

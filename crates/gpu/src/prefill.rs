@@ -388,6 +388,11 @@ impl PrefillPlan {
         self.chunk
     }
 
+    /// Whether the int4 GEMMs run on matrix units (kernels/gemm_coop.rs).
+    pub fn uses_matrix_units(&self) -> bool {
+        self.gemm.coop()
+    }
+
     /// Which GEMM kernel the int4 projections run on, in words.
     pub fn gemm_kind(&self) -> &'static str {
         if self.gemm.coop() {
