@@ -13,7 +13,9 @@
 //! and |w| >= 2^-11; below that, if the matrix units flush f16 subnormals (not measured), a term
 //! loses at most 2^-18 of x or 2^-22 of w in absolute terms. Inputs must stay below 2^11 in
 //! magnitude (f16's range after the scaling): the GEMMs' inputs are RMS-normalised rows,
-//! attention outputs and `silu(gate) * up`; nothing checks this on the device yet.
+//! attention outputs and `silu(gate) * up`. A value past it becomes inf/NaN that reaches the
+//! logits; the backend then rebuilds the prefill on f32 fmas and runs the prompt again
+//! (backend_prefill.rs `run_gemm_prefill`).
 //! Tested against the same f64 reference and bound as the f32 kernel (gemm_tests.rs,
 //! moe_prefill_tests.rs and prefill_tests.rs run it wherever the device has it).
 //!
