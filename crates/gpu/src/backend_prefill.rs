@@ -5,6 +5,7 @@
 
 use super::GpuBackend;
 use crate::kernels::attention::Combine;
+use crate::kernels::gemm;
 use crate::plan::PREFILL_CHUNK;
 use crate::prefill::{PrefillPlan, PrefillShape, Target};
 use anyhow::{ensure, Result};
@@ -35,11 +36,7 @@ impl GpuBackend {
             (GemmPrefill::Pending { shape, .. }, _) => format!(
                 "GEMM prefill ({}), chunks of up to {} tokens per command buffer (built at the \
                  first prompt, shorter if its buffers would pass {} MiB)",
-                if shape.matrix_units && crate::kernels::gemm_coop::supported(&self.plan.ctx) {
-                    crate::kernels::gemm_coop::DESCRIPTION
-                } else {
-                    crate::kernels::gemm::DESCRIPTION
-                },
+                gemm::describe(gemm::on_matrix_units(&self.plan.ctx, shape.matrix_units)),
                 (shape.chunk as usize).min(self.context_len()),
                 crate::prefill::CHUNK_BUDGET >> 20
             ),

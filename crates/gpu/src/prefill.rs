@@ -395,11 +395,7 @@ impl PrefillPlan {
 
     /// Which GEMM kernel the int4 projections run on, in words.
     pub fn gemm_kind(&self) -> &'static str {
-        if self.gemm.coop() {
-            crate::kernels::gemm_coop::DESCRIPTION
-        } else {
-            crate::kernels::gemm::DESCRIPTION
-        }
+        crate::kernels::gemm::describe(self.gemm.coop())
     }
 
     /// Prefill `tokens` at positions `pos..` of `target`'s sequence; returns the logits `[V]`

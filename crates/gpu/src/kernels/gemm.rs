@@ -30,6 +30,20 @@ pub const TILE_ROWS: u32 = 128;
 
 /// The f32 kernel in words (for `--verbose`).
 pub const DESCRIPTION: &str = "int4 GEMM, f32 fmas";
+
+/// Whether the int4 forms run on matrix units (gemm_coop.rs) on `ctx` when `wanted`.
+pub fn on_matrix_units(ctx: &Context, wanted: bool) -> bool {
+    wanted && super::gemm_coop::supported(ctx)
+}
+
+/// The int4 GEMM kernel in words: on matrix units or on f32 fmas.
+pub fn describe(matrix_units: bool) -> &'static str {
+    if matrix_units {
+        super::gemm_coop::DESCRIPTION
+    } else {
+        DESCRIPTION
+    }
+}
 /// Threads per workgroup (16 x 16).
 const WG: u32 = 256;
 
@@ -412,7 +426,7 @@ impl GemmKernel {
     /// for the matrix-unit one); `coop`: run the int4 forms on matrix units where
     /// [`super::gemm_coop::supported`] (the f32 router GEMM always takes f32 fmas).
     pub fn with_coop(ctx: &Context, coop: bool) -> Result<GemmKernel> {
-        let coop = coop && super::gemm_coop::supported(ctx);
+        let coop = on_matrix_units(ctx, coop);
         let need = if coop {
             (2 * 32 * 72 * 2 + 2 * 32 * 136 * 2 + 8 * 512 * 4) as u64
         } else {
