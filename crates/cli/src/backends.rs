@@ -63,10 +63,10 @@ pub struct BackendArgs {
     /// dispatch, for comparisons).
     #[arg(long, default_value_t = nibble_gpu::prefill::DEFAULT_CHUNK)]
     pub prefill_chunk: u32,
-    /// GPU: the GEMM prefill's attention as query tiles (a block of tokens per workgroup)
-    /// instead of one column per token (for comparisons; slower on the H200 so far).
+    /// GPU: the GEMM prefill's attention as one column per token instead of query tiles (a
+    /// block of tokens per workgroup, the default where the shapes allow; for comparisons).
     #[arg(long)]
-    pub prefill_query_tiles: bool,
+    pub prefill_column_attention: bool,
     /// GPU: the GEMM prefill's int4 products as f32 fmas even where matrix units (tensor
     /// cores) are offered (for comparisons; the matrix-unit kernel is the default there).
     #[arg(long)]
@@ -94,7 +94,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
             .then_some(nibble_gpu::kernels::attention::Combine::Dispatch),
         tune: args.tune.unwrap_or_default(),
         prefill_chunk: args.prefill_chunk,
-        prefill_query_tiles: args.prefill_query_tiles,
+        prefill_query_tiles: !args.prefill_column_attention,
         prefill_matrix_units: !args.prefill_f32_gemm,
         ..GpuOptions::default()
     };

@@ -69,8 +69,9 @@ pub struct GpuOptions {
     /// Prompt tokens per chunk of the GEMM prefill (`prefill.rs`); 0 keeps the column prefill
     /// (8 tokens per dispatch), for comparisons.
     pub prefill_chunk: u32,
-    /// The GEMM prefill's attention as query tiles (kernels/attention_prefill.rs) instead of one
-    /// column per token; off by default: slower on the H200 (docs/BENCHMARKS.md run 82).
+    /// The GEMM prefill's attention as query tiles (kernels/attention_prefill.rs) where the
+    /// shapes allow, instead of one column per token (false: for comparisons). On the H200 it
+    /// is 1.1-2.0x faster in the whole prefill (docs/BENCHMARKS.md run 95).
     pub prefill_query_tiles: bool,
     /// The GEMM prefill's int4 products on matrix units (tensor cores; kernels/gemm_coop.rs)
     /// where the device offers them (NVIDIA on Vulkan); false keeps the f32-fma kernel
@@ -93,7 +94,7 @@ impl Default for GpuOptions {
             attention_combine: None,
             tune: crate::tune::Tune::default(),
             prefill_chunk: crate::prefill::DEFAULT_CHUNK,
-            prefill_query_tiles: false,
+            prefill_query_tiles: true,
             prefill_matrix_units: true,
         }
     }

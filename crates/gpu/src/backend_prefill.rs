@@ -29,14 +29,20 @@ impl GpuBackend {
     pub fn prefill_summary(&self) -> String {
         match (&self.gemm_prefill, &self.prefill) {
             (GemmPrefill::Built(g, ..), _) => format!(
-                "GEMM prefill ({}), chunks of up to {} tokens per command buffer",
+                "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer",
                 g.gemm_kind(),
+                g.attention_kind(),
                 g.chunk()
             ),
             (GemmPrefill::Pending { shape, .. }, _) => format!(
-                "GEMM prefill ({}), chunks of up to {} tokens per command buffer (built at the \
-                 first prompt, shorter if its buffers would pass {} MiB)",
+                "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer (built at \
+                 the first prompt, shorter if its buffers would pass {} MiB)",
                 gemm::describe(gemm::on_matrix_units(&self.plan.ctx, shape.matrix_units)),
+                if shape.query_tiles {
+                    "query-tile attention where the shapes allow"
+                } else {
+                    "column attention"
+                },
                 (shape.chunk as usize).min(self.context_len()),
                 crate::prefill::CHUNK_BUDGET >> 20
             ),

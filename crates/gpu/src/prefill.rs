@@ -7,11 +7,12 @@
 //! One chunk, one command buffer, per layer (`T` = tokens in the chunk, buffers `[chunk, ...]`):
 //! 1. `xn = rmsnorm(h) * attn_norm` (one workgroup per token);
 //! 2. `qkv = Wqkv xn` (dense GEMM);
-//! 3. attention over the columns in prefill mode (attention_cols.rs): every token's roped k and v
-//!    written into its cache row first, then each token attends causally over the cache (rows of
-//!    earlier chunks included), one column per token in the grid's z. With
-//!    `GpuOptions::prefill_query_tiles` the KV write is followed by the query-tile kernel
-//!    instead (kernels/attention_prefill.rs; correct, but slower on the H200: run 82);
+//! 3. attention: every token's roped k and v written into its cache row first (attention_cols.rs
+//!    in prefill mode), then the query-tile kernel (kernels/attention_prefill.rs, the default
+//!    where the shapes allow: a block of tokens x the q heads of one kv head per workgroup)
+//!    attends causally over the cache (rows of earlier chunks included); with
+//!    `GpuOptions::prefill_query_tiles` false, or shapes it does not take, the column attention
+//!    (one column per token in the grid's z) does instead;
 //! 4. `h += Wo att` (dense GEMM, `+=`);
 //! 5. `xn = rmsnorm(h) * ffn_norm`, then the router logits `Wr xn` (the f32 GEMM);
 //! 6. the MoE (route, plan, gate/up GEMM, down GEMM, combine into `h`).
@@ -396,6 +397,15 @@ impl PrefillPlan {
     /// Which GEMM kernel the int4 projections run on, in words.
     pub fn gemm_kind(&self) -> &'static str {
         crate::kernels::gemm::describe(self.gemm.coop())
+    }
+
+    /// Which attention reads the cache, in words.
+    pub fn attention_kind(&self) -> &'static str {
+        if self.tiles_k.is_some() {
+            "query-tile attention"
+        } else {
+            "column attention"
+        }
     }
 
     /// Prefill `tokens` at positions `pos..` of `target`'s sequence; returns the logits `[V]`

@@ -17,9 +17,9 @@ fn opts(prefill_chunk: u32, streams: usize) -> GpuOptions {
     }
 }
 
-fn tiles(o: GpuOptions) -> GpuOptions {
+fn column_attention(o: GpuOptions) -> GpuOptions {
     GpuOptions {
-        prefill_query_tiles: true,
+        prefill_query_tiles: false,
         ..o
     }
 }
@@ -38,13 +38,15 @@ fn gemm_prefill_matches_the_oracle_and_the_column_prefill() {
     let m = model_with_vocab(14, false, 512);
     let mut columns = GpuBackend::with_context(&ctx, m.as_ref(), opts(0, 0)).unwrap();
     assert!(columns.prefill_summary().starts_with("column prefill"));
-    // The column attention (default) in many chunks and in one (512 asked for, shortened to the
-    // 256-position context); the query tiles in many.
+    // The query tiles (default) in many chunks and in one (512 asked for, shortened to the
+    // 256-position context); the column attention in many and in one.
     for (chunk, o) in [
         (16u32, opts(16, 0)),
         (256, opts(512, 0)),
-        (16, tiles(opts(16, 0))),
+        (16, column_attention(opts(16, 0))),
+        (256, column_attention(opts(512, 0))),
     ] {
+        let tiles = o.prefill_query_tiles;
         let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
         let d = gb.describe();
         assert!(
@@ -58,6 +60,13 @@ fn gemm_prefill_matches_the_oracle_and_the_column_prefill() {
             gb.truncate(0).unwrap();
             let got = gb.prefill(&p).unwrap();
             assert_eq!(gb.position(), len);
+            let d = gb.describe();
+            let kind = if tiles {
+                "; query-tile attention)"
+            } else {
+                "; column attention)"
+            };
+            assert!(d.contains(kind), "{d}");
             columns.truncate(0).unwrap();
             let col = columns.prefill(&p).unwrap();
             let (c, cc) = (cosine(&got, &want), cosine(&got, &col));
@@ -104,7 +113,7 @@ fn gemm_prefill_of_a_stream_slot_matches_the_main_sequence() {
         return;
     };
     let m = model_with_vocab(15, false, 512);
-    for o in [opts(16, 2), tiles(opts(16, 2))] {
+    for o in [opts(16, 2), column_attention(opts(16, 2))] {
         stream_slot_case(&ctx, m.clone(), o);
     }
 }

@@ -168,3 +168,137 @@ fn attention_prefill_rejects_what_it_cannot_take() {
     };
     assert!(k.bind(&ctx, &b).is_err(), "buffers too small were accepted");
 }
+
+/// Timing diagnostic for the GPU machine (ignored; `NIBBLE_TEST_ADAPTER=nvidia gpu-tests
+/// attention_prefill_timing --ignored --nocapture`): wall ms of the KV write and of the KV write
+/// plus the tile kernel, with parts of its work switched off (`with_variant`: 1 no score dots,
+/// 2 no p V, 4 no exp, 8 no K/V loads), at Qwen3's shape: 2048 tokens from position 0 and 512
+/// from position 4096.
+#[test]
+#[ignore]
+fn attention_prefill_timing() {
+    let Some(ctx) = gpu("attention_prefill_timing") else {
+        return;
+    };
+    // NIBBLE_TIMING_DIV shrinks the shapes (a smoke run on lavapipe).
+    let div: u32 = std::env::var("NIBBLE_TIMING_DIV")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    for (t, p0) in [(2048u32 / div, 0u32), (512 / div, 4096 / div)] {
+        let p = params(32, 4, 128, p0 + t + 16);
+        let mut r = rng(7);
+        let d = p.head_dim as usize;
+        let (hq, hkv) = (p.heads as usize, p.kv_heads as usize);
+        let w = (hq + 2 * hkv) * d;
+        let cache_len = p.ctx as usize * hkv * d;
+        let f = |label: &str, v: &[f32]| ctx.storage_init(label, bytemuck::cast_slice(v)).unwrap();
+        let qb = f("qkv", &rand_f32(&mut r, t as usize * w, -2.0, 2.0));
+        let qn = f("q_norm", &rand_f32(&mut r, d, 0.5, 1.5));
+        let kn = f("k_norm", &rand_f32(&mut r, d, 0.5, 1.5));
+        let kc = f("k_cache", &rand_f32(&mut r, cache_len, -1.5, 1.5));
+        let vc = f("v_cache", &rand_f32(&mut r, cache_len, -1.0, 1.0));
+        let out = f("out", &vec![0.0; t as usize * hq * d]);
+        let cs: Vec<Col> = (0..t).map(|j| Col::active(5, p0 + j, 0)).collect();
+        let cols = ctx
+            .storage("cols", (t as usize * std::mem::size_of::<Col>()) as u64)
+            .unwrap();
+        ctx.write(&cols, 0, bytemuck::cast_slice(&cs));
+        let dims = ctx
+            .uniform("dims", bytemuck::cast_slice(&[t, 0, 0, 0]))
+            .unwrap();
+        let state = RunState::default().buffer(&ctx).unwrap();
+        let ak = AttentionKernel::new(&ctx, p).unwrap();
+        let write = ak
+            .bind_kv_write(
+                &ctx,
+                &AttentionColsBuffers {
+                    state: &state,
+                    cols: &cols,
+                    qkv: &qb,
+                    q_norm: &qn,
+                    k_norm: &kn,
+                    k_cache: &kc,
+                    v_cache: &vc,
+                    out: &out,
+                    columns: t,
+                    slots: 1,
+                    mode: ColumnMode::Prefill,
+                },
+            )
+            .unwrap();
+        let time = |f: &dyn Fn(&mut wgpu::ComputePass<'_>)| {
+            let mut ms = Vec::new();
+            for _ in 0..7 {
+                let s = std::time::Instant::now();
+                ctx.run_pass(|pass| f(pass)).unwrap();
+                ms.push(s.elapsed().as_secs_f64() * 1e3);
+            }
+            ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            ms[3]
+        };
+        // An idle GPU runs its first submits at low clocks: ~0.5 s of work before any timing.
+        let s = std::time::Instant::now();
+        while s.elapsed().as_secs_f64() < 0.5 {
+            ctx.run_pass(|pass| ak.record_kv_write(pass, &write, t).unwrap())
+                .unwrap();
+        }
+        let base = time(&|pass| ak.record_kv_write(pass, &write, t).unwrap());
+        println!("timing t {t} p0 {p0}: kv write alone {base:.3} ms");
+        // The column attention (KV write included) for comparison, where its partials fit.
+        match ak.scratch_cols(&ctx, t) {
+            Ok(scratch) => {
+                let colb = ak
+                    .bind_cols(
+                        &ctx,
+                        &AttentionColsBuffers {
+                            state: &state,
+                            cols: &cols,
+                            qkv: &qb,
+                            q_norm: &qn,
+                            k_norm: &kn,
+                            k_cache: &kc,
+                            v_cache: &vc,
+                            out: &out,
+                            columns: t,
+                            slots: 1,
+                            mode: ColumnMode::Prefill,
+                        },
+                        &scratch,
+                    )
+                    .unwrap();
+                let colms = time(&|pass| ak.record_cols(pass, &colb, p0 + t - 1, t).unwrap());
+                println!("timing t {t} p0 {p0}: column attention {colms:.3} ms");
+            }
+            Err(e) => println!("timing t {t} p0 {p0}: column attention not timed: {e}"),
+        }
+        for v in [0u32, 1, 2, 3] {
+            let k = AttentionPrefillKernel::with_variant(&ctx, p, v).unwrap();
+            let b = k
+                .bind(
+                    &ctx,
+                    &AttentionPrefillBuffers {
+                        qkv: &qb,
+                        q_norm: &qn,
+                        k_cache: &kc,
+                        v_cache: &vc,
+                        out: &out,
+                        cols: &cols,
+                        dims: &dims,
+                        tokens: t,
+                        slots: 1,
+                    },
+                )
+                .unwrap();
+            let ms = time(&|pass| {
+                ak.record_kv_write(pass, &write, t).unwrap();
+                k.record(pass, &b, t);
+            });
+            println!(
+                "timing t {t} p0 {p0}: variant {v:2}: {ms:.3} ms (tiles {:.3})",
+                ms - base
+            );
+        }
+    }
+}

@@ -1,22 +1,31 @@
 // Causal GQA attention of a prefill chunk with query tiles (attention_prefill.rs): workgroup
-// (b, h) takes the BQ consecutive tokens b*BQ .. b*BQ + BQ of the chunk and the G query heads of kv
-// head h, R = BQ * G query rows, and streams the K/V rows 0 ..= (its last token's position) through
-// shared memory once for all of them, BK rows per tile (the decode kernel reads them once per
-// token). The chunk's own K/V rows are already in the cache (`kv_write_cols` ran first).
+// (b, h) takes the BQ consecutive tokens of tile b and the G query heads of kv head h, R = BQ * G
+// = 64 query rows, and streams the K/V rows 0 ..= (its last token's position) through shared
+// memory once for all of them, BK rows per tile. The chunk's own K/V rows are already in the
+// cache (`kv_write_cols` ran first). Tiles run longest first (tile b = last - workgroup x): under
+// the causal mask the last tokens walk the most keys, and starting them first keeps the tail short.
 // Prepended by the host: consts D, D4, HQ, HKV, G, CTX, EPS, SCALE, QKVW4 (vec4s per token of
-// qkv), NS (threads per query row), BQ, BK, R (= BQ G), RS (floats per row of `part`), and
-// columns.wgsl (`Col`).
+// qkv), BQ, BK, R, KS (vec4 stride of a staged K/V row: D4 + 1, so 8 rows start in 8 different
+// bank groups), PS (float stride of a score row: BK + 4), KPT (= BK / 8), DG, DV (= D4 / DG), QPV
+// (= R DG / 256), and columns.wgsl (`Col`).
 //
-// Thread li owns query row r = li / NS (token r / G of the tile, query head h G + r % G) and the
-// vec4s sl, sl + NS, .. of its D (sl = li % NS): interleaved, so the NS threads of a row read NS
-// consecutive vec4s of a K or V row (one wavefront, the other rows of the warp read the same:
-// broadcasts). Per tile: each thread's partial dots over its vec4s for every key; the NS partials
-// of a row meet in `part`; every thread of the row then sums them in the same order and runs the
-// same online-softmax update (so the NS copies of (m, l) agree without another barrier), and adds
-// p V over its own vec4s to its output accumulators.
-//
-// q is normed, roped and scaled by 1/sqrt(D) as attention_rope.wgsl does (same cos_sin range
-// reduction); scores past a row's own position are masked.
+// Why this shape: the work per key is 2 D multiply-adds per query row, and a kernel that gives
+// each thread one query row (its earlier form) pays one shared-memory load per 4 of them. Here a
+// thread computes a small block of products from values it loads once and reuses:
+// 1. Scores: thread (qg = li / 8, kq = li % 8) owns rows 2 qg, 2 qg + 1 and keys kq + 8 i
+//    (i < KPT): per vec4 of D, 2 loads of q (from `out`, see below) and KPT of K, 2 KPT vec4
+//    fmas. The raw scores go to `ps`.
+// 2. Online softmax: thread (r = li / 4, part = li % 4) reads row r's BK scores, and the four
+//    threads of a row compute the same running max m (same inputs, same order: no exchange
+//    needed); each rescales its own partial sum l and turns its BK / 4 scores into weights
+//    exp(s - m) in place. The rescale factor of the row goes to `cr`.
+// 3. Output: thread (qv = li / DG, dg = li % DG) owns rows QPV qv .. + QPV and the vec4s dg + DG i
+//    (i < DV) of D: it scales its accumulators by `cr` and adds p V; each V vec4 it loads serves
+//    its QPV rows.
+// q is normed, roped and scaled by 1/sqrt(D) once per workgroup (as attention_rope.wgsl does,
+// same cos_sin range reduction) and parked in this workgroup's own rows of `out`, which no other
+// workgroup touches; the final output overwrites it after the last read. Scores past a row's own
+// position are masked. Four barriers per K/V tile.
 struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
 
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;        // [T, QKVW4]
@@ -29,16 +38,17 @@ struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
 @group(0) @binding(7) var<uniform> dims: Dims;
 
 const HALF: u32 = D / 2u;
+// Threads per query row in the q norm.
+const NS: u32 = 256u / R;
 const DS4: u32 = D4 / NS;
 const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.0019353071795864769;
 const INV_TWO_PI: f32 = 0.15915494309189535;
 
-var<workgroup> ks: array<vec4<f32>, BK * D4>;
-var<workgroup> vs: array<vec4<f32>, BK * D4>;
-// [R][BK][NS] partial dots (row stride RS floats: no bank conflicts between the rows of a warp);
-// the q norm's [R][NS] partial sums first.
-var<workgroup> part: array<f32, R * RS>;
+var<workgroup> ks: array<vec4<f32>, BK * KS>;   // [BK][KS] the tile's K rows
+var<workgroup> vs: array<vec4<f32>, BK * KS>;   // [BK][KS] the tile's V rows
+var<workgroup> ps: array<f32, R * PS>;          // [R][PS] scores, then weights; norm sums first
+var<workgroup> cr: array<f32, R>;               // [R] each row's rescale for this tile
 
 fn cos_sin(a: f32) -> vec2<f32> {
     let k = round(a * INV_TWO_PI);
@@ -50,116 +60,137 @@ fn q_at(i: u32) -> f32 {
     return qkv[i / 4u][i % 4u];
 }
 
+// Row r of the workgroup: token t0 + r / G (clamped to the chunk: rows past it mirror the last
+// token and are never written), query head h G + r % G; its first vec4 in `out`.
+fn row_base(t0: u32, h: u32, r: u32) -> u32 {
+    let t = min(t0 + r / G, dims.m - 1u);
+    return t * HQ * D4 + (h * G + r % G) * D4;
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let t0 = wid.x * BQ;
-    let h = wid.y;
+    let tiles = (dims.m + BQ - 1u) / BQ;
     // Uniform: the whole workgroup leaves or stays.
-    if (t0 >= dims.m) {
+    if (wid.x >= tiles) {
         return;
     }
-    let r = li / NS;
-    let sl = li % NS;
-    let tq = t0 + r / G;
-    let live = tq < dims.m;
-    let tc = min(tq, dims.m - 1u);
-    let qpos = cols[tc].pos;
+    let t0 = (tiles - 1u - wid.x) * BQ;
+    let h = wid.y;
     // The tile's last position and its slot's first cache row (uniform).
     let pmax = cols[min(t0 + BQ, dims.m) - 1u].pos;
     let row0 = cols[t0].slot * CTX;
-    let hq = h * G + r % G;
-    let qb = tc * QKVW4 * 4u + hq * D;
 
-    // q norm: the NS partial sums of squares of the row, summed in slot order.
-    var ss = 0.0;
-    for (var k4 = 0u; k4 < DS4; k4++) {
-        let v = qkv[qb / 4u + k4 * NS + sl];
-        ss += dot(v, v);
-    }
-    part[r * RS + sl] = ss;
-    workgroupBarrier();
-    var tot = 0.0;
-    for (var s = 0u; s < NS; s++) {
-        tot += part[r * RS + s];
-    }
-    let inv = inverseSqrt(tot / f32(D) + EPS);
-    var qv: array<vec4<f32>, DS4>;
-    var o: array<vec4<f32>, DS4>;
-    let p = f32(qpos);
-    for (var k4 = 0u; k4 < DS4; k4++) {
-        var v: vec4<f32>;
-        for (var j = 0u; j < 4u; j++) {
-            let d = 4u * (k4 * NS + sl) + j;
-            let i = d % HALF;
-            let a = q_at(qb + i) * inv * q_norm[i];
-            let b = q_at(qb + i + HALF) * inv * q_norm[i + HALF];
-            let cs = cos_sin(p * inv_freq[i]);
-            if (d < HALF) {
-                v[j] = a * cs.x - b * cs.y;
-            } else {
-                v[j] = b * cs.x + a * cs.y;
+    // q norm + RoPE: NS threads per row, the NS partial sums of squares summed in slot order.
+    {
+        let r = li / NS;
+        let sl = li % NS;
+        let tq = t0 + r / G;
+        let tc = min(tq, dims.m - 1u);
+        let hq = h * G + r % G;
+        let qb = tc * QKVW4 * 4u + hq * D;
+        var ss = 0.0;
+        for (var k4 = 0u; k4 < DS4; k4++) {
+            let v = qkv[qb / 4u + k4 * NS + sl];
+            ss += dot(v, v);
+        }
+        ps[r * PS + sl] = ss;
+        workgroupBarrier();
+        var tot = 0.0;
+        for (var s = 0u; s < NS; s++) {
+            tot += ps[r * PS + s];
+        }
+        let inv = inverseSqrt(tot / f32(D) + EPS);
+        let p = f32(cols[tc].pos);
+        if (tq < dims.m) {
+            for (var k4 = 0u; k4 < DS4; k4++) {
+                var v: vec4<f32>;
+                for (var j = 0u; j < 4u; j++) {
+                    let d = 4u * (k4 * NS + sl) + j;
+                    let i = d % HALF;
+                    let a = q_at(qb + i) * inv * q_norm[i];
+                    let b = q_at(qb + i + HALF) * inv * q_norm[i + HALF];
+                    let cs = cos_sin(p * inv_freq[i]);
+                    if (d < HALF) {
+                        v[j] = a * cs.x - b * cs.y;
+                    } else {
+                        v[j] = b * cs.x + a * cs.y;
+                    }
+                }
+                out[tc * HQ * D4 + hq * D4 + k4 * NS + sl] = v * SCALE;
             }
         }
-        qv[k4] = v * SCALE;
-        o[k4] = vec4<f32>(0.0);
     }
+    // The q rows in `out` are visible to the whole workgroup from here on.
+    storageBarrier();
+
+    // Phase 1 roles: rows sa, sa + 1 (their q in `out`, their positions) and keys kq + 8 i.
+    let kq = li % 8u;
+    let sa = 2u * (li / 8u);
+    let qa = row_base(t0, h, sa);
+    let qb2 = row_base(t0, h, sa + 1u);
+    let pos_a = cols[min(t0 + sa / G, dims.m - 1u)].pos;
+    let pos_b = cols[min(t0 + (sa + 1u) / G, dims.m - 1u)].pos;
+    // Phase 2 roles: row sr, part sp of its scores; m and l of the row.
+    let sr = li / 4u;
+    let sp = li % 4u;
     var m = -3.0e38;
     var l = 0.0;
+    // Phase 3 roles: rows QPV ov .. + QPV, vec4s dg + DG i.
+    let dg = li % DG;
+    let ov = QPV * (li / DG);
+    // @GEN out_init
+
     for (var kb = 0u; kb <= pmax; kb += BK) {
-        // `part` (the norm's sums, or the last tile's dots) and the tiles are free again.
+        // The last tile's weights and V rows (and, first time round, the norm sums) are free.
         workgroupBarrier();
-        for (var i = li; i < BK * D4; i += 256u) {
+        for (var i = li; i < select(BK * D4, 0u, (VARIANT & 8u) != 0u); i += 256u) {
             let j = i / D4;
+            let c = i % D4;
             let kp = min(kb + j, pmax);
-            let src = ((row0 + kp) * HKV + h) * D4 + i % D4;
-            ks[i] = k_cache[src];
-            vs[i] = v_cache[src];
+            let src = ((row0 + kp) * HKV + h) * D4 + c;
+            ks[j * KS + c] = k_cache[src];
+            vs[j * KS + c] = v_cache[src];
         }
         workgroupBarrier();
-        var dots: array<f32, BK>;
-        for (var j = 0u; j < BK; j++) {
-            var acc = 0.0;
-            for (var k4 = 0u; k4 < DS4; k4++) {
-                acc += dot(qv[k4], ks[j * D4 + k4 * NS + sl]);
-            }
-            dots[j] = acc;
+        // 1. Scores of rows sa, sa + 1 against keys kq + 8 i.
+        // @GEN scores_init
+        for (var c = 0u; c < select(D4, 0u, (VARIANT & 1u) != 0u); c++) {
+            let x = out[qa + c];
+            let y = out[qb2 + c];
+            // @GEN scores_body
         }
-        for (var j = 0u; j < BK; j++) {
-            part[r * RS + j * NS + sl] = dots[j];
-        }
+        let one = vec4<f32>(1.0);
+        // @GEN scores_store
         workgroupBarrier();
-        // Every thread of the row: the full scores, masked past the row's position.
+        // 2. Row sr: the new running max over all BK scores, then this part's weights.
         var mt = m;
-        for (var j = 0u; j < BK; j++) {
-            var sc = 0.0;
-            for (var s = 0u; s < NS; s++) {
-                sc += part[r * RS + j * NS + s];
-            }
-            if (kb + j > qpos) {
-                sc = -3.0e38;
-            }
-            dots[j] = sc;
-            mt = max(mt, sc);
+        for (var c = 0u; c < BK / 4u; c++) {
+            let s = vec4<f32>(ps[sr * PS + 4u * c], ps[sr * PS + 4u * c + 1u],
+                              ps[sr * PS + 4u * c + 2u], ps[sr * PS + 4u * c + 3u]);
+            mt = max(mt, max(max(s.x, s.y), max(s.z, s.w)));
         }
+        // Masked keys: exp(-3e38 - mt) is 0 (mt is finite from key 0 of the first tile on).
         let corr = exp(m - mt);
         l *= corr;
-        for (var k4 = 0u; k4 < DS4; k4++) {
-            o[k4] *= corr;
-        }
-        for (var j = 0u; j < BK; j++) {
-            // Masked keys: exp(-3e38 - mt) is 0 (mt is finite from key 0 of the first tile on).
-            let e = exp(dots[j] - mt);
+        for (var j = sp * (BK / 4u); j < (sp + 1u) * (BK / 4u); j++) {
+            let e = select(exp(ps[sr * PS + j] - mt), 1.0, (VARIANT & 4u) != 0u);
             l += e;
-            for (var k4 = 0u; k4 < DS4; k4++) {
-                o[k4] = fma(vec4<f32>(e), vs[j * D4 + k4 * NS + sl], o[k4]);
-            }
+            ps[sr * PS + j] = e;
+        }
+        if (sp == 0u) {
+            cr[sr] = corr;
         }
         m = mt;
-    }
-    if (live) {
-        let ob = tq * HQ * D4 + hq * D4;
-        for (var k4 = 0u; k4 < DS4; k4++) {
-            out[ob + k4 * NS + sl] = o[k4] / l;
+        workgroupBarrier();
+        // 3. Rows ov.., vec4s dg + DG i: rescale, then add the tile's weighted V rows.
+        // @GEN out_rescale
+        for (var j = 0u; j < select(BK, 0u, (VARIANT & 2u) != 0u); j++) {
+            // @GEN out_body
         }
     }
+    // Each row's sum is split over its 4 parts: gather them in `cr`-sized slices of `ps`.
+    workgroupBarrier();
+    ps[sr * 4u + sp] = l;
+    workgroupBarrier();
+    // @GEN out_store
 }
