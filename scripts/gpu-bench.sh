@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,sampled,bench,profile,routerab,ab,lone,prefill,coop,qtiles,prefillprof,combineab,splitab,flagsets,gputests,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,sampled,bench,profile,routerab,ab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
 # fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has lone || has coop || has qtiles || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -182,6 +182,16 @@ if has qtiles; then
   done
   say "prefill profile with query tiles: one chunk of 2048 tokens"
   timeout 200 $N bench -m $MODEL --backend gpu --prefill-chunk 2048 -p 2048 -n 4 --reps 2 --ctx 2112 --profile-prefill 2048 2>&1 | grep -E "^pp|prefill profile|calls" | tee -a "$S"
+fi
+if has splits; then
+  # The query-tile attention's key splits (kernels/attention_prefill.rs) against none
+  # (`--tune prefill_splits=1`): short prompts deep in the context, where the tiles alone
+  # leave most of the GPU idle, and pp512 at depth 4096.
+  for mode in "--tune prefill_splits=1" ""; do
+    say "splits: ${mode:-default splits}"
+    timeout 200 $N bench -m $MODEL --backend gpu $mode -p 64 -n 4 --reps 5 --depth 0,4096 --ctx 4700 2>&1 | grep -E "^pp" | tee -a "$S"
+    timeout 200 $N bench -m $MODEL --backend gpu $mode -p 512 -n 4 --reps 3 --depth 4096 --ctx 4700 2>&1 | grep -E "^pp" | tee -a "$S"
+  done
 fi
 if has prefillprof; then
   # Where a prefill chunk's GPU time goes, op by op over the layers (--profile-prefill), at the

@@ -56,7 +56,8 @@ pub struct BackendArgs {
     /// down_rows, down_split (the MoE kernels; down_split: each down row block's expert slots
     /// over 1, 2, 4 or 8 workgroups), attn_workgroups (the attention split's target, default
     /// 1024), attn_tile_loads (1..=16, default 2), attn_fused_max (chunks per kv head the fused
-    /// combine serves, default 16). Unset keys keep the measured defaults.
+    /// combine serves, default 16), prefill_splits (most key splits of the prefill's query-tile
+    /// attention, 1..=16, default 16; 1: none). Unset keys keep the measured defaults.
     #[arg(long, value_parser = |s: &str| s.parse::<nibble_gpu::tune::Tune>())]
     pub tune: Option<nibble_gpu::tune::Tune>,
     /// GPU: prompt tokens per chunk of the GEMM prefill (0: the column prefill, 8 tokens per

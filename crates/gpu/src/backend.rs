@@ -257,6 +257,7 @@ impl GpuBackend {
                     chunk: opts.prefill_chunk,
                     query_tiles: opts.prefill_query_tiles,
                     matrix_units: opts.prefill_matrix_units,
+                    max_splits: opts.tune.prefill_splits,
                 },
                 merge,
             }

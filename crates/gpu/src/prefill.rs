@@ -35,6 +35,7 @@ use crate::kernels::attention::{
 };
 use crate::kernels::attention_prefill::{
     AttentionPrefillBinding, AttentionPrefillBuffers, AttentionPrefillKernel,
+    AttentionPrefillScratch,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::gemm::{GemmArgs, GemmBinding, GemmForm, GemmKernel, GemmWeights};
@@ -124,6 +125,8 @@ pub struct PrefillPlan {
     keep: Vec<wgpu::Buffer>,
     /// The column attention's partials (only without the tile kernel).
     scratch: Option<AttentionScratch>,
+    /// The tile kernel's partials (only with it).
+    tiles_scratch: Option<AttentionPrefillScratch>,
     /// Multi-stream KV slots bound, 0 before [`Self::bind_streams`].
     stream_slots: u32,
 }
@@ -137,6 +140,8 @@ pub struct PrefillShape {
     pub query_tiles: bool,
     /// The int4 GEMMs on matrix units (kernels/gemm_coop.rs) where the device has them.
     pub matrix_units: bool,
+    /// Most key splits of the query-tile attention (`Tune::prefill_splits`; None: its own).
+    pub max_splits: Option<u32>,
 }
 
 impl PrefillPlan {
@@ -150,6 +155,7 @@ impl PrefillPlan {
             chunk,
             query_tiles,
             matrix_units,
+            max_splits,
         }: PrefillShape,
         merge: Combine,
         (k_cache, v_cache): (&[wgpu::Buffer], &[wgpu::Buffer]),
@@ -179,7 +185,11 @@ impl PrefillPlan {
         // partials small.
         let attn_k = AttentionKernel::with_split(ctx, ap, Some((1, u32::MAX)))?.with_combine(merge);
         let tiles_k = if query_tiles && AttentionPrefillKernel::supports(&ap) {
-            Some(AttentionPrefillKernel::new(ctx, ap)?)
+            let k = AttentionPrefillKernel::new(ctx, ap)?;
+            Some(match max_splits {
+                Some(n) => k.with_max_splits(n)?,
+                None => k,
+            })
         } else {
             None
         };
@@ -214,9 +224,9 @@ impl PrefillPlan {
         let hlast = ctx.storage("p.hlast", h as u64 * 4)?;
         let logits = ctx.storage("p.logits", v as u64 * 4)?;
         let logits_rb = ctx.readback_buffer("p.logits.readback", v as u64 * 4);
-        let scratch = match tiles_k {
-            Some(_) => None,
-            None => Some(attn_k.scratch_cols(ctx, chunk)?),
+        let (scratch, tiles_scratch) = match &tiles_k {
+            Some(tk) => (None, Some(tk.scratch(ctx, chunk)?)),
+            None => (Some(attn_k.scratch_cols(ctx, chunk)?), None),
         };
         let gemm = GemmKernel::with_coop(ctx, matrix_units)?;
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
@@ -273,7 +283,12 @@ impl PrefillPlan {
                 qkv: dense(GemmWeights::Q4(wqkv), &xn, &qkv, q + 2 * kv, false)?,
                 attn: bind_attn(
                     ctx,
-                    (&attn_k, tiles_k.as_ref(), scratch.as_ref()),
+                    (
+                        &attn_k,
+                        tiles_k.as_ref(),
+                        tiles_scratch.as_ref(),
+                        scratch.as_ref(),
+                    ),
                     &AttentionColsBuffers {
                         state: &state,
                         cols: &cols,
@@ -339,6 +354,7 @@ impl PrefillPlan {
             state,
             keep: vec![xn, qkv, att, rlog],
             scratch,
+            tiles_scratch,
             stream_slots: 0,
         })
     }
@@ -363,7 +379,12 @@ impl PrefillPlan {
         for (l, (layer, lw)) in self.layers.iter_mut().zip(&w.layers).enumerate() {
             layer.attn_streams = Some(bind_attn(
                 &self.ctx,
-                (&self.attn_k, self.tiles_k.as_ref(), self.scratch.as_ref()),
+                (
+                    &self.attn_k,
+                    self.tiles_k.as_ref(),
+                    self.tiles_scratch.as_ref(),
+                    self.scratch.as_ref(),
+                ),
                 &AttentionColsBuffers {
                     state: &self.state,
                     cols: &self.cols,
@@ -397,6 +418,15 @@ impl PrefillPlan {
     /// Which GEMM kernel the int4 projections run on, in words.
     pub fn gemm_kind(&self) -> &'static str {
         crate::kernels::gemm::describe(self.gemm.coop())
+    }
+
+    /// The `dims` uniform of a chunk of `n` tokens whose last position is `bound`: `[n, S, 0,
+    /// 0]`, S the tile attention's key splits (0 without it).
+    fn dims_for(&self, n: u32, bound: u32) -> [u32; 4] {
+        match (&self.tiles_k, &self.tiles_scratch) {
+            (Some(k), Some(sc)) => k.dims(n, bound, sc),
+            _ => [n, 0, 0, 0],
+        }
     }
 
     /// Which attention reads the cache, in words.
@@ -434,9 +464,12 @@ impl PrefillPlan {
                 .map(|(j, &t)| Col::active(t, (p0 + j) as u32, slot))
                 .collect();
             self.ctx.write(&self.cols, 0, bytemuck::cast_slice(&cs));
-            self.ctx
-                .write(&self.dims, 0, bytemuck::cast_slice(&[n, 0, 0, 0]));
             let bound = (p0 + group.len() - 1) as u32;
+            self.ctx.write(
+                &self.dims,
+                0,
+                bytemuck::cast_slice(&self.dims_for(n, bound)),
+            );
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
@@ -490,7 +523,7 @@ impl PrefillPlan {
                     self.tiles_k
                         .as_ref()
                         .expect("tile bindings come from the tile kernel")
-                        .record(pass, attend, n);
+                        .record(pass, attend, n, pos_bound);
                 }
                 Attn::Columns(b) => self.attn_k.record_cols(pass, b, pos_bound, n)?,
             }
@@ -530,9 +563,12 @@ impl PrefillPlan {
             .map(|(j, &t)| Col::active(t, (pos + j) as u32, 0))
             .collect();
         self.ctx.write(&self.cols, 0, bytemuck::cast_slice(&cs));
-        self.ctx
-            .write(&self.dims, 0, bytemuck::cast_slice(&[n, 0, 0, 0]));
         let bound = (pos + tokens.len() - 1) as u32;
+        self.ctx.write(
+            &self.dims,
+            0,
+            bytemuck::cast_slice(&self.dims_for(n, bound)),
+        );
         let marks = 2 + 11 * self.layers.len() as u32;
         let set = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("prefill.profile"),
@@ -595,16 +631,17 @@ impl PrefillPlan {
 /// there is one, else the column attention with `scratch`.
 fn bind_attn(
     ctx: &Context,
-    (attn_k, tiles_k, scratch): (
+    (attn_k, tiles_k, tiles_scratch, scratch): (
         &AttentionKernel,
         Option<&AttentionPrefillKernel>,
+        Option<&AttentionPrefillScratch>,
         Option<&AttentionScratch>,
     ),
     b: &AttentionColsBuffers<'_>,
     dims: &wgpu::Buffer,
 ) -> Result<Attn> {
-    Ok(match (tiles_k, scratch) {
-        (Some(t), _) => Attn::Tiles(
+    Ok(match (tiles_k.zip(tiles_scratch), scratch) {
+        (Some((t, ts)), _) => Attn::Tiles(
             attn_k.bind_kv_write(ctx, b)?,
             t.bind(
                 ctx,
@@ -619,6 +656,7 @@ fn bind_attn(
                     tokens: b.columns,
                     slots: b.slots,
                 },
+                ts,
             )?,
         ),
         (None, Some(sc)) => Attn::Columns(attn_k.bind_cols(ctx, b, sc)?),

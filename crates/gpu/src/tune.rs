@@ -46,13 +46,16 @@ pub struct Tune {
     /// 2 that matvec with bfp24 activations staged by every workgroup (integer dots;
     /// [`crate::numerics::Numerics::Bfp24`]).
     pub head: Option<u32>,
+    /// Most key splits of the GEMM prefill's query-tile attention (1..=16, default 16; 1: the
+    /// keys unsplit; kernels/attention_prefill.rs).
+    pub prefill_splits: Option<u32>,
 }
 
 /// The lm_head form when `head` is unset ([`Tune::head`]; run 67).
 pub const DEFAULT_HEAD: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 12] = [
+pub const KEYS: [&str; 13] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -65,6 +68,7 @@ pub const KEYS: [&str; 12] = [
     "late_norm",
     "moe_late_norm",
     "head",
+    "prefill_splits",
 ];
 
 impl Tune {
@@ -82,6 +86,7 @@ impl Tune {
             "late_norm" => &mut self.late_norm,
             "moe_late_norm" => &mut self.moe_late_norm,
             "head" => &mut self.head,
+            "prefill_splits" => &mut self.prefill_splits,
             _ => return None,
         })
     }
@@ -167,6 +172,7 @@ impl std::fmt::Display for Tune {
             self.late_norm,
             self.moe_late_norm,
             self.head,
+            self.prefill_splits,
         ];
         let set: Vec<String> = KEYS
             .iter()

@@ -6,10 +6,15 @@
 //! scores, 2 rows x `D / 8` output dims for `p V`) from values it loads once, so shared-memory
 //! loads are not the limit; the shader's header says how the work is split.
 //!
+//! Where a chunk has too few query tiles to fill the GPU (a short chunk deep in the context),
+//! the keys are split too: workgroup z = s walks run s of the K/V tiles and leaves partials
+//! (unnormalised output, running max and sum per row) in [`AttentionPrefillScratch`], and a
+//! second dispatch merges them ([`AttentionPrefillKernel::splits`] says how many).
+//!
 //! The chunk's own K/V rows must be in the cache first (the column attention's KV write,
 //! [`super::AttentionKernel::record_kv_write`]). Buffers: `qkv [T, (Hq + 2 Hkv) D]`, the caches
-//! `[slots, ctx, Hkv, D]`, `out [T, Hq D]` (it also holds the roped q while the kernel runs), the
-//! chunk's `[T]` columns (position, slot) and the `[m, 0, 0, 0]` uniform. Shapes: `G = Hq / Hkv`
+//! `[slots, ctx, Hkv, D]`, `out [T, Hq D]`, the chunk's `[T]` columns (position, slot), the
+//! `[T, S, 0, 0]` uniform and the partials (which also hold the roped q while the kernel runs). Shapes: `G = Hq / Hkv`
 //! divides 64 and `D % 16 == 0` ([`AttentionPrefillKernel::supports`]); the prefill plan falls
 //! back to the column attention otherwise.
 
@@ -21,13 +26,38 @@ use crate::context::{Context, GpuError, Result};
 /// the softmax phase.
 const ROWS: u32 = 64;
 
-/// The pipeline for one model's attention shape.
+/// Workgroups a chunk should fill before its keys are split: 2048 tokens from position 0
+/// (256 tiles x 4 kv heads at Qwen3's shape) ran at the kernel's best rate on the H200, 512
+/// (256 workgroups) at a third of it (docs/BENCHMARKS.md runs 94-95).
+const SPLIT_TARGET: u32 = 1024;
+/// Most splits, and the fewest K/V tiles a split should walk.
+const MAX_SPLITS: u32 = 16;
+const MIN_TILES_PER_SPLIT: u32 = 4;
+/// Rows (token x split) the partials hold at least: a chunk of `t` tokens splits only while
+/// `S t` fits.
+const SPLIT_ROWS: u32 = 2048;
+
+/// The pipelines for one model's attention shape.
 pub struct AttentionPrefillKernel {
     pipeline: wgpu::ComputePipeline,
+    combine: wgpu::ComputePipeline,
     params: AttentionParams,
     inv_freq: wgpu::Buffer,
     /// Tokens per workgroup (`64 / G`).
     bq: u32,
+    /// K/V rows per staged tile.
+    bk: u32,
+    /// Most key splits ([`MAX_SPLITS`] unless [`Self::with_max_splits`] says fewer).
+    max_splits: u32,
+}
+
+/// The partials of split keys, shared by every layer (they run one after another): `part_o
+/// [rows, Hq D]` (also the parked q), `part_ml [rows, Hq]` (m, l).
+pub struct AttentionPrefillScratch {
+    part_o: wgpu::Buffer,
+    part_ml: wgpu::Buffer,
+    /// Token x split rows the buffers hold.
+    rows: u32,
 }
 
 /// The buffers of one layer (and one cache: the main sequence's or the streams').
@@ -38,6 +68,7 @@ pub struct AttentionPrefillBuffers<'a> {
     pub v_cache: &'a wgpu::Buffer,
     pub out: &'a wgpu::Buffer,
     pub cols: &'a wgpu::Buffer,
+    /// Uniform `[T, S, 0, 0]`: tokens, splits ([`AttentionPrefillKernel::dims`]).
     pub dims: &'a wgpu::Buffer,
     /// Tokens the buffers hold (the chunk).
     pub tokens: u32,
@@ -45,9 +76,12 @@ pub struct AttentionPrefillBuffers<'a> {
     pub slots: u32,
 }
 
-/// One layer's bind group.
+/// One layer's bind groups.
 pub struct AttentionPrefillBinding {
     bg: wgpu::BindGroup,
+    combine: wgpu::BindGroup,
+    /// Token x split rows of the partials.
+    rows: u32,
 }
 
 impl AttentionPrefillKernel {
@@ -122,15 +156,64 @@ impl AttentionPrefillKernel {
         )?;
         let src = [consts.as_str(), COLUMNS_WGSL, body.as_str()].concat();
         let pipeline = ctx.compute("attention_prefill", &src, "main")?;
+        let combine = ctx.compute("attention_prefill.combine", &src, "combine")?;
         let table = inv_freq(p.rope_theta, d as usize);
         let inv_freq =
             ctx.storage_init("attention_prefill.inv_freq", bytemuck::cast_slice(&table))?;
         Ok(AttentionPrefillKernel {
             pipeline,
+            combine,
             params: p,
             inv_freq,
             bq,
+            bk,
+            max_splits: MAX_SPLITS,
         })
+    }
+
+    /// At most `n` key splits (1..=[`MAX_SPLITS`]; 1: never split), for comparisons.
+    pub fn with_max_splits(mut self, n: u32) -> Result<Self> {
+        if !(1..=MAX_SPLITS).contains(&n) {
+            return Err(GpuError::Shape(format!(
+                "prefill attention: {n} key splits, need 1..={MAX_SPLITS}"
+            )));
+        }
+        self.max_splits = n;
+        Ok(self)
+    }
+
+    /// The partials for chunks of up to `tokens` tokens (at least [`SPLIT_ROWS`] rows where a
+    /// binding holds them).
+    pub fn scratch(&self, ctx: &Context, tokens: u32) -> Result<AttentionPrefillScratch> {
+        let hq = self.params.heads as u64;
+        let row = hq * self.params.head_dim as u64 * 4;
+        // More rows than the chunk only where a binding holds them (else no splits past it).
+        let fit = (ctx.max_binding_bytes() / row).min(u32::MAX as u64) as u32;
+        let rows = tokens.max(SPLIT_ROWS.min(fit));
+        Ok(AttentionPrefillScratch {
+            part_o: ctx.storage("attention_prefill.part_o", rows as u64 * row)?,
+            part_ml: ctx.storage("attention_prefill.part_ml", rows as u64 * hq * 8)?,
+            rows,
+        })
+    }
+
+    /// Splits of the keys for a chunk of `tokens` tokens whose last position is `pos_bound`:
+    /// enough for [`SPLIT_TARGET`] workgroups, each split at least [`MIN_TILES_PER_SPLIT`] K/V
+    /// tiles of the longest query tile, `S tokens` within `rows` (the partials); 1 = no split.
+    pub fn splits(&self, tokens: u32, pos_bound: u32, rows: u32) -> u32 {
+        let groups = tokens.div_ceil(self.bq).max(1) * self.params.kv_heads;
+        let want = SPLIT_TARGET.div_ceil(groups);
+        let key_tiles = pos_bound / self.bk + 1;
+        want.min(self.max_splits)
+            .min(key_tiles / MIN_TILES_PER_SPLIT)
+            .min(rows / tokens.max(1))
+            .max(1)
+    }
+
+    /// The `dims` uniform every prefill kernel reads for a chunk of `tokens` tokens up to
+    /// position `pos_bound`: `[T, S, 0, 0]` (the other kernels read T only).
+    pub fn dims(&self, tokens: u32, pos_bound: u32, scratch: &AttentionPrefillScratch) -> [u32; 4] {
+        [tokens, self.splits(tokens, pos_bound, scratch.rows), 0, 0]
     }
 
     /// Check the sizes and create one layer's bind group.
@@ -138,6 +221,7 @@ impl AttentionPrefillKernel {
         &self,
         ctx: &Context,
         b: &AttentionPrefillBuffers<'_>,
+        scratch: &AttentionPrefillScratch,
     ) -> Result<AttentionPrefillBinding> {
         let p = &self.params;
         let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
@@ -158,6 +242,12 @@ impl AttentionPrefillKernel {
                 b.tokens, b.slots, p.ctx
             )));
         }
+        if scratch.rows < b.tokens {
+            return Err(GpuError::Shape(format!(
+                "prefill attention: partials of {} rows for {} tokens",
+                scratch.rows, b.tokens
+            )));
+        }
         if let Some((have, need, what)) = checks.iter().find(|(have, need, _)| have < need) {
             return Err(GpuError::Shape(format!(
                 "prefill attention: {what} holds {have} bytes, needs {need}"
@@ -175,21 +265,59 @@ impl AttentionPrefillKernel {
                 b.out.as_entire_binding(),
                 b.cols.as_entire_binding(),
                 b.dims.as_entire_binding(),
+                scratch.part_o.as_entire_binding(),
+                scratch.part_ml.as_entire_binding(),
             ],
         )?;
-        Ok(AttentionPrefillBinding { bg })
+        let combine = ctx.bind_group_at(
+            "attention_prefill.combine",
+            &self.combine,
+            &[5, 7, 8, 9],
+            &[
+                b.out.as_entire_binding(),
+                b.dims.as_entire_binding(),
+                scratch.part_o.as_entire_binding(),
+                scratch.part_ml.as_entire_binding(),
+            ],
+        )?;
+        Ok(AttentionPrefillBinding {
+            bg,
+            combine,
+            rows: scratch.rows,
+        })
     }
 
-    /// Record the attention of the chunk's first `tokens` columns (as `dims` says).
+    /// Record the attention of the chunk's first `tokens` columns, the last at position
+    /// `pos_bound`; `dims` must hold [`Self::dims`] of the same arguments. One dispatch, two
+    /// where the keys are split (the merge).
     pub fn record(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         b: &AttentionPrefillBinding,
         tokens: u32,
+        pos_bound: u32,
     ) {
+        self.record_split(pass, b, tokens, self.splits(tokens, pos_bound, b.rows));
+    }
+
+    /// [`Self::record`] with `s` splits (`dims` holding `[tokens, s, 0, 0]`, `s tokens` within
+    /// the partials): the tests' way to every split count, empty splits included.
+    pub(crate) fn record_split(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        b: &AttentionPrefillBinding,
+        tokens: u32,
+        s: u32,
+    ) {
+        let s = s.max(1);
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &b.bg, &[]);
-        pass.dispatch_workgroups(tokens.div_ceil(self.bq), self.params.kv_heads, 1);
+        pass.dispatch_workgroups(tokens.div_ceil(self.bq), self.params.kv_heads, s);
+        if s > 1 {
+            pass.set_pipeline(&self.combine);
+            pass.set_bind_group(0, &b.combine, &[]);
+            pass.dispatch_workgroups(tokens, 1, 1);
+        }
     }
 }
 
@@ -253,9 +381,11 @@ fn unroll(src: &str, kpt: u32, qpv: u32, dv: u32, dg: u32) -> Result<String> {
             "out_store" => each(qpv, &|a| {
                 format!(
                     "{{ let r = ov + {a}u; let tq = t0 + r / G; if (tq < dims.m) {{ \
+                     let ob = tq * HQ * D4 + (h * G + r % G) * D4; if (ns == 1u) {{ \
                      let lt = (ps[r * 4u] + ps[r * 4u + 1u]) + (ps[r * 4u + 2u] + ps[r * 4u + 3u]); \
-                     let ob = tq * HQ * D4 + (h * G + r % G) * D4; {} }} }}",
-                    each(dv, &|i| format!("out[ob + dg + {}u] = o{a}_{i} / lt;", dg * i))
+                     {} }} else {{ {} }} }} }}",
+                    each(dv, &|i| format!("out[ob + dg + {}u] = o{a}_{i} / lt;", dg * i)),
+                    each(dv, &|i| format!("part_o[so + ob + dg + {}u] = o{a}_{i};", dg * i))
                 )
             }),
             other => {

@@ -2,7 +2,8 @@
 //! every token's output against the scalar references (`rope_ref` for q, `attention_ref` over
 //! the cache the write left), for Qwen3's group of 8 and other groups, a chunk that is not a
 //! whole number of query tiles, tokens deep into a cache holding earlier rows, K/V tiles cut
-//! short, and a slot other than 0 (the other slots untouched).
+//! short, a slot other than 0 (the other slots untouched), and the keys split over 1 to 9
+//! workgroups (runs shorter than a row's keys, and empty ones).
 
 use super::*;
 use crate::columns::{self, Col};
@@ -24,8 +25,10 @@ fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32) -> AttentionParams
     }
 }
 
-/// `t` tokens at positions `p0..` of `slot` (of `slots`) through the KV write and the kernel;
-/// checks every output row and that the cache outside the written rows is unchanged.
+/// `t` tokens at positions `p0..` of `slot` (of `slots`) through the KV write and the kernel,
+/// with the keys unsplit, split as [`AttentionPrefillKernel::splits`] chooses, and in 2, 3 and 9
+/// runs; checks every output row each time and that the cache outside the written rows is
+/// unchanged.
 fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u32, seed: u64) {
     let mut r = rng(seed);
     let d = p.head_dim as usize;
@@ -54,6 +57,9 @@ fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u
         .unwrap();
     let state = RunState::default().buffer(ctx).unwrap();
     let ak = AttentionKernel::new(ctx, p).unwrap();
+    let k = AttentionPrefillKernel::new(ctx, p).unwrap();
+    let scratch = k.scratch(ctx, t).unwrap();
+    let auto = k.dims(t, p0 + t - 1, &scratch)[1];
     let write = ak
         .bind_kv_write(
             ctx,
@@ -72,7 +78,6 @@ fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u
             },
         )
         .unwrap();
-    let k = AttentionPrefillKernel::new(ctx, p).unwrap();
     let b = k
         .bind(
             ctx,
@@ -87,22 +92,62 @@ fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u
                 tokens: t,
                 slots,
             },
+            &scratch,
         )
         .unwrap();
-    ctx.run_pass(|pass| {
-        ak.record_kv_write(pass, &write, t).unwrap();
-        k.record(pass, &b, t);
-    })
-    .unwrap();
-    let got = ctx.read_f32(&out, t as usize * hq * d).unwrap();
-    let kcg = ctx.read_f32(&kc, cache_len).unwrap();
-    let vcg = ctx.read_f32(&vc, cache_len).unwrap();
-    let what = format!("{p:?} slot {slot}/{slots} p0 {p0} t {t}");
+    for s in [1, auto, 2, 3, 9] {
+        ctx.write(
+            &out,
+            0,
+            bytemuck::cast_slice(&vec![f32::NAN; t as usize * hq * d]),
+        );
+        ctx.write(&dims, 0, bytemuck::cast_slice(&[t, s, 0, 0]));
+        ctx.run_pass(|pass| {
+            ak.record_kv_write(pass, &write, t).unwrap();
+            if s == auto {
+                k.record(pass, &b, t, p0 + t - 1);
+            } else {
+                k.record_split(pass, &b, t, s);
+            }
+        })
+        .unwrap();
+        let what = format!("{p:?} slot {slot}/{slots} p0 {p0} t {t} splits {s} (auto {auto})");
+        check_output(
+            ctx,
+            &p,
+            (&out, &kc, &vc),
+            (&qkv, &q_norm, &k_norm),
+            (&kc0, &vc0),
+            (slot, p0, t),
+            &what,
+        );
+    }
+}
+
+/// One run's output rows against the references, and the cache outside rows `p0..p0 + t` of
+/// `slot` against its first contents.
+fn check_output(
+    ctx: &Context,
+    p: &AttentionParams,
+    (out, kc, vc): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+    (qkv, q_norm, k_norm): (&[f32], &[f32], &[f32]),
+    (kc0, vc0): (&[f32], &[f32]),
+    (slot, p0, t): (u32, u32, u32),
+    what: &str,
+) {
+    let p = *p;
+    let d = p.head_dim as usize;
+    let (hq, hkv) = (p.heads as usize, p.kv_heads as usize);
+    let w = (hq + 2 * hkv) * d;
+    let cache_len = kc0.len();
+    let got = ctx.read_f32(out, t as usize * hq * d).unwrap();
+    let kcg = ctx.read_f32(kc, cache_len).unwrap();
+    let vcg = ctx.read_f32(vc, cache_len).unwrap();
     let row_w = hkv * d;
     let slot_len = p.ctx as usize * row_w;
     let s0 = slot as usize * slot_len;
     // Only rows p0..p0+t of the slot were written.
-    for (name, got_c, orig) in [("k", &kcg, &kc0), ("v", &vcg, &vc0)] {
+    for (name, got_c, orig) in [("k", &kcg, kc0), ("v", &vcg, vc0)] {
         let (a, z) = (s0 + p0 as usize * row_w, s0 + (p0 + t) as usize * row_w);
         assert_eq!(got_c[..a], orig[..a], "{what}: {name} rows before");
         assert_eq!(got_c[z..], orig[z..], "{what}: {name} rows after");
@@ -110,7 +155,7 @@ fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u
     let (ks, vs) = (&kcg[s0..s0 + slot_len], &vcg[s0..s0 + slot_len]);
     for j in 0..t as usize {
         let pos = p0 + j as u32;
-        let (q, _) = rope_ref(&p, &qkv[j * w..(j + 1) * w], &q_norm, &k_norm, pos);
+        let (q, _) = rope_ref(&p, &qkv[j * w..(j + 1) * w], q_norm, k_norm, pos);
         let want = attention_ref(&p, &q, ks, vs, pos);
         assert_close(
             &got[j * hq * d..(j + 1) * hq * d],
@@ -141,6 +186,30 @@ fn attention_prefill_matches_reference() {
 }
 
 #[test]
+fn attention_prefill_splits_only_what_leaves_the_gpu_idle() {
+    let Some(ctx) = gpu("attention_prefill_splits_only_what_leaves_the_gpu_idle") else {
+        return;
+    };
+    // Qwen3's shape: 2048 tokens already make 1024 workgroups; 64 tokens deep in the context
+    // make 32 and split (as far as the partials, the cap and 4 K/V tiles per split allow);
+    // 64 tokens from position 0 have too few keys to split.
+    let k = AttentionPrefillKernel::new(&ctx, params(32, 4, 128, 8192)).unwrap();
+    let rows = 2048;
+    assert_eq!(k.splits(2048, 2047, rows), 1);
+    assert_eq!(k.splits(64, 4096 + 63, rows), 16);
+    assert_eq!(k.splits(512, 4096 + 511, rows), 4);
+    assert_eq!(k.splits(64, 63, rows), 1);
+    assert_eq!(k.splits(1024, 4096 + 1023, rows), 2);
+    // No more rows than the partials hold, and the cap.
+    assert_eq!(k.splits(512, 4096 + 511, 1024), 2);
+    let one = AttentionPrefillKernel::new(&ctx, params(32, 4, 128, 8192))
+        .unwrap()
+        .with_max_splits(1)
+        .unwrap();
+    assert_eq!(one.splits(64, 4096 + 63, rows), 1);
+}
+
+#[test]
 fn attention_prefill_rejects_what_it_cannot_take() {
     let Some(ctx) = gpu("attention_prefill_rejects_what_it_cannot_take") else {
         return;
@@ -166,7 +235,19 @@ fn attention_prefill_rejects_what_it_cannot_take() {
         tokens: 2,
         slots: 1,
     };
-    assert!(k.bind(&ctx, &b).is_err(), "buffers too small were accepted");
+    assert!(AttentionPrefillKernel::new(&ctx, p)
+        .unwrap()
+        .with_max_splits(0)
+        .is_err());
+    assert!(AttentionPrefillKernel::new(&ctx, p)
+        .unwrap()
+        .with_max_splits(17)
+        .is_err());
+    let scratch = k.scratch(&ctx, 2).unwrap();
+    assert!(
+        k.bind(&ctx, &b, &scratch).is_err(),
+        "buffers too small were accepted"
+    );
 }
 
 /// Timing diagnostic for the GPU machine (ignored; `NIBBLE_TEST_ADAPTER=nvidia gpu-tests
@@ -246,34 +327,12 @@ fn attention_prefill_timing() {
         }
         let base = time(&|pass| ak.record_kv_write(pass, &write, t).unwrap());
         println!("timing t {t} p0 {p0}: kv write alone {base:.3} ms");
-        // The column attention (KV write included) for comparison, where its partials fit.
-        match ak.scratch_cols(&ctx, t) {
-            Ok(scratch) => {
-                let colb = ak
-                    .bind_cols(
-                        &ctx,
-                        &AttentionColsBuffers {
-                            state: &state,
-                            cols: &cols,
-                            qkv: &qb,
-                            q_norm: &qn,
-                            k_norm: &kn,
-                            k_cache: &kc,
-                            v_cache: &vc,
-                            out: &out,
-                            columns: t,
-                            slots: 1,
-                            mode: ColumnMode::Prefill,
-                        },
-                        &scratch,
-                    )
-                    .unwrap();
-                let colms = time(&|pass| ak.record_cols(pass, &colb, p0 + t - 1, t).unwrap());
-                println!("timing t {t} p0 {p0}: column attention {colms:.3} ms");
-            }
-            Err(e) => println!("timing t {t} p0 {p0}: column attention not timed: {e}"),
-        }
-        for v in [0u32, 1, 2, 3] {
+        // The default (its own splits), then unsplit with parts of the work switched off.
+        let k0 = AttentionPrefillKernel::new(&ctx, p).unwrap();
+        let scratch = k0.scratch(&ctx, t).unwrap();
+        let auto = k0.dims(t, p0 + t - 1, &scratch)[1];
+        for (v, s) in [(0u32, auto), (0, 1), (1, 1), (2, 1), (3, 1)] {
+            ctx.write(&dims, 0, bytemuck::cast_slice(&[t, s, 0, 0]));
             let k = AttentionPrefillKernel::with_variant(&ctx, p, v).unwrap();
             let b = k
                 .bind(
@@ -289,14 +348,15 @@ fn attention_prefill_timing() {
                         tokens: t,
                         slots: 1,
                     },
+                    &scratch,
                 )
                 .unwrap();
             let ms = time(&|pass| {
                 ak.record_kv_write(pass, &write, t).unwrap();
-                k.record(pass, &b, t);
+                k.record_split(pass, &b, t, s);
             });
             println!(
-                "timing t {t} p0 {p0}: variant {v:2}: {ms:.3} ms (tiles {:.3})",
+                "timing t {t} p0 {p0}: variant {v:2}, {s:2} splits: {ms:.3} ms (tiles {:.3})",
                 ms - base
             );
         }

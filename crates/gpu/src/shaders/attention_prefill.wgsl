@@ -23,9 +23,14 @@
 //    (i < DV) of D: it scales its accumulators by `cr` and adds p V; each V vec4 it loads serves
 //    its QPV rows.
 // q is normed, roped and scaled by 1/sqrt(D) once per workgroup (as attention_rope.wgsl does,
-// same cos_sin range reduction) and parked in this workgroup's own rows of `out`, which no other
-// workgroup touches; the final output overwrites it after the last read. Scores past a row's own
-// position are masked. Four barriers per K/V tile.
+// same cos_sin range reduction) and parked in this workgroup's own rows of `part_o` (split s's
+// slice), which no other workgroup touches. Scores past a row's own position are masked.
+// Four barriers per K/V tile.
+//
+// Splits (`dims.p1` = S, the grid's z): where the chunk has too few tiles to fill the GPU, the
+// keys 0 ..= pmax of each tile are cut into S runs of whole K/V tiles, workgroup z = s takes run
+// s and leaves its unnormalised output and (m, l) per row in `part_o` / `part_ml`, and `combine`
+// merges the S partials of each row into `out`. With S = 1 the output goes to `out` directly.
 struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
 
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;        // [T, QKVW4]
@@ -36,6 +41,8 @@ struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;  // [T, HQ * D4]
 @group(0) @binding(6) var<storage, read> cols: array<Col>;             // [T] positions, slot
 @group(0) @binding(7) var<uniform> dims: Dims;
+@group(0) @binding(8) var<storage, read_write> part_o: array<vec4<f32>>; // [S, T, HQ * D4]
+@group(0) @binding(9) var<storage, read_write> part_ml: array<vec2<f32>>; // [S, T, HQ] (m, l)
 
 const HALF: u32 = D / 2u;
 // Threads per query row in the q norm.
@@ -61,10 +68,14 @@ fn q_at(i: u32) -> f32 {
 }
 
 // Row r of the workgroup: token t0 + r / G (clamped to the chunk: rows past it mirror the last
-// token and are never written), query head h G + r % G; its first vec4 in `out`.
+// token and are never written), query head h G + r % G; its first vec4 in a `[T, HQ * D4]` slice.
 fn row_base(t0: u32, h: u32, r: u32) -> u32 {
     let t = min(t0 + r / G, dims.m - 1u);
     return t * HQ * D4 + (h * G + r % G) * D4;
+}
+
+fn splits() -> u32 {
+    return max(dims.p1, 1u);
 }
 
 @compute @workgroup_size(256)
@@ -76,6 +87,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let t0 = (tiles - 1u - wid.x) * BQ;
     let h = wid.y;
+    let ns = splits();
+    let sid = wid.z;
+    // This split's slice of part_o and part_ml.
+    let so = sid * dims.m * HQ * D4;
+    let sm = sid * dims.m * HQ;
     // The tile's last position and its slot's first cache row (uniform).
     let pmax = cols[min(t0 + BQ, dims.m) - 1u].pos;
     let row0 = cols[t0].slot * CTX;
@@ -116,18 +132,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         v[j] = b * cs.x + a * cs.y;
                     }
                 }
-                out[tc * HQ * D4 + hq * D4 + k4 * NS + sl] = v * SCALE;
+                part_o[so + tc * HQ * D4 + hq * D4 + k4 * NS + sl] = v * SCALE;
             }
         }
     }
-    // The q rows in `out` are visible to the whole workgroup from here on.
+    // The q rows in `part_o` are visible to the whole workgroup from here on.
     storageBarrier();
 
-    // Phase 1 roles: rows sa, sa + 1 (their q in `out`, their positions) and keys kq + 8 i.
+    // Phase 1 roles: rows sa, sa + 1 (their q in `part_o`, their positions) and keys kq + 8 i.
     let kq = li % 8u;
     let sa = 2u * (li / 8u);
-    let qa = row_base(t0, h, sa);
-    let qb2 = row_base(t0, h, sa + 1u);
+    let qa = so + row_base(t0, h, sa);
+    let qb2 = so + row_base(t0, h, sa + 1u);
     let pos_a = cols[min(t0 + sa / G, dims.m - 1u)].pos;
     let pos_b = cols[min(t0 + (sa + 1u) / G, dims.m - 1u)].pos;
     // Phase 2 roles: row sr, part sp of its scores; m and l of the row.
@@ -140,7 +156,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let ov = QPV * (li / DG);
     // @GEN out_init
 
-    for (var kb = 0u; kb <= pmax; kb += BK) {
+    // This split's K/V tiles (uniform): run sid of ns over the tiles 0 .. nk.
+    let nk = pmax / BK + 1u;
+    let per = (nk + ns - 1u) / ns;
+    let kb_end = min(nk, (sid + 1u) * per) * BK;
+    for (var kb = sid * per * BK; kb < kb_end; kb += BK) {
         // The last tile's weights and V rows (and, first time round, the norm sums) are free.
         workgroupBarrier();
         for (var i = li; i < select(BK * D4, 0u, (VARIANT & 8u) != 0u); i += 256u) {
@@ -155,8 +175,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // 1. Scores of rows sa, sa + 1 against keys kq + 8 i.
         // @GEN scores_init
         for (var c = 0u; c < select(D4, 0u, (VARIANT & 1u) != 0u); c++) {
-            let x = out[qa + c];
-            let y = out[qb2 + c];
+            let x = part_o[qa + c];
+            let y = part_o[qb2 + c];
             // @GEN scores_body
         }
         let one = vec4<f32>(1.0);
@@ -169,7 +189,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                               ps[sr * PS + 4u * c + 2u], ps[sr * PS + 4u * c + 3u]);
             mt = max(mt, max(max(s.x, s.y), max(s.z, s.w)));
         }
-        // Masked keys: exp(-3e38 - mt) is 0 (mt is finite from key 0 of the first tile on).
+        // Masked keys: exp(-3e38 - mt) is 0 once mt is finite. A row's masked keys come after
+        // its others, so mt stays -3e38 only in a split where all of the row's keys are
+        // masked; its (m = -3e38, l, o) then weigh exp(-3e38 - M) = 0 in `combine`.
         let corr = exp(m - mt);
         l *= corr;
         for (var j = sp * (BK / 4u); j < (sp + 1u) * (BK / 4u); j++) {
@@ -192,5 +214,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     ps[sr * 4u + sp] = l;
     workgroupBarrier();
+    // Split partials: (m, l) of row sr from its part 0 (every part holds the same m).
+    if (ns > 1u && sp == 0u && t0 + sr / G < dims.m) {
+        let lt = (ps[sr * 4u] + ps[sr * 4u + 1u]) + (ps[sr * 4u + 2u] + ps[sr * 4u + 3u]);
+        part_ml[sm + (t0 + sr / G) * HQ + h * G + sr % G] = vec2<f32>(m, lt);
+    }
     // @GEN out_store
+}
+
+// Merge the S split partials of token wid.x's rows: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s -
+// M) l_s with M the largest m_s. A split that saw none of a row's keys left m = -3e38: its
+// weight is 0. Every row has key 0 in split 0, so M is finite and the sum positive.
+@compute @workgroup_size(256)
+fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = wid.x;
+    if (t >= dims.m) {
+        return;
+    }
+    let ns = splits();
+    for (var i = li; i < HQ * D4; i += 256u) {
+        let hq = i / D4;
+        var mx = -3.0e38;
+        for (var s = 0u; s < ns; s++) {
+            mx = max(mx, part_ml[(s * dims.m + t) * HQ + hq].x);
+        }
+        var l = 0.0;
+        var o = vec4<f32>(0.0);
+        for (var s = 0u; s < ns; s++) {
+            let ml = part_ml[(s * dims.m + t) * HQ + hq];
+            let w = exp(ml.x - mx);
+            l += w * ml.y;
+            o += w * part_o[(s * dims.m + t) * HQ * D4 + i];
+        }
+        out[t * HQ * D4 + i] = o / l;
+    }
 }
