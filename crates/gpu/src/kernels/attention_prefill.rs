@@ -14,9 +14,9 @@
 //! The chunk's own K/V rows must be in the cache first (the column attention's KV write,
 //! [`super::AttentionKernel::record_kv_write`]). Buffers: `qkv [T, (Hq + 2 Hkv) D]`, the caches
 //! `[slots, ctx, Hkv, D]`, `out [T, Hq D]`, the chunk's `[T]` columns (position, slot), the
-//! `[T, S, 0, 0]` uniform and the partials (which also hold the roped q while the kernel runs). Shapes: `G = Hq / Hkv`
-//! divides 64 and `D % 16 == 0` ([`AttentionPrefillKernel::supports`]); the prefill plan falls
-//! back to the column attention otherwise.
+//! `[T, S, 0, 0]` uniform and the partials (which also hold the roped q while the kernel runs).
+//! Shapes: `G = Hq / Hkv` divides 64 and `D % 16 == 0` ([`AttentionPrefillKernel::supports`]);
+//! the prefill plan falls back to the column attention otherwise.
 
 use super::attention::{inv_freq, AttentionParams};
 use crate::columns::COLUMNS_WGSL;
@@ -26,9 +26,10 @@ use crate::context::{Context, GpuError, Result};
 /// the softmax phase.
 const ROWS: u32 = 64;
 
-/// Workgroups a chunk should fill before its keys are split: 2048 tokens from position 0
-/// (256 tiles x 4 kv heads at Qwen3's shape) ran at the kernel's best rate on the H200, 512
-/// (256 workgroups) at a third of it (docs/BENCHMARKS.md runs 94-95).
+/// Workgroups a chunk should fill before its keys are split: 2048 tokens (256 tiles x 4 kv
+/// heads at Qwen3's shape) run at the kernel's best rate on the H200. Measured gain of the
+/// splits (docs/BENCHMARKS.md run 97): pp64 at depth 4096 (32 workgroups, 16 splits) 1.28x,
+/// pp512 there (256 workgroups, 4 splits) 1.02x.
 const SPLIT_TARGET: u32 = 1024;
 /// Most splits, and the fewest K/V tiles a split should walk.
 const MAX_SPLITS: u32 = 16;

@@ -13,7 +13,7 @@
 // each thread one query row (its earlier form) pays one shared-memory load per 4 of them. Here a
 // thread computes a small block of products from values it loads once and reuses:
 // 1. Scores: thread (qg = li / 8, kq = li % 8) owns rows 2 qg, 2 qg + 1 and keys kq + 8 i
-//    (i < KPT): per vec4 of D, 2 loads of q (from `out`, see below) and KPT of K, 2 KPT vec4
+//    (i < KPT): per vec4 of D, 2 loads of q (from `part_o`, see below) and KPT of K, 2 KPT vec4
 //    fmas. The raw scores go to `ps`.
 // 2. Online softmax: thread (r = li / 4, part = li % 4) reads row r's BK scores, and the four
 //    threads of a row compute the same running max m (same inputs, same order: no exchange
@@ -25,7 +25,9 @@
 // q is normed, roped and scaled by 1/sqrt(D) once per workgroup (as attention_rope.wgsl does,
 // same cos_sin range reduction) and parked in this workgroup's own rows of `part_o` (split s's
 // slice), which no other workgroup touches. Scores past a row's own position are masked.
-// Four barriers per K/V tile.
+// Four barriers per K/V tile. Each `// @GEN name` line is written out by the host as
+// straight-line code over named registers (`unroll` in attention_prefill.rs: a0.., b0.. the
+// scores, o0_0.. the output), for the reason given there.
 //
 // Splits (`dims.p1` = S, the grid's z): where the chunk has too few tiles to fill the GPU, the
 // keys 0 ..= pmax of each tile are cut into S runs of whole K/V tiles, workgroup z = s takes run
