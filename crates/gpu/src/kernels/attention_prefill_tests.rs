@@ -250,9 +250,65 @@ fn attention_prefill_rejects_what_it_cannot_take() {
     );
 }
 
+/// Median GPU ms of `f` over 7 repetitions recorded back to back in one pass after 3 unmeasured
+/// ones, from timestamps between them (the GPU busy throughout, as in a prefill); wall ms of
+/// a submit each where the device has no timestamps inside passes.
+fn gpu_ms(ctx: &Context, f: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
+    const WARM: u32 = 3;
+    const REPS: u32 = 7;
+    let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    if !ctx.features.contains(need) {
+        let mut ms: Vec<f64> = (0..REPS)
+            .map(|_| {
+                let s = std::time::Instant::now();
+                ctx.run_pass(|pass| f(pass)).unwrap();
+                s.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        return ms[REPS as usize / 2];
+    }
+    let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("timing.ts"),
+        ty: wgpu::QueryType::Timestamp,
+        count: REPS + 1,
+    });
+    let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("timing.resolve"),
+        size: (REPS as u64 + 1) * 8,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        for _ in 0..WARM {
+            f(&mut pass);
+        }
+        for i in 0..REPS {
+            pass.write_timestamp(&set, i);
+            f(&mut pass);
+        }
+        pass.write_timestamp(&set, REPS);
+    }
+    enc.resolve_query_set(&set, 0..REPS + 1, &resolve, 0);
+    ctx.queue.submit([enc.finish()]);
+    ctx.wait().unwrap();
+    let ticks: Vec<u64> =
+        bytemuck::pod_collect_to_vec(&ctx.read(&resolve, 0, (REPS as u64 + 1) * 8).unwrap());
+    let period = ctx.queue.get_timestamp_period() as f64;
+    let mut ms: Vec<f64> = ticks
+        .windows(2)
+        .map(|w| w[1].wrapping_sub(w[0]) as f64 * period / 1e6)
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms[REPS as usize / 2]
+}
+
 /// Timing diagnostic for the GPU machine (ignored; `NIBBLE_TEST_ADAPTER=nvidia gpu-tests
-/// attention_prefill_timing --ignored --nocapture`): wall ms of the KV write and of the KV write
-/// plus the tile kernel, with parts of its work switched off (`with_variant`: 1 no score dots,
+/// attention_prefill_timing --ignored --nocapture`): GPU ms ([`gpu_ms`]; runs 91-96 timed a
+/// submit each by the wall clock, which at 512 tokens from 4096 read ~3x what the whole
+/// prefill implies) of the KV write and of the KV write plus the tile kernel, with parts of its work switched off (`with_variant`: 1 no score dots,
 /// 2 no p V, 4 no exp, 8 no K/V loads), at Qwen3's shape: 2048 tokens from position 0 and 512
 /// from position 4096.
 #[test]
@@ -309,22 +365,7 @@ fn attention_prefill_timing() {
                 },
             )
             .unwrap();
-        let time = |f: &dyn Fn(&mut wgpu::ComputePass<'_>)| {
-            let mut ms = Vec::new();
-            for _ in 0..7 {
-                let s = std::time::Instant::now();
-                ctx.run_pass(|pass| f(pass)).unwrap();
-                ms.push(s.elapsed().as_secs_f64() * 1e3);
-            }
-            ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            ms[3]
-        };
-        // An idle GPU runs its first submits at low clocks: ~0.5 s of work before any timing.
-        let s = std::time::Instant::now();
-        while s.elapsed().as_secs_f64() < 0.5 {
-            ctx.run_pass(|pass| ak.record_kv_write(pass, &write, t).unwrap())
-                .unwrap();
-        }
+        let time = |f: &dyn Fn(&mut wgpu::ComputePass<'_>)| gpu_ms(&ctx, f);
         let base = time(&|pass| ak.record_kv_write(pass, &write, t).unwrap());
         println!("timing t {t} p0 {p0}: kv write alone {base:.3} ms");
         // The default (its own splits), then unsplit with parts of the work switched off.
