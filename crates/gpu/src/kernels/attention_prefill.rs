@@ -130,6 +130,8 @@ impl AttentionPrefillKernel {
         // (1 row per thread).
         let d4 = d / 4;
         let dg = if d4 % 8 == 0 { 8 } else { 4 };
+        // Keys per thread in the scores; rows x vec4s per thread in the output.
+        let (kpt, qpv, dv) = (bk / 8, ROWS * dg / 256, d4 / dg);
         let consts = format!(
             "const D: u32 = {d}u;\nconst D4: u32 = {d4}u;\nconst HQ: u32 = {}u;\nconst HKV: u32 = {}u;\n\
              const G: u32 = {g}u;\nconst CTX: u32 = {}u;\nconst EPS: f32 = {:e};\nconst SCALE: f32 = {:e};\n\
@@ -144,15 +146,15 @@ impl AttentionPrefillKernel {
             (p.heads + 2 * p.kv_heads) * d / 4,
             d4 + 1,
             bk + 4,
-            bk / 8,
-            d4 / dg,
-            ROWS * dg / 256,
+            kpt,
+            dv,
+            qpv,
         );
         let body = unroll(
             include_str!("../shaders/attention_prefill.wgsl"),
-            bk / 8,
-            ROWS * dg / 256,
-            d4 / dg,
+            kpt,
+            qpv,
+            dv,
             dg,
         )?;
         let src = [consts.as_str(), COLUMNS_WGSL, body.as_str()].concat();

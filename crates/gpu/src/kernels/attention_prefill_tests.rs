@@ -25,6 +25,34 @@ fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32) -> AttentionParams
     }
 }
 
+/// The column attention's KV write over `t` columns of `slots` caches; buffers in the order
+/// state, cols, qkv, q_norm, k_norm, k_cache, v_cache, out.
+fn kv_write(
+    ctx: &Context,
+    ak: &AttentionKernel,
+    [state, cols, qkv, q_norm, k_norm, k_cache, v_cache, out]: [&wgpu::Buffer; 8],
+    t: u32,
+    slots: u32,
+) -> crate::kernels::attention::KvWriteBinding {
+    ak.bind_kv_write(
+        ctx,
+        &AttentionColsBuffers {
+            state,
+            cols,
+            qkv,
+            q_norm,
+            k_norm,
+            k_cache,
+            v_cache,
+            out,
+            columns: t,
+            slots,
+            mode: ColumnMode::Prefill,
+        },
+    )
+    .unwrap()
+}
+
 /// `t` tokens at positions `p0..` of `slot` (of `slots`) through the KV write and the kernel,
 /// with the keys unsplit, split as [`AttentionPrefillKernel::splits`] chooses, and in 2, 3 and 9
 /// runs; checks every output row each time and that the cache outside the written rows is
@@ -60,24 +88,13 @@ fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u
     let k = AttentionPrefillKernel::new(ctx, p).unwrap();
     let scratch = k.scratch(ctx, t).unwrap();
     let auto = k.dims(t, p0 + t - 1, &scratch)[1];
-    let write = ak
-        .bind_kv_write(
-            ctx,
-            &AttentionColsBuffers {
-                state: &state,
-                cols: &cols,
-                qkv: &qb,
-                q_norm: &qn,
-                k_norm: &kn,
-                k_cache: &kc,
-                v_cache: &vc,
-                out: &out,
-                columns: t,
-                slots,
-                mode: ColumnMode::Prefill,
-            },
-        )
-        .unwrap();
+    let write = kv_write(
+        ctx,
+        &ak,
+        [&state, &cols, &qb, &qn, &kn, &kc, &vc, &out],
+        t,
+        slots,
+    );
     let b = k
         .bind(
             ctx,
@@ -347,24 +364,13 @@ fn attention_prefill_timing() {
             .unwrap();
         let state = RunState::default().buffer(&ctx).unwrap();
         let ak = AttentionKernel::new(&ctx, p).unwrap();
-        let write = ak
-            .bind_kv_write(
-                &ctx,
-                &AttentionColsBuffers {
-                    state: &state,
-                    cols: &cols,
-                    qkv: &qb,
-                    q_norm: &qn,
-                    k_norm: &kn,
-                    k_cache: &kc,
-                    v_cache: &vc,
-                    out: &out,
-                    columns: t,
-                    slots: 1,
-                    mode: ColumnMode::Prefill,
-                },
-            )
-            .unwrap();
+        let write = kv_write(
+            &ctx,
+            &ak,
+            [&state, &cols, &qb, &qn, &kn, &kc, &vc, &out],
+            t,
+            1,
+        );
         let time = |f: &dyn Fn(&mut wgpu::ComputePass<'_>)| gpu_ms(&ctx, f);
         let base = time(&|pass| ak.record_kv_write(pass, &write, t).unwrap());
         println!("timing t {t} p0 {p0}: kv write alone {base:.3} ms");
