@@ -57,7 +57,9 @@ pub struct BackendArgs {
     /// over 1, 2, 4 or 8 workgroups), attn_workgroups (the attention split's target, default
     /// 1024), attn_tile_loads (1..=16, default 2), attn_fused_max (chunks per kv head the fused
     /// combine serves, default 16), prefill_splits (most key splits of the prefill's query-tile
-    /// attention, 1..=16, default 16; 1: none). Unset keys keep the measured defaults.
+    /// attention, 1..=16, default 16; 1: none), qkv_attn (N: the qkv dispatch also attends
+    /// below position N, 4 dispatches per layer; off by default, slower on the H200). Unset
+    /// keys keep the measured defaults.
     #[arg(long, value_parser = |s: &str| s.parse::<nibble_gpu::tune::Tune>())]
     pub tune: Option<nibble_gpu::tune::Tune>,
     /// GPU: prompt tokens per chunk of the GEMM prefill (0: the column prefill, 8 tokens per
@@ -103,12 +105,17 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     if args.verbose {
         eprintln!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
-             numerics {}, fold {}, attention combine {:?}, MoE down slot groups {}, tune {}{}{}",
+             numerics {}, fold {}, {}, attention combine {:?}, MoE down slot groups {}, \
+             tune {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
             args.numerics,
             args.fold,
+            match g.plan().qkv_attention_positions() {
+                Some(n) => format!("qkv + attention in one dispatch below position {n}"),
+                None => "qkv and attention in dispatches of their own".to_string(),
+            },
             g.plan().attention_combine(),
             g.plan().moe_down_split(),
             args.tune.unwrap_or_default(),

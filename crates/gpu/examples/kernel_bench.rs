@@ -535,6 +535,25 @@ fn main() -> anyhow::Result<()> {
         };
         r.case(s, m, &|p, c| b.attn.record(p, &b.attn_b[c % l], pos))?;
     }
+    // The qkv + attention dispatch (kernels/qkv_attention.rs) and its ablations, at positions
+    // up to its bound: compare with the qkv (as plan) row plus the attention rows.
+    for (label, k, binds) in &b.qkv_attn {
+        for pos in [1u32, 64, 128, 255] {
+            if !k.serves(pos) {
+                continue;
+            }
+            let qr = qd + 2 * kvd;
+            let s = Spec {
+                name: format!("qkv + attention{label} @pos {pos}"),
+                disp: 1,
+                per_token: l,
+                alt: pos != args.pos,
+                bytes: q4(qr, h) + 2 * h4 + 4 * qr as u64 + 2 * (pos as u64 + 1) * kvd as u64 * 4,
+                pos,
+            };
+            r.case(s, m, &|p, c| k.record(p, &binds[c % binds.len()]))?;
+        }
+    }
     for (label, k, _, binds) in &b.attn_many {
         for &pos in &positions {
             let s = Spec {

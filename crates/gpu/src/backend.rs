@@ -337,8 +337,8 @@ impl GpuBackend {
             "gpu adapter: {} ({:?}, {:?})\n\
              numerics: {} (int4 weights x {} activations)\n\
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
-             routing {:?}, router {}, attention combine {}, MoE down slot groups {}, \
-             lm_head {}, tune {}\n\
+             routing {:?}, router {}, attention {}, attention combine {}, MoE down slot \
+             groups {}, lm_head {}, tune {}\n\
              prefill: {}\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions{}",
             info.name,
@@ -354,6 +354,10 @@ impl GpuBackend {
                 "folded into the o-proj"
             } else {
                 "in its own dispatch"
+            },
+            match self.plan.qkv_attention_positions() {
+                Some(n) => format!("in the qkv dispatch below position {n}, then chunks"),
+                None => "in chunks".to_string(),
             },
             match self.plan.attention_combine() {
                 Combine::Fused => "fused into the chunks",

@@ -5,6 +5,7 @@ use crate::backend::{GpuBackend, GpuOptions};
 use crate::kernels::attention::Combine;
 use crate::numerics::Numerics;
 use crate::testing::{cosine, gpu};
+use crate::tune::Tune;
 use nibble_backend::{Backend, RefBackend};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::synth::{gguf_dtype, tensor_bytes, SynthParams};
@@ -77,6 +78,17 @@ fn opts(per_token: bool, fold: u32) -> GpuOptions {
         fold,
         per_token,
         ..Default::default()
+    }
+}
+
+/// `o` with the qkv matvec and the attention always in dispatches of their own.
+fn no_qkv_attention(o: GpuOptions) -> GpuOptions {
+    GpuOptions {
+        tune: Tune {
+            qkv_attn: Some(0),
+            ..o.tune
+        },
+        ..o
     }
 }
 
@@ -178,12 +190,15 @@ fn router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens() {
         return;
     };
     let m = model(6, false);
-    let mut folded = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 8)).unwrap();
+    // The qkv and the attention in dispatches of their own throughout (the qkv dispatch's own
+    // attention has its test below).
+    let base = no_qkv_attention(opts(false, 8));
+    let mut folded = GpuBackend::with_context(&ctx, m.as_ref(), base.clone()).unwrap();
     // The router in its own dispatch, and the attention's combine in its own too.
     let own = GpuOptions {
         fold_router: false,
         attention_combine: Some(Combine::Dispatch),
-        ..opts(false, 8)
+        ..base
     };
     let mut own = GpuBackend::with_context(&ctx, m.as_ref(), own).unwrap();
     let layers = m.config().num_layers;
@@ -219,6 +234,80 @@ fn router_fold_saves_a_dispatch_per_layer_and_keeps_the_tokens() {
     assert_eq!(f, greedy(&mut own, &p, 64, &[]));
     let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
     assert_eq!(f, greedy(&mut oracle, &p, 64, &[]));
+}
+
+#[test]
+fn qkv_attention_saves_a_dispatch_per_layer_below_its_bound_and_keeps_the_tokens() {
+    let Some(ctx) = gpu("qkv_attention_saves_a_dispatch_per_layer_below_its_bound") else {
+        return;
+    };
+    if !ctx.publishes_across_workgroups() {
+        eprintln!("skipped: the device cannot publish across workgroups (not Vulkan)");
+        return;
+    }
+    let m = model(7, false);
+    let layers = m.config().num_layers;
+    let o = GpuOptions {
+        context_len: 320,
+        ..opts(false, 8)
+    };
+    let with_bound = |n: u32| GpuOptions {
+        tune: Tune {
+            qkv_attn: Some(n),
+            ..o.tune
+        },
+        ..o.clone()
+    };
+    let mut fused = GpuBackend::with_context(&ctx, m.as_ref(), with_bound(256)).unwrap();
+    let mut sep = GpuBackend::with_context(&ctx, m.as_ref(), no_qkv_attention(o.clone())).unwrap();
+    // A bound of 20 positions: runs of 8 from a 5-token prompt cross it, so a request takes
+    // both forms (a run past the bound records the two dispatches for all its steps).
+    let mut low = GpuBackend::with_context(&ctx, m.as_ref(), with_bound(20)).unwrap();
+    assert_eq!(fused.plan().qkv_attention_positions(), Some(256));
+    assert_eq!(low.plan().qkv_attention_positions(), Some(20));
+    assert_eq!(sep.plan().qkv_attention_positions(), None);
+    // One dispatch fewer per layer below the bound, the same past it.
+    assert_eq!(
+        fused.dispatches_per_step() + layers,
+        sep.dispatches_per_step()
+    );
+    assert_eq!(
+        fused.plan().dispatches_per_step_at(255) + layers,
+        sep.plan().dispatches_per_step_at(255)
+    );
+    assert_eq!(
+        fused.plan().dispatches_per_step_at(256),
+        sep.plan().dispatches_per_step_at(256)
+    );
+    assert!(fused
+        .describe()
+        .contains("in the qkv dispatch below position 256"));
+    let mut oracle = RefBackend::new(m.clone(), 320).unwrap();
+    for p in [&[7u32, 300, 41, 41, 9][..], &[500, 17]] {
+        for b in [
+            &mut fused as &mut dyn Backend,
+            &mut low,
+            &mut sep,
+            &mut oracle,
+        ] {
+            b.truncate(0).unwrap();
+        }
+        let want = greedy(&mut oracle, p, 60, &[]);
+        assert_eq!(greedy(&mut fused, p, 60, &[]), want, "fused, prompt {p:?}");
+        assert_eq!(greedy(&mut low, p, 60, &[]), want, "bound 20, prompt {p:?}");
+        assert_eq!(greedy(&mut sep, p, 60, &[]), want, "separate, prompt {p:?}");
+    }
+    // Per-step logits on both sides of the bound, against the oracle's.
+    fused.truncate(0).unwrap();
+    oracle.truncate(0).unwrap();
+    let prompt: Vec<u32> = (0..250).map(|i| 11 + (i * 37) % 400).collect();
+    fused.prefill(&prompt).unwrap();
+    oracle.prefill(&prompt).unwrap();
+    for (i, t) in [5u32, 99, 300, 4, 480, 12].into_iter().enumerate() {
+        let (g, r) = (fused.step(t).unwrap(), oracle.step(t).unwrap());
+        let c = cosine(&g, &r);
+        assert!(c > 0.99999, "step {i} at position {}: cosine {c}", 250 + i);
+    }
 }
 
 #[test]
@@ -395,14 +484,39 @@ fn profile_names_every_op_of_the_step_and_appends_nothing() {
     }
     let m = model(4, false);
     let l = m.cfg.num_layers;
-    let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 4)).unwrap();
-    // Position 0 (one attention chunk), then past the first chunk (chunks + combine, in one
-    // dispatch where the combine is fused).
-    let several = match gb.plan().attention_combine() {
-        Combine::Fused => &["attention chunks+combine"][..],
-        Combine::Dispatch => &["attention chunks", "attention combine"][..],
+    // The qkv dispatch attending itself below its bound (`--tune qkv_attn=256`, where
+    // workgroups publish) and the default, two dispatches.
+    let qa = GpuOptions {
+        tune: Tune {
+            qkv_attn: Some(256),
+            ..Tune::default()
+        },
+        ..opts(false, 4)
     };
-    for (prefill, attention) in [(0usize, &["attention (one chunk)"][..]), (40, several)] {
+    let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), qa).unwrap();
+    assert_eq!(
+        gb.plan().qkv_attention_positions().is_some(),
+        ctx.publishes_across_workgroups()
+    );
+    let mut sep = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 4)).unwrap();
+    assert_eq!(sep.plan().qkv_attention_positions(), None, "off by default");
+    // Position 0 (one attention chunk), then past the first chunk (chunks + combine, in one
+    // dispatch where the combine is fused); the fused form names one op at both.
+    let several = match gb.plan().attention_combine() {
+        Combine::Fused => &["qkv matvec", "attention chunks+combine"][..],
+        Combine::Dispatch => &["qkv matvec", "attention chunks", "attention combine"][..],
+    };
+    let one = &["qkv matvec", "attention (one chunk)"][..];
+    let fused = &["qkv matvec + attention"][..];
+    let qa = gb.plan().qkv_attention_positions().is_some();
+    let cases = [
+        (false, 0usize, one),
+        (false, 40, several),
+        (true, 0, if qa { fused } else { one }),
+        (true, 40, if qa { fused } else { several }),
+    ];
+    for (default, prefill, attention) in cases {
+        let gb = if default { &mut gb } else { &mut sep };
         gb.truncate(0).unwrap();
         if prefill > 0 {
             gb.prefill(&(0..prefill as u32).collect::<Vec<_>>())
@@ -414,7 +528,7 @@ fn profile_names_every_op_of_the_step_and_appends_nothing() {
             .expect("timestamps are supported");
         assert_eq!(gb.position(), prefill, "profiling appends nothing");
         let names: Vec<&str> = ops.iter().map(|o| o.op.as_str()).collect();
-        let mut want = vec!["embed", "qkv matvec"];
+        let mut want = vec!["embed"];
         want.extend(attention);
         want.extend([
             "o-proj + folded router",

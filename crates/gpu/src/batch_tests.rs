@@ -341,14 +341,27 @@ fn lone_stream_runs_on_the_plan_in_its_slot() {
     };
     let m = model();
     let want: Vec<Vec<u32>> = PROMPTS[..2].iter().map(|p| oracle(&m, p, 30)).collect();
-    for lone in [true, false] {
+    // The third pass: the lone stream's plan steps with the qkv dispatch attending itself
+    // (`--tune qkv_attn`, kernels/qkv_attention.rs) on its slot's cache.
+    for (lone, qkv_attn) in [(true, None), (false, None), (true, Some(64))] {
         let opts = GpuOptions {
             context_len: 64,
             streams: 2,
             lone_stream: lone,
+            tune: crate::tune::Tune {
+                qkv_attn,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut g = GpuBackend::with_context(&ctx, m.as_ref(), opts).unwrap();
+        if qkv_attn.is_some() && ctx.publishes_across_workgroups() {
+            assert_eq!(g.plan().qkv_attention_positions(), Some(64));
+            assert_eq!(
+                g.plan().slot_qkv_attention_layers(),
+                vec![g.plan().weights.cfg.num_layers; 2]
+            );
+        }
         let place = if lone {
             "single-sequence plan"
         } else {

@@ -41,12 +41,13 @@ use crate::kernels::attention::{
     AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch, Combine,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
-use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
+use crate::kernels::matmul::{MatmulArgs, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::{
-    Act, BfpQuantBinding, BfpQuantKernel, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX,
+    Act, BfpQuantKernel, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX,
 };
 use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
+use crate::kernels::qkv_attention::{QkvAttentionBinding, QkvAttentionBuffers, QkvAttentionKernel};
 use crate::kernels::router_fold::RouterFoldKernel;
 use crate::kernels::sample::{SampleArgs, SampleBinding, SampleKernel};
 use crate::numerics::{BfpActs, Numerics};
@@ -136,6 +137,9 @@ struct LayerBinding {
     norm1: Option<RmsNormBinding>,
     qkv: MatvecBinding,
     attn: AttentionBinding,
+    /// qkv and attention in one dispatch on the plan's own cache (kernels/qkv_attention.rs),
+    /// for steps below its position bound; None where the kernel is not built.
+    qkv_attn: Option<QkvAttentionBinding>,
     o: MatvecBinding,
     norm2: Option<RmsNormBinding>,
     /// None in the folded plan (the o-proj dispatch computes the router's logits).
@@ -159,40 +163,8 @@ struct Kernels {
     head_bfp: Option<MatvecKernel>,
     /// The bfp24 conversion before the lm_head under `--tune head=3` (the default).
     head_quant: Option<BfpQuantKernel>,
-}
-
-/// The lm_head: the fused plan's int4 head is by default (`--tune head=3`) a one-workgroup
-/// dispatch converting `rmsnorm(h)` to bfp24 once and the block-per-lane matvec reading those
-/// blocks from global memory (`BfpGlobal`; 79.6 us against the matmul's 88.2 in kernel_bench,
-/// tg128 +0.3%, run 67); `--tune head=0` the one-column matmul normalising on load (its
-/// tall-matrix tile reads 151936 x 2048 in 88 us vs the f32 matvec's 116), `--tune head=1|2`
-/// the norm-on-load matvec in f32 or bfp24 (`Bfp`, recorded with [`Kernels::head_bfp`]);
-/// otherwise a matvec.
-enum HeadBinding {
-    Matvec(MatvecBinding),
-    Bfp(MatvecBinding),
-    BfpGlobal(BfpQuantBinding, MatvecBinding),
-    Matmul(MatmulBinding),
-}
-
-impl HeadBinding {
-    fn dispatch_count(&self) -> usize {
-        match self {
-            HeadBinding::Matvec(b) | HeadBinding::Bfp(b) => b.dispatch_count(),
-            HeadBinding::BfpGlobal(_, b) => 1 + b.dispatch_count(),
-            HeadBinding::Matmul(b) => b.dispatch_count(),
-        }
-    }
-
-    /// The form `--verbose` names.
-    fn name(&self) -> &'static str {
-        match self {
-            HeadBinding::Matvec(_) => "matvec",
-            HeadBinding::Bfp(_) => "matvec (bfp24)",
-            HeadBinding::BfpGlobal(..) => "bfp24 conversion + matvec",
-            HeadBinding::Matmul(_) => "one-column matmul",
-        }
-    }
+    /// The qkv + attention dispatch (fused plan, Vulkan; only under `--tune qkv_attn=N`).
+    qkv_attn: Option<QkvAttentionKernel>,
 }
 
 /// One layer's diagnostics: `h [H]` after the layer and its expert ids `[K]`, best first.
@@ -222,6 +194,10 @@ pub struct DecodePlan {
     /// `[slot][layer]` attention bindings on the multi-stream KV slots (plan_slots.rs): a
     /// lone stream decodes here in place. Empty until [`DecodePlan::bind_slots`].
     slot_attn: Vec<Vec<AttentionBinding>>,
+    /// `[slot][layer]` the qkv + attention bindings on those slots (empty without the form).
+    slot_qkv_attn: Vec<Vec<QkvAttentionBinding>>,
+    /// `[Hkv]` the qkv + attention form's arrival counters, shared by every layer and slot.
+    qkv_arrive: Option<wgpu::Buffer>,
     /// The next one-step logits run, recorded ahead (plan_logits.rs).
     prepared: logits::Prepared,
 }
@@ -277,7 +253,7 @@ impl DecodePlan {
             head_form <= 3,
             "tune head must be 0, 1, 2 or 3, not {head_form}"
         );
-        let k = Kernels {
+        let mut k = Kernels {
             matvec: MatvecKernel::with_options(
                 ctx,
                 opts.numerics,
@@ -308,6 +284,7 @@ impl DecodePlan {
                 3 => Some(BfpQuantKernel::new(ctx)?),
                 _ => None,
             },
+            qkv_attn: None,
         };
         let nq = opts.numerics;
         let quant = |label: &str, n: usize| QuantActs::for_numerics(ctx, label, n, nq);
@@ -395,6 +372,24 @@ impl DecodePlan {
         fn nol<'b>(h: &'b wgpu::Buffer, weight: &'b wgpu::Buffer, eps: f32) -> NormInput<'b> {
             NormInput { h, weight, eps }
         }
+        // The qkv + attention dispatch where asked for (`--tune qkv_attn=N`; off by default,
+        // slower on the H200), the plan is fused and every qkv is one binding.
+        let max_attn = opts.tune.qkv_attn.unwrap_or(0);
+        if fused
+            && max_attn > 0
+            && weights
+                .layers
+                .iter()
+                .all(|lw| matches!(&lw.qkv, Matrix::Q4(m) if m.parts.len() == 1))
+        {
+            let rpt = k.matvec.rows_per_team((q + 2 * kv) as u32);
+            let late = opts.tune.late_norm.unwrap_or(1) != 0;
+            k.qkv_attn = QkvAttentionKernel::new(ctx, ap, rpt, late, max_attn)?;
+        }
+        let qkv_arrive = match &k.qkv_attn {
+            Some(qk) => Some(qk.arrivals(ctx)?),
+            None => None,
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in weights.layers.iter().enumerate() {
             let attn_bufs = AttentionBuffers {
@@ -421,6 +416,24 @@ impl DecodePlan {
                 residual: true,
             };
             let attn = k.attn.bind(ctx, &attn_bufs, &a.scratch)?;
+            let qkv_attn = match (&k.qkv_attn, &qkv_arrive, &lw.qkv) {
+                (Some(qk), Some(arrive), Matrix::Q4(m)) => Some(qk.bind(
+                    ctx,
+                    &QkvAttentionBuffers {
+                        m,
+                        x: nol(&a.h, &lw.attn_norm, eps),
+                        qkv: &a.qkv,
+                        q_norm: &lw.q_norm,
+                        k_norm: &lw.k_norm,
+                        k_cache: &a.k_cache[l],
+                        v_cache: &a.v_cache[l],
+                        out: &a.att,
+                        arrive,
+                        state: st,
+                    },
+                )?),
+                _ => None,
+            };
             let trace_norm1 = norm(None, &lw.attn_norm)?;
             let qkv_norm = |qkv: &Q4Matrix| {
                 k.matvec
@@ -439,6 +452,7 @@ impl DecodePlan {
                     norm1: None,
                     qkv: qkv_norm(qkv)?,
                     attn,
+                    qkv_attn,
                     o: k.matvec
                         .bind_q4_router(ctx, o, &a.att, &a.h, fold, e, &a.a, &a.z, st)?,
                     norm2: None,
@@ -454,6 +468,7 @@ impl DecodePlan {
                     norm1: None,
                     qkv: qkv_norm(qkv)?,
                     attn,
+                    qkv_attn,
                     o: k.matvec.bind_q4_acc(ctx, o, &a.att, &a.h, st)?,
                     norm2: None,
                     router: Some(k.matvec.bind_f32_norm(
@@ -471,6 +486,7 @@ impl DecodePlan {
                     norm1: Some(norm(None, &lw.attn_norm)?),
                     qkv: bind_matrix(ctx, &k.matvec, &lw.qkv, (&a.xq, &a.xn), &a.qkv, st)?,
                     attn,
+                    qkv_attn,
                     o: bind_matrix(ctx, &k.matvec, &lw.o, (&a.att_q, &a.att), &a.a, st)?,
                     norm2: Some(norm(Some(&a.a), &lw.ffn_norm)?),
                     router: Some(bind_matrix(
@@ -563,6 +579,8 @@ impl DecodePlan {
             sample,
             advance,
             slot_attn: Vec::new(),
+            slot_qkv_attn: Vec::new(),
+            qkv_arrive,
             prepared: Default::default(),
         })
     }
@@ -584,22 +602,27 @@ impl DecodePlan {
         self.k.embed.record(pass, &self.embed);
         mark(pass, "embed");
         for (l, lb) in self.layers.iter().enumerate() {
-            let attn = slot.map_or(&lb.attn, |s| &self.slot_attn[s][l]);
+            let attn = match slot {
+                Some(s) => (&self.slot_attn[s][l], self.slot_qkv_attn[s].get(l)),
+                None => (&lb.attn, lb.qkv_attn.as_ref()),
+            };
             self.record_layer_marked(pass, lb, attn, pos_bound, mark);
         }
     }
 
     fn record_layer(&self, pass: &mut wgpu::ComputePass<'_>, lb: &LayerBinding, pos_bound: u32) {
-        self.record_layer_marked(pass, lb, &lb.attn, pos_bound, &mut |_, _| {});
+        let attn = (&lb.attn, lb.qkv_attn.as_ref());
+        self.record_layer_marked(pass, lb, attn, pos_bound, &mut |_, _| {});
     }
 
     /// [`Self::record_layer`] calling `mark(pass, op)` after each op's dispatches (the
-    /// profile's timestamps, profile.rs); `attn` is `lb.attn` or a KV slot's binding.
+    /// profile's timestamps, profile.rs); `attn` is the attention binding and the qkv +
+    /// attention one (if any) on the plan's own cache or on a KV slot's.
     fn record_layer_marked<F: FnMut(&mut wgpu::ComputePass<'_>, &'static str)>(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         lb: &LayerBinding,
-        attn: &AttentionBinding,
+        attn: (&AttentionBinding, Option<&QkvAttentionBinding>),
         pos_bound: u32,
         mark: &mut F,
     ) {
@@ -608,9 +631,17 @@ impl DecodePlan {
             k.norm.record(pass, n);
             mark(pass, "rmsnorm (attention input)");
         }
-        k.matvec.record(pass, &lb.qkv);
-        mark(pass, "qkv matvec");
-        k.attn.record_marked(pass, attn, pos_bound, mark);
+        match (&k.qkv_attn, attn.1) {
+            (Some(qk), Some(b)) if qk.serves(pos_bound) => {
+                qk.record(pass, b);
+                mark(pass, "qkv matvec + attention");
+            }
+            _ => {
+                k.matvec.record(pass, &lb.qkv);
+                mark(pass, "qkv matvec");
+                k.attn.record_marked(pass, attn.0, pos_bound, mark);
+            }
+        }
         k.matvec.record(pass, &lb.o);
         mark(
             pass,
@@ -629,29 +660,6 @@ impl DecodePlan {
             mark(pass, "router matvec");
         }
         k.moe.record_marked(pass, &self.ctx, &lb.moe, mark);
-    }
-
-    fn record_head(&self, pass: &mut wgpu::ComputePass<'_>) {
-        match &self.head {
-            HeadBinding::Matvec(b) => self.k.matvec.record(pass, b),
-            HeadBinding::Bfp(b) => {
-                if let Some(hk) = &self.k.head_bfp {
-                    hk.record(pass, b)
-                }
-            }
-            HeadBinding::BfpGlobal(q, b) => {
-                if let Some(qk) = &self.k.head_quant {
-                    qk.record(pass, q);
-                    self.k.matvec.record(pass, b);
-                }
-            }
-            HeadBinding::Matmul(b) => self.k.matmul.record(pass, b),
-        }
-    }
-
-    /// The lm_head's form, for `--verbose`.
-    pub fn head_form(&self) -> &'static str {
-        self.head.name()
     }
 
     /// Record one step (`pick`: how the next token is chosen on the GPU, if at all) calling
@@ -764,6 +772,9 @@ impl DecodePlan {
     }
 }
 
+#[path = "plan_head.rs"]
+mod head;
+use head::HeadBinding;
 #[path = "plan_info.rs"]
 mod info;
 #[path = "plan_logits.rs"]

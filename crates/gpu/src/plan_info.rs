@@ -46,6 +46,21 @@ impl DecodePlan {
         self.folds.iter().map(|b| b.size()).sum()
     }
 
+    /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
+    /// dispatches per layer instead of 5), or None where that form is not built.
+    pub fn qkv_attention_positions(&self) -> Option<u32> {
+        self.k.qkv_attn.as_ref().map(|k| k.max_positions())
+    }
+
+    /// Dispatches of layer `lb`'s qkv and attention for a step at a position up to `pos_bound`
+    /// on the plan's own cache.
+    fn qkv_attention_dispatches(&self, lb: &super::LayerBinding, pos_bound: u32) -> usize {
+        match (&self.k.qkv_attn, &lb.qkv_attn) {
+            (Some(k), Some(_)) if k.serves(pos_bound) => 1,
+            _ => lb.qkv.dispatch_count() + self.k.attn.dispatches(&lb.attn, pos_bound) as usize,
+        }
+    }
+
     /// Dispatches one recorded step issues (with argmax), at position 0 (attention takes one
     /// dispatch per layer while a chunk covers the context, two after).
     pub fn dispatches_per_step(&self) -> usize {
@@ -61,10 +76,9 @@ impl DecodePlan {
             .map(|lb| {
                 lb.norm1.is_some() as usize
                     + lb.norm2.is_some() as usize
-                    + count(&lb.qkv)
+                    + self.qkv_attention_dispatches(lb, pos_bound)
                     + count(&lb.o)
                     + lb.router.as_ref().map_or(0, count)
-                    + self.k.attn.dispatches(&lb.attn, pos_bound) as usize
                     + MoeKernel::dispatches(self.opts.routing) as usize
             })
             .sum();

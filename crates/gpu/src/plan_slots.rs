@@ -9,11 +9,15 @@
 //! runs the plan's own steps ([`crate::stream::GreedyRuns`]) reading and writing its KV rows
 //! where the column kernels do, and when a second stream joins, the column runs continue from
 //! the same rows. Nothing is copied either way. A lone sampled stream's one-step runs (logits
-//! read back for the host's sampler) take the plan's step the same way.
+//! read back for the host's sampler) take the plan's step the same way, and so does the qkv
+//! dispatch's own attention (kernels/qkv_attention.rs), bound per slot alike.
 
 use super::DecodePlan;
 use crate::context::Result;
 use crate::kernels::attention::AttentionBuffers;
+use crate::kernels::matvec::NormInput;
+use crate::kernels::qkv_attention::QkvAttentionBuffers;
+use crate::weights::Matrix;
 
 impl DecodePlan {
     /// Bind the attention of every layer to each of the `slots` KV slots of the multi-stream
@@ -35,8 +39,10 @@ impl DecodePlan {
         }
         let a = &self.acts;
         let mut all = Vec::with_capacity(slots);
+        let mut all_qa = Vec::with_capacity(slots);
         for s in 0..slots {
             let mut layers = Vec::with_capacity(cfg.num_layers);
+            let mut qa = Vec::with_capacity(cfg.num_layers);
             for (l, lw) in self.weights.layers.iter().enumerate() {
                 let bufs = AttentionBuffers {
                     state: &a.state,
@@ -54,11 +60,40 @@ impl DecodePlan {
                     &a.scratch,
                     s as u64 * slot_bytes,
                 )?);
+                // The qkv dispatch's own attention on this slot, where the plan has it.
+                if let (Some(qk), Some(arrive), Matrix::Q4(m)) =
+                    (&self.k.qkv_attn, &self.qkv_arrive, &lw.qkv)
+                {
+                    let qb = QkvAttentionBuffers {
+                        m,
+                        x: NormInput {
+                            h: &a.h,
+                            weight: &lw.attn_norm,
+                            eps: cfg.rms_norm_eps,
+                        },
+                        qkv: &a.qkv,
+                        q_norm: &lw.q_norm,
+                        k_norm: &lw.k_norm,
+                        k_cache: &k[l],
+                        v_cache: &v[l],
+                        out: &a.att,
+                        arrive,
+                        state: &a.state,
+                    };
+                    qa.push(qk.bind_at(&self.ctx, &qb, s as u64 * slot_bytes)?);
+                }
             }
             all.push(layers);
+            all_qa.push(qa);
         }
         self.slot_attn = all;
+        self.slot_qkv_attn = all_qa;
         Ok(true)
+    }
+
+    /// Layers with a qkv + attention binding, per KV slot (diagnostics and tests).
+    pub fn slot_qkv_attention_layers(&self) -> Vec<usize> {
+        self.slot_qkv_attn.iter().map(Vec::len).collect()
     }
 
     /// KV slots bound by [`Self::bind_slots`].

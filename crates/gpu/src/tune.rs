@@ -49,13 +49,18 @@ pub struct Tune {
     /// Most key splits of the GEMM prefill's query-tile attention (1..=16, default 16; 1: the
     /// keys unsplit; kernels/attention_prefill.rs).
     pub prefill_splits: Option<u32>,
+    /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
+    /// dispatches per layer instead of 5; 256 is the bound measured). Unset or 0 (the
+    /// default): the qkv matvec and the attention in dispatches of their own, faster on the
+    /// H200 (tg128 324.6 against 269.6 tok/s, BENCHMARKS run 101).
+    pub qkv_attn: Option<u32>,
 }
 
 /// The lm_head form when `head` is unset ([`Tune::head`]; run 67).
 pub const DEFAULT_HEAD: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 13] = [
+pub const KEYS: [&str; 14] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -69,6 +74,7 @@ pub const KEYS: [&str; 13] = [
     "moe_late_norm",
     "head",
     "prefill_splits",
+    "qkv_attn",
 ];
 
 impl Tune {
@@ -87,6 +93,7 @@ impl Tune {
             "moe_late_norm" => &mut self.moe_late_norm,
             "head" => &mut self.head,
             "prefill_splits" => &mut self.prefill_splits,
+            "qkv_attn" => &mut self.qkv_attn,
             _ => return None,
         })
     }
@@ -173,6 +180,7 @@ impl std::fmt::Display for Tune {
             self.moe_late_norm,
             self.head,
             self.prefill_splits,
+            self.qkv_attn,
         ];
         let set: Vec<String> = KEYS
             .iter()

@@ -18,6 +18,9 @@ use nibble_gpu::kernels::moe::{
     F32Tuning, MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing,
 };
 use nibble_gpu::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
+use nibble_gpu::kernels::qkv_attention::{
+    QkvAttentionBinding, QkvAttentionBuffers, QkvAttentionKernel,
+};
 use nibble_gpu::numerics::BfpActs;
 use nibble_gpu::state::RunState;
 use nibble_gpu::tensor::{Q4Matrix, QuantActs};
@@ -123,6 +126,9 @@ pub struct Bench {
         AttentionScratch,
         Vec<AttentionBinding>,
     )>,
+    /// The qkv + attention dispatch (the f32 plan's form below position 256, Vulkan) whole
+    /// and cut short (ablations): (label, kernel, bindings per layer copy).
+    pub qkv_attn: Vec<(&'static str, QkvAttentionKernel, Vec<QkvAttentionBinding>)>,
     pub head_b: MatvecBinding,
     /// The lm_head of `--tune head=3`: rmsnorm(h) converted to bfp24 once, then the matvec
     /// reading those blocks (f32 plans only).
@@ -303,6 +309,58 @@ impl Bench {
             let sc = k.scratch(ctx)?;
             let b = bind_attn(&k, &sc)?;
             attn_many.push((label, k, sc, b));
+        }
+
+        // The qkv + attention dispatch as the plan builds it (4 rows per team at Qwen3's qkv),
+        // and cut after the matvec and its arrival count, after the norm + RoPE + KV write,
+        // after the scores, after the softmax.
+        let qkv_arrive = ctx.storage("qkv_attention.arrive", cfg.num_kv_heads as u64 * 4)?;
+        let mut qkv_attn = Vec::new();
+        let cut = |mark: &'static str| {
+            move |s: String| match mark {
+                "" => s,
+                m => s.replace(m, "return;"),
+            }
+        };
+        for (label, mark) in [
+            ("", ""),
+            (" (matvec + arrival count only)", "//@STOP_START"),
+            (" (cut after norm+rope+kv write)", "//@STOP_ROPE"),
+            (" (cut after scores)", "//@STOP_SCORES"),
+            (" (cut after softmax)", "//@STOP_SOFTMAX"),
+        ] {
+            if numerics != Numerics::F32 {
+                break;
+            }
+            let params = AttentionParams::from_config(cfg, ctx_len)?;
+            let rpt = matvec.rows_per_team((q + 2 * kv) as u32);
+            let Some(k) =
+                QkvAttentionKernel::with_source_edit(ctx, params, rpt, late, 256, &cut(mark))?
+            else {
+                break;
+            };
+            let binds = qkv_w
+                .iter()
+                .zip(k_cache.iter().cycle().zip(v_cache.iter().cycle()))
+                .map(|(m, (kc, vc))| {
+                    k.bind(
+                        ctx,
+                        &QkvAttentionBuffers {
+                            m,
+                            x: nol,
+                            qkv: &qkv_out,
+                            q_norm: &q_norm,
+                            k_norm: &k_norm,
+                            k_cache: kc,
+                            v_cache: vc,
+                            out: &att.f,
+                            arrive: &qkv_arrive,
+                            state: st,
+                        },
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            qkv_attn.push((label, k, binds));
         }
 
         let norm = RmsNormKernel::new(ctx)?;
@@ -508,6 +566,7 @@ impl Bench {
             attn_one,
             attn_one_b,
             attn_many,
+            qkv_attn,
             head_b,
             head_bfp,
             norm_b,

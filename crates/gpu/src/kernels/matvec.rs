@@ -102,7 +102,7 @@ impl MatvecBinding {
 
 /// Params uniform of every matvec shader: `{ rows, inner, row_start, gx, eps, pad x3 }` (the
 /// int8 shader reads the first four).
-fn params(
+pub(crate) fn params(
     ctx: &Context,
     rows: u32,
     inner: u32,
@@ -127,7 +127,7 @@ fn check_x(x: &wgpu::Buffer, cols: u32, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
+pub(crate) fn check_out(y: &wgpu::Buffer, rows: u32, what: &str) -> Result<()> {
     if y.size() < rows as u64 * 4 {
         return Err(GpuError::Shape(format!(
             "{what}: output holds {} bytes, need {} rows",
@@ -611,7 +611,7 @@ impl BfpQuantKernel {
     }
 }
 
-fn rows_index(rows_per_team: u32) -> Result<usize> {
+pub(crate) fn rows_index(rows_per_team: u32) -> Result<usize> {
     F32_ROWS_PER_TEAM
         .iter()
         .position(|r| *r == rows_per_team)
@@ -622,7 +622,7 @@ fn rows_index(rows_per_team: u32) -> Result<usize> {
         })
 }
 
-fn check_norm_input(x: &NormInput<'_>, cols: u32, what: &str) -> Result<()> {
+pub(crate) fn check_norm_input(x: &NormInput<'_>, cols: u32, what: &str) -> Result<()> {
     if cols > NORM_ON_LOAD_MAX || cols % 4 != 0 {
         return Err(GpuError::Shape(format!(
             "{what}: {cols} columns (norm-on-load needs a multiple of 4 up to {NORM_ON_LOAD_MAX})"

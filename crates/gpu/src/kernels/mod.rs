@@ -24,6 +24,7 @@ pub mod norm;
 mod numerics_tests;
 #[cfg(test)]
 mod ordering_tests;
+pub mod qkv_attention;
 pub mod quantize;
 pub mod router_cols;
 pub mod router_fold;

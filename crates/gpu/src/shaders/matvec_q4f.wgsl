@@ -80,4 +80,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
+    // TAIL: the qkv + attention form (qkv_attention.rs) calls its attention tail here; every
+    // other form leaves this comment.
 }
