@@ -316,14 +316,37 @@ impl Bench {
         // after the scores, after the softmax.
         let qkv_arrive = ctx.storage("qkv_attention.arrive", cfg.num_kv_heads as u64 * 4)?;
         let mut qkv_attn = Vec::new();
+        // "loop": the score row's loads as a runtime loop over groups of 8 vec4 (fewer
+        // registers than the written-out row: does the tail's register count slow the kernel?).
+        let (g, d4) = (cfg.num_heads / cfg.num_kv_heads, cfg.head_dim / 4);
+        let score_loop = {
+            let mut b = String::from("for (var d0 = 0u; d0 < D4; d0 += 8u) {\n");
+            for i in 0..8 {
+                b += &format!("let k{i} = k_cache[row + d0 + {i}u];\n");
+            }
+            for i in 0..8 {
+                for j in 0..g {
+                    b += &format!("s{j} += dot(nol_xs[{}u + d0 + {i}u], k{i});\n", j * d4);
+                }
+            }
+            b + "}\n"
+        };
         let cut = |mark: &'static str| {
+            let score_loop = score_loop.clone();
             move |s: String| match mark {
                 "" => s,
+                "loop" if d4 % 8 == 0 => {
+                    let (a, rest) = s.split_once("//@SCORE_BEGIN").unwrap_or((&s, ""));
+                    let (_, b) = rest.split_once("//@SCORE_END").unwrap_or(("", rest));
+                    format!("{a}{score_loop}{b}")
+                }
+                "loop" => s,
                 m => s.replace(m, "return;"),
             }
         };
         for (label, mark) in [
             ("", ""),
+            (" (score row as a loop of 8-load groups)", "loop"),
             (" (matvec + arrival count only)", "//@STOP_START"),
             (" (cut after norm+rope+kv write)", "//@STOP_ROPE"),
             (" (cut after scores)", "//@STOP_SCORES"),

@@ -342,7 +342,10 @@ let v{u} = v_cache[(t{u} * HKV + h) * D4 + c];\n"
     }
     include_str!("../shaders/qkv_attention.wgsl")
         .replace("//SCORE_DECL", &heads(&|j| format!("var s{j} = 0.0;")))
-        .replace("//SCORE_BODY", &score)
+        .replace(
+            "//SCORE_BODY",
+            &format!("//@SCORE_BEGIN\n{score}//@SCORE_END\n"),
+        )
         .replace(
             "//SCORE_STORE",
             &heads(&|j| format!("fa_p[t * G + {j}u] = s{j};")),
