@@ -14,10 +14,11 @@
 //! **Off by default** (`--tune qkv_attn=N` turns it on below position N): on the H200 it is
 //! slower than the two dispatches it replaces (tg128 269.6 against 324.6 tok/s, BENCHMARKS run
 //! 101). kernel_bench's ablation rows say where: the matvec with its arrival count is 12.3 us
-//! (11.2 alone), the q/k norm + RoPE + KV write adds 3.9 us, the scores 9.6 us even at
-//! position 1 (two rows!), the softmax 2.8, the weighted sum of V 1.9-5.7: ~19 us of tail on
-//! one workgroup against 7.8-11.2 us for the whole chunk attention dispatch. Kept, tested, for
-//! the next attempt (the scores' cost is not understood; see the issue notes).
+//! (11.2 alone), the k norm + RoPE + KV write adds 3.9 us, the queries' norm + RoPE with the
+//! scores 9.6 us even at position 1 (two rows!), the softmax 2.8, the weighted sum of V
+//! 1.9-5.7: ~19 us of tail on one workgroup against 7.8-11.2 us for the whole chunk attention
+//! dispatch. Kept, tested, for the next attempt (that 9.6 us is not understood; BENCHMARKS
+//! runs 98-102).
 //!
 //! Requirements, checked when the kernel is built ([`QkvAttentionKernel::new`] returns `None`
 //! where they fail and the plan keeps the two dispatches): workgroups can publish to each other
