@@ -76,10 +76,13 @@ if has kbab; then
   # A/B of kernel_bench builds: every target/ab/kb-* (built here from each variant), pos 128,
   # two interleaved rounds after a discarded warm-up; the per-call rows only.
   timeout 120 "$(ls target/ab/kb-* | head -1)" --shapes full --pos 128 --reps 2 > /dev/null 2>&1
-  for round in 1 2; do
-    for b in target/ab/kb-*; do
-      say "kbab round $round: $(basename $b)"
-      timeout 120 $b --shapes full --pos 128 ${KB_ARGS:-} 2>&1 | grep -E "^  " | grep -v -E "cols|tuning|int8|matmul (qkv|o_proj)| r[124] " | tee -a "$S"
+  # KB_POS: the positions (space-separated; default 128), each its own pair of rounds.
+  for pos in ${KB_POS:-128}; do
+    for round in 1 2; do
+      for b in target/ab/kb-*; do
+        say "kbab pos $pos round $round: $(basename $b)"
+        timeout 120 $b --shapes full --pos $pos ${KB_ARGS:-} 2>&1 | grep -E "^  " | grep -v -E "cols|tuning|int8|matmul (qkv|o_proj)| r[124] " | tee -a "$S"
+      done
     done
   done
 fi

@@ -207,7 +207,13 @@ fn main() -> anyhow::Result<()> {
     // default), the staged f32 kernels only.
     let d = F32Tuning::DEFAULT;
     let tunings: Vec<F32Tuning> = if args.moe_tunings {
-        let gu = [8, 16, 32, 64].map(|gate_up_lanes| F32Tuning { gate_up_lanes, ..d });
+        let gu = [8, 16, 32, 64].into_iter().flat_map(|gate_up_lanes| {
+            [1, 2].map(|gate_up_rows| F32Tuning {
+                gate_up_lanes,
+                gate_up_rows,
+                ..d
+            })
+        });
         let dn = [8, 16, 32, 64].into_iter().flat_map(|down_lanes| {
             [1, 2, 4].map(|down_rows| F32Tuning {
                 down_lanes,
@@ -217,10 +223,16 @@ fn main() -> anyhow::Result<()> {
         });
         gu.into_iter().chain(dn).collect()
     } else {
-        // The down kernel's other slot-group counts (the default is 4 on Vulkan).
-        [1, 2, 8]
+        // The down kernel's other slot-group counts (the default is 4 on Vulkan), and two
+        // gate/up rows per team.
+        let mut v = [1, 2, 8]
             .map(|down_split| F32Tuning { down_split, ..d })
-            .to_vec()
+            .to_vec();
+        v.push(F32Tuning {
+            gate_up_rows: 2,
+            ..d
+        });
+        v
     };
     let b = Bench::new(
         &ctx,
@@ -651,12 +663,31 @@ fn main() -> anyhow::Result<()> {
             } else {
                 " (unstaged)"
             };
-            let name = format!("moe gate_up f32 tuning lanes {}{un}", t.gate_up_lanes);
+            let name = format!(
+                "moe gate_up f32 tuning lanes {} rows {}{un}",
+                t.gate_up_lanes,
+                set.kernel.gate_up_rows()
+            );
             r.case(sp(name, 1, l, true, gu), m, &|p, c| {
                 set.kernel.record(p, &ctx, &g[c % g.len()])
             })?;
+            if t.gate_up_rows != F32Tuning::DEFAULT.gate_up_rows {
+                if let Some((both, gate_up)) = &set.folded {
+                    let rows = set.kernel.gate_up_rows();
+                    let name = format!("moe gate_up+silu folded (as plan) rows {rows}");
+                    r.case(sp(name, 1, l, true, gu + h4), m, &|p, c| {
+                        set.kernel.record(p, &ctx, &gate_up[c % gate_up.len()])
+                    })?;
+                    let name = format!("moe gate_up folded + down (as plan) rows {rows}");
+                    r.case(sp(name, 2, l, true, gu + h4 + dn), m, &|p, c| {
+                        set.kernel.record(p, &ctx, &both[c % both.len()])
+                    })?;
+                }
+            }
         }
-        if t.gate_up_lanes == F32Tuning::DEFAULT.gate_up_lanes {
+        if t.gate_up_lanes == F32Tuning::DEFAULT.gate_up_lanes
+            && t.gate_up_rows == F32Tuning::DEFAULT.gate_up_rows
+        {
             let un = if set.kernel.staged().1 {
                 ""
             } else {

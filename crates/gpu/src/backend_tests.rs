@@ -321,7 +321,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
     let want = greedy(&mut oracle, &p, 48, &[]);
     let sets = [
-        "qkv_rows=1,o_rows=4,down_split=1,head=1",
+        "qkv_rows=1,o_rows=4,down_split=1,head=1,gate_up_rows=2",
         "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2,head=2,\
          moe_late_norm=0",
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.

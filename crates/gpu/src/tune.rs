@@ -22,6 +22,7 @@ pub struct Tune {
     pub o_rows: Option<u32>,
     /// [`F32Tuning`] fields of the staged f32 MoE kernels.
     pub gate_up_lanes: Option<u32>,
+    pub gate_up_rows: Option<u32>,
     pub down_lanes: Option<u32>,
     pub down_rows: Option<u32>,
     pub down_split: Option<u32>,
@@ -60,10 +61,11 @@ pub struct Tune {
 pub const DEFAULT_HEAD: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 14] = [
+pub const KEYS: [&str; 15] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
+    "gate_up_rows",
     "down_lanes",
     "down_rows",
     "down_split",
@@ -83,6 +85,7 @@ impl Tune {
             "qkv_rows" => &mut self.qkv_rows,
             "o_rows" => &mut self.o_rows,
             "gate_up_lanes" => &mut self.gate_up_lanes,
+            "gate_up_rows" => &mut self.gate_up_rows,
             "down_lanes" => &mut self.down_lanes,
             "down_rows" => &mut self.down_rows,
             "down_split" => &mut self.down_split,
@@ -103,6 +106,7 @@ impl Tune {
         let t = F32Tuning::for_context(ctx);
         F32Tuning {
             gate_up_lanes: self.gate_up_lanes.unwrap_or(t.gate_up_lanes),
+            gate_up_rows: self.gate_up_rows.unwrap_or(t.gate_up_rows),
             down_lanes: self.down_lanes.unwrap_or(t.down_lanes),
             down_rows: self.down_rows.unwrap_or(t.down_rows),
             down_split: self.down_split.unwrap_or(t.down_split),
@@ -170,6 +174,7 @@ impl std::fmt::Display for Tune {
             self.qkv_rows,
             self.o_rows,
             self.gate_up_lanes,
+            self.gate_up_rows,
             self.down_lanes,
             self.down_rows,
             self.down_split,

@@ -13,13 +13,14 @@ use crate::numerics::{BFP_DOT, F32_DEQ};
 macro_rules! nol_inv_wgsl {
     () => {
         "
-var<workgroup> nol_red: array<f32, 256>;
+// Thread i's partial at i + i / 16: the 16 threads of the second level read 16 banks, not 2.
+var<workgroup> nol_red: array<f32, 272>;
 var<workgroup> nol_red16: array<f32, 16>;
 // Threads 0-15: the second level of the sum (after the barrier that publishes nol_red).
 fn nol_sum16(li: u32) {
     if (li < 16u) {
         var s = 0.0;
-        for (var j = 0u; j < 16u; j++) { s += nol_red[16u * li + j]; }
+        for (var j = 0u; j < 16u; j++) { s += nol_red[17u * li + j]; }
         nol_red16[li] = s;
     }
 }
@@ -35,7 +36,7 @@ fn nol_inv(li: u32, n4: u32, eps: f32) -> f32 {
         let v = nol_h[i];
         ss += dot(v, v);
     }
-    nol_red[li] = ss;
+    nol_red[li + li / 16u] = ss;
     workgroupBarrier();
     nol_sum16(li);
     workgroupBarrier();
@@ -80,7 +81,7 @@ fn nol_stage(li: u32, n4: u32, eps: f32) {
         ss += dot(v, v);
         nol_xs[nol_slot(i)] = v * nol_w[i];
     }
-    nol_red[li] = ss;
+    nol_red[li + li / 16u] = ss;
     workgroupBarrier();
     nol_sum16(li);
 }
@@ -227,7 +228,7 @@ pub(super) fn q4f_body(r: u32) -> String {
             "{{ let blk = r{i} * p.bpr + b; \
              acc{i} = fma(scale(blk), dq_block(qs[blk], x), acc{i}); }}\n        "
         );
-        store += &format!("red[(team * R + {i}u) * T + lane] = acc{i};\n    ");
+        store += &format!("red[(team * R + {i}u) * TP + lane] = acc{i};\n    ");
     }
     include_str!("../shaders/matvec_q4f.wgsl")
         .replace("//ROWS_PREFETCH", &pre)

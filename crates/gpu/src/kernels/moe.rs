@@ -129,6 +129,8 @@ pub struct MoeKernel {
     /// Lanes per row of the compiled gate/up and down, and down's rows per workgroup (the grids
     /// follow from them).
     gate_up_t: u32,
+    /// Rows per team of the staged f32 gate/up ([`F32Tuning::gate_up_rows`]; 1 otherwise).
+    gate_up_rows: u32,
     down_rows_per_wg: u32,
     /// Down slot groups (1 when down is not the staged kernel) and the staged kernel's scratch:
     /// `[8, DS, H]` f32 group sums and `[8, NRB]` u32 arrival counters (moe_down_f32.wgsl;
@@ -204,6 +206,12 @@ pub struct MoeBinding {
 
 /// WGSL constants of one pipeline: `t` lanes per row, `cols` matvec inputs (NB = cols / 32).
 fn consts(p: &MoeParams, t: u32, cols: u32) -> String {
+    consts_rows(p, t, 1, cols)
+}
+
+/// [`consts`] with `rg` rows per team (`RG`; `R` = rows per workgroup), as the staged f32
+/// gate/up takes them.
+fn consts_rows(p: &MoeParams, t: u32, rg: u32, cols: u32) -> String {
     let c = |n: &str, v: u32| format!("const {n}: u32 = {v}u;\n");
     [
         STATE_WGSL.to_string(),
@@ -211,7 +219,8 @@ fn consts(p: &MoeParams, t: u32, cols: u32) -> String {
         c("K", p.top_k),
         c("WG", WG),
         c("T", t),
-        c("R", WG / t),
+        c("R", WG / t * rg),
+        c("RG", rg),
         format!("const NORM_TOPK: bool = {};\n", p.norm_topk_prob),
         c("H", p.hidden),
         c("I", p.inter),
@@ -283,8 +292,8 @@ impl MoeKernel {
             want
         };
         let staged = (
-            f32 && gate_up_f32_shared(p) <= budget,
-            f32 && down_f32_shared(p, tune.down_rows, want) <= budget,
+            f32 && gate_up_f32_shared(p, tune.gate_up_rows) <= budget,
+            f32 && down_f32_shared(p, tune.down_lanes, tune.down_rows, want) <= budget,
         );
         let route = include_str!("../shaders/moe_route.wgsl");
         let router_src = format!(
@@ -298,10 +307,16 @@ impl MoeKernel {
         } else {
             GATE_UP_T
         };
+        // Two rows per team only where the rows per workgroup divide I (and only staged).
+        let gate_up_rows = if staged.0 && p.inter % (WG / gate_up_t * tune.gate_up_rows) == 0 {
+            tune.gate_up_rows
+        } else {
+            1
+        };
         let gu_src = if staged.0 {
             format!(
                 "{}const LATE_NORM: bool = {};\n{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
-                consts(p, gate_up_t, p.hidden),
+                consts_rows(p, gate_up_t, gate_up_rows, p.hidden),
                 tune.late_norm,
                 include_str!("../shaders/moe_gate_up_f32.wgsl")
             )
@@ -362,6 +377,7 @@ impl MoeKernel {
             params,
             numerics,
             gate_up_t,
+            gate_up_rows,
             down_rows_per_wg,
             down_split: ds,
             down_scratch: match staged.1 {
@@ -624,6 +640,11 @@ impl MoeKernel {
         }
     }
 
+    /// Rows per team of the compiled gate/up (1 unless [`F32Tuning::gate_up_rows`] took).
+    pub fn gate_up_rows(&self) -> u32 {
+        self.gate_up_rows
+    }
+
     /// Slot groups of the compiled down kernel (1: each workgroup sums all K slots of its rows).
     pub fn down_split(&self) -> u32 {
         self.down_split
@@ -633,7 +654,7 @@ impl MoeKernel {
     fn grids(&self, ctx: &Context) -> ((u32, u32), (u32, u32)) {
         let p = &self.params;
         (
-            (p.inter / (WG / self.gate_up_t), p.top_k),
+            (p.inter / (WG / self.gate_up_t * self.gate_up_rows), p.top_k),
             ctx.grid(p.hidden.div_ceil(self.down_rows_per_wg) * self.down_split),
         )
     }

@@ -5,7 +5,7 @@
 //! bit for bit against the per-column form, with columns forced to share experts (at the same
 //! or different ranks), to choose disjoint ones, and with done columns between live ones.
 
-use super::super::f32_tests::{check_token, split, tuning, Token};
+use super::super::f32_tests::{check_token, rows2, split, tuning, Token};
 use super::super::tests::{params, Case};
 use super::super::{F32Tuning, MoeBuffers, MoeParams, Routing};
 use super::*;
@@ -265,6 +265,7 @@ fn moe_cols_match_single_column_odd_shapes() {
         F32Tuning::DEFAULT,
         split(tuning(8, 64, 4), 8),
         split(tuning(32, 16, 2), 1),
+        rows2(F32Tuning::DEFAULT),
     ];
     // (nb, done columns): one column, two, three with the middle one done, eight with two done.
     let runs: [(usize, &[usize]); 4] = [(1, &[]), (2, &[]), (3, &[1]), (8, &[0, 5])];
@@ -340,7 +341,11 @@ fn moe_cols_union_shared_rotated_disjoint_experts() {
     // Blocks per row off the lane counts (NB = 3, 5), K even and odd.
     let shapes = [params(16, 4, 96, 64, true), params(12, 3, 160, 96, false)];
     // The union down reproduces the per-column kernel with one down slot group.
-    let tunes = [split(F32Tuning::DEFAULT, 1), split(tuning(8, 64, 4), 1)];
+    let tunes = [
+        split(F32Tuning::DEFAULT, 1),
+        split(tuning(8, 64, 4), 1),
+        rows2(split(F32Tuning::DEFAULT, 1)),
+    ];
     let runs: [(usize, &[usize]); 3] = [(1, &[]), (3, &[1]), (8, &[2, 5])];
     let overlaps = [
         Overlap::Same,

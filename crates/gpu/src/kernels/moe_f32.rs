@@ -14,6 +14,11 @@ pub struct F32Tuning {
     /// Lanes per gate/up row (power of two, 8..=256): grid `(I / (256 / lanes), K)`; 16 = 384
     /// workgroups at the real shape, ~3 per H200 SM, 8 weight loads in flight per lane.
     pub gate_up_lanes: u32,
+    /// Gate/up rows per team of lanes (1 or 2): each staged activation block a lane reads
+    /// serves this many rows' gate and up blocks (less shared-memory traffic per weight byte,
+    /// half the workgroups at 2). Falls back to 1 where I is not a multiple of the rows per
+    /// workgroup.
+    pub gate_up_rows: u32,
     /// Lanes per down row (power of two, 8..=256).
     pub down_lanes: u32,
     /// Down rows per team of lanes (1, 2 or 4; per-row lines written out as separate
@@ -40,6 +45,7 @@ impl F32Tuning {
     /// 64x2 15.6 (x4 does not fit the staging budget: unstaged, 18.7).
     pub const DEFAULT: F32Tuning = F32Tuning {
         gate_up_lanes: 16,
+        gate_up_rows: 1,
         down_lanes: 16,
         down_rows: 1,
         down_split: 4,
@@ -64,12 +70,13 @@ impl F32Tuning {
         let ok = |t: u32| t.is_power_of_two() && (8..=WG).contains(&t);
         if !ok(self.gate_up_lanes)
             || !ok(self.down_lanes)
+            || ![1, 2].contains(&self.gate_up_rows)
             || ![1, 2, 4].contains(&self.down_rows)
             || ![1, 2, 4, 8].contains(&self.down_split)
         {
             return Err(GpuError::Shape(format!(
-                "MoE {self:?}: lanes per row must be powers of two in 8..={WG}, rows per team 1, \
-                 2 or 4, down slot groups 1, 2, 4 or 8"
+                "MoE {self:?}: lanes per row must be powers of two in 8..={WG}, gate/up rows per \
+                 team 1 or 2, down rows per team 1, 2 or 4, down slot groups 1, 2, 4 or 8"
             )));
         }
         Ok(())
@@ -92,17 +99,20 @@ impl Default for F32Tuning {
     }
 }
 
-/// Workgroup bytes of moe_gate_up_f32.wgsl: xs `[H]`, lg `[E]`, top_e `[K]`, red_g and red_u
-/// `[WG]`, slot_e; the column union form's col_rank and users `[8]`, n_users.
-pub(super) fn gate_up_f32_shared(p: &MoeParams) -> u64 {
-    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + 2 * WG as u64 + 1 + 17) * 4
+/// Workgroup bytes of moe_gate_up_f32.wgsl at `rg` rows per team: xs `[H]`, lg `[E]`, top_e
+/// `[K]`, red_g and red_u `[rg, WG + WG / 8]` (bank-spread partials), slot_e; the column union
+/// form's col_rank and users `[8]`, n_users.
+pub(super) fn gate_up_f32_shared(p: &MoeParams, rg: u32) -> u64 {
+    let red = 2 * (rg * (WG + WG / 8)) as u64;
+    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + red + 1 + 17) * 4
 }
 
-/// Workgroup bytes of moe_down_f32.wgsl at `rt` rows per team and `ds` slot groups: xs
-/// `[K/ds*I]`, red `[WG*rt]`, ids and wts `[K/ds]`, dlast.
-pub(super) fn down_f32_shared(p: &MoeParams, rt: u32, ds: u32) -> u64 {
+/// Workgroup bytes of moe_down_f32.wgsl at `t` lanes per row, `rt` rows per team and `ds` slot
+/// groups: xs `[K/ds*I]`, red `[WG/t*rt, t+1]` (bank-spread partials), ids and wts `[K/ds]`,
+/// dlast.
+pub(super) fn down_f32_shared(p: &MoeParams, t: u32, rt: u32, ds: u32) -> u64 {
     let ks = (p.top_k / ds) as u64;
-    (ks * p.inter as u64 + (WG * rt) as u64 + 2 * ks + 1) * 4
+    (ks * p.inter as u64 + (WG / t * rt * (t + 1)) as u64 + 2 * ks + 1) * 4
 }
 
 /// Bytes of the down slot groups' scratch for `ds` groups of `nrb` row blocks over up to 8
@@ -128,7 +138,7 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32) -> String {
         load += &format!(
             "let crow{r} = select(0u, row0 + {r}u, row0 + {r}u < H);\n    var acc{r} = 0.0;\n    "
         );
-        store += &format!("red[(team * RT + {r}u) * T + lane] = acc{r};\n    ");
+        store += &format!("red[(team * RT + {r}u) * TP + lane] = acc{r};\n    ");
     }
     for j in 0..items {
         load += &format!("let it{j} = lane + {j}u * T;\n    ");

@@ -225,6 +225,14 @@ pub(super) fn tuning(gate_up_lanes: u32, down_lanes: u32, down_rows: u32) -> F32
     }
 }
 
+/// `t` with two gate/up rows per team.
+pub(super) fn rows2(t: F32Tuning) -> F32Tuning {
+    F32Tuning {
+        gate_up_rows: 2,
+        ..t
+    }
+}
+
 /// `t` with `down_split` down slot groups.
 pub(super) fn split(t: F32Tuning, down_split: u32) -> F32Tuning {
     F32Tuning { down_split, ..t }
@@ -252,12 +260,20 @@ fn moe_f32_staged_odd_shapes_every_lane_count() {
         split(tuning(64, 16, 1), 4),
         split(tuning(256, 256, 2), 8),
         split(tuning(16, 32, 4), 4),
+        // Two gate/up rows per team: 32 rows per workgroup at 16 lanes (every I here), 64 at
+        // 8 lanes (I = 64 only; the others fall back to one row).
+        rows2(split(tuning(16, 16, 1), 4)),
+        rows2(split(tuning(8, 32, 2), 2)),
     ];
     for (n, p) in shapes.into_iter().enumerate() {
         let c = Case::new(p, 60 + n as u64);
         for (j, t) in all.into_iter().enumerate() {
             let staged = check_f32(&ctx, &c, t, Routing::Fused, j % 2 == 0, None);
             assert_eq!(staged, (true, true), "{p:?} {t:?}: not the staged kernels");
+            let k = MoeKernel::with_f32_tuning(&ctx, p, Numerics::F32, t).unwrap();
+            let fits = p.inter % (256 / t.gate_up_lanes * t.gate_up_rows) == 0;
+            let want = if fits { t.gate_up_rows } else { 1 };
+            assert_eq!(k.gate_up_rows(), want, "{p:?} {t:?}: gate/up rows per team");
         }
         let staged = check_f32(&ctx, &c, F32Tuning::DEFAULT, Routing::Separate, false, None);
         assert_eq!(staged, (true, true), "{p:?}: not the staged kernels");
@@ -275,6 +291,8 @@ fn moe_f32_real_shape() {
         (F32Tuning::DEFAULT, Routing::Fused, true),
         (split(tuning(8, 32, 2), 8), Routing::Separate, false),
         (split(F32Tuning::DEFAULT, 1), Routing::Fused, false),
+        (rows2(F32Tuning::DEFAULT), Routing::Fused, true),
+        (rows2(F32Tuning::DEFAULT), Routing::Separate, false),
     ] {
         let staged = check_f32(&ctx, &c, t, routing, residual, None);
         assert_eq!(staged, (true, true), "real shape, {t:?}: not staged");

@@ -123,10 +123,12 @@ impl QkvAttentionKernel {
         let d4 = d / 4;
         let rpw = 8 * rows_per_team;
         // Workgroup memory: the matvec's staging (16 KiB, which also holds the queries), norm
-        // sums and reduction (1 KiB per row per team), the tail's stats and flag, the rope's
-        // (cos, sin) table and rms; then 4 G bytes per position of the scores, which bound
-        // the positions where the device has less room (lavapipe and Metal: 32 KiB).
-        let fixed = 16384 + 1024 + 64 + 4 * WG * rows_per_team + 4 * g + 4 + 4 * d + 4 * (g + 1);
+        // sums (272 + 16 floats) and reduction (8 rows x 33 floats per row per team), the
+        // tail's stats and flag, the rope's (cos, sin) table and rms; then 4 G bytes per
+        // position of the scores, which bound the positions where the device has less room
+        // (lavapipe and Metal: 32 KiB).
+        let fixed =
+            16384 + 4 * 272 + 64 + 4 * 8 * 33 * rows_per_team + 4 * g + 4 + 4 * d + 4 * (g + 1);
         let limit = ctx.limits.max_compute_workgroup_storage_size;
         let fit = limit.saturating_sub(fixed) / (4 * g);
         let maxp = max_positions.min(p.ctx).min(fit);

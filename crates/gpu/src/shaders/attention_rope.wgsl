@@ -87,23 +87,27 @@ fn rope_prepare(qb: u32, h: u32, pos: u32, li: u32, first: u32) {
     workgroupBarrier();
 }
 
+// Element k of head vector e (base: head_base) normed and roped, its pair partner recomputed.
+fn roped1(base: u32, r: f32, e: u32, k: u32) -> f32 {
+    let i = k % HALF;
+    let a = qkv_at(base + i) * r * norm_w(e, i);
+    let b = qkv_at(base + i + HALF) * r * norm_w(e, i + HALF);
+    let cs = cst[i];
+    if (k < HALF) {
+        return a * cs.x - b * cs.y;
+    }
+    return b * cs.x + a * cs.y;
+}
+
 // Elements 4*d4 .. 4*d4+3 of head vector e (kv head h) normed and roped. Each element recomputes
 // its pair partner, so one thread owns a whole vec4 (no two threads write parts of one vector).
+// The four elements are written out rather than stored through `v[j]` in a loop: a vector
+// indexed by a loop counter may be placed in local memory by NVIDIA's compiler (session 17's
+// per-thread arrays), and the values are the same.
 fn roped4(qb: u32, h: u32, e: u32, d4: u32) -> vec4<f32> {
     let base = head_base(qb, h, e);
     let r = rms[e];
-    var v: vec4<f32>;
-    for (var j = 0u; j < 4u; j++) {
-        let k = 4u * d4 + j;
-        let i = k % HALF;
-        let a = qkv_at(base + i) * r * norm_w(e, i);
-        let b = qkv_at(base + i + HALF) * r * norm_w(e, i + HALF);
-        let cs = cst[i];
-        if (k < HALF) {
-            v[j] = a * cs.x - b * cs.y;
-        } else {
-            v[j] = b * cs.x + a * cs.y;
-        }
-    }
-    return v;
+    let k = 4u * d4;
+    return vec4<f32>(roped1(base, r, e, k), roped1(base, r, e, k + 1u),
+                     roped1(base, r, e, k + 2u), roped1(base, r, e, k + 3u));
 }

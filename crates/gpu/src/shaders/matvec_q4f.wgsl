@@ -14,7 +14,10 @@
 // unswizzled, or straight from global memory, those reads stride 128 bytes across lanes (32
 // cache lines or a 32-way bank conflict per instruction), which is what limited the f32 matvec.
 // Partials meet in shared memory; one barrier, then one thread per row adds its team's 32 lanes
-// (no subgroup-size assumption). The input snippet also declares `extra_rows(wg, li) -> bool`
+// (no subgroup-size assumption). Each row's partials sit TP = T + 1 words apart, so the 8R
+// threads reading partial j of their rows hit 8R different banks (at a stride of 32 words they
+// all hit one: an 8R-way conflict per load on NVIDIA's 32 banks); the sums and their order are
+// unchanged. The input snippet also declares `extra_rows(wg, li) -> bool`
 // (false, except for the folded router's workgroups), `nol_scale(eps, n4)` (the late norm's
 // 1 / rms, else 1.0) and `xblock(b)`, block b of the staged input
 // in the form `dq_block` takes: 8 vec4<f32> (f32 numerics), or a `BfpBlock` (bfp24: the staging
@@ -27,7 +30,8 @@ struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32,
 @group(0) @binding(6) var<storage, read> state: State;
 
 const T: u32 = 32u;
-var<workgroup> red: array<f32, 256u * R>;
+const TP: u32 = T + 1u;
+var<workgroup> red: array<f32, 8u * R * TP>; // [8R rows, TP] per-lane partials (lane < T)
 
 fn scale(i: u32) -> f32 {
     let v = unpack2x16float(sc[i >> 1u]);
@@ -67,7 +71,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (li < 8u * R) {
         var s = 0.0;
         for (var j = 0u; j < T; j++) {
-            s += red[li * T + j];
+            s += red[li * TP + j];
         }
         // 1.0 (exact) except in the late-norm form, where it is the RMSNorm's scale.
         s *= nol_scale(p.eps, p.bpr * 8u);

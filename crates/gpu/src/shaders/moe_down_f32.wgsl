@@ -53,7 +53,10 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 var<workgroup> xs: array<vec4<f32>, KSNB * 8u>; // [KS*I/4] the group's h, swizzled (zeros for slots not held)
 const ROWS: u32 = (WG / T) * RT;
 
-var<workgroup> red: array<f32, WG * RT>;       // [ROWS, T] per-lane partials
+// [ROWS, TP] per-lane partials (lane < T): rows TP = T + 1 words apart, so the ROWS readers of
+// partial j hit different banks (T apart, they would share one or two of the 32).
+const TP: u32 = T + 1u;
+var<workgroup> red: array<f32, ROWS * TP>;
 var<workgroup> ids: array<u32, KS>;            // the group's experts and weights
 var<workgroup> wts: array<f32, KS>;
 var<workgroup> dlast: u32;
@@ -222,7 +225,7 @@ fn down_rows(rb: u32, g: u32, li: u32, col: u32) -> f32 {
     var tot = 0.0;
     if (li < ROWS) {
         for (var j = 0u; j < T; j++) {
-            tot += red[li * T + j];
+            tot += red[li * TP + j];
         }
     }
     return tot;

@@ -1,9 +1,11 @@
 // Expert gate/up matvecs + SiLU(gate) * up with f32 activations (formats-spec §1.7 step 5): the
 // f32 form of moe_gate_up.wgsl, with the same entry points, bindings, routing and parts.
-// Prepended by the host: consts E, K, WG, T (lanes per row, power of two, 8..=256), R (= WG / T
-// rows per workgroup), H (input width), NB (= H / 32), I, NORM_TOPK, the `State` struct,
+// Prepended by the host: consts E, K, WG, T (lanes per row, power of two, 8..=256), RG (rows per
+// team: 1 or 2), R (= WG / T * RG rows per workgroup), H (input width), NB (= H / 32), I,
+// NORM_TOPK, the `State` struct,
 // moe_route.wgsl, F32_DEQ (numerics.rs: `dq_block`), moe_stage_f32.wgsl and columns.wgsl.
-// Grid: (I / R, K). Workgroup (b, k) computes rows [R b, R b + R) of slot k's expert.
+// Grid: (I / R, K). Workgroup (b, k) computes rows [R b, R b + R) of slot k's expert; team t
+// rows [R b + RG t, + RG).
 //
 // Column forms (multi-column runs, columns.rs): grid (I / R, K, nb); column c's data lie at
 // logits [c*E..], x [c*H..], route [c*2K..], h [c*K*I..]; a column whose `cols[c].done` is set
@@ -48,8 +50,14 @@ struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 @group(0) @binding(13) var<storage, read> cols: array<Col, 8>;
 
 var<workgroup> xs: array<vec4<f32>, NB * 8u>; // [H/4] x, swizzled
-var<workgroup> red_g: array<f32, WG>;         // [WG] per-lane partials
-var<workgroup> red_u: array<f32, WG>;
+// [WG] per-lane partials, thread i's at rp(i) = i + i / T: a team's T partials and one spare
+// word, so the row sums' readers (lane 0 of every team, T apart) hit different banks instead of
+// one or two (T = 16 or 32 on NVIDIA's 32 banks). WG / 8 spare words cover T >= 8 and the
+// folded norm's NRED-apart form (`li + li / NRED`).
+// With RG = 2, the second row of each team sits RS words further.
+const RS: u32 = WG + WG / 8u;
+var<workgroup> red_g: array<f32, RG * RS>;
+var<workgroup> red_u: array<f32, RG * RS>;
 var<workgroup> slot_e: u32;
 // Union form: per column, #{logits above e's} (+ ties below e): e's rank in that column.
 var<workgroup> col_rank: array<atomic<u32>, 8>;
@@ -63,6 +71,10 @@ fn stage_x(li: u32, base: u32) {
     for (var i = li; i < NB * 8u; i += WG) {
         xs[xs_slot(i)] = act_x[base + i];
     }
+}
+
+fn rp(i: u32) -> u32 {
+    return i + i / T;
 }
 
 fn gscale(i: u32) -> f32 {
@@ -83,6 +95,33 @@ fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
     return vec2<f32>(gscale(blk) * dq_block(g, x), uscale(blk) * dq_block(u, x));
 }
 
+// The same for rows wrow and wrow + 1 (RG = 2): one staged block read for both rows' four dots;
+// (gate, up) of wrow, then of wrow + 1.
+fn gu_block2(wrow: u32, b: u32) -> vec4<f32> {
+    let blk = wrow * NB + b;
+    let g0 = gate_qs[blk];
+    let u0 = up_qs[blk];
+    let g1 = gate_qs[blk + NB];
+    let u1 = up_qs[blk + NB];
+    let x = xs_block(b);
+    return vec4<f32>(gscale(blk) * dq_block(g0, x), uscale(blk) * dq_block(u0, x),
+                     gscale(blk + NB) * dq_block(g1, x), uscale(blk + NB) * dq_block(u1, x));
+}
+
+// Row `row` of h [hbase + k*I..] from the team's partials at red_g/red_u [o + rp(li) ..] (lane 0
+// of the team): the T lane sums in lane order, times `sc`, then silu(gate) * up.
+fn row_out(o: u32, li: u32, hbase: u32, k: u32, row: u32, sc: f32) {
+    var g = 0.0;
+    var u = 0.0;
+    for (var j = 0u; j < T; j++) {
+        g += red_g[o + rp(li) + j];
+        u += red_u[o + rp(li) + j];
+    }
+    g *= sc;
+    u *= sc;
+    h[hbase + k * I + row] = g / (1.0 + exp(-g)) * u;
+}
+
 // Rows [R wid.x, +R) of expert e for slot k, written to h [hbase + k*I..] (hbase: the column's
 // first h element), each row's gate and up sums multiplied by `sc` (the late norm's 1 / rms;
 // 1.0, an exact no-op, elsewhere). `e` is workgroup-uniform; every thread calls it (it has a
@@ -91,33 +130,45 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32, sc: f32) {
     let held = e >= params.e_lo && e < params.e_hi;
     let team = li / T;
     let lane = li % T;
-    let row = bx * R + team;
+    let row = bx * R + team * RG;
     let wrow = (select(params.e_lo, e, held) - params.e_lo) * I + row;
     var acc = vec2<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
     if (held) {
         // A constant trip count lets the compiler unroll and issue the lane's weight loads
         // together (few workgroups: latency, not bandwidth, limits).
         for (var j = 0u; j < NB / T; j++) {
-            acc += gu_block(wrow, lane + j * T);
+            if (RG == 2u) {
+                acc2 += gu_block2(wrow, lane + j * T);
+            } else {
+                acc += gu_block(wrow, lane + j * T);
+            }
         }
         if (lane < NB % T) {
-            acc += gu_block(wrow, lane + (NB / T) * T);
+            if (RG == 2u) {
+                acc2 += gu_block2(wrow, lane + (NB / T) * T);
+            } else {
+                acc += gu_block(wrow, lane + (NB / T) * T);
+            }
         }
     }
-    red_g[li] = acc.x;
-    red_u[li] = acc.y;
+    if (RG == 2u) {
+        red_g[rp(li)] = acc2.x;
+        red_u[rp(li)] = acc2.y;
+        red_g[RS + rp(li)] = acc2.z;
+        red_u[RS + rp(li)] = acc2.w;
+    } else {
+        red_g[rp(li)] = acc.x;
+        red_u[rp(li)] = acc.y;
+    }
     workgroupBarrier();
-    // One barrier: lane 0 of each team adds its T partials (no subgroup-size assumption).
+    // One barrier: lane 0 of each team adds its T partials per row (no subgroup-size
+    // assumption).
     if (held && lane == 0u) {
-        var g = 0.0;
-        var u = 0.0;
-        for (var j = 0u; j < T; j++) {
-            g += red_g[li + j];
-            u += red_u[li + j];
+        row_out(0u, li, hbase, k, row, sc);
+        if (RG == 2u) {
+            row_out(RS, li, hbase, k, row + 1u, sc);
         }
-        g *= sc;
-        u *= sc;
-        h[hbase + k * I + row] = g / (1.0 + exp(-g)) * u;
     }
 }
 
@@ -216,7 +267,8 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var r = li; r < K; r += WG) {
         top_e[r] = 0u;
     }
-    red_g[li] = ss;
+    // NRED + 1 apart per second-level thread (bank-spread, as rp).
+    red_g[li + li / NRED] = ss;
     workgroupBarrier();
     // The second level of the sum and the experts' ranks in the same step: the ranks count on
     // the pre-norm logits z, since dividing all of them by rms(h + a) > 0 keeps their order
@@ -227,7 +279,7 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     if (li < 16u) {
         var s = 0.0;
         for (var j = 0u; j < NRED; j++) {
-            s += red_g[NRED * li + j];
+            s += red_g[(NRED + 1u) * li + j];
         }
         red_u[li] = s;
     }
@@ -355,9 +407,15 @@ fn gate_up_union_cols(
 // Rows [R bx, +R) of expert e (held by this part) for every column in `users[..nu]`: the lane's
 // blocks of e are loaded once, then dotted with each column's staged x like `expert_rows`.
 fn union_rows(e: u32, bx: u32, li: u32, nu: u32) {
-    let team = li / T;
+    // The team's RG rows one after the other (RG is a constant: the barriers stay uniform).
+    for (var rr = 0u; rr < RG; rr++) {
+        union_row(e, bx * R + (li / T) * RG + rr, li, nu);
+    }
+}
+
+// Row `row` of expert e for every column in `users[..nu]` (see `union_rows`).
+fn union_row(e: u32, row: u32, li: u32, nu: u32) {
     let lane = li % T;
-    let row = bx * R + team;
     let wrow = (e - params.e_lo) * I + row;
     let tail = lane < NB % T;
     // The lane's blocks lane + j T (the last only when `tail`): a constant trip count keeps
@@ -394,17 +452,11 @@ fn union_rows(e: u32, bx: u32, li: u32, nu: u32) {
             let x = xs_block(lane + j * T);
             acc += vec2<f32>(gs[j] * dq_block(gq[j], x), us[j] * dq_block(uq[j], x));
         }
-        red_g[li] = acc.x;
-        red_u[li] = acc.y;
+        red_g[rp(li)] = acc.x;
+        red_u[rp(li)] = acc.y;
         workgroupBarrier();
         if (lane == 0u) {
-            var g = 0.0;
-            var u = 0.0;
-            for (var j = 0u; j < T; j++) {
-                g += red_g[li + j];
-                u += red_u[li + j];
-            }
-            h[(d * K + r) * I + row] = g / (1.0 + exp(-g)) * u;
+            row_out(0u, li, d * K * I, r, row, 1.0);
         }
     }
 }
