@@ -422,17 +422,19 @@ fn main() -> anyhow::Result<()> {
     }
     // The lm_head of `--tune head=3`: the bfp24 conversion dispatch, then the matvec reading
     // its blocks from global memory (compare with the matmul's lm_head row, the default).
-    if let Some((qk, qb, mb)) = &b.head_bfp {
-        let name = format!("bfp24 conversion + matvec lm_head [{v}x{h}] (head=3)");
+    if let Some((qk, qb, mb, mb2)) = &b.head_bfp {
         let bytes = q4(v, h) + 2 * h4 + 4 * v as u64;
-        r.case(
-            sp(name, 1 + mb.dispatch_count(), 1, true, bytes),
-            m,
-            &|p, _| {
-                qk.record(p, qb);
-                b.matvec.record(p, mb);
-            },
-        )?;
+        for (form, mb) in [("head=3", mb), ("head=4, 2 rows per team", mb2)] {
+            let name = format!("bfp24 conversion + matvec lm_head [{v}x{h}] ({form})");
+            r.case(
+                sp(name, 1 + mb.dispatch_count(), 1, true, bytes),
+                m,
+                &|p, _| {
+                    qk.record(p, qb);
+                    b.matvec.record(p, mb);
+                },
+            )?;
+        }
     }
     // The f32 form's rows per team, each shape at every choice (the plan picks by rows).
     for rpt in nibble_gpu::kernels::matvec::F32_ROWS_PER_TEAM {

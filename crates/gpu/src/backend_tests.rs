@@ -112,6 +112,7 @@ fn logits_match_oracle_per_step() {
             (Numerics::F32, true, "head=1"),
             (Numerics::F32, true, "head=2"),
             (Numerics::F32, true, "head=0"),
+            (Numerics::F32, true, "head=4"),
         ];
         for (numerics, fold_router, tune) in forms.into_iter().chain(extra) {
             let o = GpuOptions {
@@ -321,7 +322,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     let mut oracle = RefBackend::new(m.clone(), 256).unwrap();
     let want = greedy(&mut oracle, &p, 48, &[]);
     let sets = [
-        "qkv_rows=1,o_rows=4,down_split=1,head=1,gate_up_rows=2",
+        "qkv_rows=1,o_rows=4,down_split=1,head=4,gate_up_rows=2",
         "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2,head=2,\
          moe_late_norm=0",
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
@@ -349,6 +350,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
             "matvec",
             "matvec (bfp24)",
             "bfp24 conversion + matvec",
+            "bfp24 conversion + matvec (2 rows per team)",
         ];
         assert_eq!(
             g.plan().head_form(),
@@ -367,7 +369,7 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
         .expect("o_rows=3 accepted");
     assert!(e.to_string().contains("rows per team"), "{e}");
     for (s, want) in [
-        ("head=4", "tune head"),
+        ("head=5", "tune head"),
         ("moe_late_norm=2", "tune moe_late_norm"),
     ] {
         let bad = GpuOptions {

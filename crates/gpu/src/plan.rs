@@ -250,8 +250,8 @@ impl DecodePlan {
         // Unset: 3 (run 67: tg128 323.5 / 323.4 against the matmul's 322.4 / 322.3).
         let head_form = opts.tune.head.unwrap_or(crate::tune::DEFAULT_HEAD);
         anyhow::ensure!(
-            head_form <= 3,
-            "tune head must be 0, 1, 2 or 3, not {head_form}"
+            head_form <= 4,
+            "tune head must be 0, 1, 2, 3 or 4, not {head_form}"
         );
         let mut k = Kernels {
             matvec: MatvecKernel::with_options(
@@ -281,7 +281,7 @@ impl DecodePlan {
                 _ => None,
             },
             head_quant: match head_form {
-                3 => Some(BfpQuantKernel::new(ctx)?),
+                3 | 4 => Some(BfpQuantKernel::new(ctx)?),
                 _ => None,
             },
             qkv_attn: None,
@@ -513,8 +513,12 @@ impl DecodePlan {
                         // The bind groups keep the blocks' buffers alive.
                         let xb = BfpActs::new(ctx, "head.xb", m.cols)?;
                         let q = qk.bind(ctx, x, &xb, st)?;
-                        let mv = k.matvec.bind_q4(ctx, m, Act::Bfp(&xb), &a.logits, st)?;
-                        HeadBinding::BfpGlobal(q, mv)
+                        // head=4: two rows per team (each activation block serves both).
+                        let rows = if head_form == 4 { 2 } else { 1 };
+                        let mv =
+                            k.matvec
+                                .bind_q4_with(ctx, m, Act::Bfp(&xb), &a.logits, st, rows)?;
+                        HeadBinding::BfpGlobal(q, mv, rows)
                     }
                     _ => HeadBinding::Matvec(k.matvec.bind_q4_norm(ctx, m, x, &a.logits, st)?),
                 }

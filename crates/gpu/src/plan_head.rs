@@ -7,14 +7,16 @@ use crate::kernels::matvec::{BfpQuantBinding, MatvecBinding};
 /// The lm_head: the fused plan's int4 head is by default (`--tune head=3`) a one-workgroup
 /// dispatch converting `rmsnorm(h)` to bfp24 once and the block-per-lane matvec reading those
 /// blocks from global memory (`BfpGlobal`; 79.6 us against the matmul's 88.2 in kernel_bench,
-/// tg128 +0.3%, run 67); `--tune head=0` the one-column matmul normalising on load (its
+/// tg128 +0.3%, run 67; `--tune head=4`: the same with two rows per team, each activation block
+/// a lane loads serving both rows); `--tune head=0` the one-column matmul normalising on load (its
 /// tall-matrix tile reads 151936 x 2048 in 88 us vs the f32 matvec's 116), `--tune head=1|2`
 /// the norm-on-load matvec in f32 or bfp24 (`Bfp`, recorded with [`Kernels::head_bfp`]);
 /// otherwise a matvec.
 pub(super) enum HeadBinding {
     Matvec(MatvecBinding),
     Bfp(MatvecBinding),
-    BfpGlobal(BfpQuantBinding, MatvecBinding),
+    /// The conversion, the matvec, its rows per team (1 or 2).
+    BfpGlobal(BfpQuantBinding, MatvecBinding, u32),
     Matmul(MatmulBinding),
 }
 
@@ -22,7 +24,7 @@ impl HeadBinding {
     pub(super) fn dispatch_count(&self) -> usize {
         match self {
             HeadBinding::Matvec(b) | HeadBinding::Bfp(b) => b.dispatch_count(),
-            HeadBinding::BfpGlobal(_, b) => 1 + b.dispatch_count(),
+            HeadBinding::BfpGlobal(_, b, _) => 1 + b.dispatch_count(),
             HeadBinding::Matmul(b) => b.dispatch_count(),
         }
     }
@@ -32,7 +34,8 @@ impl HeadBinding {
         match self {
             HeadBinding::Matvec(_) => "matvec",
             HeadBinding::Bfp(_) => "matvec (bfp24)",
-            HeadBinding::BfpGlobal(..) => "bfp24 conversion + matvec",
+            HeadBinding::BfpGlobal(.., 1) => "bfp24 conversion + matvec",
+            HeadBinding::BfpGlobal(..) => "bfp24 conversion + matvec (2 rows per team)",
             HeadBinding::Matmul(_) => "one-column matmul",
         }
     }
@@ -47,7 +50,7 @@ impl DecodePlan {
                     hk.record(pass, b)
                 }
             }
-            HeadBinding::BfpGlobal(q, b) => {
+            HeadBinding::BfpGlobal(q, b, _) => {
                 if let Some(qk) = &self.k.head_quant {
                     qk.record(pass, q);
                     self.k.matvec.record(pass, b);

@@ -45,7 +45,7 @@ pub struct Tune {
     /// matvec reading those blocks from global memory (no per-workgroup conversion); 0 the
     /// one-column matmul normalising on load, 1 the norm-on-load matvec in the plan's f32 form,
     /// 2 that matvec with bfp24 activations staged by every workgroup (integer dots;
-    /// [`crate::numerics::Numerics::Bfp24`]).
+    /// [`crate::numerics::Numerics::Bfp24`]), 4 form 3 with two rows per team.
     pub head: Option<u32>,
     /// Most key splits of the GEMM prefill's query-tile attention (1..=16, default 16; 1: the
     /// keys unsplit; kernels/attention_prefill.rs).

@@ -131,8 +131,14 @@ pub struct Bench {
     pub qkv_attn: Vec<(&'static str, QkvAttentionKernel, Vec<QkvAttentionBinding>)>,
     pub head_b: MatvecBinding,
     /// The lm_head of `--tune head=3`: rmsnorm(h) converted to bfp24 once, then the matvec
-    /// reading those blocks (f32 plans only).
-    pub head_bfp: Option<(BfpQuantKernel, BfpQuantBinding, MatvecBinding)>,
+    /// reading those blocks (f32 plans only); the last binding is head=4's matvec (two rows
+    /// per team).
+    pub head_bfp: Option<(
+        BfpQuantKernel,
+        BfpQuantBinding,
+        MatvecBinding,
+        MatvecBinding,
+    )>,
     /// rmsnorm(+quant), add+rmsnorm(+quant), plain rmsnorm.
     pub norm_b: [RmsNormBinding; 3],
     pub embed_b: EmbedBinding,
@@ -212,7 +218,8 @@ impl Bench {
                 let xb = BfpActs::new(ctx, "bench.xb", h as u32)?;
                 let qb = qk.bind(ctx, nol, &xb, st)?;
                 let mb = matvec.bind_q4(ctx, &head_w, Act::Bfp(&xb), &logits, st)?;
-                Some((qk, qb, mb))
+                let mb2 = matvec.bind_q4_with(ctx, &head_w, Act::Bfp(&xb), &logits, st, 2)?;
+                Some((qk, qb, mb, mb2))
             }
             _ => None,
         };

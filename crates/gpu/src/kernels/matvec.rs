@@ -28,8 +28,10 @@ pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
 pub use super::quantize::{QuantizeBinding, QuantizeKernel};
 pub use crate::numerics::Act;
 
-/// Rows per int4 x int8 matvec workgroup (must match `RPW` in the shader).
+/// Teams per int4 x quantised-activation matvec workgroup (must match `RPW` in the shader).
 const ROWS_PER_WG: u32 = 8;
+/// Rows per team of the int4 x quantised-activation matvec (`R2` in matvec_q4.wgsl).
+pub const Q4_ROWS_PER_TEAM: [u32; 2] = [1, 2];
 /// Rows per team of the int4 x f32 matvec (`R` in matvec_q4f.wgsl; 8 teams per workgroup).
 pub const F32_ROWS_PER_TEAM: [u32; 3] = [1, 2, 4];
 
@@ -85,8 +87,8 @@ impl Fused {
 
 #[derive(Clone, Copy)]
 enum Which {
-    /// int4 x quantised activations.
-    Q4(Numerics),
+    /// int4 x quantised activations: numerics, two rows per team ([`Q4_ROWS_PER_TEAM`]).
+    Q4(Numerics, bool),
     /// int4 x f32 activations: index into [`F32_ROWS_PER_TEAM`], fused op.
     Q4F(usize, Fused),
     /// f32 matrix: wide (one row per workgroup) or not, norm-on-load or not.
@@ -193,15 +195,17 @@ impl MatvecKernel {
         let body = include_str!("../shaders/matvec_q4.wgsl");
         let q4 = Numerics::ALL
             .into_iter()
-            .map(|n| {
-                let label = format!("matvec_q4.{n}");
+            .flat_map(|n| Q4_ROWS_PER_TEAM.map(|r| (n, r)))
+            .map(|(n, r)| {
+                let label = format!("matvec_q4.{n}.r{r}");
                 // bfp24 here reads blocks converted in global memory ([`Act::Bfp`]); f32
                 // inputs never take this pipeline under bfp24 (they take `q4f`'s).
                 let input = match n {
                     Numerics::Bfp24 => format!("{BFP_DOT}{BFP_GLOBAL_IN}"),
                     n => act_in_wgsl(n, 2, 3),
                 };
-                ctx.compute(&label, &src(&format!("{input}{body}")), "main")
+                let rows = format!("const R2: u32 = {r}u;\n");
+                ctx.compute(&label, &src(&format!("{rows}{input}{body}")), "main")
             })
             .collect::<Result<Vec<_>>>()?;
         let mut f32 = Vec::with_capacity(4);
@@ -269,11 +273,17 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
-        self.bind_q4_with(ctx, m, x, y, state, self.rows_per_team(m.rows))
+        // Quantised activations: one row per team unless asked ([`Self::bind_q4_with`]).
+        let rows = match x {
+            Act::F32(_) => self.rows_per_team(m.rows),
+            _ => 1,
+        };
+        self.bind_q4_with(ctx, m, x, y, state, rows)
     }
 
-    /// [`Self::bind_q4`] with the f32 form's rows per team chosen (one of
-    /// [`F32_ROWS_PER_TEAM`]; ignored for quantised activations). For tests and benchmarks.
+    /// [`Self::bind_q4`] with the rows per team chosen: one of [`F32_ROWS_PER_TEAM`] for the
+    /// f32 form; for quantised activations 1, or 2 and more for two rows per team
+    /// ([`Q4_ROWS_PER_TEAM`]; the same bits, since each row's dots are the same).
     pub fn bind_q4_with(
         &self,
         ctx: &Context,
@@ -301,7 +311,7 @@ impl MatvecKernel {
                 Which::Q4F(rows_index(rows_per_team)?, Fused::Plain),
                 vec![(2, xb.as_entire_binding())],
             ),
-            _ => (Which::Q4(x.numerics()), x.entries(2, 3)),
+            _ => (Which::Q4(x.numerics(), rows_per_team >= 2), x.entries(2, 3)),
         };
         self.bind_q4_parts(ctx, m, which, entries, y, state, rows_per_team, 0.0)
     }
@@ -428,6 +438,7 @@ impl MatvecKernel {
         check_out(y, m.rows, "matvec_q4")?;
         let rows_per_wg = match which {
             Which::Q4F(..) => 8 * rows_per_team,
+            Which::Q4(_, true) => 2 * ROWS_PER_WG,
             _ => ROWS_PER_WG,
         };
         let bpr = m.cols / BLOCK as u32;
@@ -543,7 +554,7 @@ impl MatvecKernel {
 
     fn pipeline(&self, w: Which) -> &wgpu::ComputePipeline {
         match w {
-            Which::Q4(n) => &self.q4[q4_index(n)],
+            Which::Q4(n, two) => &self.q4[q4_index(n) * 2 + two as usize],
             Which::Q4F(ri, f) => &self.q4f[f.index() * F32_ROWS_PER_TEAM.len() + ri],
             Which::F32(wide, norm) => &self.f32[wide as usize * 2 + norm as usize],
         }

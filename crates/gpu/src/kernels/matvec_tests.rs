@@ -53,6 +53,13 @@ fn q4_int8_matches_reference() {
         let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
         let (a, q, s) = upload_acts(&ctx, &x);
         let got = run_q4(&ctx, &w, Act::Int8(&a), rows);
+        // Two rows per team: each row's dots and sums are those of one row per team.
+        let two = run_q4_r(&ctx, &w, Act::Int8(&a), rows, 2);
+        assert_eq!(
+            bits(&two),
+            bits(&got),
+            "q4 i8 [{rows}, {cols}] two rows per team"
+        );
         let want = matvec_q4_i8_ref(&wb, rows, cols, &q, &s);
         // Same integer dot products; only the f32 accumulation order differs.
         assert_close(&got, &want, 1e-4, 1e-4, &format!("q4 i8 [{rows}, {cols}]"));
@@ -646,6 +653,18 @@ fn q4_bfp24_forms_match_the_bfp_simulation() {
         .unwrap();
         let got = ctx.read_f32(&y, rows).unwrap();
         check(&got, &deq, &xn, None, &format!("global [{rows}, {cols}]"));
+        // `--tune head=4`: two rows per team, the same bits.
+        ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+        let b = k
+            .bind_q4_with(&ctx, &w, Act::Bfp(&xq), &y, &state, 2)
+            .unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let two = ctx.read_f32(&y, rows).unwrap();
+        assert_eq!(
+            bits(&two),
+            bits(&got),
+            "global [{rows}, {cols}] two rows per team"
+        );
     }
     // The o-proj form with the folded router's workgroups: the matrix rows in bfp24.
     let fk = RouterFoldKernel::new(&ctx).unwrap();
@@ -671,4 +690,9 @@ fn q4_bfp24_forms_match_the_bfp_simulation() {
     ctx.run_pass(|p| k.record(p, &b)).unwrap();
     let got = ctx.read_f32(&a_b, hd).unwrap();
     check(&got, &dequant_q4_0(&wb, hd, q), &att, None, "router form");
+}
+
+/// The f32 bit patterns of `v` (NaN-safe equality of two outputs).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
