@@ -161,7 +161,7 @@ struct Kernels {
     matmul: MatmulKernel,
     /// The bfp24 matvecs of the lm_head under `--tune head=2`.
     head_bfp: Option<MatvecKernel>,
-    /// The bfp24 conversion before the lm_head under `--tune head=3` (the default).
+    /// The bfp24 conversion before the lm_head under `--tune head=3|4` (4 the default).
     head_quant: Option<BfpQuantKernel>,
     /// The qkv + attention dispatch (fused plan, Vulkan; only under `--tune qkv_attn=N`).
     qkv_attn: Option<QkvAttentionKernel>,
@@ -247,7 +247,8 @@ impl DecodePlan {
                 v.unwrap_or(0)
             );
         }
-        // Unset: 3 (run 67: tg128 323.5 / 323.4 against the matmul's 322.4 / 322.3).
+        // Unset: 4 (run 104: tg128 337.0 / 336.4 against head=3's 336.1 / 335.1; run 67 chose 3
+        // over the matmul, 323.5 / 323.4 against 322.4 / 322.3).
         let head_form = opts.tune.head.unwrap_or(crate::tune::DEFAULT_HEAD);
         anyhow::ensure!(
             head_form <= 4,

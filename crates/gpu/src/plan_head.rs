@@ -4,11 +4,12 @@ use super::DecodePlan;
 use crate::kernels::matmul::MatmulBinding;
 use crate::kernels::matvec::{BfpQuantBinding, MatvecBinding};
 
-/// The lm_head: the fused plan's int4 head is by default (`--tune head=3`) a one-workgroup
-/// dispatch converting `rmsnorm(h)` to bfp24 once and the block-per-lane matvec reading those
-/// blocks from global memory (`BfpGlobal`; 79.6 us against the matmul's 88.2 in kernel_bench,
-/// tg128 +0.3%, run 67; `--tune head=4`: the same with two rows per team, each activation block
-/// a lane loads serving both rows); `--tune head=0` the one-column matmul normalising on load (its
+/// The lm_head: the fused plan's int4 head is by default (`--tune head=4`) a one-workgroup
+/// dispatch converting `rmsnorm(h)` to bfp24 once and the matvec reading those blocks from
+/// global memory with two rows per team, each activation block a lane loads serving both rows
+/// (`BfpGlobal`; 70.4 us against 79.0 with one row per team, `--tune head=3`, the default of
+/// runs 67-103, and the matmul's 88.2 in kernel_bench; tg128 +0.3% over head=3, run 104);
+/// `--tune head=0` the one-column matmul normalising on load (its
 /// tall-matrix tile reads 151936 x 2048 in 88 us vs the f32 matvec's 116), `--tune head=1|2`
 /// the norm-on-load matvec in f32 or bfp24 (`Bfp`, recorded with [`Kernels::head_bfp`]);
 /// otherwise a matvec.

@@ -40,12 +40,13 @@ pub struct Tune {
     /// 1 or unset (the default): the folded MoE gate/up scales late likewise
     /// ([`F32Tuning::late_norm`]); 0: the norm first.
     pub moe_late_norm: Option<u32>,
-    /// The fused plan's int4 lm_head: 3 or unset (the default since run 67: tg128 323.5
+    /// The fused plan's int4 lm_head: 3 (the default from run 67 to run 104: tg128 323.5
     /// against 322.4) a one-workgroup dispatch converting `rmsnorm(h)` to bfp24 once, then the
     /// matvec reading those blocks from global memory (no per-workgroup conversion); 0 the
     /// one-column matmul normalising on load, 1 the norm-on-load matvec in the plan's f32 form,
     /// 2 that matvec with bfp24 activations staged by every workgroup (integer dots;
-    /// [`crate::numerics::Numerics::Bfp24`]), 4 form 3 with two rows per team.
+    /// [`crate::numerics::Numerics::Bfp24`]); 4 or unset (the default since run 104) form 3 with
+    /// two rows per team, each activation block a lane loads serving both (the same bits).
     pub head: Option<u32>,
     /// Most key splits of the GEMM prefill's query-tile attention (1..=16, default 16; 1: the
     /// keys unsplit; kernels/attention_prefill.rs).
@@ -57,8 +58,9 @@ pub struct Tune {
     pub qkv_attn: Option<u32>,
 }
 
-/// The lm_head form when `head` is unset ([`Tune::head`]; run 67).
-pub const DEFAULT_HEAD: u32 = 3;
+/// The lm_head form when `head` is unset ([`Tune::head`]; run 67 chose 3, run 104 its
+/// two-rows-per-team form 4: 70.4 against 79.0 us in kernel_bench, tg128 +0.3% side by side).
+pub const DEFAULT_HEAD: u32 = 4;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
 pub const KEYS: [&str; 15] = [

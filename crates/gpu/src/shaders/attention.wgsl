@@ -185,35 +185,43 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
     }
     workgroupBarrier();
 
+    // Per-head max then exp-sum over the chunk: LG lanes per head, tree reductions.
     let g = li / LG;
     let lane = li % LG;
-    if (len <= LG) {
-        // A short chunk (every chunk up to position 4095 at the default split: 16 positions):
-        // each lane of head g takes the max over all len scores itself (the same loads, a
-        // broadcast), lane t < len its own exp, and lane 0 the sum in position order. Two
-        // barriers instead of the trees' twelve. `len` is uniform, so both forms keep the
-        // barriers uniform.
-        var m = -3.4028235e38;
-        if (g < G) {
-            for (var t = 0u; t < len; t++) {
-                m = max(m, sc[g * CMAX + t]);
-            }
+    var m = -3.4028235e38;
+    if (g < G) {
+        for (var t = lane; t < len; t += LG) {
+            m = max(m, sc[g * CMAX + t]);
         }
-        // Every lane has read the scores before any is overwritten.
-        workgroupBarrier();
-        if (g < G && lane < len) {
-            sc[g * CMAX + lane] = exp(sc[g * CMAX + lane] - m);
+    }
+    red[li] = m;
+    workgroupBarrier();
+    for (var st = LG / 2u; st > 0u; st >>= 1u) {
+        if (lane < st) {
+            red[li] = max(red[li], red[li + st]);
         }
         workgroupBarrier();
-        if (g < G && lane == 0u) {
-            var l = 0.0;
-            for (var t = 0u; t < len; t++) {
-                l += sc[g * CMAX + t];
-            }
-            stat[g] = vec2<f32>(m, l);
+    }
+    var l = 0.0;
+    if (g < G) {
+        m = red[g * LG];
+        for (var t = lane; t < len; t += LG) {
+            let p = exp(sc[g * CMAX + t] - m);
+            sc[g * CMAX + t] = p;
+            l += p;
         }
-    } else {
-        softmax_tree(li, g, lane, len);
+    }
+    workgroupBarrier();
+    red[li] = l;
+    workgroupBarrier();
+    for (var st = LG / 2u; st > 0u; st >>= 1u) {
+        if (lane < st) {
+            red[li] += red[li + st];
+        }
+        workgroupBarrier();
+    }
+    if (g < G && lane == 0u) {
+        stat[g] = vec2<f32>(m, red[li]);
     }
 
     // Weighted sum of V, one tile at a time: output o = (head, vec4 of D), OPT per thread.
@@ -270,46 +278,6 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
     workgroupBarrier();
     if (li < G) {
         part_ml[(s.qh0 + h * G + li) * NC + c] = stat[li];
-    }
-}
-
-// Per-head max then exp-sum over a chunk longer than LG: LG lanes per head, tree reductions;
-// leaves the probabilities in `sc` and (max, sum) in `stat` (after the caller's next barrier).
-fn softmax_tree(li: u32, g: u32, lane: u32, len: u32) {
-    var m = -3.4028235e38;
-    if (g < G) {
-        for (var t = lane; t < len; t += LG) {
-            m = max(m, sc[g * CMAX + t]);
-        }
-    }
-    red[li] = m;
-    workgroupBarrier();
-    for (var st = LG / 2u; st > 0u; st >>= 1u) {
-        if (lane < st) {
-            red[li] = max(red[li], red[li + st]);
-        }
-        workgroupBarrier();
-    }
-    var l = 0.0;
-    if (g < G) {
-        m = red[g * LG];
-        for (var t = lane; t < len; t += LG) {
-            let p = exp(sc[g * CMAX + t] - m);
-            sc[g * CMAX + t] = p;
-            l += p;
-        }
-    }
-    workgroupBarrier();
-    red[li] = l;
-    workgroupBarrier();
-    for (var st = LG / 2u; st > 0u; st >>= 1u) {
-        if (lane < st) {
-            red[li] += red[li + st];
-        }
-        workgroupBarrier();
-    }
-    if (g < G && lane == 0u) {
-        stat[g] = vec2<f32>(m, red[li]);
     }
 }
 
