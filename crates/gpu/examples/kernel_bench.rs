@@ -420,8 +420,9 @@ fn main() -> anyhow::Result<()> {
             &|p, c| b.matvec.record(p, &b.qkv_nol_b[c % b.qkv_nol_b.len()]),
         )?;
     }
-    // The lm_head of `--tune head=3`: the bfp24 conversion dispatch, then the matvec reading
-    // its blocks from global memory (compare with the matmul's lm_head row, the default).
+    // The lm_head of `--tune head=3` and `head=4` (the default): the bfp24 conversion dispatch,
+    // then the matvec reading its blocks from global memory, one or two rows per team (compare
+    // with the matmul's lm_head row, `head=0`).
     if let Some((qk, qb, mb, mb2)) = &b.head_bfp {
         let bytes = q4(v, h) + 2 * h4 + 4 * v as u64;
         for (form, mb) in [("head=3", mb), ("head=4, 2 rows per team", mb2)] {

@@ -132,7 +132,7 @@ pub struct Bench {
     pub head_b: MatvecBinding,
     /// The lm_head of `--tune head=3`: rmsnorm(h) converted to bfp24 once, then the matvec
     /// reading those blocks (f32 plans only); the last binding is head=4's matvec (two rows
-    /// per team).
+    /// per team, the plan's default).
     pub head_bfp: Option<(
         BfpQuantKernel,
         BfpQuantBinding,

@@ -554,7 +554,7 @@ impl MatvecKernel {
 
     fn pipeline(&self, w: Which) -> &wgpu::ComputePipeline {
         match w {
-            Which::Q4(n, two) => &self.q4[q4_index(n) * 2 + two as usize],
+            Which::Q4(n, two) => &self.q4[q4_index(n) * Q4_ROWS_PER_TEAM.len() + two as usize],
             Which::Q4F(ri, f) => &self.q4f[f.index() * F32_ROWS_PER_TEAM.len() + ri],
             Which::F32(wide, norm) => &self.f32[wide as usize * 2 + norm as usize],
         }

@@ -291,8 +291,15 @@ impl MoeKernel {
         } else {
             want
         };
+        // Two gate/up rows per team only where the rows per workgroup divide I (and only in
+        // the staged kernel, below).
+        let gu_rows = if p.inter % (WG / tune.gate_up_lanes * tune.gate_up_rows) == 0 {
+            tune.gate_up_rows
+        } else {
+            1
+        };
         let staged = (
-            f32 && gate_up_f32_shared(p, tune.gate_up_rows) <= budget,
+            f32 && gate_up_f32_shared(p, gu_rows) <= budget,
             f32 && down_f32_shared(p, tune.down_lanes, tune.down_rows, want) <= budget,
         );
         let route = include_str!("../shaders/moe_route.wgsl");
@@ -307,12 +314,7 @@ impl MoeKernel {
         } else {
             GATE_UP_T
         };
-        // Two rows per team only where the rows per workgroup divide I (and only staged).
-        let gate_up_rows = if staged.0 && p.inter % (WG / gate_up_t * tune.gate_up_rows) == 0 {
-            tune.gate_up_rows
-        } else {
-            1
-        };
+        let gate_up_rows = if staged.0 { gu_rows } else { 1 };
         let gu_src = if staged.0 {
             format!(
                 "{}const LATE_NORM: bool = {};\n{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
