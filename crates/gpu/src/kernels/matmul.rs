@@ -109,17 +109,24 @@ impl Tile {
         256 / self.lanes * self.rows_per_team
     }
 
-    /// Floats of the shader's `red`: one reduction round of `CG` columns, at least the norm's
-    /// `[C][256]` sums.
-    fn red_floats(&self) -> u32 {
+    /// Floats of `red` the reduction's columns are counted on (`CG`): `256 R` per column,
+    /// at least the norm's `[C][256]` sums.
+    fn red_base(&self) -> u32 {
         256 * self.rows_per_team.max(self.cols)
+    }
+
+    /// Floats of the shader's `red`: one reduction round of `CG` columns with its lines
+    /// `L + 1` words apart, at least the norm's `[C][16][17]` padded sums.
+    fn red_floats(&self) -> u32 {
+        let padded = self.red_base() / self.lanes * (self.lanes + 1);
+        padded.max(272 * self.cols)
     }
 
     /// Workgroup memory of the tile's widest form (norm-on-load): the staged chunk, `red`, and
     /// the norm's per-column sums.
     pub fn shared_bytes(&self) -> u64 {
         let c = self.cols as u64;
-        16 * c * self.chunk() as u64 * 8 + 4 * self.red_floats() as u64 + 4 * (16 * c + c)
+        16 * c * self.chunk() as u64 * 8 + 4 * self.red_floats() as u64 + 4 * (17 * c + c)
     }
 
     /// Every compiled tile, in pipeline order.
@@ -214,13 +221,15 @@ const ACC: bool = {acc};
 /// with the matvec's partition and summation order (matvec.rs NORM_ON_LOAD: 256 strided
 /// partials, 16 sums of 16, one sum of 16), so the normalised activations are the matvec's.
 /// `mm_x` then normalises on load, `(h * inv) * w` as the matvec does. The `[C][256]` partials
-/// borrow the shader's `red` (at least `256 * C` floats, not yet in use): shared memory is tight.
+/// borrow the shader's `red` (`272 * C` floats: 16-word groups 17 apart; not yet in use): shared memory is tight.
 const NORM_INPUT: &str = "
 @group(0) @binding(2) var<storage, read> mm_h: array<vec4<f32>>;  // [nb, cols/4] residual streams
 @group(0) @binding(3) var<storage, read> mm_nw: array<vec4<f32>>; // [cols/4] RMSNorm weight
-var<workgroup> mm_red16: array<f32, 16u * C>; // [C][16]
+var<workgroup> mm_red16: array<f32, 17u * C>; // [C][16] sums, 17 words apart
 var<workgroup> mm_inv: array<f32, C>;          // [C] 1 / rms
 fn mm_stage(li: u32) {
+    // Groups of 16 partials sit 17 words apart (group g at 17 g): the 16 C threads that each
+    // add one group read 16 C distinct banks instead of two.
     for (var c = 0u; c < C; c++) {
         var ss = 0.0;
         if (c < p.nb) {
@@ -229,18 +238,18 @@ fn mm_stage(li: u32) {
                 ss += dot(v, v);
             }
         }
-        red[c * 256u + li] = ss;
+        red[c * 272u + li + li / 16u] = ss;
     }
     workgroupBarrier();
     if (li < 16u * C) {
         var s = 0.0;
-        for (var j = 0u; j < 16u; j++) { s += red[16u * li + j]; }
-        mm_red16[li] = s;
+        for (var j = 0u; j < 16u; j++) { s += red[17u * li + j]; }
+        mm_red16[li + li / 16u] = s;
     }
     workgroupBarrier();
     if (li < C) {
         var tot = 0.0;
-        for (var j = 0u; j < 16u; j++) { tot += mm_red16[16u * li + j]; }
+        for (var j = 0u; j < 16u; j++) { tot += mm_red16[17u * li + j]; }
         mm_inv[li] = inverseSqrt(tot / f32(4u * p.cols4) + p.eps);
     }
     workgroupBarrier();
@@ -255,12 +264,14 @@ pub fn shader(form: usize, t: Tile) -> String {
     let (c, r, l) = (t.cols, t.rows_per_team, t.lanes);
     let consts = format!(
         "const C: u32 = {c}u;\nconst R: u32 = {r}u;\nconst L: u32 = {l}u;\nconst WL: u32 = {}u;\n\
-         const KC: u32 = {}u;\nconst RW: u32 = {}u;\nconst CG: u32 = {}u;\nconst RED: u32 = {}u;\n",
+         const KC: u32 = {}u;\nconst RW: u32 = {}u;\nconst CG: u32 = {}u;\nconst RED: u32 = {}u;\n\
+         const LP: u32 = {}u;\n",
         l.min(8),
         t.chunk(),
         t.rows_per_workgroup(),
         reduce_cols(t),
-        t.red_floats()
+        t.red_floats(),
+        l + 1
     );
     let input = match form {
         0 => plain_input(false),
@@ -277,7 +288,7 @@ pub fn shader(form: usize, t: Tile) -> String {
 
 /// Columns per reduction round (`CG`): as many as `red` holds next to the `R` rows.
 fn reduce_cols(t: Tile) -> u32 {
-    t.red_floats() / (256 * t.rows_per_team)
+    t.red_base() / (256 * t.rows_per_team)
 }
 
 /// Per row: its base block `rb{r}`, the first block's weights `nw{r}`/`ns{r}` and the
@@ -359,7 +370,9 @@ fn body_lines(r: u32, c: u32) -> String {
 }
 
 /// The reduction, `C / CG` rounds: every thread writes its `R x CG` partials to
-/// `red [CG][RW][L]`, then one thread per (column, row) adds the `L` lanes in order and stores.
+/// `red [CG][RW][LP]`, then one thread per (column, row) adds the `L` lanes in order and stores.
+/// The lines sit `LP = L + 1` words apart (odd), so a warp's 32 adding threads read 32 distinct
+/// banks; `L` apart put `L` of them on each bank it touched (an L-way conflict on every read).
 fn reduce_lines(t: Tile) -> String {
     let (c, r) = (t.cols, t.rows_per_team);
     let cg = reduce_cols(t);
@@ -372,7 +385,7 @@ fn reduce_lines(t: Tile) -> String {
         for j in 0..cg {
             for i in 0..r {
                 s += &format!(
-                    "red[({j}u * RW + team * R + {i}u) * L + g] = a{i}_{};\n    ",
+                    "red[({j}u * RW + team * R + {i}u) * LP + g] = a{i}_{};\n    ",
                     round * cg + j
                 );
             }
@@ -381,7 +394,7 @@ fn reduce_lines(t: Tile) -> String {
             "workgroupBarrier();
     for (var it = li; it < CG * RW; it += 256u) {{
         var sum = 0.0;
-        for (var k = 0u; k < L; k++) {{ sum += red[it * L + k]; }}
+        for (var k = 0u; k < L; k++) {{ sum += red[it * LP + k]; }}
         let c = {}u + it / RW;
         let row = wg_row0 + it % RW;
         if (row < p.rows && c < p.nb) {{

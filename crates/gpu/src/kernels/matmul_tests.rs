@@ -636,6 +636,7 @@ fn tile_choice() {
         }
     }
     // Every tile fits the 28 KiB budget (lavapipe offers 32): 16 KiB of staged activations,
-    // 8 KiB of partials and the norm's sums at 8 columns.
-    assert_eq!(Tile::all().map(|t| t.shared_bytes()).max(), Some(25120));
+    // 10 KiB of partials (8 KiB, lines padded by one word at 4 lanes) and the norm's sums at 8
+    // columns.
+    assert_eq!(Tile::all().map(|t| t.shared_bytes()).max(), Some(27200));
 }

@@ -2,7 +2,7 @@
 // part: Y[c, row] = W[row, :] . X[c, :] for c < p.nb <= C. Prepended by the host (matmul.rs):
 // state.wgsl, `dq_lo`/`dq_hi`/`DQ_SLO`/`DQ_SHI` (numerics.rs F32_DEQ), the tile constants (`C`
 // columns compiled, `R` rows per team, `L` lanes per team, `WL` of them in one warp, `KC` blocks per
-// staged chunk, `RW` rows per workgroup, `CG` columns per reduction round, `RED` floats of `red`),
+// staged chunk, `RW` rows per workgroup, `CG` columns per reduction round, `RED` floats of `red`, `LP` its line stride),
 // `const ACC: bool` (add into Y: the residual add) and the input form: `mm_stage(li)` (a no-op, or
 // the nb RMSNorm reductions) and `mm_x(c, i)` (vec4 i of column c, normalised or not).
 //
@@ -35,7 +35,8 @@ struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, nb: u32,
 
 // [C columns][KC blocks][8 vec4, swizzled] one chunk of the activations.
 var<workgroup> xs: array<vec4<f32>, C * KC * 8u>;
-// [CG columns][RW rows][L lanes] partials of one reduction round; the norm's [C][256] sums first.
+// [CG columns][RW rows][LP = L + 1] partials of one reduction round (lines an odd stride apart:
+// the adding threads read distinct banks); the norm's [C][16][17] sums first.
 var<workgroup> red: array<f32, RED>;
 
 fn scale(i: u32) -> f32 {

@@ -18,7 +18,8 @@ const QUANT: u32 = 2u;
 @group(0) @binding(7) var<storage, read> state: State;
 
 const WG: u32 = 256u;
-var<workgroup> red: array<f32, 256>;
+// [16][17]: the 16 groups of 16 partials 17 words apart, so the 16 adding threads read 16 banks.
+var<workgroup> red: array<f32, 272>;
 var<workgroup> red16: array<f32, 16>;
 
 // h[i] (+ r[i], written back when `add`); 0 past n.
@@ -66,11 +67,11 @@ fn main(@builtin(local_invocation_index) li: u32) {
     }
     // Two-level sum (2 barriers instead of a log2(256)-step tree); every thread then adds the
     // 16 partials in the same order, so all see the same total.
-    red[li] = ss;
+    red[li + li / 16u] = ss;
     workgroupBarrier();
     if (li < 16u) {
         var s = 0.0;
-        for (var j = 0u; j < 16u; j++) { s += red[16u * li + j]; }
+        for (var j = 0u; j < 16u; j++) { s += red[17u * li + j]; }
         red16[li] = s;
     }
     workgroupBarrier();
