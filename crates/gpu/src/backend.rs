@@ -338,7 +338,7 @@ impl GpuBackend {
              numerics: {} (int4 weights x {} activations)\n\
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
              routing {:?}, router {}, attention {}, attention combine {}, MoE down slot \
-             groups {}, lm_head {}, tune {}\n\
+             groups {}, lm_head {}, L2 warming {}, tune {}\n\
              prefill: {}\n\
              resident weights: {} bytes ({:.1} MiB), context {} positions{}",
             info.name,
@@ -365,6 +365,10 @@ impl GpuBackend {
             },
             self.plan.moe_down_split(),
             self.plan.head_form(),
+            match self.plan.warmed_layers() {
+                (0, 0) => "off".to_string(),
+                (q, d) => format!("qkv -> o-proj in {q} layers, down -> next qkv in {d}"),
+            },
             o.tune,
             self.prefill_summary(),
             self.resident_bytes(),

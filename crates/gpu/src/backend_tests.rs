@@ -441,6 +441,59 @@ fn greedy_stops_at_eos_and_keeps_position() {
     }
 }
 
+/// L2 warming (`--tune warm=1|2|3`, kernels/warm.rs) only adds reads: every step's logits keep
+/// their bits and the folded greedy run its tokens; `-v` says where it warms.
+#[test]
+fn warming_changes_no_bits() {
+    let Some(ctx) = gpu("warming_changes_no_bits") else {
+        return;
+    };
+    let m = model(9, false);
+    let layers = m.config().num_layers;
+    let with_warm = |w: u32| GpuOptions {
+        tune: Tune {
+            warm: Some(w),
+            ..Tune::default()
+        },
+        ..opts(false, 4)
+    };
+    let mut base = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 4)).unwrap();
+    assert_eq!(base.plan().warmed_layers(), (0, 0), "off by default");
+    assert!(base.describe().contains("L2 warming off"));
+    let prompt = [5u32, 90, 301, 301, 7];
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let want: Vec<_> = prompt
+        .iter()
+        .map(|t| bits(base.step(*t).unwrap()))
+        .collect();
+    base.truncate(0).unwrap();
+    let want_greedy = greedy(&mut base, &prompt, 24, &[]);
+    for (w, warmed) in [
+        (1, (layers, 0)),
+        (2, (0, layers - 1)),
+        (3, (layers, layers - 1)),
+    ] {
+        let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), with_warm(w)).unwrap();
+        assert_eq!(gb.plan().warmed_layers(), warmed, "warm={w}");
+        assert_eq!(gb.dispatches_per_step(), base.dispatches_per_step());
+        for (t, want) in prompt.iter().zip(&want) {
+            assert_eq!(&bits(gb.step(*t).unwrap()), want, "warm={w}");
+        }
+        gb.truncate(0).unwrap();
+        assert_eq!(greedy(&mut gb, &prompt, 24, &[]), want_greedy, "warm={w}");
+    }
+    let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), with_warm(3)).unwrap();
+    assert!(gb.describe().contains(&format!(
+        "qkv -> o-proj in {layers} layers, down -> next qkv in {}",
+        layers - 1
+    )));
+    gb.truncate(0).unwrap();
+    let e = GpuBackend::with_context(&ctx, m.as_ref(), with_warm(4))
+        .err()
+        .unwrap();
+    assert!(format!("{e:#}").contains("warm must be 0..=3"), "{e:#}");
+}
+
 #[test]
 fn bad_input_is_an_error_and_keeps_position() {
     let Some(ctx) = gpu("bad_input_is_an_error_and_keeps_position") else {

@@ -200,6 +200,8 @@ pub struct DecodePlan {
     qkv_arrive: Option<wgpu::Buffer>,
     /// The next one-step logits run, recorded ahead (plan_logits.rs).
     prepared: logits::Prepared,
+    /// Layers whose qkv warms the o-proj, whose down warms the next qkv (`--tune warm`).
+    warmed: (usize, usize),
 }
 
 /// The form of an activation a Q4 matvec reads: the quantised copy when there is one.
@@ -391,6 +393,20 @@ impl DecodePlan {
             Some(qk) => Some(qk.arrivals(ctx)?),
             None => None,
         };
+        let warm = opts.tune.warm.unwrap_or(0);
+        anyhow::ensure!(
+            warm <= 3,
+            "tune warm must be 0..=3 (a bit mask), not {warm}"
+        );
+        let sink = crate::kernels::warm::sink(ctx)?;
+        // The part a warm workgroup reads: a matrix of one binding.
+        fn one_part(m: &Matrix) -> Option<&crate::tensor::Q4Part> {
+            match m {
+                Matrix::Q4(m) if m.parts.len() == 1 => Some(&m.parts[0]),
+                _ => None,
+            }
+        }
+        let mut warmed = (0, 0);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in weights.layers.iter().enumerate() {
             let attn_bufs = AttentionBuffers {
@@ -441,17 +457,37 @@ impl DecodePlan {
                     .bind_q4_norm(ctx, qkv, nol(&a.h, &lw.attn_norm, eps), &a.qkv, st)
             };
             if let (Some(fold), Matrix::Q4(qkv), Matrix::Q4(o)) = (folds.get(l), &lw.qkv, &lw.o) {
+                // L2 warming (`--tune warm`): the down reads the next layer's qkv, the qkv
+                // this layer's o-proj.
+                let next_qkv = weights.layers.get(l + 1).and_then(|n| one_part(&n.qkv));
                 let folded = MoeFolded {
                     a: &a.a,
                     norm_w: &lw.ffn_norm,
                     eps,
                     z: &a.z,
                     xn_out: &a.xn,
+                    warm: next_qkv.filter(|_| warm & 2 != 0).map(|p| (p, &sink)),
                 };
+                warmed.1 += folded.warm.is_some() as usize;
                 let e = cfg.num_experts as u32;
+                let qkv_b = match one_part(&lw.o).filter(|_| warm & 1 != 0 && qkv.parts.len() == 1)
+                {
+                    Some(op) => {
+                        warmed.0 += 1;
+                        k.matvec.bind_q4_norm_warm(
+                            ctx,
+                            qkv,
+                            nol(&a.h, &lw.attn_norm, eps),
+                            &a.qkv,
+                            st,
+                            (op, &sink),
+                        )?
+                    }
+                    None => qkv_norm(qkv)?,
+                };
                 layers.push(LayerBinding {
                     norm1: None,
-                    qkv: qkv_norm(qkv)?,
+                    qkv: qkv_b,
                     attn,
                     qkv_attn,
                     o: k.matvec
@@ -587,6 +623,7 @@ impl DecodePlan {
             slot_qkv_attn: Vec::new(),
             qkv_arrive,
             prepared: Default::default(),
+            warmed,
         })
     }
 

@@ -46,6 +46,12 @@ impl DecodePlan {
         self.folds.iter().map(|b| b.size()).sum()
     }
 
+    /// Layers whose qkv dispatch warms the o-proj's weights into L2, and whose MoE down
+    /// warms the next layer's qkv (`--tune warm`, kernels/warm.rs).
+    pub fn warmed_layers(&self) -> (usize, usize) {
+        self.warmed
+    }
+
     /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
     /// dispatches per layer instead of 5), or None where that form is not built.
     pub fn qkv_attention_positions(&self) -> Option<u32> {

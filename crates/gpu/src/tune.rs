@@ -56,6 +56,10 @@ pub struct Tune {
     /// default): the qkv matvec and the attention in dispatches of their own, faster on the
     /// H200 (tg128 324.6 against 269.6 tok/s, BENCHMARKS run 101).
     pub qkv_attn: Option<u32>,
+    /// L2 warming (kernels/warm.rs), a bit mask: 1 the qkv dispatch reads the o-proj's
+    /// weights into L2 in extra workgroups, 2 the MoE down dispatch the next layer's qkv.
+    /// Unset or 0: none.
+    pub warm: Option<u32>,
 }
 
 /// The lm_head form when `head` is unset ([`Tune::head`]; run 67 chose 3, run 104 its
@@ -63,7 +67,7 @@ pub struct Tune {
 pub const DEFAULT_HEAD: u32 = 4;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 15] = [
+pub const KEYS: [&str; 16] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -79,6 +83,7 @@ pub const KEYS: [&str; 15] = [
     "head",
     "prefill_splits",
     "qkv_attn",
+    "warm",
 ];
 
 impl Tune {
@@ -99,6 +104,7 @@ impl Tune {
             "head" => &mut self.head,
             "prefill_splits" => &mut self.prefill_splits,
             "qkv_attn" => &mut self.qkv_attn,
+            "warm" => &mut self.warm,
             _ => return None,
         })
     }
@@ -188,6 +194,7 @@ impl std::fmt::Display for Tune {
             self.head,
             self.prefill_splits,
             self.qkv_attn,
+            self.warm,
         ];
         let set: Vec<String> = KEYS
             .iter()

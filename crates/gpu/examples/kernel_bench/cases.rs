@@ -517,6 +517,7 @@ impl Bench {
                         eps: cfg.rms_norm_eps,
                         z: lg,
                         xn_out: &xn_out,
+                        warm: None,
                     };
                     kernel.bind_folded(ctx, &b, &f)
                 };

@@ -17,10 +17,11 @@
 //! those forms are assembled from is in matvec_wgsl.rs.
 
 use super::matvec_wgsl::{bfp_quant_wgsl, f32_input, q4f_body, q4f_input};
+use super::warm;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, BfpActs, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
-use crate::tensor::{F32Matrix, Q4Matrix, BLOCK};
+use crate::tensor::{F32Matrix, Q4Matrix, Q4Part, BLOCK};
 
 /// The norm-on-load WGSL, which the multi-stream router (router_cols.rs) adapts.
 pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
@@ -30,6 +31,8 @@ pub use crate::numerics::Act;
 
 /// Teams per int4 x quantised-activation matvec workgroup (must match `RPW` in the shader).
 const ROWS_PER_WG: u32 = 8;
+/// Bindings of the warm workgroups in [`Fused::NormWarm`] (matvec_wgsl.rs `WARM_ROWS`).
+pub(crate) const WARM_BINDINGS: (u32, u32, u32) = (7, 8, 9);
 /// Rows per team of the int4 x quantised-activation matvec (`R2` in matvec_q4.wgsl).
 pub const Q4_ROWS_PER_TEAM: [u32; 2] = [1, 2];
 /// Rows per team of the int4 x f32 matvec (`R` in matvec_q4f.wgsl; 8 teams per workgroup).
@@ -76,10 +79,19 @@ pub enum Fused {
     /// `z = fold · [x | h]` (router_fold.rs): h is the residual stream, which nothing in the
     /// dispatch writes.
     Router,
+    /// [`Fused::Norm`] plus extra workgroups that read another matrix into L2 for a later
+    /// dispatch (kernels/warm.rs; the qkv warming the o-proj).
+    NormWarm,
 }
 
 impl Fused {
-    const ALL: [Fused; 4] = [Fused::Plain, Fused::Norm, Fused::Acc, Fused::Router];
+    const ALL: [Fused; 5] = [
+        Fused::Plain,
+        Fused::Norm,
+        Fused::Acc,
+        Fused::Router,
+        Fused::NormWarm,
+    ];
     fn index(self) -> usize {
         self as usize
     }
@@ -223,14 +235,18 @@ impl MatvecKernel {
                 )?);
             }
         }
-        let mut q4f = Vec::with_capacity(12);
+        let mut q4f = Vec::with_capacity(Fused::ALL.len() * F32_ROWS_PER_TEAM.len());
         for f in Fused::ALL {
             for r in F32_ROWS_PER_TEAM {
                 q4f.push(ctx.compute(
                     &format!("matvec_q4f.r{r}.{f:?}{}", if bfp { ".bfp" } else { "" }),
                     &src(&format!(
                         "{}const R: u32 = {r}u;\n{}",
-                        q4f_input(f, bfp, late_norm && f == Fused::Norm),
+                        q4f_input(
+                            f,
+                            bfp,
+                            late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
+                        ),
                         q4f_body(r)
                     )),
                     "main",
@@ -421,6 +437,61 @@ impl MatvecKernel {
             (3, x.weight.as_entire_binding()),
         ];
         self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, x.eps)
+    }
+
+    /// [`Self::bind_q4_norm`] whose dispatch also reads `warm` (another matrix's part, read
+    /// by a later dispatch of the step, and [`warm::sink`]) into L2 in extra workgroups
+    /// (kernels/warm.rs): the same `y`. `m` must be one binding.
+    pub fn bind_q4_norm_warm(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        x: NormInput<'_>,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        (warm_part, sink): (&Q4Part, &wgpu::Buffer),
+    ) -> Result<MatvecBinding> {
+        check_norm_input(&x, m.cols, "matvec_q4 (norm, warm)")?;
+        check_out(y, m.rows, "matvec_q4 (norm, warm)")?;
+        let [part] = m.parts.as_slice() else {
+            return Err(GpuError::Shape(format!(
+                "matvec_q4 (norm, warm): [{}, {}] in {} parts (need one)",
+                m.rows,
+                m.cols,
+                m.parts.len()
+            )));
+        };
+        let rpt = self.rows_per_team(m.rows);
+        let which = Which::Q4F(rows_index(rpt)?, Fused::NormWarm);
+        let n_rows = m.rows.div_ceil(8 * rpt);
+        let grid = ctx.grid(n_rows + warm::workgroups(warm_part));
+        let words = [
+            m.rows,
+            m.cols / BLOCK as u32,
+            0,
+            grid.0,
+            x.eps.to_bits(),
+            n_rows,
+            0,
+            0,
+        ];
+        let p = ctx.uniform("matvec.params", bytemuck::cast_slice(&words))?;
+        let mut entries = vec![
+            (0, part.qs.as_entire_binding()),
+            (1, part.scales.as_entire_binding()),
+            (2, x.h.as_entire_binding()),
+            (3, x.weight.as_entire_binding()),
+            (4, y.as_entire_binding()),
+            (5, p.as_entire_binding()),
+            (6, state.as_entire_binding()),
+        ];
+        entries.extend(warm::entries(warm_part, sink, WARM_BINDINGS));
+        let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
+        let bg = ctx.bind_group_at("matvec_q4.norm_warm", self.pipeline(which), &ids, &res)?;
+        Ok(MatvecBinding {
+            pipeline: which,
+            dispatches: vec![(bg, grid)],
+        })
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -319,6 +319,102 @@ fn assert_rows(got: &[f32], want: &[f32], deq: &[f32], x: &[f32], tol: f32, what
     }
 }
 
+/// The qkv form that warms another matrix into L2 (`--tune warm=1`, kernels/warm.rs) writes the
+/// norm-on-load form's bits, whatever the warmed matrix (several warm workgroups, an odd size);
+/// a split matrix is a clear error.
+#[test]
+fn q4_norm_warm_writes_the_norm_forms_bits() {
+    let Some(ctx) = gpu("q4_norm_warm_writes_the_norm_forms_bits") else {
+        return;
+    };
+    let mut r = rng(31);
+    let state = RunState::default().buffer(&ctx).unwrap();
+    let sink = crate::kernels::warm::sink(&ctx).unwrap();
+    for late in [false, true] {
+        let k = MatvecKernel::with_options(&ctx, Numerics::F32, late).unwrap();
+        for &(rows, cols, wrows, wcols) in
+            &[(13, 96, 7, 64), (300, 2048, 700, 2048), (40, 64, 3, 32)]
+        {
+            let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&rand_q4_0(&mut r, rows, cols)])
+                .unwrap();
+            let warm = Q4Matrix::upload(
+                &ctx,
+                "warm",
+                wrows,
+                wcols,
+                1,
+                &[&rand_q4_0(&mut r, wrows, wcols)],
+            )
+            .unwrap();
+            let h = ctx
+                .storage_init(
+                    "h",
+                    bytemuck::cast_slice(&rand_f32(&mut r, cols, -30.0, 30.0)),
+                )
+                .unwrap();
+            let nw = ctx
+                .storage_init(
+                    "nw",
+                    bytemuck::cast_slice(&rand_f32(&mut r, cols, 0.5, 1.5)),
+                )
+                .unwrap();
+            let input = NormInput {
+                h: &h,
+                weight: &nw,
+                eps: 1e-6,
+            };
+            if wrows == 700 {
+                // 700 x 64 blocks and scales: 25200 sectors, several warm workgroups.
+                assert!(crate::kernels::warm::workgroups(&warm.parts[0]) >= 13);
+            }
+            let y = ctx.storage("y", rows as u64 * 4).unwrap();
+            let mut outs = Vec::new();
+            for warmed in [false, true] {
+                ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+                let b = if warmed {
+                    k.bind_q4_norm_warm(&ctx, &w, input, &y, &state, (&warm.parts[0], &sink))
+                } else {
+                    k.bind_q4_norm(&ctx, &w, input, &y, &state)
+                }
+                .unwrap();
+                ctx.run_pass(|p| k.record(p, &b)).unwrap();
+                outs.push(ctx.read_f32(&y, rows).unwrap());
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(outs[0].iter().all(|v| v.is_finite()));
+            assert_eq!(
+                bits(&outs[0]),
+                bits(&outs[1]),
+                "[{rows}, {cols}] late {late}"
+            );
+        }
+    }
+    let k = MatvecKernel::new(&ctx).unwrap();
+    let wb = rand_q4_0(&mut r, 300, 64);
+    let split = Q4Matrix::upload(
+        &ctx.with_max_binding_bytes(20 * 4 * 16),
+        "w",
+        300,
+        64,
+        1,
+        &[&wb],
+    )
+    .unwrap();
+    assert!(split.parts.len() > 1);
+    let h = ctx.storage("h", 64 * 4).unwrap();
+    let y = ctx.storage("y", 300 * 4).unwrap();
+    let input = NormInput {
+        h: &h,
+        weight: &h,
+        eps: 1e-6,
+    };
+    let e = k
+        .bind_q4_norm_warm(&ctx, &split, input, &y, &state, (&split.parts[0], &sink))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("parts"), "{e}");
+}
+
 #[test]
 fn q4_norm_on_load_and_residual_add_match_reference() {
     let Some(ctx) = gpu("q4_norm_on_load_and_residual_add_match_reference") else {

@@ -273,6 +273,22 @@ fn extra_rows(wg: u32, li: u32) -> bool {
 }
 ";
 
+/// WGSL: `extra_rows` of [`Fused::NormWarm`]: workgroups from p1 = the matrix rows'
+/// workgroups on warm another matrix into L2 (kernels/warm.rs) and write nothing else.
+fn warm_rows() -> String {
+    let (q, s, sink) = super::matvec::WARM_BINDINGS;
+    format!(
+        "{}
+fn extra_rows(wg: u32, li: u32) -> bool {{
+    if (wg < p.p1) {{ return false; }}
+    warm(wg - p.p1, li);
+    return true;
+}}
+",
+        super::warm::wgsl(q, s, sink)
+    )
+}
+
 /// Input snippet of matvec_q4f.wgsl for `f`, with the staging and product of `bfp` (bfp24) or
 /// f32, and for [`Fused::Norm`] in f32 the late-norm form when `late`.
 pub(super) fn q4f_input(f: Fused, bfp: bool, late: bool) -> String {
@@ -299,13 +315,18 @@ pub(super) fn q4f_input(f: Fused, bfp: bool, late: bool) -> String {
     };
     let stage = |s: &str| format!("{s}{SWIZZLE}{dot}{}", if bfp { "" } else { F32_XBLOCK });
     match f {
-        Fused::Norm => format!(
+        Fused::Norm | Fused::NormWarm => format!(
             "@group(0) @binding(2) var<storage, read> nol_h: array<vec4<f32>>; // [n/4] residual stream
 @group(0) @binding(3) var<storage, read> nol_w: array<vec4<f32>>; // [n/4] RMSNorm weight
-{}{NO_EXTRA_ROWS}
+{}{}
 const ACC: bool = false;
 ",
-            stage(&norm)
+            stage(&norm),
+            if f == Fused::NormWarm {
+                warm_rows()
+            } else {
+                NO_EXTRA_ROWS.to_string()
+            }
         ),
         Fused::Router => format!(
             "@group(0) @binding(2) var<storage, read> act_x: array<vec4<f32>>; // [n/4]

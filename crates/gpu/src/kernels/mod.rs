@@ -33,3 +33,4 @@ pub mod sample;
 mod sample_tests;
 #[cfg(test)]
 mod step_tests;
+pub mod warm;

@@ -42,11 +42,12 @@
 //! moe_down_union_f32.wgsl, the down reading each expert once), bound and recorded by
 //! [`MoeKernel::bind_cols`] / [`MoeKernel::record_cols`] (moe_cols.rs).
 
+use super::warm;
 use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics, F32_DEQ};
 use crate::state::STATE_WGSL;
-use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
+use crate::tensor::{Q4Matrix, Q4Part, QuantActs, BLOCK};
 
 /// WGSL: the swizzled staging helpers of the f32 kernels.
 const STAGE: &str = include_str!("../shaders/moe_stage_f32.wgsl");
@@ -60,6 +61,8 @@ const DOWN_T: u32 = 32;
 /// lavapipe allows 32 KiB, and less per workgroup keeps more workgroups resident on a big GPU.
 /// Past it the f32 numerics fall back to the unstaged kernels.
 pub const STAGE_BUDGET: u64 = 28 * 1024;
+/// Bindings of the staged down's warm workgroups (`main_add_warm`, kernels/warm.rs).
+const DOWN_WARM_BINDINGS: (u32, u32, u32) = (12, 13, 14);
 
 /// Shapes of one model's MoE block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,9 +147,9 @@ pub struct MoeKernel {
     gate_up: wgpu::ComputePipeline,
     gate_up_routed: wgpu::ComputePipeline,
     down: wgpu::ComputePipeline,
-    /// The folded router's forms (router_fold.rs): `gate_up_folded` and down's `main_add`;
-    /// only when both stages are the staged f32 kernels.
-    folded: Option<(wgpu::ComputePipeline, wgpu::ComputePipeline)>,
+    /// The folded router's forms (router_fold.rs): `gate_up_folded`, down's `main_add` and
+    /// `main_add_warm`; only when both stages are the staged f32 kernels.
+    folded: Option<Folded>,
     /// Column forms (moe_cols.rs): only when both stages are the staged f32 kernels.
     cols: Option<cols::ColsPipelines>,
 }
@@ -177,6 +180,14 @@ pub struct MoeBuffers<'a> {
     pub residual: bool,
 }
 
+/// The folded router's pipelines.
+#[derive(Debug)]
+struct Folded {
+    gate_up: wgpu::ComputePipeline,
+    add: wgpu::ComputePipeline,
+    add_warm: wgpu::ComputePipeline,
+}
+
 /// The folded router's extra inputs of one layer (router_fold.rs).
 #[derive(Debug, Clone, Copy)]
 pub struct MoeFolded<'a> {
@@ -189,6 +200,9 @@ pub struct MoeFolded<'a> {
     pub z: &'a wgpu::Buffer,
     /// `[H]` receives `rmsnorm(h + a)` (diagnostics).
     pub xn_out: &'a wgpu::Buffer,
+    /// A matrix part a later dispatch reads (the next layer's qkv) for the down dispatch to
+    /// read into L2 in extra workgroups (kernels/warm.rs), and the warm sink; `None`: no warming.
+    pub warm: Option<(&'a Q4Part, &'a wgpu::Buffer)>,
 }
 
 /// Bind groups of one layer, created once.
@@ -196,8 +210,9 @@ pub struct MoeFolded<'a> {
 pub struct MoeBinding {
     routing: Routing,
     /// Bound by [`MoeKernel::bind_folded`]: gate/up is `gate_up_folded` and the first down
-    /// part `main_add`.
+    /// part `main_add` (`main_add_warm` with `warm` extra workgroups when `warm > 0`).
     folded: bool,
+    warm: u32,
     router: Option<wgpu::BindGroup>,
     /// One per weight part.
     gate_up: Vec<wgpu::BindGroup>,
@@ -367,10 +382,11 @@ impl MoeKernel {
         let (cols, folded) = if staged == (true, true) {
             (
                 Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t, ds)?),
-                Some((
-                    ctx.pipeline("moe.gate_up_folded", &gu, "gate_up_folded")?,
-                    ctx.pipeline("moe.down_add", &dm, "main_add")?,
-                )),
+                Some(Folded {
+                    gate_up: ctx.pipeline("moe.gate_up_folded", &gu, "gate_up_folded")?,
+                    add: ctx.pipeline("moe.down_add", &dm, "main_add")?,
+                    add_warm: ctx.pipeline("moe.down_add_warm", &dm, "main_add_warm")?,
+                }),
             )
         } else {
             (None, None)
@@ -489,6 +505,7 @@ impl MoeKernel {
         Ok(MoeBinding {
             routing,
             folded: false,
+            warm: 0,
             router,
             gate_up,
             down,
@@ -510,7 +527,7 @@ impl MoeKernel {
         b: &MoeBuffers<'_>,
         f: &MoeFolded<'_>,
     ) -> Result<MoeBinding> {
-        let Some((gu_pipe, add_pipe)) = &self.folded else {
+        let Some(fp) = &self.folded else {
             return Err(GpuError::Shape(
                 "MoE: the folded router needs the staged f32 kernels".into(),
             ));
@@ -557,7 +574,7 @@ impl MoeKernel {
                 (19, whole(b.logits)),
             ];
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
-            gate_up.push(ctx.bind_group_at("moe.gate_up_folded", gu_pipe, &ids, &res)?);
+            gate_up.push(ctx.bind_group_at("moe.gate_up_folded", &fp.gate_up, &ids, &res)?);
         }
         let mut down = Vec::new();
         for (n, part) in b.down.parts.iter().enumerate() {
@@ -571,11 +588,17 @@ impl MoeKernel {
                 (6, whole(&part.scales)),
                 (7, whole(b.out)),
             ];
-            let pipe = if n == 0 {
-                res.push((9, whole(f.a)));
-                add_pipe
-            } else {
-                &self.down
+            let pipe = match (n, f.warm) {
+                (0, Some((wpart, sink))) => {
+                    res.push((9, whole(f.a)));
+                    res.extend(warm::entries(wpart, sink, DOWN_WARM_BINDINGS));
+                    &fp.add_warm
+                }
+                (0, None) => {
+                    res.push((9, whole(f.a)));
+                    &fp.add
+                }
+                _ => &self.down,
             };
             res.extend(self.down_split_entries());
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
@@ -584,6 +607,7 @@ impl MoeKernel {
         Ok(MoeBinding {
             routing: Routing::Fused,
             folded: true,
+            warm: f.warm.map_or(0, |(wpart, _)| warm::workgroups(wpart)),
             router: None,
             gate_up,
             down,
@@ -611,7 +635,7 @@ impl MoeKernel {
         }
         let folded = self.folded.as_ref().filter(|_| b.folded);
         pass.set_pipeline(match (folded, b.routing) {
-            (Some((gu, _)), _) => gu,
+            (Some(f), _) => &f.gate_up,
             (None, Routing::Fused) => &self.gate_up_routed,
             (None, Routing::Separate) => &self.gate_up,
         });
@@ -624,12 +648,17 @@ impl MoeKernel {
         for (n, bg) in b.down.iter().enumerate() {
             if n == 0 || (n == 1 && folded.is_some()) {
                 pass.set_pipeline(match folded {
-                    Some((_, add)) if n == 0 => add,
+                    Some(f) if n == 0 && b.warm > 0 => &f.add_warm,
+                    Some(f) if n == 0 => &f.add,
                     _ => &self.down,
                 });
             }
             pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(gx, gy, 1);
+            let (x, y) = match folded {
+                Some(_) if n == 0 && b.warm > 0 => ctx.grid(self.down_workgroups() + b.warm),
+                _ => (gx, gy),
+            };
+            pass.dispatch_workgroups(x, y, 1);
         }
         mark(pass, "moe down");
     }
@@ -657,8 +686,13 @@ impl MoeKernel {
         let p = &self.params;
         (
             (p.inter / (WG / self.gate_up_t * self.gate_up_rows), p.top_k),
-            ctx.grid(p.hidden.div_ceil(self.down_rows_per_wg) * self.down_split),
+            ctx.grid(self.down_workgroups()),
         )
+    }
+
+    /// Workgroups of one column of down: row blocks x slot groups.
+    fn down_workgroups(&self) -> u32 {
+        self.params.hidden.div_ceil(self.down_rows_per_wg) * self.down_split
     }
 
     /// Check the stacked expert weights' shapes and that gate and up are split alike.

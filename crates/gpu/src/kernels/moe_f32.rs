@@ -157,8 +157,10 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32) -> String {
         }
         dot += "}\n    ";
     }
-    include_str!("../shaders/moe_down_f32.wgsl")
-        .replace("//ITEMS_LOAD", &load)
-        .replace("//ITEMS_DOT", &dot)
-        .replace("//ROWS_STORE", &store)
+    let (wq, ws, wsink) = super::DOWN_WARM_BINDINGS;
+    super::super::warm::wgsl(wq, ws, wsink)
+        + &include_str!("../shaders/moe_down_f32.wgsl")
+            .replace("//ITEMS_LOAD", &load)
+            .replace("//ITEMS_DOT", &dot)
+            .replace("//ROWS_STORE", &store)
 }

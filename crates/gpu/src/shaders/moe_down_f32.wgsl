@@ -174,6 +174,28 @@ fn main_add(
     }
 }
 
+// `main_add` with warm workgroups after its own (kernels/warm.rs; the host appends the warm
+// bindings): linear ids from NRB * DS on read another matrix (the next layer's qkv) into L2.
+@compute @workgroup_size(WG)
+fn main_add_warm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    if (state.done != 0u) {
+        return;
+    }
+    let wg = wid.x + wid.y * nwg.x;
+    if (wg >= NRB * DS) {
+        warm(wg - NRB * DS, li);
+        return;
+    }
+    let r = row_sum(wid, nwg, li, 0u);
+    if (r.ok) {
+        out[r.row] = (out[r.row] + add_a[r.row]) + r.tot;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main_cols(
     @builtin(workgroup_id) wid: vec3<u32>,
