@@ -366,8 +366,10 @@ impl GpuBackend {
             self.plan.moe_down_split(),
             self.plan.head_form(),
             match self.plan.warmed_layers() {
-                (0, 0) => "off".to_string(),
-                (q, d) => format!("qkv -> o-proj in {q} layers, down -> next qkv in {d}"),
+                (0, 0, 0) => "off".to_string(),
+                (q, d, g) => format!(
+                    "qkv -> o-proj in {q} layers, down -> next qkv in {d}, gate/up -> down in {g}"
+                ),
             },
             o.tune,
             self.prefill_summary(),

@@ -200,8 +200,9 @@ pub struct DecodePlan {
     qkv_arrive: Option<wgpu::Buffer>,
     /// The next one-step logits run, recorded ahead (plan_logits.rs).
     prepared: logits::Prepared,
-    /// Layers whose qkv warms the o-proj, whose down warms the next qkv (`--tune warm`).
-    warmed: (usize, usize),
+    /// Layers whose qkv warms the o-proj, whose down warms the next qkv, whose gate/up warms
+    /// its experts' down (`--tune warm`).
+    warmed: (usize, usize, usize),
 }
 
 /// The form of an activation a Q4 matvec reads: the quantised copy when there is one.
@@ -395,8 +396,8 @@ impl DecodePlan {
         };
         let warm = opts.tune.warm.unwrap_or(0);
         anyhow::ensure!(
-            warm <= 3,
-            "tune warm must be 0..=3 (a bit mask), not {warm}"
+            warm <= 7,
+            "tune warm must be 0..=7 (a bit mask), not {warm}"
         );
         let sink = crate::kernels::warm::sink(ctx)?;
         // The part a warm workgroup reads: a matrix of one binding.
@@ -406,7 +407,7 @@ impl DecodePlan {
                 _ => None,
             }
         }
-        let mut warmed = (0, 0);
+        let mut warmed = (0, 0, 0);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in weights.layers.iter().enumerate() {
             let attn_bufs = AttentionBuffers {
@@ -467,8 +468,11 @@ impl DecodePlan {
                     z: &a.z,
                     xn_out: &a.xn,
                     warm: next_qkv.filter(|_| warm & 2 != 0).map(|p| (p, &sink)),
+                    warm_down: (warm & 4 != 0).then_some(&sink),
                 };
                 warmed.1 += folded.warm.is_some() as usize;
+                let moe = k.moe.bind_folded(ctx, &moe_bufs, &folded)?;
+                warmed.2 += moe.warms_down() as usize;
                 let e = cfg.num_experts as u32;
                 let qkv_b = match one_part(&lw.o).filter(|_| warm & 1 != 0 && qkv.parts.len() == 1)
                 {
@@ -494,7 +498,7 @@ impl DecodePlan {
                         .bind_q4_router(ctx, o, &a.att, &a.h, fold, e, &a.a, &a.z, st)?,
                     norm2: None,
                     router: None,
-                    moe: k.moe.bind_folded(ctx, &moe_bufs, &folded)?,
+                    moe,
                     trace_norm1,
                 });
                 continue;

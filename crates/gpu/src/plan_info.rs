@@ -46,9 +46,10 @@ impl DecodePlan {
         self.folds.iter().map(|b| b.size()).sum()
     }
 
-    /// Layers whose qkv dispatch warms the o-proj's weights into L2, and whose MoE down
-    /// warms the next layer's qkv (`--tune warm`, kernels/warm.rs).
-    pub fn warmed_layers(&self) -> (usize, usize) {
+    /// Layers whose qkv dispatch warms the o-proj's weights into L2, whose MoE down warms the
+    /// next layer's qkv, and whose MoE gate/up warms its experts' down weights (`--tune warm`,
+    /// kernels/warm.rs).
+    pub fn warmed_layers(&self) -> (usize, usize, usize) {
         self.warmed
     }
 

@@ -57,8 +57,8 @@ pub struct Tune {
     /// H200 (tg128 324.6 against 269.6 tok/s, BENCHMARKS run 101).
     pub qkv_attn: Option<u32>,
     /// L2 warming (kernels/warm.rs), a bit mask: 1 the qkv dispatch reads the o-proj's
-    /// weights into L2 in extra workgroups, 2 the MoE down dispatch the next layer's qkv.
-    /// Unset or 0: none.
+    /// weights into L2 in extra workgroups, 2 the MoE down dispatch the next layer's qkv, 4 each
+    /// MoE gate/up workgroup its share of its expert's down weights. Unset or 0: none.
     pub warm: Option<u32>,
 }
 

@@ -518,6 +518,7 @@ impl Bench {
                         z: lg,
                         xn_out: &xn_out,
                         warm: None,
+                        warm_down: None,
                     };
                     kernel.bind_folded(ctx, &b, &f)
                 };

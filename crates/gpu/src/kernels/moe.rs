@@ -184,6 +184,8 @@ pub struct MoeBuffers<'a> {
 #[derive(Debug)]
 struct Folded {
     gate_up: wgpu::ComputePipeline,
+    /// `gate_up_folded_warm`: also reads its expert's down weights into L2.
+    gate_up_warm: wgpu::ComputePipeline,
     add: wgpu::ComputePipeline,
     add_warm: wgpu::ComputePipeline,
 }
@@ -203,6 +205,9 @@ pub struct MoeFolded<'a> {
     /// A matrix part a later dispatch reads (the next layer's qkv) for the down dispatch to
     /// read into L2 in extra workgroups (kernels/warm.rs), and the warm sink; `None`: no warming.
     pub warm: Option<(&'a Q4Part, &'a wgpu::Buffer)>,
+    /// The warm sink for the gate/up to read its experts' down weights into L2 for the down
+    /// dispatch (`gate_up_folded_warm`; only where down is one binding); `None`: no warming.
+    pub warm_down: Option<&'a wgpu::Buffer>,
 }
 
 /// Bind groups of one layer, created once.
@@ -213,10 +218,19 @@ pub struct MoeBinding {
     /// part `main_add` (`main_add_warm` with `warm` extra workgroups when `warm > 0`).
     folded: bool,
     warm: u32,
+    /// The gate/up is `gate_up_folded_warm`.
+    gate_up_warm: bool,
     router: Option<wgpu::BindGroup>,
     /// One per weight part.
     gate_up: Vec<wgpu::BindGroup>,
     down: Vec<wgpu::BindGroup>,
+}
+
+impl MoeBinding {
+    /// Whether the gate/up reads its experts' down weights into L2 (`gate_up_folded_warm`).
+    pub fn warms_down(&self) -> bool {
+        self.gate_up_warm
+    }
 }
 
 /// WGSL constants of one pipeline: `t` lanes per row, `cols` matvec inputs (NB = cols / 32).
@@ -243,6 +257,15 @@ fn consts_rows(p: &MoeParams, t: u32, rg: u32, cols: u32) -> String {
         c("KNB", p.top_k * cols / BLOCK as u32),
     ]
     .concat()
+}
+
+/// Sector loads per thread of `gate_up_folded_warm` (`DW_LOADS`): one expert's down blocks
+/// (`H x I/32`, two per 32-byte sector) and scales (16 per sector) over the `nx` workgroups of
+/// a slot.
+fn down_warm_loads(p: &MoeParams, nx: u32) -> u32 {
+    let blocks = p.hidden * (p.inter / BLOCK as u32);
+    let sectors = blocks.div_ceil(2) + blocks.div_ceil(16);
+    sectors.div_ceil(nx.max(1)).div_ceil(WG).max(1)
 }
 
 /// Experts `[lo, hi)` held by `part` of a matrix with `per` rows per expert.
@@ -332,9 +355,11 @@ impl MoeKernel {
         let gate_up_rows = if staged.0 { gu_rows } else { 1 };
         let gu_src = if staged.0 {
             format!(
-                "{}const LATE_NORM: bool = {};\n{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
+                "{}const LATE_NORM: bool = {};\nconst DW_LOADS: u32 = {}u;\n\
+                 {route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}",
                 consts_rows(p, gate_up_t, gate_up_rows, p.hidden),
                 tune.late_norm,
+                down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows)),
                 include_str!("../shaders/moe_gate_up_f32.wgsl")
             )
         } else {
@@ -384,6 +409,11 @@ impl MoeKernel {
                 Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t, ds)?),
                 Some(Folded {
                     gate_up: ctx.pipeline("moe.gate_up_folded", &gu, "gate_up_folded")?,
+                    gate_up_warm: ctx.pipeline(
+                        "moe.gate_up_folded_warm",
+                        &gu,
+                        "gate_up_folded_warm",
+                    )?,
                     add: ctx.pipeline("moe.down_add", &dm, "main_add")?,
                     add_warm: ctx.pipeline("moe.down_add_warm", &dm, "main_add_warm")?,
                 }),
@@ -506,6 +536,7 @@ impl MoeKernel {
             routing,
             folded: false,
             warm: 0,
+            gate_up_warm: false,
             router,
             gate_up,
             down,
@@ -554,10 +585,16 @@ impl MoeKernel {
                 f.eps
             )));
         }
+        // The gate/up warms its experts' down weights where both are one binding (so the
+        // expert id indexes the down part directly).
+        let warm_down = match (f.warm_down, b.down.parts.as_slice()) {
+            (Some(sink), [dpart]) if b.gate.parts.len() == 1 => Some((dpart, sink)),
+            _ => None,
+        };
         let mut gate_up = Vec::new();
         for (n, (g, u)) in b.gate.parts.iter().zip(&b.up.parts).enumerate() {
             let params = gate_up_params_eps(ctx, g, u, i, n, f.eps)?;
-            let res = [
+            let mut res = vec![
                 (0, whole(b.state)),
                 (1, whole(&params)),
                 (3, whole(b.route)),
@@ -573,8 +610,19 @@ impl MoeKernel {
                 (18, whole(f.xn_out)),
                 (19, whole(b.logits)),
             ];
+            let pipe = match warm_down {
+                Some((dpart, sink)) => {
+                    res.extend([
+                        (20, whole(&dpart.qs)),
+                        (21, whole(&dpart.scales)),
+                        (22, whole(sink)),
+                    ]);
+                    &fp.gate_up_warm
+                }
+                None => &fp.gate_up,
+            };
             let (ids, res): (Vec<u32>, Vec<_>) = res.into_iter().unzip();
-            gate_up.push(ctx.bind_group_at("moe.gate_up_folded", &fp.gate_up, &ids, &res)?);
+            gate_up.push(ctx.bind_group_at("moe.gate_up_folded", pipe, &ids, &res)?);
         }
         let mut down = Vec::new();
         for (n, part) in b.down.parts.iter().enumerate() {
@@ -608,6 +656,7 @@ impl MoeKernel {
             routing: Routing::Fused,
             folded: true,
             warm: f.warm.map_or(0, |(wpart, _)| warm::workgroups(wpart)),
+            gate_up_warm: warm_down.is_some(),
             router: None,
             gate_up,
             down,
@@ -635,6 +684,7 @@ impl MoeKernel {
         }
         let folded = self.folded.as_ref().filter(|_| b.folded);
         pass.set_pipeline(match (folded, b.routing) {
+            (Some(f), _) if b.gate_up_warm => &f.gate_up_warm,
             (Some(f), _) => &f.gate_up,
             (None, Routing::Fused) => &self.gate_up_routed,
             (None, Routing::Separate) => &self.gate_up,

@@ -242,11 +242,73 @@ fn routed(wid: vec2<u32>, li: u32, col: u32) {
 // Partials of the sum of squares: WG / 16 per thread of the first level.
 const NRED: u32 = WG / 16u;
 
+// What the folded routing leaves a workgroup: its slot's expert and the rows' sum scale.
+struct Folded { e: u32, sc: f32 };
+
 @compute @workgroup_size(WG)
 fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     if (state.done != 0u) {
         return;
     }
+    let f = folded_route(wid, li);
+    expert_rows(f.e, wid.y, wid.x, li, 0u, f.sc);
+}
+
+// Expert e's down weights (the part bound at 20, 21: one binding of all experts) for
+// `gate_up_folded_warm`: the next dispatch reads them (kernels/warm.rs).
+@group(0) @binding(20) var<storage, read> dwarm_q: array<u32>;
+@group(0) @binding(21) var<storage, read> dwarm_s: array<u32>;
+@group(0) @binding(22) var<storage, read_write> dwarm_sink: array<u32>; // [1], never read
+
+// Load one word of each 32-byte sector of workgroup bx's share (of nx) of expert e's down
+// blocks and scales (H rows of I / 32 blocks), DW_LOADS per thread (a host constant), issued
+// together; returns their xor (consumed after the rows, so nothing waits on them before).
+fn down_warm(e: u32, bx: u32, nx: u32, li: u32) -> u32 {
+    let qsec = (H * (I / 32u) + 1u) / 2u;   // 2 blocks of 16 bytes per sector
+    let ssec = (H * (I / 32u) + 15u) / 16u; // 16 f16 scales per sector
+    let tot = qsec + ssec;
+    let per = (tot + nx - 1u) / nx;
+    let end = min(tot, (bx + 1u) * per);
+    let nq = arrayLength(&dwarm_q);
+    let ns = arrayLength(&dwarm_s);
+    var t = 0u;
+    for (var k = 0u; k < DW_LOADS; k++) {
+        let s = bx * per + k * WG + li;
+        if (s < end) {
+            if (s < qsec) {
+                t ^= dwarm_q[min((e * qsec + s) * 8u, nq - 1u)];
+            } else {
+                t ^= dwarm_s[min((e * ssec + s - qsec) * 8u, ns - 1u)];
+            }
+        }
+    }
+    return t;
+}
+
+// `gate_up_folded` that also reads its expert's down weights into L2 for the down dispatch
+// (`--tune warm` bit 4): the same rows, the same bits.
+@compute @workgroup_size(WG)
+fn gate_up_folded_warm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    if (state.done != 0u) {
+        return;
+    }
+    let f = folded_route(wid, li);
+    let t = down_warm(f.e, wid.x, nwg.x, li);
+    expert_rows(f.e, wid.y, wid.x, li, 0u, f.sc);
+    // Depends on every warm load; nothing reads the sink.
+    if (t == 0x2545f491u) {
+        dwarm_sink[0] = t;
+    }
+}
+
+// The folded routing of workgroup (wid.x, wid.y): stages the input, routes (writing the route
+// from the first part's workgroups of x = 0) and returns slot wid.y's expert and the scale.
+// Every thread calls it (it has barriers).
+fn folded_route(wid: vec3<u32>, li: u32) -> Folded {
     // Stage h + a and load z together; then the sum of squares in two levels (the shape of
     // matvec.rs NORM_ON_LOAD: every workgroup adds the same partials in the same order, so
     // all agree on the scale and on the route).
@@ -339,7 +401,7 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             pub_lg[e] = lg[e];
         }
     }
-    expert_rows(e, k, wid.x, li, 0u, select(1.0, inv, LATE_NORM));
+    return Folded(e, select(1.0, inv, LATE_NORM));
 }
 
 // Blocks per lane of one row (the last one only on lanes below NB % T).
