@@ -457,8 +457,15 @@ fn warming_changes_no_bits() {
         },
         ..opts(false, 4)
     };
-    let mut base = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 4)).unwrap();
-    assert_eq!(base.plan().warmed_layers(), (0, 0, 0), "off by default");
+    let default = GpuBackend::with_context(&ctx, m.as_ref(), opts(false, 4)).unwrap();
+    assert_eq!(
+        default.plan().warmed_layers(),
+        (layers, layers - 1, 0),
+        "qkv -> o-proj and down -> next qkv by default"
+    );
+    drop(default);
+    let mut base = GpuBackend::with_context(&ctx, m.as_ref(), with_warm(0)).unwrap();
+    assert_eq!(base.plan().warmed_layers(), (0, 0, 0));
     assert!(base.describe().contains("L2 warming off"));
     let prompt = [5u32, 90, 301, 301, 7];
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();

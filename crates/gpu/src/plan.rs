@@ -394,7 +394,7 @@ impl DecodePlan {
             Some(qk) => Some(qk.arrivals(ctx)?),
             None => None,
         };
-        let warm = opts.tune.warm.unwrap_or(0);
+        let warm = opts.tune.warm.unwrap_or(crate::tune::DEFAULT_WARM);
         anyhow::ensure!(
             warm <= 7,
             "tune warm must be 0..=7 (a bit mask), not {warm}"

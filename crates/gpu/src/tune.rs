@@ -58,13 +58,19 @@ pub struct Tune {
     pub qkv_attn: Option<u32>,
     /// L2 warming (kernels/warm.rs), a bit mask: 1 the qkv dispatch reads the o-proj's
     /// weights into L2 in extra workgroups, 2 the MoE down dispatch the next layer's qkv, 4 each
-    /// MoE gate/up workgroup its share of its expert's down weights. Unset or 0: none.
+    /// MoE gate/up workgroup its share of its expert's down weights; 0 none. Unset:
+    /// [`DEFAULT_WARM`].
     pub warm: Option<u32>,
 }
 
 /// The lm_head form when `head` is unset ([`Tune::head`]; run 67 chose 3, run 104 its
 /// two-rows-per-team form 4: 70.4 against 79.0 us in kernel_bench, tg128 +0.3% side by side).
 pub const DEFAULT_HEAD: u32 = 4;
+
+/// The L2 warming when `warm` is unset ([`Tune::warm`]): the qkv warms the o-proj and the MoE
+/// down the next layer's qkv (run 105: tg128 343.3 against 337.4 with none, +1.7%; each half
+/// alone +0.9% / +0.8%).
+pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
 pub const KEYS: [&str; 16] = [
