@@ -68,8 +68,9 @@ pub struct Tune {
 pub const DEFAULT_HEAD: u32 = 4;
 
 /// The L2 warming when `warm` is unset ([`Tune::warm`]): the qkv warms the o-proj and the MoE
-/// down the next layer's qkv (run 105: tg128 343.3 against 337.4 with none, +1.7%; each half
-/// alone +0.9% / +0.8%).
+/// down the next layer's qkv (run 106: tg128 343.3 / 343.7 against 338.5 / 337.9 with none,
+/// +1.6%; run 105: each half alone +0.9% / +0.8%). Bit 4 (the gate/up warming the down) is
+/// slower: 340.9 / 341.1 with all three.
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
