@@ -159,21 +159,18 @@ fn main(
 // that its dispatch left to this one (same rounding as adding a first, as the oracle does).
 @group(0) @binding(9) var<storage, read> add_a: array<f32>; // [H]
 
-fn add_rows(wid: vec3<u32>, nwg: vec3<u32>, li: u32) {
-    let r = row_sum(wid, nwg, li, 0u);
-    if (r.ok) {
-        out[r.row] = (out[r.row] + add_a[r.row]) + r.tot;
-    }
-}
-
 @compute @workgroup_size(WG)
 fn main_add(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
-    if (state.done == 0u) {
-        add_rows(wid, nwg, li);
+    if (state.done != 0u) {
+        return;
+    }
+    let r = row_sum(wid, nwg, li, 0u);
+    if (r.ok) {
+        out[r.row] = (out[r.row] + add_a[r.row]) + r.tot;
     }
 }
 
@@ -193,7 +190,10 @@ fn main_add_warm(
         warm(wg - NRB * DS, li);
         return;
     }
-    add_rows(wid, nwg, li);
+    let r = row_sum(wid, nwg, li, 0u);
+    if (r.ok) {
+        out[r.row] = (out[r.row] + add_a[r.row]) + r.tot;
+    }
 }
 
 @compute @workgroup_size(WG)
