@@ -396,15 +396,10 @@ impl DecodePlan {
         };
         let warm = opts.tune.warm.unwrap_or(crate::tune::DEFAULT_WARM);
         anyhow::ensure!(
-            warm <= 15 && (warm & 8 == 0 || warm & 1 != 0),
-            "tune warm must be 0..=15 (a bit mask; 8 adds to 1), not {warm}"
+            warm <= 7,
+            "tune warm must be 0..=7 (a bit mask), not {warm}"
         );
-        let warm_shared = crate::kernels::warm::Shared::new(ctx)?;
-        let warm_of = |part, extra| crate::kernels::warm::Warm {
-            part,
-            extra,
-            shared: &warm_shared,
-        };
+        let sink = crate::kernels::warm::sink(ctx)?;
         // The part a warm workgroup reads: a matrix of one binding.
         fn one_part(m: &Matrix) -> Option<&crate::tensor::Q4Part> {
             match m {
@@ -464,7 +459,7 @@ impl DecodePlan {
             };
             if let (Some(fold), Matrix::Q4(qkv), Matrix::Q4(o)) = (folds.get(l), &lw.qkv, &lw.o) {
                 // L2 warming (`--tune warm`): the down reads the next layer's qkv, the qkv
-                // this layer's o-proj (and with bit 8 its router fold).
+                // this layer's o-proj.
                 let next_qkv = weights.layers.get(l + 1).and_then(|n| one_part(&n.qkv));
                 let folded = MoeFolded {
                     a: &a.a,
@@ -472,8 +467,8 @@ impl DecodePlan {
                     eps,
                     z: &a.z,
                     xn_out: &a.xn,
-                    warm: next_qkv.filter(|_| warm & 2 != 0).map(|p| warm_of(p, None)),
-                    warm_down: (warm & 4 != 0).then_some(&warm_shared),
+                    warm: next_qkv.filter(|_| warm & 2 != 0).map(|p| (p, &sink)),
+                    warm_down: (warm & 4 != 0).then_some(&sink),
                 };
                 warmed.1 += folded.warm.is_some() as usize;
                 let moe = k.moe.bind_folded(ctx, &moe_bufs, &folded)?;
@@ -489,7 +484,7 @@ impl DecodePlan {
                             nol(&a.h, &lw.attn_norm, eps),
                             &a.qkv,
                             st,
-                            warm_of(op, (warm & 8 != 0).then_some(fold)),
+                            (op, &sink),
                         )?
                     }
                     None => qkv_norm(qkv)?,

@@ -58,8 +58,7 @@ pub struct Tune {
     pub qkv_attn: Option<u32>,
     /// L2 warming (kernels/warm.rs), a bit mask: 1 the qkv dispatch reads the o-proj's
     /// weights into L2 in extra workgroups, 2 the MoE down dispatch the next layer's qkv, 4 each
-    /// MoE gate/up workgroup its share of its expert's down weights, 8 (with 1) the qkv's warm
-    /// workgroups also the o-proj dispatch's folded router matrix; 0 none. Unset:
+    /// MoE gate/up workgroup its share of its expert's down weights; 0 none. Unset:
     /// [`DEFAULT_WARM`].
     pub warm: Option<u32>,
 }

@@ -21,7 +21,7 @@ use super::warm;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, BfpActs, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
-use crate::tensor::{F32Matrix, Q4Matrix, BLOCK};
+use crate::tensor::{F32Matrix, Q4Matrix, Q4Part, BLOCK};
 
 /// The norm-on-load WGSL, which the multi-stream router (router_cols.rs) adapts.
 pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
@@ -31,13 +31,8 @@ pub use crate::numerics::Act;
 
 /// Teams per int4 x quantised-activation matvec workgroup (must match `RPW` in the shader).
 const ROWS_PER_WG: u32 = 8;
-/// Bindings of the warm workgroups in [`Fused::NormWarm`] (matvec_wgsl.rs `warm_rows`).
-pub(crate) const WARM_BINDINGS: warm::Bindings = warm::Bindings {
-    q: 7,
-    s: 8,
-    x: 10,
-    sink: 9,
-};
+/// Bindings of the warm workgroups in [`Fused::NormWarm`] (matvec_wgsl.rs `WARM_ROWS`).
+pub(crate) const WARM_BINDINGS: (u32, u32, u32) = (7, 8, 9);
 /// Rows per team of the int4 x quantised-activation matvec (`R2` in matvec_q4.wgsl).
 pub const Q4_ROWS_PER_TEAM: [u32; 2] = [1, 2];
 /// Rows per team of the int4 x f32 matvec (`R` in matvec_q4f.wgsl; 8 teams per workgroup).
@@ -444,9 +439,9 @@ impl MatvecKernel {
         self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, x.eps)
     }
 
-    /// [`Self::bind_q4_norm`] whose dispatch also reads `w` (what a later dispatch of the step
-    /// reads) into L2 in extra workgroups (kernels/warm.rs): the same `y`. `m` must be one
-    /// binding.
+    /// [`Self::bind_q4_norm`] whose dispatch also reads `warm` (another matrix's part, read
+    /// by a later dispatch of the step, and [`warm::sink`]) into L2 in extra workgroups
+    /// (kernels/warm.rs): the same `y`. `m` must be one binding.
     pub fn bind_q4_norm_warm(
         &self,
         ctx: &Context,
@@ -454,7 +449,7 @@ impl MatvecKernel {
         x: NormInput<'_>,
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
-        w: warm::Warm<'_>,
+        (warm_part, sink): (&Q4Part, &wgpu::Buffer),
     ) -> Result<MatvecBinding> {
         check_norm_input(&x, m.cols, "matvec_q4 (norm, warm)")?;
         check_out(y, m.rows, "matvec_q4 (norm, warm)")?;
@@ -469,7 +464,7 @@ impl MatvecKernel {
         let rpt = self.rows_per_team(m.rows);
         let which = Which::Q4F(rows_index(rpt)?, Fused::NormWarm);
         let n_rows = m.rows.div_ceil(8 * rpt);
-        let grid = ctx.grid(n_rows + w.workgroups());
+        let grid = ctx.grid(n_rows + warm::workgroups(warm_part));
         let words = [
             m.rows,
             m.cols / BLOCK as u32,
@@ -490,7 +485,7 @@ impl MatvecKernel {
             (5, p.as_entire_binding()),
             (6, state.as_entire_binding()),
         ];
-        entries.extend(w.entries(WARM_BINDINGS));
+        entries.extend(warm::entries(warm_part, sink, WARM_BINDINGS));
         let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
         let bg = ctx.bind_group_at("matvec_q4.norm_warm", self.pipeline(which), &ids, &res)?;
         Ok(MatvecBinding {

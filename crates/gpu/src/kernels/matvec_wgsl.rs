@@ -276,6 +276,7 @@ fn extra_rows(wg: u32, li: u32) -> bool {
 /// WGSL: `extra_rows` of [`Fused::NormWarm`]: workgroups from p1 = the matrix rows'
 /// workgroups on warm another matrix into L2 (kernels/warm.rs) and write nothing else.
 fn warm_rows() -> String {
+    let (q, s, sink) = super::matvec::WARM_BINDINGS;
     format!(
         "{}
 fn extra_rows(wg: u32, li: u32) -> bool {{
@@ -284,7 +285,7 @@ fn extra_rows(wg: u32, li: u32) -> bool {{
     return true;
 }}
 ",
-        super::warm::wgsl(super::matvec::WARM_BINDINGS)
+        super::warm::wgsl(q, s, sink)
     )
 }
 

@@ -47,7 +47,7 @@ use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics, F32_DEQ};
 use crate::state::STATE_WGSL;
-use crate::tensor::{Q4Matrix, QuantActs, BLOCK};
+use crate::tensor::{Q4Matrix, Q4Part, QuantActs, BLOCK};
 
 /// WGSL: the swizzled staging helpers of the f32 kernels.
 const STAGE: &str = include_str!("../shaders/moe_stage_f32.wgsl");
@@ -62,12 +62,7 @@ const DOWN_T: u32 = 32;
 /// Past it the f32 numerics fall back to the unstaged kernels.
 pub const STAGE_BUDGET: u64 = 28 * 1024;
 /// Bindings of the staged down's warm workgroups (`main_add_warm`, kernels/warm.rs).
-const DOWN_WARM_BINDINGS: warm::Bindings = warm::Bindings {
-    q: 12,
-    s: 13,
-    x: 15,
-    sink: 14,
-};
+const DOWN_WARM_BINDINGS: (u32, u32, u32) = (12, 13, 14);
 
 /// Shapes of one model's MoE block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,12 +202,12 @@ pub struct MoeFolded<'a> {
     pub z: &'a wgpu::Buffer,
     /// `[H]` receives `rmsnorm(h + a)` (diagnostics).
     pub xn_out: &'a wgpu::Buffer,
-    /// What a later dispatch reads (the next layer's qkv) for the down dispatch to read into L2
-    /// in extra workgroups (kernels/warm.rs); `None`: no warming.
-    pub warm: Option<warm::Warm<'a>>,
-    /// Set: the gate/up reads its experts' down weights into L2 for the down dispatch
-    /// (`gate_up_folded_warm`; only where down is one binding); `None`: no warming.
-    pub warm_down: Option<&'a warm::Shared>,
+    /// A matrix part a later dispatch reads (the next layer's qkv) for the down dispatch to
+    /// read into L2 in extra workgroups (kernels/warm.rs), and the warm sink; `None`: no warming.
+    pub warm: Option<(&'a Q4Part, &'a wgpu::Buffer)>,
+    /// The warm sink for the gate/up to read its experts' down weights into L2 for the down
+    /// dispatch (`gate_up_folded_warm`; only where down is one binding); `None`: no warming.
+    pub warm_down: Option<&'a wgpu::Buffer>,
 }
 
 /// Bind groups of one layer, created once.
@@ -593,7 +588,7 @@ impl MoeKernel {
         // The gate/up warms its experts' down weights where both are one binding (so the
         // expert id indexes the down part directly).
         let warm_down = match (f.warm_down, b.down.parts.as_slice()) {
-            (Some(shared), [dpart]) if b.gate.parts.len() == 1 => Some((dpart, warm::sink(shared))),
+            (Some(sink), [dpart]) if b.gate.parts.len() == 1 => Some((dpart, sink)),
             _ => None,
         };
         let mut gate_up = Vec::new();
@@ -642,9 +637,9 @@ impl MoeKernel {
                 (7, whole(b.out)),
             ];
             let pipe = match (n, f.warm) {
-                (0, Some(w)) => {
+                (0, Some((wpart, sink))) => {
                     res.push((9, whole(f.a)));
-                    res.extend(w.entries(DOWN_WARM_BINDINGS));
+                    res.extend(warm::entries(wpart, sink, DOWN_WARM_BINDINGS));
                     &fp.add_warm
                 }
                 (0, None) => {
@@ -660,7 +655,7 @@ impl MoeKernel {
         Ok(MoeBinding {
             routing: Routing::Fused,
             folded: true,
-            warm: f.warm.map_or(0, |w| w.workgroups()),
+            warm: f.warm.map_or(0, |(wpart, _)| warm::workgroups(wpart)),
             gate_up_warm: warm_down.is_some(),
             router: None,
             gate_up,

@@ -157,7 +157,8 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32) -> String {
         }
         dot += "}\n    ";
     }
-    super::super::warm::wgsl(super::DOWN_WARM_BINDINGS)
+    let (wq, ws, wsink) = super::DOWN_WARM_BINDINGS;
+    super::super::warm::wgsl(wq, ws, wsink)
         + &include_str!("../shaders/moe_down_f32.wgsl")
             .replace("//ITEMS_LOAD", &load)
             .replace("//ITEMS_DOT", &dot)

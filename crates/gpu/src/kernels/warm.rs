@@ -12,8 +12,7 @@
 //!
 //! What a warm workgroup does ([`WARM_WGSL`], `warm(i, li)`): it loads one 32-bit word of each
 //! 32-byte sector (the unit L2 fills from memory) of its share of the matrix's nibble blocks,
-//! then of its scales, then of an optional extra buffer (the o-proj dispatch's folded router
-//! matrix), [`LOADS`] loads per thread issued together, xors them, and stores the
+//! then of its scales, [`LOADS`] loads per thread issued together, xors them, and stores the
 //! result into a sink buffer only if it equals a constant: a data-dependent store that nothing
 //! reads, so the compiler cannot drop the loads, and results are untouched whatever the data.
 //! The warm workgroups come after the kernel's own (higher workgroup ids, dispatched last), so
@@ -29,20 +28,18 @@ const THREADS: u32 = 256;
 /// Bytes per L2 sector: one load per sector fills the whole sector.
 const SECTOR: u64 = 32;
 
-/// WGSL of the warm workgroups, with its four bindings at `@binding(WARM_Q)`, `(WARM_S)`,
-/// `(WARM_X)`, `(WARM_SINK)`: the host replaces those names by free binding numbers of the
-/// including shader ([`wgsl`]). `warm(i, li)`: warm workgroup `i` (0-based among the
-/// dispatch's warm workgroups), thread `li` of 256. Uniform per workgroup, no barriers.
+/// WGSL of the warm workgroups, with its three bindings at `@binding(WARM_Q)`, `(WARM_S)`,
+/// `(WARM_SINK)`: the host replaces those names by free binding numbers of the including
+/// shader ([`wgsl`]). `warm(i, li)`: warm workgroup `i` (0-based among the dispatch's warm
+/// workgroups), thread `li` of 256. Uniform per workgroup, no barriers.
 const WARM_WGSL: &str = "
 @group(0) @binding(WARM_Q) var<storage, read> warm_q: array<u32>;          // the part's nibble blocks
 @group(0) @binding(WARM_S) var<storage, read> warm_s: array<u32>;          // its f16 scale pairs
-@group(0) @binding(WARM_X) var<storage, read> warm_x: array<u32>;          // an extra buffer (or 16 bytes)
 @group(0) @binding(WARM_SINK) var<storage, read_write> warm_sink: array<u32>; // [1], never read
 const WARM_LOADS: u32 = 8u;
 fn warm(i: u32, li: u32) {
     let sq = (arrayLength(&warm_q) + 7u) / 8u;
     let ss = (arrayLength(&warm_s) + 7u) / 8u;
-    let sx = (arrayLength(&warm_x) + 7u) / 8u;
     var t = 0u;
     for (var k = 0u; k < WARM_LOADS; k++) {
         let s = (i * WARM_LOADS + k) * 256u + li;
@@ -50,8 +47,6 @@ fn warm(i: u32, li: u32) {
             t ^= warm_q[8u * s];
         } else if (s - sq < ss) {
             t ^= warm_s[8u * (s - sq)];
-        } else if (s - sq - ss < sx) {
-            t ^= warm_x[8u * (s - sq - ss)];
         }
     }
     // Depends on every load, so none is dead code; nothing ever reads the sink.
@@ -61,78 +56,36 @@ fn warm(i: u32, li: u32) {
 }
 ";
 
-/// Binding numbers of the warm buffers in a shader: nibble blocks, scales, extra, sink.
-#[derive(Debug, Clone, Copy)]
-pub struct Bindings {
-    pub q: u32,
-    pub s: u32,
-    pub x: u32,
-    pub sink: u32,
-}
-
-/// [`WARM_WGSL`] with its bindings at `at`.
-pub fn wgsl(at: Bindings) -> String {
+/// [`WARM_WGSL`] with its bindings at `q`, `s` and `sink`.
+pub fn wgsl(q: u32, s: u32, sink: u32) -> String {
     WARM_WGSL
-        .replace("WARM_SINK", &at.sink.to_string())
-        .replace("WARM_Q", &at.q.to_string())
-        .replace("WARM_S", &at.s.to_string())
-        .replace("WARM_X", &at.x.to_string())
+        .replace("WARM_SINK", &sink.to_string())
+        .replace("WARM_Q", &q.to_string())
+        .replace("WARM_S", &s.to_string())
 }
 
-/// The buffers every warm binding shares: the sink (never read) and the 16-byte stand-in for
-/// a missing extra buffer (one sector, read harmlessly).
-#[derive(Debug)]
-pub struct Shared {
-    sink: wgpu::Buffer,
-    none: wgpu::Buffer,
+/// Warm workgroups that cover `part` (every sector of its blocks and scales).
+pub fn workgroups(part: &Q4Part) -> u32 {
+    let sectors = part.qs.size().div_ceil(SECTOR) + part.scales.size().div_ceil(SECTOR);
+    sectors.div_ceil((LOADS * THREADS) as u64) as u32
 }
 
-impl Shared {
-    pub fn new(ctx: &Context) -> Result<Shared> {
-        Ok(Shared {
-            sink: ctx.storage("warm.sink", 16)?,
-            none: ctx.storage("warm.none", 16)?,
-        })
-    }
+/// The sink every warm workgroup may store into (4 bytes, never read).
+pub fn sink(ctx: &Context) -> Result<wgpu::Buffer> {
+    ctx.storage("warm.sink", 16)
 }
 
-/// What one dispatch warms: a matrix part and, optionally, one more buffer.
-#[derive(Debug, Clone, Copy)]
-pub struct Warm<'a> {
-    pub part: &'a Q4Part,
-    pub extra: Option<&'a wgpu::Buffer>,
-    pub shared: &'a Shared,
-}
-
-impl<'a> Warm<'a> {
-    /// Warm workgroups that cover every sector of the part's blocks and scales and the extra.
-    pub fn workgroups(&self) -> u32 {
-        let bytes = [
-            self.part.qs.size(),
-            self.part.scales.size(),
-            self.extra.map_or(0, |b| b.size()),
-        ];
-        let sectors: u64 = bytes.iter().map(|b| b.div_ceil(SECTOR)).sum();
-        sectors.div_ceil((LOADS * THREADS) as u64) as u32
-    }
-
-    /// The bind group entries of the warm bindings at `at`.
-    pub fn entries(&self, at: Bindings) -> [(u32, wgpu::BindingResource<'a>); 4] {
-        [
-            (at.q, self.part.qs.as_entire_binding()),
-            (at.s, self.part.scales.as_entire_binding()),
-            (
-                at.x,
-                self.extra.unwrap_or(&self.shared.none).as_entire_binding(),
-            ),
-            (at.sink, self.shared.sink.as_entire_binding()),
-        ]
-    }
-}
-
-/// The sink alone (the gate/up's down warming, which has no extra buffer).
-pub fn sink(shared: &Shared) -> &wgpu::Buffer {
-    &shared.sink
+/// The bind group entries of the warm bindings at `(q, s, sink)` for `part`.
+pub fn entries<'a>(
+    part: &'a Q4Part,
+    sink_buf: &'a wgpu::Buffer,
+    at: (u32, u32, u32),
+) -> [(u32, wgpu::BindingResource<'a>); 3] {
+    [
+        (at.0, part.qs.as_entire_binding()),
+        (at.1, part.scales.as_entire_binding()),
+        (at.2, sink_buf.as_entire_binding()),
+    ]
 }
 
 #[cfg(test)]
@@ -141,17 +94,11 @@ mod tests {
 
     #[test]
     fn wgsl_names_its_bindings() {
-        let w = wgsl(Bindings {
-            q: 7,
-            s: 8,
-            x: 10,
-            sink: 9,
-        });
+        let w = wgsl(7, 8, 9);
         assert!(w.contains("@binding(7) var<storage, read> warm_q"));
         assert!(w.contains("@binding(8) var<storage, read> warm_s"));
-        assert!(w.contains("@binding(10) var<storage, read> warm_x"));
         assert!(w.contains("@binding(9) var<storage, read_write> warm_sink"));
-        assert!(!w.contains("WARM_Q") && !w.contains("WARM_SINK") && !w.contains("WARM_X"));
+        assert!(!w.contains("WARM_Q") && !w.contains("WARM_SINK"));
         assert!(w.contains(&format!("WARM_LOADS: u32 = {LOADS}u")));
     }
 }
