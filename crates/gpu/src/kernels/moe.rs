@@ -34,7 +34,10 @@
 //! `rmsnorm(h + a)` itself (a: the o-proj output) and routes on `z / rms(h + a)` (z: the o-proj
 //! dispatch's pre-norm logits; the ranks are counted on z, whose order the positive scale keeps,
 //! alongside the norm's sum; the weights use the scaled logits); the first down part
-//! (`main_add`) writes `h = (h + a) + y`.
+//! (`main_add`) writes `h = (h + a) + y`. L2 warming (kernels/warm.rs, [`MoeFolded::warm`]):
+//! `main_add_warm` appends workgroups that read the next layer's qkv into L2 (the default), and
+//! `gate_up_folded_warm` has each gate/up workgroup read its share of its expert's down
+//! weights (selectable, slower on the H200).
 //!
 //! Multi-column runs (up to 8 tokens per dispatch, [`crate::columns`]): the staged f32 kernels
 //! have column entry points (`gate_up_union_cols`, reading each chosen expert's gate/up once
