@@ -10,7 +10,7 @@
 //! earlier work, so a separate warming dispatch would finish before the next kernel starts and
 //! overlap nothing.
 //!
-//! What a warm workgroup does ([`WARM_WGSL`], `warm(i, li)`): it loads one 32-bit word of each
+//! What a warm workgroup does (`WARM_WGSL`, `warm(i, li)`): it loads one 32-bit word of each
 //! 32-byte sector (the unit L2 fills from memory) of its share of the matrix's nibble blocks,
 //! then of its scales, [`LOADS`] loads per thread issued together, xors them, and stores the
 //! result into a sink buffer only if it equals a constant: a data-dependent store that nothing
@@ -56,7 +56,7 @@ fn warm(i: u32, li: u32) {
 }
 ";
 
-/// [`WARM_WGSL`] with its bindings at `q`, `s` and `sink`.
+/// `WARM_WGSL` with its bindings at `q`, `s` and `sink`.
 pub fn wgsl(q: u32, s: u32, sink: u32) -> String {
     WARM_WGSL
         .replace("WARM_SINK", &sink.to_string())
