@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,moetune,parity,sampled,bench,profile,routerab,ab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
 # fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -83,6 +83,19 @@ if has kbab; then
         say "kbab pos $pos round $round: $(basename $b)"
         timeout 120 $b --shapes full --pos $pos ${KB_ARGS:-} 2>&1 | grep -E "^  " | grep -v -E "cols|tuning|int8|matmul (qkv|o_proj)| r[124] " | tee -a "$S"
       done
+    done
+  done
+fi
+if has kbonly; then
+  # The rows of every target/ab/kb-* build whose names contain KB_ONLY (e.g. "@pos 4096": the
+  # attention rows there), two interleaved rounds: quick A/Bs of one kernel's variants. kb-* may
+  # be wrapper scripts (an env variable or --hot for one build). A discarded warm-up first (the
+  # first rows on an idle GPU run at low clocks).
+  timeout 120 "$(ls target/ab/kb-* | head -1)" --shapes full --pos ${KB_POS:-512} --only "${KB_ONLY:?set KB_ONLY}" --reps 2 > /dev/null 2>&1
+  for round in 1 2; do
+    for b in target/ab/kb-*; do
+      say "kbonly round $round: $(basename $b) [$KB_ONLY]"
+      timeout 120 $b --shapes full --pos ${KB_POS:-512} --only "$KB_ONLY" 2>&1 | grep -E "^  " | tee -a "$S"
     done
   done
 fi

@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release -p nibble-gpu --example kernel_bench -- [--shapes full|tiny] [--reps N]
 //! [--calls M] [--pos P] [--numerics f32|precise-int8|int8] [--adapter NAME] [--json]
-//! [--matmul-tiles] [--moe-tunings] [--hot]`
+//! [--matmul-tiles] [--moe-tunings] [--hot] [--only TEXT]`
 //!
 //! Every kernel the decode plan records is built with the real Qwen3-30B-A3B shapes (`full`) or
 //! the tiny model's (`tiny`, for lavapipe) and random inputs, then one call of it is recorded M
@@ -18,8 +18,10 @@
 //! with the tile it picks, or every compiled tile of those columns with `--matmul-tiles`; so
 //! has the MoE over columns (`moe cols`, multi-stream decode): nb = 1, 2, 4, 8 with random or
 //! shared routes, per-column (the default), union gate/up and union gate/up + down forms.
-//! `--hot` keeps ONE copy of every weight and one MoE route, so repeated calls read from L2
-//! (what a kernel would cost were its weights prefetched). Reference rows time the fixed costs
+//! `--hot` keeps ONE copy of every weight, KV cache and MoE route, so repeated calls read from L2
+//! (what a kernel would cost were its weights prefetched). `--only TEXT` times only the rows
+//! whose name contains TEXT or one of its `|`-separated parts (e.g. `@pos 1 |@pos 4096`: the
+//! attention rows at those positions, a quick A/B of attention variants). Reference rows time the fixed costs
 //! (empty dispatch, dependent-load chains through L2 and DRAM, 256-thread workgroups with
 //! barrier rounds); attention also has rows for other sequence splits (one chunk per kv head,
 //! 128 and 512 chunks per kv head) and wider tiles (4 and 8 loads per thread). Rows marked
@@ -61,13 +63,15 @@ struct Args {
     matmul_tiles: bool,
     moe_tunings: bool,
     hot: bool,
+    /// Time only the rows whose name contains this or one of its `|`-separated parts.
+    only: Option<String>,
 }
 
 impl Args {
     fn parse() -> anyhow::Result<Args> {
         let mut it = std::env::args().skip(1);
         let (mut full, mut json, mut adapter, mut matmul_tiles) = (true, false, None, false);
-        let (mut moe_tunings, mut hot) = (false, false);
+        let (mut moe_tunings, mut hot, mut only) = (false, false, None);
         let (mut reps, mut calls, mut pos, mut numerics) = (None, None, None, Numerics::DEFAULT);
         while let Some(a) = it.next() {
             let mut val = || it.next().with_context(|| format!("{a} needs a value"));
@@ -86,6 +90,7 @@ impl Args {
                 "--matmul-tiles" => matmul_tiles = true,
                 "--moe-tunings" => moe_tunings = true,
                 "--hot" => hot = true,
+                "--only" => only = Some(val()?),
                 _ => bail!("unknown argument {a} (see the doc comment of kernel_bench.rs)"),
             }
         }
@@ -104,6 +109,7 @@ impl Args {
             matmul_tiles,
             moe_tunings,
             hot,
+            only,
         })
     }
 }
@@ -136,6 +142,7 @@ struct Spec {
 
 struct Runner<'a> {
     timer: &'a Timer,
+    only: Option<&'a str>,
     b: &'a Bench,
     rows: Vec<Row>,
 }
@@ -148,6 +155,12 @@ impl Runner<'_> {
         m: usize,
         rec: &dyn Fn(&mut wgpu::ComputePass<'_>, usize),
     ) -> anyhow::Result<()> {
+        if self
+            .only
+            .is_some_and(|o| !o.split('|').any(|alt| s.name.contains(alt)))
+        {
+            return Ok(());
+        }
         let meas = self.timer.time(m, &|| self.b.set_state(s.pos), rec)?;
         let row = Row {
             name: s.name,
@@ -262,6 +275,7 @@ fn main() -> anyhow::Result<()> {
     let t1 = Instant::now();
     let mut r = Runner {
         timer: &timer,
+        only: args.only.as_deref(),
         b: &b,
         rows: Vec::new(),
     };
@@ -293,8 +307,13 @@ fn main() -> anyhow::Result<()> {
         m,
         &|p, _| empty.record(p),
     )?;
+    // A check that the chain really ran every call (unless `--only` skipped the row).
     let count = ctx.read_u32(&empty.buf, 1)?[0];
-    let want = (m * (args.reps + 1)) as u32;
+    let want = if r.rows.is_empty() {
+        0
+    } else {
+        (m * (args.reps + 1)) as u32
+    };
     anyhow::ensure!(count == want, "empty chain ran {count} times, want {want}");
     // Memory latency: a chain of dependent loads, 1 and 64 hops per call, through a cycle of
     // 512 KiB (L2) and of the read buffer's size (DRAM on a big GPU; 128-byte lines apart).

@@ -249,15 +249,16 @@ impl Bench {
             rand_buf(ctx, "q_norm", rng, d, 0.5, 1.5)?,
             rand_buf(ctx, "k_norm", rng, d, 0.5, 1.5)?,
         );
+        // One cache per layer (`--hot`: one for all, read from L2 once warm).
         let k_cache = copies(
             ctx,
             rand_buf(ctx, "k_cache", rng, ctx_len * kv, -1.0, 1.0)?,
-            l,
+            min_copies,
         )?;
         let v_cache = copies(
             ctx,
             rand_buf(ctx, "v_cache", rng, ctx_len * kv, -1.0, 1.0)?,
-            l,
+            min_copies,
         )?;
         let bind_attn = |attn: &AttentionKernel, scratch: &AttentionScratch| {
             (0..l)
@@ -267,8 +268,8 @@ impl Bench {
                         qkv: &qkv_out,
                         q_norm: &q_norm,
                         k_norm: &k_norm,
-                        k_cache: &k_cache[j],
-                        v_cache: &v_cache[j],
+                        k_cache: &k_cache[j % k_cache.len()],
+                        v_cache: &v_cache[j % v_cache.len()],
                         out: &att.f,
                         out_q: att.quant(numerics),
                     };
