@@ -34,8 +34,14 @@ fn combine_head(qh: u32, pos: u32, li: u32) {
     let cl = chunk_len(n);
     let nc = (n + cl - 1u) / cl;
     var ml = vec2<f32>(-3.4028235e38, 0.0);
+    // Thread li's first chunk's (max, sum), kept for its weight below (one L2 round trip less).
+    var own = vec2<f32>(0.0);
     for (var c = li; c < nc; c += WG) {
-        ml = merge(ml, part_ml[qh * NC + c]);
+        let v = part_ml[qh * NC + c];
+        if (c == li) {
+            own = v;
+        }
+        ml = merge(ml, v);
     }
     red[li] = ml;
     workgroupBarrier();
@@ -47,7 +53,10 @@ fn combine_head(qh: u32, pos: u32, li: u32) {
     }
     let mx = red[0].x;
     let inv_l = 1.0 / red[0].y;
-    for (var c = li; c < nc; c += WG) {
+    if (li < nc) {
+        wts[li] = exp(own.x - mx);
+    }
+    for (var c = li + WG; c < nc; c += WG) {
         wts[c] = exp(part_ml[qh * NC + c].x - mx);
     }
     workgroupBarrier();
@@ -56,7 +65,20 @@ fn combine_head(qh: u32, pos: u32, li: u32) {
     let d4 = li % D4;
     var a = vec4<f32>(0.0);
     if (s < S) {
-        for (var c = s; c < nc; c += S) {
+        // Four chunks' loads in flight at a time; the sums keep chunk order.
+        var c = s;
+        for (; c + 3u * S < nc; c += 4u * S) {
+            let b = (qh * NC + c) * D4 + d4;
+            let o0 = part_o[b];
+            let o1 = part_o[b + S * D4];
+            let o2 = part_o[b + 2u * S * D4];
+            let o3 = part_o[b + 3u * S * D4];
+            a += wts[c] * o0;
+            a += wts[c + S] * o1;
+            a += wts[c + 2u * S] * o2;
+            a += wts[c + 3u * S] * o3;
+        }
+        for (; c < nc; c += S) {
             a += wts[c] * part_o[(qh * NC + c) * D4 + d4];
         }
     }
