@@ -372,10 +372,10 @@ impl AttentionKernel {
         let cwg = (8 * d4).next_power_of_two().clamp(64, CHUNK_WG);
         let tile = (tile_loads * wg / d4).clamp(1, TILE_CAP);
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
-        // Chunk kernel shared memory: qs + tile + red + stat + kown + cst + rms, plus 4*G bytes
-        // per chunk position.
+        // Chunk kernel shared memory: qs + tile + red + stat + kown + cst + rms (+ 12: the score
+        // buffer rounded up to whole vec4s), plus 4*G bytes per chunk position.
         let fixed =
-            (g * d4 * 16 + tile * (d4 + 1) * 16 + wg * 4 + g * 8 + d * 8 + (g + 1) * 4) as u64;
+            (g * d4 * 16 + tile * (d4 + 1) * 16 + wg * 4 + g * 8 + d * 8 + (g + 1) * 4 + 12) as u64;
         let fit = (limit.saturating_sub(fixed) / (4 * g as u64)).min(u32::MAX as u64) as u32;
         if p.chunk > fit {
             return Err(GpuError::Shape(format!(
@@ -412,6 +412,10 @@ impl AttentionKernel {
             u32_const("P", tile),
             u32_const("DP", d4 + 1),
             u32_const("CMAX", split.max),
+            format!(
+                "const SC4: bool = {};\n",
+                split.max % 4 == 0 && tile % 4 == 0
+            ),
             u32_const("OPT", (g * d4).div_ceil(wg)),
             f32_const("EPS", p.eps),
             f32_const("SCALE", 1.0 / (d as f32).sqrt()),

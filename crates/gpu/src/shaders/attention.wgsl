@@ -6,7 +6,7 @@
 // two), LG (power-of-two lanes per query head in the softmax reductions, LG * G <= WG), LR (lanes
 // per head in the norm reduction), P (positions per tile; P * D4 <= LPT * WG, LPT the cache
 // loads per thread per tile that the host writes out in `stage`), DP (= D4 + 1, padded tile
-// row), CMAX (maximum chunk length), OPT (= ceil(G * D4 / WG) outputs per thread), SCALE (=
+// row), CMAX (maximum chunk length), SC4 (bool: CMAX and P multiples of 4), OPT (= ceil(G * D4 / WG) outputs per thread), SCALE (=
 // 1/sqrt(D)), EPS, the `State` struct and `chunk_len(n)` (the chunk length used for n positions,
 // shared with the combine).
 //
@@ -67,8 +67,16 @@ var<workgroup> qs: array<vec4<f32>, G * D4>;
 // One tile of P cache rows (K, then V), row stride DP vec4 so the score loop's rows hit
 // different banks.
 var<workgroup> tile: array<vec4<f32>, P * DP>;
-// Scores, then probabilities, of the chunk: [G, CMAX].
-var<workgroup> sc: array<f32, G * CMAX>;
+// Scores, then probabilities, of the chunk: [G, CMAX] f32, held as vec4s so the V phase reads
+// four rows' probabilities in one load where rows come in aligned fours (`SC4`, a host constant:
+// CMAX and P multiples of 4); `sc_get` / `sc_set` address single elements.
+var<workgroup> sc: array<vec4<f32>, (G * CMAX + 3u) / 4u>;
+fn sc_get(i: u32) -> f32 {
+    return sc[i >> 2u][i & 3u];
+}
+fn sc_set(i: u32, v: f32) {
+    sc[i >> 2u][i & 3u] = v;
+}
 var<workgroup> red: array<f32, WG>;
 var<workgroup> stat: array<vec2<f32>, G>;
 // Roped k of this step's row `pos` (owning workgroup only): [D4].
@@ -179,7 +187,7 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
                 for (; d < D4; d++) {
                     a.x += dot(qs[qb + d], tile[kb + d]);
                 }
-                sc[g * CMAX + tt + t] = (a.x + a.y) + (a.z + a.w);
+                sc_set(g * CMAX + tt + t, (a.x + a.y) + (a.z + a.w));
             }
         }
     }
@@ -191,7 +199,7 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
     var m = -3.4028235e38;
     if (g < G) {
         for (var t = lane; t < len; t += LG) {
-            m = max(m, sc[g * CMAX + t]);
+            m = max(m, sc_get(g * CMAX + t));
         }
     }
     red[li] = m;
@@ -206,8 +214,8 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
     if (g < G) {
         m = red[g * LG];
         for (var t = lane; t < len; t += LG) {
-            let p = exp(sc[g * CMAX + t] - m);
-            sc[g * CMAX + t] = p;
+            let p = exp(sc_get(g * CMAX + t) - m);
+            sc_set(g * CMAX + t, p);
             l += p;
         }
     }
@@ -247,12 +255,23 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
                 var a = acc[j];
                 var b = vec4<f32>(0.0);
                 var t = 0u;
+                if (SC4) {
+                    // The same fmas in the same order as the pairs below: even rows into a,
+                    // odd into b.
+                    for (; t + 4u <= rows; t += 4u) {
+                        let p = sc[(gg * CMAX + tt + t) >> 2u];
+                        a = fma(vec4<f32>(p.x), tile[t * DP + d], a);
+                        b = fma(vec4<f32>(p.y), tile[(t + 1u) * DP + d], b);
+                        a = fma(vec4<f32>(p.z), tile[(t + 2u) * DP + d], a);
+                        b = fma(vec4<f32>(p.w), tile[(t + 3u) * DP + d], b);
+                    }
+                }
                 for (; t + 2u <= rows; t += 2u) {
-                    a = fma(vec4<f32>(sc[gg * CMAX + tt + t]), tile[t * DP + d], a);
-                    b = fma(vec4<f32>(sc[gg * CMAX + tt + t + 1u]), tile[(t + 1u) * DP + d], b);
+                    a = fma(vec4<f32>(sc_get(gg * CMAX + tt + t)), tile[t * DP + d], a);
+                    b = fma(vec4<f32>(sc_get(gg * CMAX + tt + t + 1u)), tile[(t + 1u) * DP + d], b);
                 }
                 if (t < rows) {
-                    a = fma(vec4<f32>(sc[gg * CMAX + tt + t]), tile[t * DP + d], a);
+                    a = fma(vec4<f32>(sc_get(gg * CMAX + tt + t)), tile[t * DP + d], a);
                 }
                 acc[j] = a + b;
             }
