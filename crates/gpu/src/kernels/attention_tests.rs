@@ -386,6 +386,28 @@ fn attention_wider_tiles_match_reference() {
     assert!(AttentionKernel::with_split_tile(&ctx, p, None, 17).is_err());
 }
 
+/// The V phase's two forms: where tiles of rows do not come in fours (`SC4` false: a 21-row tile at
+/// D = 24, G = 2) the probabilities are read one by one, elsewhere four per load (every other
+/// test's shapes); both against the scalar reference, over one chunk and over chunks + combine.
+#[test]
+fn attention_scalar_probability_loads_match_reference() {
+    let Some(ctx) = gpu("attention_scalar_probability_loads_match_reference") else {
+        return;
+    };
+    let p = params(4, 2, 24, 300, 16);
+    let k = AttentionKernel::new(&ctx, p).unwrap();
+    let split = k.split();
+    assert_ne!(
+        split.tile % 4,
+        0,
+        "this shape must take the one-by-one form"
+    );
+    for (j, pos) in [0u32, 20, 150, 299].into_iter().enumerate() {
+        check_step_tile(&ctx, p, None, TILE_LOADS, (pos, pos), 110 + j as u64);
+    }
+    check_step_tile(&ctx, p, Some((1, 256)), TILE_LOADS, (100, 100), 115);
+}
+
 /// The split's host-side arithmetic: every position's chunks cover it exactly once, fit the
 /// partial slots, and never exceed the dispatch bound of any larger position bound.
 #[test]
