@@ -30,6 +30,8 @@
 //! and routing on the folded router's logits (the plain MoE rows are the routed, unfolded form).
 //! Smallest run (lavapipe): `--shapes tiny --calls 2 --reps 1`.
 
+#[path = "kernel_bench/args.rs"]
+mod args;
 #[path = "kernel_bench/cases.rs"]
 mod cases;
 #[path = "kernel_bench/fixtures.rs"]
@@ -39,7 +41,7 @@ mod moe_cols;
 #[path = "kernel_bench/timing.rs"]
 mod timing;
 
-use anyhow::{bail, Context as _};
+use args::Args;
 use cases::Bench;
 use fixtures::RefKernel;
 use nibble_gpu::context::{AdapterChoice, Context};
@@ -50,69 +52,6 @@ use nibble_gpu::Numerics;
 use nibble_model::config::Qwen3MoeConfig;
 use std::time::Instant;
 use timing::{Row, Timer};
-
-/// Validated command line.
-struct Args {
-    full: bool,
-    reps: usize,
-    calls: usize,
-    pos: u32,
-    numerics: Numerics,
-    adapter: Option<String>,
-    json: bool,
-    matmul_tiles: bool,
-    moe_tunings: bool,
-    hot: bool,
-    /// Time only the rows whose name contains this or one of its `|`-separated parts.
-    only: Option<String>,
-}
-
-impl Args {
-    fn parse() -> anyhow::Result<Args> {
-        let mut it = std::env::args().skip(1);
-        let (mut full, mut json, mut adapter, mut matmul_tiles) = (true, false, None, false);
-        let (mut moe_tunings, mut hot, mut only) = (false, false, None);
-        let (mut reps, mut calls, mut pos, mut numerics) = (None, None, None, Numerics::DEFAULT);
-        while let Some(a) = it.next() {
-            let mut val = || it.next().with_context(|| format!("{a} needs a value"));
-            match a.as_str() {
-                "--shapes" => match val()?.as_str() {
-                    "full" => full = true,
-                    "tiny" => full = false,
-                    s => bail!("--shapes {s}: expected full or tiny"),
-                },
-                "--reps" => reps = Some(val()?.parse()?),
-                "--calls" => calls = Some(val()?.parse()?),
-                "--pos" => pos = Some(val()?.parse()?),
-                "--numerics" => numerics = val()?.parse().map_err(anyhow::Error::msg)?,
-                "--adapter" => adapter = Some(val()?),
-                "--json" => json = true,
-                "--matmul-tiles" => matmul_tiles = true,
-                "--moe-tunings" => moe_tunings = true,
-                "--hot" => hot = true,
-                "--only" => only = Some(val()?),
-                _ => bail!("unknown argument {a} (see the doc comment of kernel_bench.rs)"),
-            }
-        }
-        let calls = calls.unwrap_or(if full { 200 } else { 20 });
-        let reps = reps.unwrap_or(if full { 5 } else { 3 });
-        anyhow::ensure!(calls >= 1 && reps >= 1, "--calls and --reps must be >= 1");
-        let pos = pos.unwrap_or(if full { 512 } else { 64 });
-        Ok(Args {
-            full,
-            reps,
-            calls,
-            pos,
-            numerics,
-            adapter,
-            json,
-            matmul_tiles,
-            moe_tunings,
-            hot,
-            only,
-        })
-    }
-}
 
 /// Bytes one Q4_0 `[rows, cols]` matrix holds (16 nibble bytes + an f16 scale per block).
 fn q4(rows: usize, cols: usize) -> u64 {
@@ -763,8 +702,11 @@ fn main() -> anyhow::Result<()> {
         pos: args.pos,
     };
     r.case(s, m_step, &|p, c| b.record_step(p, args.pos + c as u32))?;
-    let (step, step_cpu) = r.rows.last().map_or((0.0, 0.0), |x| (x.m.us(), x.m.cpu_us));
-    let (empty_us, read_gbps) = (r.rows[0].m.us(), r.rows[1].gbps());
+    // Found by name: `--only` may have skipped any row (then its figure reads 0).
+    let row = |prefix: &str| r.rows.iter().find(|x| x.name.starts_with(prefix));
+    let (step, step_cpu) = row("whole step").map_or((0.0, 0.0), |x| (x.m.us(), x.m.cpu_us));
+    let empty_us = row("ref: empty dispatch").map_or(0.0, |x| x.m.us());
+    let read_gbps = row("ref: read").map_or(0.0, |x| x.gbps());
 
     let tok_s = |us: f64| if us > 0.0 { 1e6 / us } else { 0.0 };
     let header = format!(
