@@ -439,7 +439,29 @@ impl AttentionKernel {
             ]
             .concat(),
         );
-        let module = ctx.module("attention.chunk", &chunk_src)?;
+        // Compiled without naga's runtime bounds checks: they cost this kernel 6-9% on the H200
+        // (docs/BENCHMARKS.md run 110: 24.03 -> 22.55 us per chunk dispatch at position 4096).
+        // SAFETY: every index of the module (attention.wgsl + attention_rope.wgsl + the written-out
+        // `stage` / `prefetch`) stays in bounds for any run-state position, because:
+        // - kv head h = wid.y < HKV (the grid's y) and query head offsets < G, so qkv indices stay
+        //   below (HQ + 2 HKV) D and out below HQ D; q_norm / k_norm are read below D, inv_freq
+        //   below D / 2; `bind_at` checks each buffer's size (and the scratch's, below);
+        // - cache rows: n = min(pos + 1, CTX) (a wrapped pos + 1 = 0 gives n = 0, and every
+        //   workgroup returns); a tile reads rows t0 + tt + r < t0 + len <= n <= CTX, and the owner
+        //   writes row pos only when pos < CTX;
+        // - chunk c = wid.x goes on only while c * chunk_len(n) < n, i.e. c < chunks(n) <= NC (the
+        //   host's `Split::chunks_bound`, checked for every position by
+        //   `attention_split_bounds_hold_for_every_position`), so part_o / part_ml stay below
+        //   HQ NC (D, 1); the fused combine walks c < nc <= NC and reads the tile below G nc only
+        //   when G nc <= P DP;
+        // - workgroup arrays: tile rows r < rows <= P (elements e < rows D4), score slots
+        //   tt + t < len <= chunk_len <= CMAX, the trees' `li + st` stay inside their LG / LR
+        //   group (lane < st <= group / 2, WG a multiple of both), qs / kown / cst / rms / stat
+        //   below G D4 / D4 / D/2 / G+1 / G by their loop bounds;
+        // - every loop advances a counter towards a constant or `n` bound (no loop-bounding
+        //   needed).
+        // The column forms (attention_cols.rs) keep the checks.
+        let module = unsafe { ctx.module_unchecked("attention.chunk", &chunk_src)? };
         let chunk = ctx.pipeline("attention.chunk", &module, "chunk")?;
         let single = ctx.pipeline("attention.single", &module, "single")?;
         let fused = ctx.pipeline("attention.fused", &module, "fused")?;
@@ -577,6 +599,12 @@ impl AttentionKernel {
         need(b.k_cache, (kv_offset + cache) / 4, "k_cache")?;
         need(b.v_cache, (kv_offset + cache) / 4, "v_cache")?;
         need(b.out, hq * d, "out")?;
+        // The partials of this kernel's split (a scratch made by another kernel may be smaller;
+        // the chunk module reads them unchecked).
+        let slots = hq * self.split.slots() as u64;
+        need(&scratch.part_o, slots * d, "part_o")?;
+        need(&scratch.part_ml, slots * 2, "part_ml")?;
+        need(&scratch.arrive, hkv, "arrive")?;
         let range = |buf| {
             wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: buf,
