@@ -90,6 +90,49 @@ impl Q4Matrix {
         })
     }
 
+    /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
+    /// blocks and scales: the kernels compiled without runtime bounds checks (matvec's int4 x
+    /// f32 forms, the MoE's staged f32 kernels) index `qs` and `scales` up to exactly those
+    /// sizes, and the fields are public, so a binding re-checks them instead of trusting
+    /// [`Self::upload`].
+    pub fn check_layout(&self, what: &str) -> Result<()> {
+        let bad = |why: String| {
+            Err(GpuError::Shape(format!(
+                "{what}: Q4 matrix [{}, {}] {why}",
+                self.rows, self.cols
+            )))
+        };
+        if self.rows == 0 || self.cols == 0 || self.cols % BLOCK as u32 != 0 {
+            return bad("needs rows, cols > 0 and cols % 32 == 0".into());
+        }
+        let bpr = (self.cols / BLOCK as u32) as u64;
+        let mut next = 0u32;
+        for (n, part) in self.parts.iter().enumerate() {
+            let blocks = part.rows as u64 * bpr;
+            if part.rows == 0 || part.row_start != next {
+                return bad(format!(
+                    "part {n} starts at row {} with {} rows (expected row {next}, rows > 0)",
+                    part.row_start, part.rows
+                ));
+            }
+            if part.qs.size() < blocks * 16 || part.scales.size() < blocks.div_ceil(2) * 4 {
+                return bad(format!(
+                    "part {n}: {} + {} bytes for {blocks} blocks",
+                    part.qs.size(),
+                    part.scales.size()
+                ));
+            }
+            next = match part.row_start.checked_add(part.rows) {
+                Some(v) => v,
+                None => return bad(format!("part {n} overflows the row count")),
+            };
+        }
+        if next != self.rows {
+            return bad(format!("parts end at row {next}"));
+        }
+        Ok(())
+    }
+
     /// Bytes resident on the GPU.
     pub fn bytes(&self) -> u64 {
         self.parts

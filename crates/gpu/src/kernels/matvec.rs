@@ -238,19 +238,43 @@ impl MatvecKernel {
         let mut q4f = Vec::with_capacity(Fused::ALL.len() * F32_ROWS_PER_TEAM.len());
         for f in Fused::ALL {
             for r in F32_ROWS_PER_TEAM {
-                q4f.push(ctx.compute(
-                    &format!("matvec_q4f.r{r}.{f:?}{}", if bfp { ".bfp" } else { "" }),
-                    &src(&format!(
-                        "{}const R: u32 = {r}u;\n{}",
-                        q4f_input(
-                            f,
-                            bfp,
-                            late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
-                        ),
-                        q4f_body(r)
-                    )),
-                    "main",
-                )?);
+                let label = format!("matvec_q4f.r{r}.{f:?}{}", if bfp { ".bfp" } else { "" });
+                let wgsl = src(&format!(
+                    "{}const R: u32 = {r}u;\n{}",
+                    q4f_input(
+                        f,
+                        bfp,
+                        late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
+                    ),
+                    q4f_body(r)
+                ));
+                // Compiled without naga's runtime bounds checks: with them the whole decode
+                // step (qkv, o-proj + folded router, lm_head) ran 6.8% slower on the H200
+                // (docs/BENCHMARKS.md run 113).
+                // SAFETY: every index of matvec_q4f.wgsl and its snippets (matvec_wgsl.rs) stays
+                // in bounds for every binding this kernel makes, because its only binders
+                // (`bind_q4_parts`, `bind_q4_router`, `bind_q4_norm_warm`) check on the host:
+                // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
+                //   each part's qs >= part rows * bpr vec4s and scales >= ceil(that / 2) words,
+                //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
+                //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both;
+                // - `y` holds m.rows floats (`check_out`) and stores go to row_start + row with
+                //   row < part rows, row_start + part rows <= m.rows;
+                // - the staged input has bpr * 8 = cols / 4 vec4s, cols <= NORM_ON_LOAD_MAX (so
+                //   below nol_xs' 1024 slots; the swizzle permutes within a group of 8, and
+                //   n4 is a multiple of 8), read from act_x / nol_h / nol_w which hold cols
+                //   floats (`check_x`, `check_norm_input`); bfp24's bfp_amax / bfp_ps /
+                //   bfp_d are indexed below n4 / n4 / n4 / 8, each thread's i = li + 256 t < n4;
+                // - red (8R TP >= 264 floats): row partials at (team R + i) TP + lane with
+                //   team < 8, i < R, lane < T, sums of li < 8R over j < T; nol_red's
+                //   li + li / 16 <= 270 < 272, 17 li + j <= 270 for li, j < 16;
+                // - the folded router's workgroups (wg >= p1): e = wg - p1 is used only when
+                //   e < p2 = E; fold_w holds E (cols + rows) floats, c < c4 = cols/4 + rows/4,
+                //   act_x read below cols / 4, fold_h (rows floats) below rows / 4; its tree
+                //   reads red[li + st] < 256; fold_z holds E;
+                // - the warm workgroups index their bindings below arrayLength (warm.rs).
+                let module = unsafe { ctx.module_unchecked(&label, &wgsl)? };
+                q4f.push(ctx.pipeline(&label, &module, "main")?);
             }
         }
         Ok(MatvecKernel {
@@ -370,6 +394,7 @@ impl MatvecKernel {
         z: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
+        m.check_layout("matvec_q4 (router)")?;
         check_x(x, m.cols, "matvec_q4 (router)")?;
         check_x(h, m.rows, "matvec_q4 (router) residual")?;
         check_out(a, m.rows, "matvec_q4 (router)")?;
@@ -451,6 +476,7 @@ impl MatvecKernel {
         state: &wgpu::Buffer,
         (warm_part, sink): (&Q4Part, &wgpu::Buffer),
     ) -> Result<MatvecBinding> {
+        m.check_layout("matvec_q4 (norm, warm)")?;
         check_norm_input(&x, m.cols, "matvec_q4 (norm, warm)")?;
         check_out(y, m.rows, "matvec_q4 (norm, warm)")?;
         let [part] = m.parts.as_slice() else {
@@ -506,6 +532,7 @@ impl MatvecKernel {
         rows_per_team: u32,
         eps: f32,
     ) -> Result<MatvecBinding> {
+        m.check_layout("matvec_q4")?;
         check_out(y, m.rows, "matvec_q4")?;
         let rows_per_wg = match which {
             Which::Q4F(..) => 8 * rows_per_team,

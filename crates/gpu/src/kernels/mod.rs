@@ -33,4 +33,6 @@ pub mod sample;
 mod sample_tests;
 #[cfg(test)]
 mod step_tests;
+#[cfg(test)]
+mod unchecked_tests;
 pub mod warm;

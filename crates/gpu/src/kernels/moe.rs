@@ -243,6 +243,42 @@ fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u
     Ok((part.row_start / per, (part.row_start + part.rows) / per))
 }
 
+/// Compile a staged f32 MoE source (moe_gate_up_f32.wgsl or moe_down_f32.wgsl with their
+/// prepended constants) without naga's runtime bounds checks, for the single-token entry points
+/// only (`gate_up`, `gate_up_routed`, `gate_up_folded[_warm]`; `main`, `main_add[_warm]`): with
+/// the checks the decode step ran 5.2% slower on the H200 (docs/BENCHMARKS.md run 113). The
+/// column forms (`*_cols`) take their pipelines from the checked module.
+///
+/// # Safety
+/// `wgsl` must be the staged source this kernel built, and its single-token pipelines bound only
+/// through [`MoeKernel::bind`] / [`MoeKernel::bind_folded`]. Why every index then stays in
+/// bounds:
+/// - weights: `check_weights` (`Q4Matrix::check_layout` + shapes) makes each part hold its
+///   experts' `(e_hi - e_lo) * rows * NB` blocks and scales with whole experts (`expert_range`);
+///   an expert id is always below E (the router's `top_e` starts at 0 and is set only to ids
+///   below E; ids read from `route` are clamped with `min(.., E - 1)`), a part that does not
+///   hold it computes on its first expert and discards the product, and a row is below I
+///   (gate/up: grid x = I / R) or H (down: rows past H compute on row 0, are not stored);
+/// - activations: x / fold_h / fold_a / fold_w / pub_x hold H floats, logits / fold_z / pub_lg
+///   E, route 2K, h K I, out / add_a H (the binders' `need` checks), staged at i < NB * 8 =
+///   H / 4 (gate/up) or KSNB * 8 (down: slot group g's slots g KS .. g KS + KS <= K);
+/// - workgroup arrays: lg / rank_hi below E, top_e below K, the partials at rp(i) = i + i / T
+///   (T >= 8) and the norm's li + li / NRED, (NRED + 1) li + j (li < 16, j < NRED = WG / 16)
+///   all below RS = WG + WG / 8; down's red below ROWS TP, ids / wts below KS (item_k clamps);
+/// - the slot groups' dpart / darrive (DS > 1) are allocated for MAX_COLUMNS columns of
+///   DS H / NRB (`down_scratch_bytes`), indexed at column 0 here; DS = 1 never touches them;
+/// - the warm loads index below arrayLength (kernels/warm.rs, `down_warm`'s `min`);
+/// - workgroups past the grid's own (2D grids, warm workgroups) are bounded by `g >= DS`,
+///   `wg >= NRB * DS` before any other index.
+unsafe fn unchecked_single_token(
+    ctx: &Context,
+    label: &str,
+    wgsl: &str,
+) -> Result<wgpu::ShaderModule> {
+    // SAFETY: forwarded to the caller by this function's contract.
+    unsafe { ctx.module_unchecked(label, wgsl) }
+}
+
 impl MoeKernel {
     /// Whether gate/up and down were built as the staged f32 kernels (the work split of
     /// [`F32Tuning`] applies only to those; a split whose staging exceeds the workgroup
@@ -337,8 +373,15 @@ impl MoeKernel {
             )
         };
         let gu = ctx.module("moe.gate_up", &gu_src)?;
-        let gate_up = ctx.pipeline("moe.gate_up", &gu, "gate_up")?;
-        let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu, "gate_up_routed")?;
+        // The staged kernels' single-token entry points come from a copy compiled without
+        // naga's runtime bounds checks (`unchecked_single_token`); the column forms keep them.
+        let gu_fast = match staged.0 {
+            // SAFETY: see `unchecked_single_token` (the staged gate/up source).
+            true => unsafe { unchecked_single_token(ctx, "moe.gate_up.unchecked", &gu_src)? },
+            false => gu.clone(),
+        };
+        let gate_up = ctx.pipeline("moe.gate_up", &gu_fast, "gate_up")?;
+        let gate_up_routed = ctx.pipeline("moe.gate_up_routed", &gu_fast, "gate_up_routed")?;
         let (down_t, down_rows, ds) = if staged.1 {
             (tune.down_lanes, tune.down_rows, want)
         } else {
@@ -367,19 +410,24 @@ impl MoeKernel {
             )
         };
         let dm = ctx.module("moe.down", &down_src)?;
-        let down = ctx.pipeline("moe.down", &dm, "main")?;
+        let dm_fast = match staged.1 {
+            // SAFETY: see `unchecked_single_token` (the staged down source).
+            true => unsafe { unchecked_single_token(ctx, "moe.down.unchecked", &down_src)? },
+            false => dm.clone(),
+        };
+        let down = ctx.pipeline("moe.down", &dm_fast, "main")?;
         let (cols, folded) = if staged == (true, true) {
             (
                 Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t, ds)?),
                 Some(Folded {
-                    gate_up: ctx.pipeline("moe.gate_up_folded", &gu, "gate_up_folded")?,
+                    gate_up: ctx.pipeline("moe.gate_up_folded", &gu_fast, "gate_up_folded")?,
                     gate_up_warm: ctx.pipeline(
                         "moe.gate_up_folded_warm",
-                        &gu,
+                        &gu_fast,
                         "gate_up_folded_warm",
                     )?,
-                    add: ctx.pipeline("moe.down_add", &dm, "main_add")?,
-                    add_warm: ctx.pipeline("moe.down_add_warm", &dm, "main_add_warm")?,
+                    add: ctx.pipeline("moe.down_add", &dm_fast, "main_add")?,
+                    add_warm: ctx.pipeline("moe.down_add_warm", &dm_fast, "main_add_warm")?,
                 }),
             )
         } else {
@@ -607,6 +655,9 @@ impl MoeKernel {
             }
             Ok(())
         };
+        for (what, m) in [("MoE gate", gate), ("MoE up", up), ("MoE down", down)] {
+            m.check_layout(what)?;
+        }
         shape("gate", gate, e * i, h)?;
         shape("up", up, e * i, h)?;
         shape("down", down, e * h, i)?;

@@ -411,4 +411,19 @@ fn moe_rejects_bad_shapes() {
         .bind(&ctx, &bufs, Routing::Fused)
         .expect_err("wrong down accepted");
     assert!(e.to_string().contains("down"), "{e}");
+    // The right shape over buffers too small for it (the staged kernels read without runtime
+    // bounds checks, so the binder checks the buffers, not only the shape fields).
+    let mut lying = Q4Matrix::upload(&ctx, "down", 16 * 64, 64, 64, &[&c.down]).unwrap();
+    lying.parts[0].qs = ctx.storage("small", 256).unwrap();
+    let e = kern
+        .bind(
+            &ctx,
+            &MoeBuffers {
+                down: &lying,
+                ..bufs
+            },
+            Routing::Fused,
+        )
+        .expect_err("lying down accepted");
+    assert!(e.to_string().contains("Q4 matrix"), "{e}");
 }
