@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
 # fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -137,6 +137,20 @@ if has ab; then
     for b in target/ab/nibble-*; do
       say "ab round $round: $(basename $b) tg128"
       timeout 150 $b bench -m $MODEL --backend gpu ${AB_ARGS:--p 512 -n 128 --reps 3 --depth 0 --ctx 1024} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+    done
+  done
+fi
+if has abx; then
+  # The ab step over several bench argument sets: every target/ab/nibble-* (a binary, or a
+  # wrapper script setting an environment variable) with each ';'-separated set of AB_SETS,
+  # two rounds interleaved so drift hits all alike.
+  IFS=';' read -ra XSETS <<< "${AB_SETS:?set AB_SETS}"
+  for round in 1 2; do
+    for b in target/ab/nibble-*; do
+      for args in "${XSETS[@]}"; do
+        say "abx round $round: $(basename $b) $args"
+        timeout 200 $b bench -m $MODEL --backend gpu $args 2>&1 | grep -E "^tg|^pp|^batch|aggregate" | tee -a "$S"
+      done
     done
   done
 fi
