@@ -130,9 +130,11 @@ pub(crate) fn prelude(form: GemmForm, tm: u32, plan: Option<PlanLayout>, wstore:
         (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => {
             s += "fn gm_tile(wid: vec3<u32>) -> Tile {
     let m0 = wid.y * BM;
-    return Tile(m0 < dims.m, m0, min(m0 + BM, dims.m), 0u, 0u);
+    // Tokens past the rows X or Y hold are not computed (the host keeps dims.m below both).
+    let mm = min(dims.m, min(p.xrows, p.yrows));
+    return Tile(m0 < mm, m0, min(m0 + BM, mm), 0u, 0u);
 }
-fn gm_xrow(t: Tile, m: u32) -> u32 { return m; }
+fn gm_xrow(t: Tile, m: u32) -> u32 { return min(m, p.xrows - 1u); }
 fn gm_yrow(t: Tile, m: u32) -> u32 { return m; }
 ";
         }
@@ -147,20 +149,25 @@ fn gm_tile(wid: vec3<u32>) -> Tile {{
     let e = packed >> 16u;
     if (e < p.e_lo || e >= p.e_hi) {{ return t; }}
     t.m0 = packed & 0xFFFFu;
-    t.list0 = plan[P_OFF + e];
-    t.mend = plan[P_OFF + e + 1u] - t.list0;
+    // The expert's list [list0, hi), clamped into Y's rows (the plan's own offsets are).
+    t.list0 = min(plan[P_OFF + e], p.yrows);
+    let hi = clamp(plan[P_OFF + e + 1u], t.list0, p.yrows);
+    t.mend = hi - t.list0;
     t.wrow = (e - p.e_lo) * p.n;
     t.ok = t.m0 < t.mend;
     return t;
 }}
 fn gm_yrow(t: Tile, m: u32) -> u32 {{ return t.list0 + m; }}
+// The list position of tile row m, below Y's rows even for a tile without rows (whose staging
+// still loads, and discards, one X row per thread).
+fn gm_lrow(t: Tile, m: u32) -> u32 {{ return min(t.list0 + m, p.yrows - 1u); }}
 ",
                 pl.off, pl.tiles, pl.list, pl.k
             );
             s += if form == GemmForm::GateUp {
-                "fn gm_xrow(t: Tile, m: u32) -> u32 { return plan[P_LIST + t.list0 + m] / K; }\n"
+                "fn gm_xrow(t: Tile, m: u32) -> u32 { return min(plan[P_LIST + gm_lrow(t, m)] / K, p.xrows - 1u); }\n"
             } else {
-                "fn gm_xrow(t: Tile, m: u32) -> u32 { return t.list0 + m; }\n"
+                "fn gm_xrow(t: Tile, m: u32) -> u32 { return min(gm_lrow(t, m), p.xrows - 1u); }\n"
             };
         }
         _ => unreachable!("expert forms are built with a plan layout"),
@@ -474,13 +481,49 @@ impl GemmKernel {
             "gemm_q4"
         };
         let label = format!("{kind}.{form:?}.tm{tm}");
+        // The int4 forms are compiled without naga's runtime bounds checks (pp512 +71% for the
+        // whole prefill with every module unchecked, docs/BENCHMARKS.md run 115); the f32
+        // router GEMM keeps them. SAFETY (of `compile` for those forms): every index of
+        // gemm_q4.wgsl / gemm_coop.rs's body and this file's prelude stays in bounds for
+        // every binding `bind` makes, because:
+        // - rows: X and Y hold x_rows and y_rows rows of xs4 vec4s / ys floats (`need`), and
+        //   Params carries both: a dense tile's tokens stop at min(dims.m, x_rows, y_rows);
+        //   an expert tile's list [list0, hi) is clamped into [0, y_rows) whatever the plan
+        //   says; X rows are clamped below x_rows (`gm_xrow`), list reads below list + y_rows
+        //   (`gm_lrow`, the plan holds list + y_rows words), so the staging loads of a tile
+        //   without rows (m0 + sr past mend - 1, or mend - 1 wrapping) stay inside too;
+        // - X columns: b < bpr (the next-block loads use b + 1 < bpr or min(b + 1, bpr - 1)) and
+        //   sv + i < 8 (XPT = 8 BM / 256 vec4s per thread at sv = (li / BM) XPT), so below
+        //   bpr 8 = xs4; Y columns: ycol + na with na < p.n, ycol + p.n <= the weight rows <=
+        //   y_stride (dense: ycol = the part's first row; experts: ycol = 0, p.n = I or H);
+        // - weights: blk = (wrow + n) bpr + b with n <= p.n - 1 and b < bpr; wrow = 0 (dense,
+        //   p.n = the part's rows) or (e - e_lo) p.n for e_lo <= e < e_hi (a tile whose expert
+        //   the part does not hold is not ok and keeps wrow = 0), and `Q4Matrix::check_layout`
+        //   makes each part's qs / scales hold its rows x bpr blocks (gate and up alike);
+        // - the plan: word 0, the tile word at tiles + wid.y for wid.y < plan[0] and wid.y <
+        //   max_tiles (the grid), with tiles + max_tiles <= list, and the offsets at off + e,
+        //   off + e + 1 <= off + E <= tiles (checked in `bind`);
+        // - workgroup arrays: the f32 kernel's xs at ((k..k + 3) BM + sr) / TM with k <= 31,
+        //   sr < BM, and ws at (k + c (+ 16)) 32 + nn / 4 <= 31 * 32 + 31; the coop kernel's
+        //   xh / xl at k SX + sr and their matrix loads up to (kk + 15) SX + 16 ti + 15 with
+        //   ti < MT = BM / 16, wh / wl at (k + c + 16) SW + nn and matrix loads up to (kk + 15)
+        //   SW + 127 (SW = 136), cs at sg 512 + 511 for its 8 subgroups of 32 (the only shape
+        //   `gemm_coop::supported` admits).
+        let compile = |src: &str| -> Result<wgpu::ComputePipeline> {
+            if form == GemmForm::DenseF32 {
+                return ctx.compute(&label, src, "main");
+            }
+            // SAFETY: the audit above.
+            let m = unsafe { ctx.module_unchecked(&label, src)? };
+            ctx.pipeline(&label, &m, "main")
+        };
         match (form, plan) {
             (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => {
                 let slot = &self.dense[form as usize][(tm == 4) as usize];
                 if let Some(p) = slot.get() {
                     return Ok(p.clone());
                 }
-                let p = ctx.compute(&label, &self.source(form, tm, None), "main")?;
+                let p = compile(&self.source(form, tm, None))?;
                 Ok(slot.get_or_init(|| p).clone())
             }
             (_, Some(pl)) => {
@@ -489,7 +532,7 @@ impl GemmKernel {
                 if let Some((_, p)) = cache.iter().find(|(k, _)| *k == key) {
                     return Ok(p.clone());
                 }
-                let p = ctx.compute(&label, &self.source(form, tm, Some(pl)), "main")?;
+                let p = compile(&self.source(form, tm, Some(pl)))?;
                 cache.push((key, p.clone()));
                 Ok(p)
             }
@@ -532,6 +575,14 @@ impl GemmKernel {
                 )));
             }
             need(buf, (pl.list + a.y_rows) as u64, "plan")?;
+            // The list offsets [E + 1] lie before the tiles (the kernels read them at off + e
+            // and off + e + 1 for the part's experts e < E).
+            if pl.off + wrows / n + 1 > pl.tiles || pl.tiles > pl.list {
+                return Err(GpuError::Shape(format!(
+                    "gemm: plan layout {pl:?} does not hold {} experts' offsets",
+                    wrows / n
+                )));
+            }
             if a.max_tiles == 0 || pl.tiles + a.max_tiles > pl.list {
                 return Err(GpuError::Shape(format!(
                     "gemm: {} tiles do not fit the plan layout",
@@ -553,6 +604,14 @@ impl GemmKernel {
             return Err(GpuError::Shape("gemm: Y too large for u32 indices".into()));
         }
         need(a.y, y_need, "Y")?;
+        match a.w {
+            GemmWeights::Q4(m) => m.check_layout("gemm")?,
+            GemmWeights::GateUp { gate, up } => {
+                gate.check_layout("gemm gate")?;
+                up.check_layout("gemm up")?;
+            }
+            GemmWeights::F32(_) => {}
+        }
         let pipeline = self.pipeline(ctx, a.form, tm, plan.map(|p| p.1))?;
         let bpr = wcols / BLOCK as u32;
         let wparts = a.w.parts()?;
@@ -570,7 +629,20 @@ impl GemmKernel {
             } else {
                 (rows, row_start, 0, 0)
             };
-            let words = [n, bpr, wcols / 4, a.y_stride, ycol, e_lo, e_hi, 0];
+            let words = [
+                n,
+                bpr,
+                wcols / 4,
+                a.y_stride,
+                ycol,
+                e_lo,
+                e_hi,
+                a.x_rows,
+                a.y_rows,
+                0,
+                0,
+                0,
+            ];
             let params = ctx.uniform("gemm.params", bytemuck::cast_slice(&words))?;
             let mut entries = wentries;
             entries.extend([

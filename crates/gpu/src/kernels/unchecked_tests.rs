@@ -76,3 +76,68 @@ fn q4_f32_binders_refuse_lying_matrices() {
         assert!(router.is_err(), "{what}: router form");
     }
 }
+
+/// The int4 prefill GEMMs run without runtime bounds checks: their binder must refuse a lying
+/// weight matrix and a plan layout whose expert offsets would overlap the tiles.
+#[test]
+fn gemm_binder_refuses_lying_matrices_and_plans() {
+    use super::gemm::{GemmArgs, GemmForm, GemmKernel, GemmWeights, PlanLayout};
+    let Some(ctx) = gpu("gemm_binder_refuses_lying_matrices_and_plans") else {
+        return;
+    };
+    let k = GemmKernel::new(&ctx).unwrap();
+    let mut r = rng(74);
+    // 4 experts of 16 rows x 64 inputs.
+    let wb = rand_q4_0(&mut r, 64, 64);
+    let honest = || Q4Matrix::upload(&ctx, "w", 64, 64, 16, &[&wb]).unwrap();
+    let x = ctx.storage("x", 8 * 64 * 4).unwrap();
+    let y = ctx.storage("y", 8 * 64 * 4).unwrap();
+    let dims = ctx
+        .uniform("dims", bytemuck::cast_slice(&[4u32, 0, 0, 0]))
+        .unwrap();
+    let plan = ctx.storage("plan", 64 * 4).unwrap();
+    let good = PlanLayout {
+        k: 2,
+        off: 1,
+        tiles: 6,
+        list: 16,
+    };
+    let dense = |w| GemmArgs {
+        form: GemmForm::Dense,
+        w: GemmWeights::Q4(w),
+        x: &x,
+        y: &y,
+        y_stride: 64,
+        x_rows: 4,
+        y_rows: 4,
+        dims: Some(&dims),
+        plan: None,
+        rows_per_expert: 0,
+        max_tiles: 0,
+    };
+    let down = |w, pl| GemmArgs {
+        form: GemmForm::Down,
+        plan: Some((&plan, pl)),
+        rows_per_expert: 16,
+        max_tiles: 4,
+        x_rows: 8,
+        y_rows: 8,
+        ..dense(w)
+    };
+    let m = honest();
+    assert!(k.bind(&ctx, &dense(&m), 4).is_ok());
+    assert!(k.bind(&ctx, &down(&m, good), 4).is_ok());
+    // Offsets of 4 experts need words 1..=5: tiles at 5 would overlap the last.
+    let overlap = PlanLayout { tiles: 5, ..good };
+    let e = k
+        .bind(&ctx, &down(&m, overlap), 4)
+        .err()
+        .expect("overlapping plan accepted");
+    assert!(e.to_string().contains("plan layout"), "{e}");
+    let mut lying = honest();
+    lying.parts[0].scales = ctx.storage("s", 8).unwrap();
+    for a in [dense(&lying), down(&lying, good)] {
+        let e = k.bind(&ctx, &a, 4).err().expect("lying matrix accepted");
+        assert!(e.to_string().contains("Q4 matrix"), "{e}");
+    }
+}
