@@ -158,8 +158,27 @@ impl AttentionPrefillKernel {
             dg,
         )?;
         let src = [consts.as_str(), COLUMNS_WGSL, body.as_str()].concat();
-        let pipeline = ctx.compute("attention_prefill", &src, "main")?;
-        let combine = ctx.compute("attention_prefill.combine", &src, "combine")?;
+        // Compiled without naga's runtime bounds checks: every module unchecked gave the prefill
+        // at depth 4096 +17% over the unchecked GEMMs alone (docs/BENCHMARKS.md runs 115-116),
+        // the rest being this kernel.
+        // SAFETY: every index of attention_prefill.wgsl (with the `unroll` blocks) stays in
+        // bounds for any `dims`, `cols` and cache contents, because:
+        // - `clamp_dims` clamps the token count mm below the rows `out`, `cols` and `qkv` hold
+        //   and the split count below what `part_o` / `part_ml` hold for mm tokens (arrayLength,
+        //   so whatever `bind` was given); workgroups with wid.x >= the tiles of mm or wid.z >=
+        //   that count return first; every token index is min(.., mm - 1) or tested < mm;
+        // - K/V rows: pmax is clamped below CTX and the slot below the slots both caches hold,
+        //   and rows are read at slot CTX + min(kb + j, pmax); kv head h = wid.y < HKV (the
+        //   grid), query heads h G + r % G < HQ, so qkv / out / part offsets stay inside a
+        //   token's row; q_norm is read below D (`bind` checks it), inv_freq below D / 2;
+        // - workgroup arrays (R = 64 rows, 256 threads): ks / vs at j KS + c with j < BK, c <
+        //   D4 < KS; scores at row sa + 1 <= 63 and key kq + 8 i < BK <= PS; the softmax's
+        //   rows li / 4 < R and keys < BK; the output's rows ov + a < QPV 256 / DG = R and
+        //   vec4s dg + DG i < DG DV = D4; the norm's partials at r PS + sl, sl < NS = 4;
+        //   cr below R; the row sums at 4 sr + sp < 256.
+        let module = unsafe { ctx.module_unchecked("attention_prefill", &src)? };
+        let pipeline = ctx.pipeline("attention_prefill", &module, "main")?;
+        let combine = ctx.pipeline("attention_prefill.combine", &module, "combine")?;
         let table = inv_freq(p.rope_theta, d as usize);
         let inv_freq =
             ctx.storage_init("attention_prefill.inv_freq", bytemuck::cast_slice(&table))?;
@@ -383,7 +402,7 @@ fn unroll(src: &str, kpt: u32, qpv: u32, dv: u32, dg: u32) -> Result<String> {
             }
             "out_store" => each(qpv, &|a| {
                 format!(
-                    "{{ let r = ov + {a}u; let tq = t0 + r / G; if (tq < dims.m) {{ \
+                    "{{ let r = ov + {a}u; let tq = t0 + r / G; if (tq < mm) {{ \
                      let ob = tq * HQ * D4 + (h * G + r % G) * D4; if (ns == 1u) {{ \
                      let lt = (ps[r * 4u] + ps[r * 4u + 1u]) + (ps[r * 4u + 2u] + ps[r * 4u + 3u]); \
                      {} }} else {{ {} }} }} }}",

@@ -2,8 +2,9 @@
 //! every token's output against the scalar references (`rope_ref` for q, `attention_ref` over
 //! the cache the write left), for Qwen3's group of 8 and other groups, a chunk that is not a
 //! whole number of query tiles, tokens deep into a cache holding earlier rows, K/V tiles cut
-//! short, a slot other than 0 (the other slots untouched), and the keys split over 1 to 9
-//! workgroups (runs shorter than a row's keys, and empty ones).
+//! short, a slot other than 0 (the other slots untouched), the keys split over 1 to 9
+//! workgroups (runs shorter than a row's keys, and empty ones), and a `dims` token count past
+//! the bound buffers (clamped by the kernel).
 
 use super::*;
 use crate::columns::{self, Col};
@@ -112,13 +113,24 @@ fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u
             &scratch,
         )
         .unwrap();
-    for s in [1, auto, 2, 3, 9] {
+    // The last round's `dims` lies about the token count (more than the bound buffers hold):
+    // the kernel, compiled without bounds checks, clamps it to the rows bound, so the outputs
+    // are the true count's.
+    let rounds = [
+        (1, t),
+        (auto, t),
+        (2, t),
+        (3, t),
+        (9, t),
+        (2, t + 3 * k.bq + 1),
+    ];
+    for (s, m_dims) in rounds {
         ctx.write(
             &out,
             0,
             bytemuck::cast_slice(&vec![f32::NAN; t as usize * hq * d]),
         );
-        ctx.write(&dims, 0, bytemuck::cast_slice(&[t, s, 0, 0]));
+        ctx.write(&dims, 0, bytemuck::cast_slice(&[m_dims, s, 0, 0]));
         ctx.run_pass(|pass| {
             ak.record_kv_write(pass, &write, t).unwrap();
             if s == auto {
@@ -128,7 +140,9 @@ fn check(ctx: &Context, p: AttentionParams, slots: u32, slot: u32, p0: u32, t: u
             }
         })
         .unwrap();
-        let what = format!("{p:?} slot {slot}/{slots} p0 {p0} t {t} splits {s} (auto {auto})");
+        let what = format!(
+            "{p:?} slot {slot}/{slots} p0 {p0} t {t} (dims {m_dims}) splits {s} (auto {auto})"
+        );
         check_output(
             ctx,
             &p,

@@ -72,38 +72,50 @@ fn q_at(i: u32) -> f32 {
 // Row r of the workgroup: token t0 + r / G (clamped to the chunk: rows past it mirror the last
 // token and are never written), query head h G + r % G; its first vec4 in a `[T, HQ * D4]` slice.
 fn row_base(t0: u32, h: u32, r: u32) -> u32 {
-    let t = min(t0 + r / G, dims.m - 1u);
+    let t = min(t0 + r / G, mm - 1u);
     return t * HQ * D4 + (h * G + r % G) * D4;
 }
 
-fn splits() -> u32 {
-    return max(dims.p1, 1u);
+// The chunk's tokens and key splits as `dims` says, clamped to what the bound buffers hold
+// (the same values whenever the host is right, attention_prefill.rs `dims`): the module runs
+// without runtime bounds checks (attention_prefill.rs `with_variant`), so no `dims` value may
+// index past `out`, `part_o` or `part_ml`; `main` clamps mm by `cols` and `qkv` too.
+var<private> mm: u32;
+var<private> nsc: u32;
+fn clamp_dims(m_more: u32) {
+    mm = min(min(dims.m, m_more), arrayLength(&out) / (HQ * D4));
+    let prow = min(arrayLength(&part_ml) / HQ, arrayLength(&part_o) / (HQ * D4));
+    nsc = min(max(dims.p1, 1u), prow / max(mm, 1u));
 }
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let tiles = (dims.m + BQ - 1u) / BQ;
+    clamp_dims(min(arrayLength(&cols), arrayLength(&qkv) / QKVW4));
+    let tiles = (mm + BQ - 1u) / BQ;
+    let ns = nsc;
+    let sid = wid.z;
     // Uniform: the whole workgroup leaves or stays.
-    if (wid.x >= tiles) {
+    if (wid.x >= tiles || sid >= ns) {
         return;
     }
     let t0 = (tiles - 1u - wid.x) * BQ;
     let h = wid.y;
-    let ns = splits();
-    let sid = wid.z;
     // This split's slice of part_o and part_ml.
-    let so = sid * dims.m * HQ * D4;
-    let sm = sid * dims.m * HQ;
+    let so = sid * mm * HQ * D4;
+    let sm = sid * mm * HQ;
     // The tile's last position and its slot's first cache row (uniform).
-    let pmax = cols[min(t0 + BQ, dims.m) - 1u].pos;
-    let row0 = cols[t0].slot * CTX;
+    // Clamped into the cache (the host keeps positions below CTX and slots below the cache's):
+    // K/V rows are read at row0 + min(kb + j, pmax) only.
+    let pmax = min(cols[min(t0 + BQ, mm) - 1u].pos, CTX - 1u);
+    let slots = min(arrayLength(&k_cache), arrayLength(&v_cache)) / (CTX * HKV * D4);
+    let row0 = min(cols[t0].slot, slots - 1u) * CTX;
 
     // q norm + RoPE: NS threads per row, the NS partial sums of squares summed in slot order.
     {
         let r = li / NS;
         let sl = li % NS;
         let tq = t0 + r / G;
-        let tc = min(tq, dims.m - 1u);
+        let tc = min(tq, mm - 1u);
         let hq = h * G + r % G;
         let qb = tc * QKVW4 * 4u + hq * D;
         var ss = 0.0;
@@ -119,7 +131,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         let inv = inverseSqrt(tot / f32(D) + EPS);
         let p = f32(cols[tc].pos);
-        if (tq < dims.m) {
+        if (tq < mm) {
             for (var k4 = 0u; k4 < DS4; k4++) {
                 var v: vec4<f32>;
                 for (var j = 0u; j < 4u; j++) {
@@ -146,8 +158,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sa = 2u * (li / 8u);
     let qa = so + row_base(t0, h, sa);
     let qb2 = so + row_base(t0, h, sa + 1u);
-    let pos_a = cols[min(t0 + sa / G, dims.m - 1u)].pos;
-    let pos_b = cols[min(t0 + (sa + 1u) / G, dims.m - 1u)].pos;
+    let pos_a = cols[min(t0 + sa / G, mm - 1u)].pos;
+    let pos_b = cols[min(t0 + (sa + 1u) / G, mm - 1u)].pos;
     // Phase 2 roles: row sr, part sp of its scores; m and l of the row.
     let sr = li / 4u;
     let sp = li % 4u;
@@ -217,7 +229,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     ps[sr * 4u + sp] = l;
     workgroupBarrier();
     // Split partials: (m, l) of row sr from its part 0 (every part holds the same m).
-    if (ns > 1u && sp == 0u && t0 + sr / G < dims.m) {
+    if (ns > 1u && sp == 0u && t0 + sr / G < mm) {
         let lt = (ps[sr * 4u] + ps[sr * 4u + 1u]) + (ps[sr * 4u + 2u] + ps[sr * 4u + 3u]);
         part_ml[sm + (t0 + sr / G) * HQ + h * G + sr % G] = vec2<f32>(m, lt);
     }
@@ -229,24 +241,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 // weight is 0. Every row has key 0 in split 0, so M is finite and the sum positive.
 @compute @workgroup_size(256)
 fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    clamp_dims(dims.m);
     let t = wid.x;
-    if (t >= dims.m) {
+    if (t >= mm) {
         return;
     }
-    let ns = splits();
+    let ns = nsc;
     for (var i = li; i < HQ * D4; i += 256u) {
         let hq = i / D4;
         var mx = -3.0e38;
         for (var s = 0u; s < ns; s++) {
-            mx = max(mx, part_ml[(s * dims.m + t) * HQ + hq].x);
+            mx = max(mx, part_ml[(s * mm + t) * HQ + hq].x);
         }
         var l = 0.0;
         var o = vec4<f32>(0.0);
         for (var s = 0u; s < ns; s++) {
-            let ml = part_ml[(s * dims.m + t) * HQ + hq];
+            let ml = part_ml[(s * mm + t) * HQ + hq];
             let w = exp(ml.x - mx);
             l += w * ml.y;
-            o += w * part_o[(s * dims.m + t) * HQ * D4 + i];
+            o += w * part_o[(s * mm + t) * HQ * D4 + i];
         }
         out[t * HQ * D4 + i] = o / l;
     }
