@@ -489,7 +489,7 @@ fn main() -> anyhow::Result<()> {
 
     // Attention at several positions (chunk kernel with the q/k norm + rope + KV write folded
     // in, then the combine unless one chunk covers the position: the kernel records both).
-    let ap = b.attn.params;
+    let ap = b.attn.params();
     for &pos in &positions {
         let disp = b.attn.dispatches(&b.attn_b[0], pos);
         let nc = (pos / ap.chunk + 1) as u64;

@@ -388,12 +388,16 @@ impl Context {
         })
     }
 
-    /// Compile WGSL WITHOUT runtime bounds checks (5-12% faster on big GPUs).
+    /// Compile WGSL WITHOUT naga's runtime checks (`ShaderRuntimeChecks::unchecked()`): no
+    /// bounds checks (docs/BENCHMARKS.md runs 113-117: +11% decode, +62% prefill), and also no
+    /// loop bounding and no integer-division checks.
     ///
     /// # Safety
-    /// Every array index in `wgsl` must be in bounds for every dispatch the caller records, by
-    /// construction (shapes checked on the host when binding); an out-of-bounds access would be
-    /// undefined behaviour on the device.
+    /// For every dispatch the caller records, by construction (shapes checked on the host when
+    /// binding, values read from buffers clamped in the shader): every array index in `wgsl`
+    /// must be in bounds, every integer divisor computed at run time non-zero (and no
+    /// `i32::MIN / -1`), and every loop must terminate. Otherwise the behaviour on the device is
+    /// undefined.
     pub unsafe fn module_unchecked(&self, label: &str, wgsl: &str) -> Result<wgpu::ShaderModule> {
         self.scoped(label, || {
             // SAFETY: forwarded to the caller by this function's contract.

@@ -21,7 +21,7 @@ pub(super) fn bench_moe_cols(
     m: usize,
     rng: &mut impl Rng,
 ) -> anyhow::Result<()> {
-    let p = kern.params;
+    let p = kern.params();
     let (e, k, h, i) = (
         p.experts as usize,
         p.top_k as usize,

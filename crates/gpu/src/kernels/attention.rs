@@ -186,7 +186,9 @@ pub fn inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
 /// Compiled attention pipelines plus the constant inverse-frequency table.
 #[derive(Debug)]
 pub struct AttentionKernel {
-    pub params: AttentionParams,
+    /// The shapes the shaders were compiled for. Private: `bind` and `record` read them, and
+    /// the unchecked chunk module relies on those matching its constants.
+    params: AttentionParams,
     chunk: wgpu::ComputePipeline,
     /// `chunk` for a one-chunk grid, writing the final f32 output (no combine).
     single: wgpu::ComputePipeline,
@@ -254,6 +256,11 @@ pub struct AttentionBinding {
 }
 
 impl AttentionKernel {
+    /// The shapes this kernel was compiled for.
+    pub fn params(&self) -> AttentionParams {
+        self.params
+    }
+
     /// Compile the pipelines for `params` and upload the RoPE table.
     pub fn new(ctx: &Context, params: AttentionParams) -> Result<Self> {
         Self::with_split(ctx, params, None)

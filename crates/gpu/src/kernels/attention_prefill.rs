@@ -175,7 +175,12 @@ impl AttentionPrefillKernel {
         //   D4 < KS; scores at row sa + 1 <= 63 and key kq + 8 i < BK <= PS; the softmax's
         //   rows li / 4 < R and keys < BK; the output's rows ov + a < QPV 256 / DG = R and
         //   vec4s dg + DG i < DG DV = D4; the norm's partials at r PS + sl, sl < NS = 4;
-        //   cr below R; the row sums at 4 sr + sp < 256.
+        //   cr below R; the row sums at 4 sr + sp < 256;
+        // - loops run to constants, to the split's tile end or to ns; the run-time divisors are
+        //   ns (>= 1 once past the early return) and max(mm, 1).
+        // `combine` cannot see `cols` / `qkv`, so a `dims` token count past their rows (never
+        // from the host, which writes `dims` from the chunk) would give it another mm than
+        // `main`: wrong output, every index still below its clamped bounds.
         let module = unsafe { ctx.module_unchecked("attention_prefill", &src)? };
         let pipeline = ctx.pipeline("attention_prefill", &module, "main")?;
         let combine = ctx.pipeline("attention_prefill.combine", &module, "combine")?;

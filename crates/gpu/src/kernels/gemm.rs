@@ -508,7 +508,8 @@ impl GemmKernel {
         //   xh / xl at k SX + sr and their matrix loads up to (kk + 15) SX + 16 ti + 15 with
         //   ti < MT = BM / 16, wh / wl at (k + c + 16) SW + nn and matrix loads up to (kk + 15)
         //   SW + 127 (SW = 136), cs at sg 512 + 511 for its 8 subgroups of 32 (the only shape
-        //   `gemm_coop::supported` admits).
+        //   `gemm_coop::supported` admits);
+        // - loops run to bpr or constants; every divisor is a constant (K >= 1 is checked).
         let compile = |src: &str| -> Result<wgpu::ComputePipeline> {
             if form == GemmForm::DenseF32 {
                 return ctx.compute(&label, src, "main");
@@ -574,16 +575,19 @@ impl GemmKernel {
                     "gemm: {wrows} weight rows are not whole experts of {n}"
                 )));
             }
-            need(buf, (pl.list + a.y_rows) as u64, "plan")?;
+            // In u64: the layout's fields are public, and a wrapped u32 sum would pass a check
+            // the unchecked kernel relies on.
+            let (off, tiles, list) = (pl.off as u64, pl.tiles as u64, pl.list as u64);
+            need(buf, list + a.y_rows as u64, "plan")?;
             // The list offsets [E + 1] lie before the tiles (the kernels read them at off + e
             // and off + e + 1 for the part's experts e < E).
-            if pl.off + wrows / n + 1 > pl.tiles || pl.tiles > pl.list {
+            if off + (wrows / n) as u64 + 1 > tiles || tiles > list || pl.k == 0 {
                 return Err(GpuError::Shape(format!(
                     "gemm: plan layout {pl:?} does not hold {} experts' offsets",
                     wrows / n
                 )));
             }
-            if a.max_tiles == 0 || pl.tiles + a.max_tiles > pl.list {
+            if a.max_tiles == 0 || tiles + a.max_tiles as u64 > list {
                 return Err(GpuError::Shape(format!(
                     "gemm: {} tiles do not fit the plan layout",
                     a.max_tiles

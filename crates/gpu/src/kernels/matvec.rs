@@ -272,7 +272,8 @@ impl MatvecKernel {
                 //   e < p2 = E; fold_w holds E (cols + rows) floats, c < c4 = cols/4 + rows/4,
                 //   act_x read below cols / 4, fold_h (rows floats) below rows / 4; its tree
                 //   reads red[li + st] < 256; fold_z holds E;
-                // - the warm workgroups index their bindings below arrayLength (warm.rs).
+                // - the warm workgroups index their bindings below arrayLength (warm.rs);
+                // - loops run to bpr, n4, T or constants, and every divisor is a constant.
                 let module = unsafe { ctx.module_unchecked(&label, &wgsl)? };
                 q4f.push(ctx.pipeline(&label, &module, "main")?);
             }

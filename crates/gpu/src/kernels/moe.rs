@@ -130,8 +130,11 @@ pub enum Routing {
 /// Compiled MoE pipelines.
 #[derive(Debug)]
 pub struct MoeKernel {
-    pub params: MoeParams,
-    pub numerics: Numerics,
+    /// The shapes and activation form the shaders were compiled for. Private: the binders'
+    /// checks and the grids read them, and the unchecked single-token modules rely on those
+    /// matching the compiled constants (`unchecked_single_token`).
+    params: MoeParams,
+    numerics: Numerics,
     /// Lanes per row of the compiled gate/up and down, and down's rows per workgroup (the grids
     /// follow from them).
     gate_up_t: u32,
@@ -269,7 +272,9 @@ fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u
 ///   DS H / NRB (`down_scratch_bytes`), indexed at column 0 here; DS = 1 never touches them;
 /// - the warm loads index below arrayLength (kernels/warm.rs, `down_warm`'s `min`);
 /// - workgroups past the grid's own (2D grids, warm workgroups) are bounded by `g >= DS`,
-///   `wg >= NRB * DS` before any other index.
+///   `wg >= NRB * DS` before any other index;
+/// - loops run to constants, to `K` / `E` / `NB * 8`, or over `DW_LOADS`; the only run-time
+///   divisor is `down_warm`'s `nx` (num_workgroups.x >= 1).
 unsafe fn unchecked_single_token(
     ctx: &Context,
     label: &str,
@@ -280,6 +285,11 @@ unsafe fn unchecked_single_token(
 }
 
 impl MoeKernel {
+    /// The shapes this kernel was compiled for.
+    pub fn params(&self) -> MoeParams {
+        self.params
+    }
+
     /// Whether gate/up and down were built as the staged f32 kernels (the work split of
     /// [`F32Tuning`] applies only to those; a split whose staging exceeds the workgroup
     /// memory falls back to the unstaged form).

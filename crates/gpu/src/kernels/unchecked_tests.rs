@@ -141,3 +141,54 @@ fn gemm_binder_refuses_lying_matrices_and_plans() {
         assert!(e.to_string().contains("Q4 matrix"), "{e}");
     }
 }
+
+/// A plan layout whose u32 sums would wrap (list + y_rows past u32::MAX) is refused, not
+/// accepted through an overflowed check.
+#[test]
+fn gemm_binder_refuses_a_plan_layout_that_wraps() {
+    use super::gemm::{GemmArgs, GemmForm, GemmKernel, GemmWeights, PlanLayout};
+    let Some(ctx) = gpu("gemm_binder_refuses_a_plan_layout_that_wraps") else {
+        return;
+    };
+    let k = GemmKernel::new(&ctx).unwrap();
+    let wb = rand_q4_0(&mut rng(75), 64, 64);
+    let m = Q4Matrix::upload(&ctx, "w", 64, 64, 16, &[&wb]).unwrap();
+    let x = ctx.storage("x", 256 * 64 * 4).unwrap();
+    let y = ctx.storage("y", 256 * 64 * 4).unwrap();
+    let plan = ctx.storage("plan", 16).unwrap();
+    let wrapping = PlanLayout {
+        k: 8,
+        off: 1,
+        tiles: 200,
+        list: 0xFFFF_FF00,
+    };
+    let a = GemmArgs {
+        form: GemmForm::Down,
+        w: GemmWeights::Q4(&m),
+        x: &x,
+        y: &y,
+        y_stride: 64,
+        x_rows: 256,
+        y_rows: 256,
+        dims: None,
+        plan: Some((&plan, wrapping)),
+        rows_per_expert: 16,
+        max_tiles: 4,
+    };
+    assert!(
+        k.bind(&ctx, &a, 4).is_err(),
+        "wrapping plan layout accepted"
+    );
+    let zero_k = PlanLayout {
+        k: 0,
+        off: 1,
+        tiles: 6,
+        list: 16,
+    };
+    let plan = ctx.storage("plan", 4 * (16 + 256)).unwrap();
+    let a = GemmArgs {
+        plan: Some((&plan, zero_k)),
+        ..a
+    };
+    assert!(k.bind(&ctx, &a, 4).is_err(), "K = 0 accepted");
+}
