@@ -92,7 +92,8 @@ impl Q4Matrix {
 
     /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
     /// blocks and scales: the kernels compiled without runtime bounds checks (matvec's int4 x
-    /// f32 forms, the MoE's staged f32 kernels) index `qs` and `scales` up to exactly those
+    /// f32 forms, the MoE's staged f32 kernels, the prefill's int4 GEMMs) index `qs` and
+    /// `scales` up to exactly those
     /// sizes, and the fields are public, so a binding re-checks them instead of trusting
     /// [`Self::upload`].
     pub fn check_layout(&self, what: &str) -> Result<()> {
