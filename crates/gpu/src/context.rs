@@ -443,6 +443,21 @@ impl Context {
         self.pipeline(label, &m, entry)
     }
 
+    /// [`Self::compute`] with the module compiled by [`Self::module_unchecked`].
+    ///
+    /// # Safety
+    /// That of [`Self::module_unchecked`], for every dispatch of the returned pipeline.
+    pub unsafe fn compute_unchecked(
+        &self,
+        label: &str,
+        wgsl: &str,
+        entry: &str,
+    ) -> Result<wgpu::ComputePipeline> {
+        // SAFETY: forwarded to the caller by this function's contract.
+        let m = unsafe { self.module_unchecked(label, wgsl)? };
+        self.pipeline(label, &m, entry)
+    }
+
     /// A bind group for group 0 of `pipeline` with `resources[i]` at binding `i`.
     pub fn bind_group(
         &self,

@@ -404,7 +404,7 @@ impl AttentionKernel {
         //   below G D4 / D4 / D/2 / G+1 / G by their loop bounds;
         // - every loop advances a counter towards a constant or `n` bound (no loop-bounding
         //   needed).
-        // The column forms (attention_cols.rs) keep the checks.
+        // The column forms (attention_cols.rs) extend this audit to their column offsets.
         let module = unsafe { ctx.module_unchecked("attention.chunk", &chunk_src)? };
         let chunk = ctx.pipeline("attention.chunk", &module, "chunk")?;
         let single = ctx.pipeline("attention.single", &module, "single")?;

@@ -151,7 +151,24 @@ impl AttentionKernel {
             COLUMNS_WGSL,
         ]
         .concat();
-        let module = ctx.module("attention.chunk_cols", &chunk_src)?;
+        // Compiled without naga's runtime bounds checks, as the single-token chunk module
+        // (multi-stream decode; docs/BENCHMARKS.md run 115).
+        // SAFETY: the body is the single-token one (attention.rs `with_variant`'s audit, which
+        // holds for any position and so for `cols[c].pos`), handed column c's `Site`; what the
+        // column adds stays in bounds because:
+        // - c = wid.z < the recorded nb <= `b.columns` (`record_cols` refuses more; grid z = nb)
+        //   <= `scratch.columns` (`bind_cols`), and `col_live` reads `cols[c]` only below
+        //   arrayLength(cols) and runs the column only when its slot < cp.slots = `b.slots`;
+        // - `check_inputs` / `bind_cols` make qkv hold columns (HQ + 2 HKV) D floats, out
+        //   columns HQ D, the caches slots CTX HKV D (< 2^31), and the scratch holds columns HQ
+        //   NC partials and columns HKV `arrive` counters; column c's offsets are c (HQ + 2 HKV)
+        //   D (qkv), slot CTX rows (caches: row0 + row with row < n <= CTX, or pos < CTX for
+        //   the write), c HQ query heads (partials, out) and c HKV + h (arrive);
+        // - `kv_write_cols` (prefill mode) writes row pos < CTX of kv head h = wid.y < HKV (grid
+        //   y) of a live column, reading its q|k|v as `attend` does;
+        // - the one run-time divisor is `chunk_len(n)` >= the split's minimum chunk >= 1.
+        // The combine module below keeps the checks, as the single-token combine does.
+        let module = unsafe { ctx.module_unchecked("attention.chunk_cols", &chunk_src)? };
         let (chunk, single, fused, kv_write) = match mode {
             ColumnMode::Independent => (
                 ctx.pipeline("attention.chunk_cols", &module, "chunk_cols")?,

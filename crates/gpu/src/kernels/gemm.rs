@@ -515,8 +515,7 @@ impl GemmKernel {
                 return ctx.compute(&label, src, "main");
             }
             // SAFETY: the audit above.
-            let m = unsafe { ctx.module_unchecked(&label, src)? };
-            ctx.pipeline(&label, &m, "main")
+            unsafe { ctx.compute_unchecked(&label, src, "main") }
         };
         match (form, plan) {
             (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => {

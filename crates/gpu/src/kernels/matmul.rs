@@ -446,7 +446,32 @@ impl MatmulKernel {
             "matmul_q4f.f{form}.c{}.r{}.l{}",
             t.cols, t.rows_per_team, t.lanes
         );
-        let p = ctx.compute(&label, &shader(form, t), "main")?;
+        // Compiled without naga's runtime bounds checks (multi-stream decode and the batched
+        // prefill's projections; docs/BENCHMARKS.md run 115: +15% aggregate with every module
+        // unchecked).
+        // SAFETY: every index of matmul_q4f.wgsl and its input snippets stays in bounds for
+        // every binding this kernel makes, because its one binder (`bind_tiled`) checks on the
+        // host:
+        // - `Q4Matrix::check_layout`: cols % 32 == 0 (so bpr >= 1 and `bpr - 1` does not wrap),
+        //   parts tiling the rows, each part's qs >= part rows * bpr vec4s and scales >=
+        //   ceil(that / 2) words; a block index is rb + b with rb = row * bpr for a row below
+        //   the part's rows (rows past the end select row 0) and b = min(.., bpr - 1);
+        // - Y: stores only for row < part rows and c < nb, at c y_stride + row_start + row <
+        //   (nb - 1) y_stride + m.rows, which `check_out` makes fit Y (y_stride >= m.rows, and
+        //   row_start + part rows <= m.rows by the layout);
+        // - X / H: read at c cols4 + i with c < nb (`check_nb`: nb <= C, the tile's columns)
+        //   and i = (b0 + bl) 8 + k < bpr 8 = cols4; `check_len` / `check_norm` make X and H
+        //   hold nb cols floats and the norm weight cols;
+        // - xs: (c KC + bl) 8 + ((k + bl) & 7) with c < C, bl < KC; the body reads
+        //   (j KC + bl) 8 + s with j < C and bl = u L + g < KC (u < KC / L, g < L since WL
+        //   divides L);
+        // - red: the norm's c 272 + li + li / 16 <= 272 C - 2 and 17 li + j with li < 16 C,
+        //   j < 16, both below RED >= 272 C; mm_red16 at li + li / 16 < 17 C and 17 li + j
+        //   for li < C; the reduction's (j RW + team R + i) LP + g with j < CG, team < 256 / L
+        //   (so team R + i < RW), g < L, below CG RW LP <= RED (`red_floats`), read back at
+        //   it LP + k for it < CG RW, k < L;
+        // - loops run to bpr, cols4, C, L or constants, and every divisor is a constant.
+        let p = unsafe { ctx.compute_unchecked(&label, &shader(form, t), "main")? };
         Ok(slot.get_or_init(|| p).clone())
     }
 
@@ -464,6 +489,7 @@ impl MatmulKernel {
         tile: Tile,
     ) -> Result<MatmulBinding> {
         check_nb(a.nb)?;
+        a.m.check_layout("matmul")?;
         let tile_index = Tile::all()
             .position(|t| t == tile)
             .ok_or_else(|| GpuError::Shape(format!("matmul: no pipeline for tile {tile:?}")))?;
@@ -473,12 +499,8 @@ impl MatmulKernel {
                 tile.cols, a.nb
             )));
         }
+        // `check_layout` above: cols is a positive multiple of 32.
         let (rows, cols, nb) = (a.m.rows as u64, a.m.cols as u64, a.nb as u64);
-        if cols == 0 || cols % BLOCK as u64 != 0 {
-            return Err(GpuError::Shape(format!(
-                "matmul: {cols} columns is not a positive multiple of 32"
-            )));
-        }
         check_out(a, rows, nb)?;
         let (x_entries, eps) = match a.input {
             MatmulInput::Plain(x) | MatmulInput::Acc(x) => {

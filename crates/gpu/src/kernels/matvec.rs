@@ -274,8 +274,7 @@ impl MatvecKernel {
                 //   reads red[li + st] < 256; fold_z holds E;
                 // - the warm workgroups index their bindings below arrayLength (warm.rs);
                 // - loops run to bpr, n4, T or constants, and every divisor is a constant.
-                let module = unsafe { ctx.module_unchecked(&label, &wgsl)? };
-                q4f.push(ctx.pipeline(&label, &module, "main")?);
+                q4f.push(unsafe { ctx.compute_unchecked(&label, &wgsl, "main")? });
             }
         }
         Ok(MatvecKernel {

@@ -131,8 +131,8 @@ pub enum Routing {
 #[derive(Debug)]
 pub struct MoeKernel {
     /// The shapes and activation form the shaders were compiled for. Private: the binders'
-    /// checks and the grids read them, and the unchecked single-token modules rely on those
-    /// matching the compiled constants (`unchecked_single_token`).
+    /// checks and the grids read them, and the unchecked modules rely on those matching the
+    /// compiled constants (`unchecked_staged`).
     params: MoeParams,
     numerics: Numerics,
     /// Lanes per row of the compiled gate/up and down, and down's rows per workgroup (the grids
@@ -248,14 +248,16 @@ fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u
 
 /// Compile a staged f32 MoE source (moe_gate_up_f32.wgsl or moe_down_f32.wgsl with their
 /// prepended constants) without naga's runtime bounds checks, for the single-token entry points
-/// only (`gate_up`, `gate_up_routed`, `gate_up_folded[_warm]`; `main`, `main_add[_warm]`): with
-/// the checks the decode step ran 5.2% slower on the H200 (docs/BENCHMARKS.md run 113). The
-/// column forms (`*_cols`) take their pipelines from the checked module.
+/// (`gate_up`, `gate_up_routed`, `gate_up_folded[_warm]`; `main`, `main_add[_warm]`; with the
+/// checks the decode step ran 5.2% slower on the H200, docs/BENCHMARKS.md run 113) and the
+/// per-column forms (`gate_up_routed_cols`, `main_cols`: multi-stream decode, run 115). The
+/// union gate/up (`gate_up_union_cols`, not the default) takes its pipeline from the checked
+/// module, and the union down is a module of its own, checked.
 ///
 /// # Safety
-/// `wgsl` must be the staged source this kernel built, and its single-token pipelines bound only
-/// through [`MoeKernel::bind`] / [`MoeKernel::bind_folded`]. Why every index then stays in
-/// bounds:
+/// `wgsl` must be the staged source this kernel built, and those pipelines bound only through
+/// [`MoeKernel::bind`] / [`MoeKernel::bind_folded`] / [`MoeKernel::bind_cols_with`] (per-column
+/// forms). Why every index then stays in bounds:
 /// - weights: `check_weights` (`Q4Matrix::check_layout` + shapes) makes each part hold its
 ///   experts' `(e_hi - e_lo) * rows * NB` blocks and scales with whole experts (`expert_range`);
 ///   an expert id is always below E (the router's `top_e` starts at 0 and is set only to ids
@@ -273,13 +275,14 @@ fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u
 /// - the warm loads index below arrayLength (kernels/warm.rs, `down_warm`'s `min`);
 /// - workgroups past the grid's own (2D grids, warm workgroups) are bounded by `g >= DS`,
 ///   `wg >= NRB * DS` before any other index;
+/// - column forms: the column c = wid.z is below the grid's z, the bound `nb` (`record_cols`),
+///   and they return at once when c >= 8; `bind_cols_with` makes logits, route, x, h and out
+///   hold `nb` columns, and column c's reads and writes are the single-token ones offset by c
+///   times the single-token length (logits c E, x / out c H, route c 2K, h c K I); `cols` is a
+///   fixed `array<Col, 8>` (its binding size is validated); dpart / darrive hold 8 columns;
 /// - loops run to constants, to `K` / `E` / `NB * 8`, or over `DW_LOADS`; the only run-time
 ///   divisor is `down_warm`'s `nx` (num_workgroups.x >= 1).
-unsafe fn unchecked_single_token(
-    ctx: &Context,
-    label: &str,
-    wgsl: &str,
-) -> Result<wgpu::ShaderModule> {
+unsafe fn unchecked_staged(ctx: &Context, label: &str, wgsl: &str) -> Result<wgpu::ShaderModule> {
     // SAFETY: forwarded to the caller by this function's contract.
     unsafe { ctx.module_unchecked(label, wgsl) }
 }
@@ -383,11 +386,12 @@ impl MoeKernel {
             )
         };
         let gu = ctx.module("moe.gate_up", &gu_src)?;
-        // The staged kernels' single-token entry points come from a copy compiled without
-        // naga's runtime bounds checks (`unchecked_single_token`); the column forms keep them.
+        // The staged kernels' single-token and per-column entry points come from a copy compiled
+        // without naga's runtime bounds checks (`unchecked_staged`); the union gate/up keeps
+        // them.
         let gu_fast = match staged.0 {
-            // SAFETY: see `unchecked_single_token` (the staged gate/up source).
-            true => unsafe { unchecked_single_token(ctx, "moe.gate_up.unchecked", &gu_src)? },
+            // SAFETY: see `unchecked_staged` (the staged gate/up source).
+            true => unsafe { unchecked_staged(ctx, "moe.gate_up.unchecked", &gu_src)? },
             false => gu.clone(),
         };
         let gate_up = ctx.pipeline("moe.gate_up", &gu_fast, "gate_up")?;
@@ -419,16 +423,18 @@ impl MoeKernel {
                 include_str!("../shaders/moe_down.wgsl")
             )
         };
-        let dm = ctx.module("moe.down", &down_src)?;
+        // Every entry point the staged down has is in the unchecked module's audit.
         let dm_fast = match staged.1 {
-            // SAFETY: see `unchecked_single_token` (the staged down source).
-            true => unsafe { unchecked_single_token(ctx, "moe.down.unchecked", &down_src)? },
-            false => dm.clone(),
+            // SAFETY: see `unchecked_staged` (the staged down source).
+            true => unsafe { unchecked_staged(ctx, "moe.down.unchecked", &down_src)? },
+            false => ctx.module("moe.down", &down_src)?,
         };
         let down = ctx.pipeline("moe.down", &dm_fast, "main")?;
         let (cols, folded) = if staged == (true, true) {
             (
-                Some(cols::ColsPipelines::new(ctx, &gu, &dm, p, down_t, ds)?),
+                Some(cols::ColsPipelines::new(
+                    ctx, &gu, &gu_fast, &dm_fast, p, down_t, ds,
+                )?),
                 Some(Folded {
                     gate_up: ctx.pipeline("moe.gate_up_folded", &gu_fast, "gate_up_folded")?,
                     gate_up_warm: ctx.pipeline(

@@ -116,11 +116,13 @@ pub(super) struct ColsPipelines {
 }
 
 impl ColsPipelines {
-    /// The column entry points of the compiled gate/up and down modules, and the union down
-    /// kernel for `down_t` lanes per row (the single-token down kernel's, which fixes the
-    /// order of each row's sums).
+    /// The column entry points of the compiled gate/up and down modules (the union gate/up
+    /// from `gate_up_checked`, the per-column forms from `gate_up` / `down`, compiled without
+    /// runtime checks: moe.rs `unchecked_staged`), and the union down kernel for `down_t` lanes
+    /// per row (the single-token down kernel's, which fixes the order of each row's sums).
     pub(super) fn new(
         ctx: &Context,
+        gate_up_checked: &wgpu::ShaderModule,
         gate_up: &wgpu::ShaderModule,
         down: &wgpu::ShaderModule,
         p: &MoeParams,
@@ -143,7 +145,11 @@ impl ColsPipelines {
             None => None,
         };
         Ok(ColsPipelines {
-            union: ctx.pipeline("moe.gate_up_union_cols", gate_up, "gate_up_union_cols")?,
+            union: ctx.pipeline(
+                "moe.gate_up_union_cols",
+                gate_up_checked,
+                "gate_up_union_cols",
+            )?,
             per_column: ctx.pipeline("moe.gate_up_routed_cols", gate_up, "gate_up_routed_cols")?,
             down: ctx.pipeline("moe.down_cols", down, "main_cols")?,
             down_union,

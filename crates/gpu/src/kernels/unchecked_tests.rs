@@ -2,13 +2,14 @@
 //! (`Context::module_unchecked`): their safety rests on the host's shape and size checks at
 //! bind time, so each lie a caller could tell through public fields must be refused there.
 
+use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel};
 use super::matvec::*;
 use crate::state::RunState;
 use crate::tensor::Q4Matrix;
 use crate::testing::{gpu, rand_f32, rand_q4_0, rng};
 
-/// The int4 x f32 forms run without runtime bounds checks, so their binders must refuse a
-/// Q4Matrix whose public fields lie about its buffers (too small, gaps, wrong row count).
+/// The int4 x f32 forms (matvec and the multi-column matmul) run without runtime bounds
+/// checks, so their binders must refuse a Q4Matrix whose public fields lie about its buffers (too small, gaps, wrong row count).
 #[test]
 fn q4_f32_binders_refuse_lying_matrices() {
     let Some(ctx) = gpu("q4_f32_binders_refuse_lying_matrices") else {
@@ -37,6 +38,26 @@ fn q4_f32_binders_refuse_lying_matrices() {
     let honest = || Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
     assert!(k.bind_q4(&ctx, &honest(), Act::F32(&x), &y, &state).is_ok());
     assert!(k.bind_q4_norm(&ctx, &honest(), nol(), &y, &state).is_ok());
+    // The multi-column matmul (one column here: X and Y hold one).
+    let mm = MatmulKernel::new(&ctx).unwrap();
+    let mm_bind = |m: &Q4Matrix, input: MatmulInput<'_>| {
+        let a = MatmulArgs {
+            m,
+            input,
+            nb: 1,
+            y: &y,
+            y_stride: rows as u32,
+            state: &state,
+        };
+        mm.bind(&ctx, &a).map(|_| ())
+    };
+    for input in [
+        MatmulInput::Plain(&x),
+        MatmulInput::Acc(&x),
+        MatmulInput::Norm(nol()),
+    ] {
+        assert!(mm_bind(&honest(), input).is_ok());
+    }
     type Lie<'a> = Box<dyn Fn(&mut Q4Matrix) + 'a>;
     let lies: [(&str, Lie); 5] = [
         (
@@ -74,6 +95,15 @@ fn q4_f32_binders_refuse_lying_matrices() {
         let z = ctx.storage("z", 16).unwrap();
         let router = k.bind_q4_router(&ctx, &m, &x, &h, &fold, 4, &y, &z, &state);
         assert!(router.is_err(), "{what}: router form");
+        for input in [
+            MatmulInput::Plain(&x),
+            MatmulInput::Acc(&x),
+            MatmulInput::Norm(nol()),
+        ] {
+            let e = mm_bind(&m, input).err();
+            let e = e.unwrap_or_else(|| panic!("{what}: matmul accepted it"));
+            assert!(e.to_string().contains("Q4 matrix"), "{what}: matmul: {e}");
+        }
     }
 }
 
