@@ -97,41 +97,20 @@ impl Q4Matrix {
     /// sizes, and the fields are public, so a binding re-checks them instead of trusting
     /// [`Self::upload`].
     pub fn check_layout(&self, what: &str) -> Result<()> {
-        let bad = |why: String| {
-            Err(GpuError::Shape(format!(
-                "{what}: Q4 matrix [{}, {}] {why}",
+        if self.cols % BLOCK as u32 != 0 {
+            return Err(GpuError::Shape(format!(
+                "{what}: Q4 matrix [{}, {}] needs cols % 32 == 0",
                 self.rows, self.cols
-            )))
-        };
-        if self.rows == 0 || self.cols == 0 || self.cols % BLOCK as u32 != 0 {
-            return bad("needs rows, cols > 0 and cols % 32 == 0".into());
+            )));
         }
         let bpr = (self.cols / BLOCK as u32) as u64;
-        let mut next = 0u32;
-        for (n, part) in self.parts.iter().enumerate() {
+        let parts = self.parts.iter().map(|part| {
             let blocks = part.rows as u64 * bpr;
-            if part.rows == 0 || part.row_start != next {
-                return bad(format!(
-                    "part {n} starts at row {} with {} rows (expected row {next}, rows > 0)",
-                    part.row_start, part.rows
-                ));
-            }
-            if part.qs.size() < blocks * 16 || part.scales.size() < blocks.div_ceil(2) * 4 {
-                return bad(format!(
-                    "part {n}: {} + {} bytes for {blocks} blocks",
-                    part.qs.size(),
-                    part.scales.size()
-                ));
-            }
-            next = match part.row_start.checked_add(part.rows) {
-                Some(v) => v,
-                None => return bad(format!("part {n} overflows the row count")),
-            };
-        }
-        if next != self.rows {
-            return bad(format!("parts end at row {next}"));
-        }
-        Ok(())
+            let holds =
+                part.qs.size() >= blocks * 16 && part.scales.size() >= blocks.div_ceil(2) * 4;
+            (part.row_start, part.rows, holds)
+        });
+        check_parts(what, "Q4", self.rows, self.cols, parts)
     }
 
     /// Bytes resident on the GPU.
@@ -301,7 +280,65 @@ pub struct F32Matrix {
     pub parts: Vec<F32Part>,
 }
 
+/// Error unless `rows, cols > 0` and the `(row_start, rows, buffers hold them)` parts tile rows
+/// `[0, rows)` in order with buffers that hold their rows: the check behind
+/// [`Q4Matrix::check_layout`] and [`F32Matrix::check_layout`].
+fn check_parts(
+    what: &str,
+    kind: &str,
+    rows: u32,
+    cols: u32,
+    parts: impl Iterator<Item = (u32, u32, bool)>,
+) -> Result<()> {
+    let bad = |why: String| {
+        Err(GpuError::Shape(format!(
+            "{what}: {kind} matrix [{rows}, {cols}] {why}"
+        )))
+    };
+    if rows == 0 || cols == 0 {
+        return bad("needs rows, cols > 0".into());
+    }
+    let mut next = 0u32;
+    for (n, (row_start, part_rows, holds)) in parts.enumerate() {
+        if part_rows == 0 || row_start != next {
+            return bad(format!(
+                "part {n} starts at row {row_start} with {part_rows} rows (expected row {next}, rows > 0)"
+            ));
+        }
+        if !holds {
+            return bad(format!(
+                "part {n}: its buffers do not hold its {part_rows} rows"
+            ));
+        }
+        next = match row_start.checked_add(part_rows) {
+            Some(v) => v,
+            None => return bad(format!("part {n} overflows the row count")),
+        };
+    }
+    if next != rows {
+        return bad(format!("parts end at row {next}"));
+    }
+    Ok(())
+}
+
 impl F32Matrix {
+    /// Error unless `cols % 4 == 0` and the parts tile the rows with buffers that hold them
+    /// (`rows * cols` f32 each): the router over columns (compiled without runtime bounds
+    /// checks) reads exactly that much, and the fields are public.
+    pub fn check_layout(&self, what: &str) -> Result<()> {
+        if self.cols % 4 != 0 {
+            return Err(GpuError::Shape(format!(
+                "{what}: f32 matrix [{}, {}] needs cols % 4 == 0",
+                self.rows, self.cols
+            )));
+        }
+        let parts = self.parts.iter().map(|part| {
+            let holds = part.w.size() >= part.rows as u64 * self.cols as u64 * 4;
+            (part.row_start, part.rows, holds)
+        });
+        check_parts(what, "f32", self.rows, self.cols, parts)
+    }
+
     /// Upload `w` (`rows * cols` values, row-major).
     pub fn upload(
         ctx: &Context,

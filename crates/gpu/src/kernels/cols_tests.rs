@@ -599,4 +599,26 @@ fn router_cols_rejects_bad_shapes() {
     for (i, a) in bad.iter().enumerate() {
         assert!(k.bind(&ctx, a).is_err(), "case {i}");
     }
+    // The kernel runs without runtime bounds checks: a matrix whose public fields lie about its
+    // buffers must be refused too.
+    let upload = || F32Matrix::upload(&ctx, "router", 8, 64, &vec![0.5; 8 * 64]).unwrap();
+    type Lie = fn(&mut F32Matrix, &Context);
+    let lies: [(&str, Lie); 4] = [
+        ("w too small", |m, ctx| {
+            m.parts[0].w = ctx.storage("w", 64).unwrap()
+        }),
+        ("more rows than the buffer", |m, _| {
+            m.rows = 16;
+            m.parts[0].rows = 16;
+        }),
+        ("parts end before the rows", |m, _| m.parts[0].rows = 4),
+        ("cols not a multiple of 4", |m, _| m.cols = 62),
+    ];
+    for (what, lie) in lies {
+        let mut lying = upload();
+        lie(&mut lying, &ctx);
+        let e = k.bind(&ctx, &RouterColsArgs { m: &lying, ..base }).err();
+        let e = e.unwrap_or_else(|| panic!("{what}: accepted"));
+        assert!(e.to_string().contains("f32 matrix"), "{what}: {e}");
+    }
 }

@@ -76,7 +76,24 @@ impl RouterColsKernel {
                 256 / rpw,
                 include_str!("../shaders/router_cols.wgsl")
             );
-            ctx.compute(&format!("router_cols.rpw{rpw}"), &src, "main")
+            let label = format!("router_cols.rpw{rpw}");
+            // Compiled without naga's runtime bounds checks (multi-stream decode, once per
+            // layer; docs/BENCHMARKS.md run 115).
+            // SAFETY: every index of router_cols.wgsl and the norm-on-load snippet stays in
+            // bounds for every binding `bind` makes, because it checks on the host:
+            // - `F32Matrix::check_layout`: the parts tile the rows and each part's w holds its
+            //   rows * cols floats; w is read at row c4 + c with row < part rows (the guard)
+            //   and c < c4 = cols / 4;
+            // - the column col = wid.z < the recorded nb <= the bound nb (`record_n`), and
+            //   cols[col] is read only below arrayLength(cols); h and xn hold nb cols floats,
+            //   read / written at col c4 + i for i < c4; the norm weight holds cols;
+            //   y (the logits) holds nb rows, written at col rows + row_start + row with
+            //   row_start + row < rows (the layout);
+            // - workgroup arrays: nol_xs (1024 vec4s) below c4 <= NORM_ON_LOAD_MAX / 4 = 1024,
+            //   nol_red at li + li / 16 <= 270 < 272 and 17 li + j <= 270 (li, j < 16),
+            //   nol_red16 below 16, red at li + s with lane < s <= T / 2 (inside the team's T);
+            // - loops run to c4, 16, T or constants, and every divisor is a constant.
+            unsafe { ctx.compute_unchecked(&label, &src, "main") }
         };
         Ok(RouterColsKernel {
             narrow: build(8)?,
@@ -86,6 +103,7 @@ impl RouterColsKernel {
 
     pub fn bind(&self, ctx: &Context, a: &RouterColsArgs<'_>) -> Result<RouterColsBinding> {
         check_cols(a.cols, a.nb, "router_cols")?;
+        a.m.check_layout("router_cols")?;
         let (rows, cols, nb) = (a.m.rows as u64, a.m.cols as u64, a.nb as u64);
         if a.m.cols > NORM_ON_LOAD_MAX || a.m.cols % 4 != 0 {
             return Err(GpuError::Shape(format!(
