@@ -481,11 +481,10 @@ impl GemmKernel {
             "gemm_q4"
         };
         let label = format!("{kind}.{form:?}.tm{tm}");
-        // The int4 forms are compiled without naga's runtime bounds checks (pp512 +71% for the
-        // whole prefill with every module unchecked, docs/BENCHMARKS.md run 115); the f32
-        // router GEMM keeps them. SAFETY (of `compile` for those forms): every index of
-        // gemm_q4.wgsl / gemm_coop.rs's body and this file's prelude stays in bounds for
-        // every binding `bind` makes, because:
+        // Every form is compiled without naga's runtime bounds checks (pp512 +71% for the
+        // whole prefill with every module unchecked, docs/BENCHMARKS.md run 115). SAFETY (of
+        // `compile`): every index of gemm_q4.wgsl / gemm_coop.rs's body and this file's prelude
+        // stays in bounds for every binding `bind` makes, because:
         // - rows: X and Y hold x_rows and y_rows rows of xs4 vec4s / ys floats (`need`), and
         //   Params carries both: a dense tile's tokens stop at min(dims.m, x_rows, y_rows);
         //   an expert tile's list [list0, hi) is clamped into [0, y_rows) whatever the plan
@@ -500,20 +499,20 @@ impl GemmKernel {
         //   p.n = the part's rows) or (e - e_lo) p.n for e_lo <= e < e_hi (a tile whose expert
         //   the part does not hold is not ok and keeps wrow = 0), and `Q4Matrix::check_layout`
         //   makes each part's qs / scales hold its rows x bpr blocks (gate and up alike);
+        //   the f32 router (`DenseF32`, dense only) reads wf at blk 8 + 4 h + 3 with h < 2,
+        //   below the part's rows bpr 8 vec4s, which `F32Matrix::check_layout` makes its w hold;
         // - the plan: word 0, the tile word at tiles + wid.y for wid.y < plan[0] and wid.y <
         //   max_tiles (the grid), with tiles + max_tiles <= list, and the offsets at off + e,
         //   off + e + 1 <= off + E <= tiles (checked in `bind`);
         // - workgroup arrays: the f32 kernel's xs at ((k..k + 3) BM + sr) / TM with k <= 31,
-        //   sr < BM, and ws at (k + c (+ 16)) 32 + nn / 4 <= 31 * 32 + 31; the coop kernel's
+        //   sr < BM, and ws at (k + c (+ 16)) 32 + nn / 4 <= 31 * 32 + 31 (f32 weights:
+        //   (16 h + 12 + i) 32 + nn / 4 with h < 2, i < 4: the same bound); the coop kernel's
         //   xh / xl at k SX + sr and their matrix loads up to (kk + 15) SX + 16 ti + 15 with
         //   ti < MT = BM / 16, wh / wl at (k + c + 16) SW + nn and matrix loads up to (kk + 15)
         //   SW + 127 (SW = 136), cs at sg 512 + 511 for its 8 subgroups of 32 (the only shape
         //   `gemm_coop::supported` admits);
         // - loops run to bpr or constants; every divisor is a constant (K >= 1 is checked).
         let compile = |src: &str| -> Result<wgpu::ComputePipeline> {
-            if form == GemmForm::DenseF32 {
-                return ctx.compute(&label, src, "main");
-            }
             // SAFETY: the audit above.
             unsafe { ctx.compute_unchecked(&label, src, "main") }
         };
@@ -613,7 +612,7 @@ impl GemmKernel {
                 gate.check_layout("gemm gate")?;
                 up.check_layout("gemm up")?;
             }
-            GemmWeights::F32(_) => {}
+            GemmWeights::F32(f) => f.check_layout("gemm router")?,
         }
         let pipeline = self.pipeline(ctx, a.form, tm, plan.map(|p| p.1))?;
         let bpr = wcols / BLOCK as u32;

@@ -165,8 +165,20 @@ impl MoePrefill {
                 b.dims.as_entire_binding(),
             ],
         )?;
-        let csrc = [consts.as_str(), include_str!("../shaders/moe_combine.wgsl")].concat();
-        let combine_p = ctx.compute("moe_prefill.combine", &csrc, "combine")?;
+        let csrc = [
+            consts.as_str(),
+            &format!("const TMAX: u32 = {tokens_max}u;\n"),
+            include_str!("../shaders/moe_combine.wgsl"),
+        ]
+        .concat();
+        // Compiled without naga's runtime bounds checks (it streams the chunk's [T K, H] down
+        // products once per layer).
+        // SAFETY: every index of moe_combine.wgsl stays in bounds whatever `dims` and the plan
+        // hold: the token t < min(dims.m, TMAX) (TMAX = tokens_max), so i = t K + r < TK =
+        // tokens_max K indexes rw (TK words) and plan at P_INV + i (the plan holds P_INV + TK);
+        // the list row j is clamped below TK (dn holds TK rows of H4 vec4s) and c < H4; h holds
+        // tokens_max rows of H (`need` above). The loop runs to K; no run-time divisor.
+        let combine_p = unsafe { ctx.compute_unchecked("moe_prefill.combine", &csrc, "combine")? };
         let combine_bg = ctx.bind_group(
             "moe_prefill.combine",
             &combine_p,

@@ -107,8 +107,9 @@ fn q4_f32_binders_refuse_lying_matrices() {
     }
 }
 
-/// The int4 prefill GEMMs run without runtime bounds checks: their binder must refuse a lying
-/// weight matrix and a plan layout whose expert offsets would overlap the tiles.
+/// The prefill GEMMs run without runtime bounds checks: their binder must refuse a lying
+/// weight matrix (int4 or the f32 router) and a plan layout whose expert offsets would overlap
+/// the tiles.
 #[test]
 fn gemm_binder_refuses_lying_matrices_and_plans() {
     use super::gemm::{GemmArgs, GemmForm, GemmKernel, GemmWeights, PlanLayout};
@@ -170,6 +171,21 @@ fn gemm_binder_refuses_lying_matrices_and_plans() {
         let e = k.bind(&ctx, &a, 4).err().expect("lying matrix accepted");
         assert!(e.to_string().contains("Q4 matrix"), "{e}");
     }
+    // The f32 router GEMM: an honest matrix binds, one whose part claims more rows than its
+    // buffer holds does not.
+    let router = || crate::tensor::F32Matrix::upload(&ctx, "r", 64, 64, &[0.25; 64 * 64]).unwrap();
+    let f32_dense = |w| GemmArgs {
+        form: GemmForm::DenseF32,
+        w: GemmWeights::F32(w),
+        ..dense(&m)
+    };
+    let honest_router = router();
+    assert!(k.bind(&ctx, &f32_dense(&honest_router), 4).is_ok());
+    let mut lying = router();
+    lying.parts[0].w = ctx.storage("w", 64 * 4).unwrap();
+    let e = k.bind(&ctx, &f32_dense(&lying), 4).err();
+    let e = e.expect("lying f32 matrix accepted");
+    assert!(e.to_string().contains("f32 matrix"), "{e}");
 }
 
 /// A plan layout whose u32 sums would wrap (list + y_rows past u32::MAX) is refused, not
