@@ -82,6 +82,18 @@ pub struct KvWriteBinding {
     pipe: wgpu::ComputePipeline,
     bg: wgpu::BindGroup,
     columns: u32,
+    /// The binding kernel's shapes: its pipeline was compiled for them, so only a kernel of
+    /// the same shapes may record it (the grid comes from the recording kernel).
+    made_by: Made,
+}
+
+/// What a column binding's pipelines were compiled for ([`KvWriteBinding`],
+/// [`AttentionColsBinding`]): the pipelines run unchecked, and their grids come from the
+/// recording kernel, so recording refuses a binding of another kernel's shapes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Made {
+    params: super::AttentionParams,
+    split: super::Split,
 }
 
 /// Bind groups of one layer's multi-column attention, created once.
@@ -97,6 +109,7 @@ pub struct AttentionColsBinding {
     kv_write: Option<wgpu::BindGroup>,
     columns: u32,
     mode: ColumnMode,
+    made_by: Made,
 }
 
 impl AttentionColsBinding {
@@ -123,6 +136,25 @@ fn check_columns(columns: u32, what: &str) -> Result<()> {
 }
 
 impl AttentionKernel {
+    fn made(&self) -> Made {
+        Made {
+            params: self.params,
+            split: self.split,
+        }
+    }
+
+    /// Error unless a binding made by a kernel of `made` shapes may be recorded by this one.
+    fn check_made(&self, made: Made) -> Result<()> {
+        if made != self.made() {
+            return Err(GpuError::Shape(format!(
+                "attention columns: a binding made for {:?} recorded by a kernel for {:?}",
+                made,
+                self.made()
+            )));
+        }
+        Ok(())
+    }
+
     /// Partial buffers for up to `columns` columns over the whole cache.
     pub fn scratch_cols(&self, ctx: &Context, columns: u32) -> Result<AttentionScratch> {
         check_columns(columns, "scratch")?;
@@ -156,12 +188,16 @@ impl AttentionKernel {
         // SAFETY: the body is the single-token one (attention.rs `with_variant`'s audit, which
         // holds for any position and so for `cols[c].pos`), handed column c's `Site`; what the
         // column adds stays in bounds because:
-        // - c = wid.z < the recorded nb <= `b.columns` (`record_cols` refuses more; grid z = nb)
-        //   <= `scratch.columns` (`bind_cols`), and `col_live` reads `cols[c]` only below
+        // - the grids come from the recording kernel, which `record_cols` / `record_kv_write`
+        //   require to have this kernel's params and split (`check_made`), so grid y = HKV and
+        //   x <= NC as in the single-token audit;
+        // - c = wid.z < the recorded nb <= `b.columns` (`record_cols` refuses more; grid z = nb),
+        //   and `col_live` reads `cols[c]` only below
         //   arrayLength(cols) and runs the column only when its slot < cp.slots = `b.slots`;
         // - `check_inputs` / `bind_cols` make qkv hold columns (HQ + 2 HKV) D floats, out
-        //   columns HQ D, the caches slots CTX HKV D (< 2^31), and the scratch holds columns HQ
-        //   NC partials and columns HKV `arrive` counters; column c's offsets are c (HQ + 2 HKV)
+        //   columns HQ D, the caches slots CTX HKV D (< 2^31), and the scratch columns HQ NC
+        //   partials and columns HKV `arrive` counters (sizes checked, whoever made it);
+        //   column c's offsets are c (HQ + 2 HKV)
         //   D (qkv), slot CTX rows (caches: row0 + row with row < n <= CTX, or pos < CTX for
         //   the write), c HQ query heads (partials, out) and c HKV + h (arrive);
         // - `kv_write_cols` (prefill mode) writes row pos < CTX of kv head h = wid.y < HKV (grid
@@ -241,6 +277,16 @@ impl AttentionKernel {
             b.columns as u64 * (p.heads * p.head_dim) as u64,
             "out",
         )?;
+        // The partials of this kernel's split for every column (a scratch made by another
+        // kernel may be smaller; the chunk module reads and writes them unchecked).
+        let slots = b.columns as u64 * p.heads as u64 * self.split.slots() as u64;
+        need(&scratch.part_o, slots * p.head_dim as u64, "part_o")?;
+        need(&scratch.part_ml, slots * 2, "part_ml")?;
+        need(
+            &scratch.arrive,
+            b.columns as u64 * p.kv_heads as u64,
+            "arrive",
+        )?;
         let pipes = self.cols_pipelines(ctx, b.mode)?;
         let params = ctx.uniform(
             "attention.cols_params",
@@ -304,6 +350,7 @@ impl AttentionKernel {
             kv_write,
             columns: b.columns,
             mode: b.mode,
+            made_by: self.made(),
         })
     }
 
@@ -325,6 +372,7 @@ impl AttentionKernel {
                 b.columns
             )));
         }
+        self.check_made(b.made_by)?;
         let p = &self.params;
         if let (Some(pipe), Some(group)) = (&b.pipes.kv_write, &b.kv_write) {
             pass.set_pipeline(pipe);
@@ -397,6 +445,7 @@ impl AttentionKernel {
             pipe,
             bg,
             columns: b.columns,
+            made_by: self.made(),
         })
     }
 
@@ -413,6 +462,7 @@ impl AttentionKernel {
                 b.columns
             )));
         }
+        self.check_made(b.made_by)?;
         pass.set_pipeline(&b.pipe);
         pass.set_bind_group(0, &b.bg, &[]);
         pass.dispatch_workgroups(1, self.params.kv_heads, nb);

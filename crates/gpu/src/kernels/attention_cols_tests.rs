@@ -652,4 +652,29 @@ fn attention_cols_rejects_bad_input() {
         let e = rec.expect_err("bad nb accepted");
         assert!(e.to_string().contains("columns"), "nb {nb}: {e}");
     }
+    // The chunk module runs unchecked, so another kernel's scratch (a shorter cache: fewer
+    // chunks, smaller partials) is refused, and so is recording a binding with a kernel of
+    // other shapes (its grid would not fit the bound pipelines).
+    let few = AttentionKernel::new(&ctx, params(4, 2, 32, 16, 16)).expect("kernel");
+    let few_scratch = few.scratch_cols(&ctx, 2).unwrap();
+    let e = k
+        .bind_cols(&ctx, &good, &few_scratch)
+        .expect_err("another kernel's smaller scratch");
+    assert!(e.to_string().contains("part_o"), "{e}");
+    let other = AttentionKernel::new(&ctx, params(8, 4, 32, 64, 16)).expect("kernel");
+    let mut rec = Ok(());
+    ctx.run_pass(|pass| rec = other.record_cols(pass, &b, 10, 1))
+        .unwrap();
+    let e = rec.expect_err("another kernel's binding recorded");
+    assert!(e.to_string().contains("recorded by a kernel"), "{e}");
+    let prefill = AttentionColsBuffers {
+        mode: ColumnMode::Prefill,
+        ..good
+    };
+    let kw = k.bind_kv_write(&ctx, &prefill).expect("kv write");
+    let mut rec = Ok(());
+    ctx.run_pass(|pass| rec = other.record_kv_write(pass, &kw, 1))
+        .unwrap();
+    let e = rec.expect_err("another kernel's kv write recorded");
+    assert!(e.to_string().contains("recorded by a kernel"), "{e}");
 }

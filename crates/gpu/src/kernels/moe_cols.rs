@@ -34,7 +34,7 @@ use super::{
     consts, down_params, expert_range, gate_up_params, need, whole, MoeKernel, MoeParams, STAGE,
     STAGE_BUDGET, WG,
 };
-use crate::columns::COLUMNS_WGSL;
+use crate::columns::{COLUMNS_WGSL, MAX_COLUMNS};
 use crate::context::{Context, GpuError, Result};
 use crate::kernels::embed::check_cols;
 use crate::numerics::F32_DEQ;
@@ -310,6 +310,14 @@ impl MoeKernel {
             }
         };
         check_cols(b.cols, b.nb, "MoE columns")?;
+        // The kernels serve columns below MAX_COLUMNS (their dpart / darrive scratch and the
+        // `c >= 8` exits): more would be skipped in silence.
+        if b.nb as usize > MAX_COLUMNS {
+            return Err(GpuError::Shape(format!(
+                "MoE columns: {} columns (at most {MAX_COLUMNS})",
+                b.nb
+            )));
+        }
         self.check_weights(b.gate, b.up, b.down)?;
         let p = &self.params;
         let (nb, e, k, h, i) = (

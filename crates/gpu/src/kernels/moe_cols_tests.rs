@@ -557,7 +557,17 @@ fn moe_cols_done_state_and_errors() {
     kern.bind_cols(&ctx, &good).expect("good buffers");
     let small = buf(2 * h - 1);
     let route_short = buf(2 * 2 * k - 1);
+    let cols9 = ctx.storage("cols9", 9 * 32).unwrap();
     let bad = [
+        // A column buffer that holds 9: still more than the kernels serve.
+        (
+            MoeColsBuffers {
+                nb: 9,
+                cols: &cols9,
+                ..good
+            },
+            "at most 8",
+        ),
         (MoeColsBuffers { nb: 0, ..good }, "0 columns"),
         (MoeColsBuffers { nb: 9, ..good }, "9 columns"),
         (MoeColsBuffers { nb: 3, ..good }, "logits [nb, E]"),
