@@ -759,3 +759,4 @@ mod runs;
 #[path = "backend_prefill.rs"]
 mod prefill_paths;
 use prefill_paths::GemmPrefill;
+pub use prefill_paths::STREAM_GEMM_MIN_TOKENS;

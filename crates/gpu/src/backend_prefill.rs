@@ -1,6 +1,7 @@
 //! Which path a prompt takes through [`GpuBackend`] (split from backend.rs): the GEMM prefill
 //! (`prefill.rs`), built at the first prompt of 2 tokens or more, for the main sequence and for
-//! stream slots; the column prefill (`--prefill-chunk 0`); token by token (`--per-token`, the
+//! stream prompts of [`STREAM_GEMM_MIN_TOKENS`] or more; the column prefill (stream prompts
+//! below that, everything with `--prefill-chunk 0`); token by token (`--per-token`, the
 //! int8 numerics); and a one-token prompt as a decode step.
 
 use super::GpuBackend;
@@ -10,6 +11,15 @@ use crate::plan::PREFILL_CHUNK;
 use crate::prefill::{PrefillPlan, PrefillShape, Target};
 use anyhow::{ensure, Result};
 use nibble_backend::{Backend, OpTime};
+
+/// Stream prompts shorter than this many tokens go through the column prefill into their slot
+/// (8 tokens per dispatch), longer ones through the GEMM prefill. The GEMM prefill costs a
+/// chunk's worth of weight traffic whatever the prompt's length (pp64 517.6 tok/s against
+/// pp512 1420-3842 in docs/BENCHMARKS.md runs 79, 97, 120), which a server's short chat turns
+/// pay on every request: the load test (prompts of ~12 tokens) ran at 673.0 / 683.2 tok/s
+/// (mixed / greedy) with the column prefill against 462.4 / 513.8 with the GEMM prefill (run
+/// 123). The crossover is not measured yet; 32 is below the 64 where the two were last even.
+pub const STREAM_GEMM_MIN_TOKENS: usize = 32;
 
 /// The GEMM prefill of a backend: built on the first prompt of 2 tokens or more, so backends
 /// that never prefill one (decode-only benchmarks, most tests on lavapipe, where compiling its
@@ -29,14 +39,16 @@ impl GpuBackend {
     pub fn prefill_summary(&self) -> String {
         match (&self.gemm_prefill, &self.prefill) {
             (GemmPrefill::Built(g, ..), _) => format!(
-                "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer",
+                "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer; stream \
+                 prompts under {STREAM_GEMM_MIN_TOKENS} tokens: the column prefill",
                 g.gemm_kind(),
                 g.attention_kind(),
                 g.chunk()
             ),
             (GemmPrefill::Pending { shape, .. }, _) => format!(
                 "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer (built at \
-                 the first prompt, shorter if its buffers would pass {} MiB)",
+                 the first prompt, shorter if its buffers would pass {} MiB); stream prompts \
+                 under {STREAM_GEMM_MIN_TOKENS} tokens: the column prefill",
                 gemm::describe(gemm::on_matrix_units(&self.plan.ctx, shape.matrix_units)),
                 if shape.query_tiles {
                     "query-tile attention where the shapes allow"
@@ -139,7 +151,8 @@ impl GpuBackend {
         prompt: &[u32],
         start: usize,
     ) -> Result<Vec<f32>> {
-        if prompt.len() > 1 && !matches!(self.gemm_prefill, GemmPrefill::Off) {
+        if prompt.len() >= STREAM_GEMM_MIN_TOKENS && !matches!(self.gemm_prefill, GemmPrefill::Off)
+        {
             return self.run_gemm_prefill(Target::Stream(slot as u32), prompt, start);
         }
         let b = self.batch.as_mut().expect("the caller checked the streams");

@@ -129,8 +129,11 @@ fn stream_slot_case(
     let want = rb.prefill(&p).unwrap();
     let next = argmax(&want);
     let want_ids = rb.decode_greedy(next, 10, &[]).unwrap();
-    // Slot 1, with slot 0 holding another prompt (its rows must not be touched).
+    // Slot 1 (41 tokens: the GEMM prefill), with slot 0 holding another prompt (its rows must
+    // not be touched; 30 tokens, below STREAM_GEMM_MIN_TOKENS: the column prefill).
+    assert!(p.len() >= crate::backend::STREAM_GEMM_MIN_TOKENS);
     let other = prompt(30, 6);
+    assert!(other.len() < crate::backend::STREAM_GEMM_MIN_TOKENS);
     let lo = gb.stream_prefill(0, 0, &other).unwrap();
     let got = gb.stream_prefill(1, 0, &p).unwrap();
     let c = cosine(&got, &want);
