@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
 # fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -150,6 +150,20 @@ if has abx; then
       for args in "${XSETS[@]}"; do
         say "abx round $round: $(basename $b) $args"
         timeout 200 $b bench -m $MODEL --backend gpu $args 2>&1 | grep -E "^tg|^pp|^batch|aggregate" | tee -a "$S"
+      done
+    done
+  done
+fi
+if has prefillx; then
+  # Short prompts: the GEMM prefill against the column prefill (--prefill-chunk 0), two rounds
+  # interleaved (PX_LENS: prompt lengths). Where they cross sets STREAM_GEMM_MIN_TOKENS
+  # (crates/gpu/src/backend_prefill.rs; the server's stream prompts below it take the column
+  # prefill).
+  for round in 1 2; do
+    for p in ${PX_LENS:-8 16 32 64 128}; do
+      for mode in "" "--prefill-chunk 0"; do
+        say "prefillx round $round: pp$p [${mode:-GEMM prefill}]"
+        timeout 120 $N bench -m $MODEL --backend gpu $mode -p $p -n 4 --reps 5 --ctx 512 2>&1 | grep -E "^pp" | tee -a "$S"
       done
     done
   done
