@@ -506,6 +506,21 @@ impl AttentionKernel {
         })
     }
 
+    /// Error unless `scratch` holds this kernel's partials and arrival counters for `columns`
+    /// columns: a scratch made by another kernel (another split, fewer heads) may be smaller,
+    /// and the chunk modules read and write them unchecked.
+    pub(super) fn check_scratch(&self, scratch: &AttentionScratch, columns: u32) -> Result<()> {
+        let p = &self.params;
+        let slots = columns as u64 * p.heads as u64 * self.split.slots() as u64;
+        need(&scratch.part_o, slots * p.head_dim as u64, "part_o")?;
+        need(&scratch.part_ml, slots * 2, "part_ml")?;
+        need(
+            &scratch.arrive,
+            columns as u64 * p.kv_heads as u64,
+            "arrive",
+        )
+    }
+
     /// Check the buffer sizes and create the bind groups of one layer.
     pub fn bind(
         &self,
@@ -543,12 +558,7 @@ impl AttentionKernel {
         need(b.k_cache, (kv_offset + cache) / 4, "k_cache")?;
         need(b.v_cache, (kv_offset + cache) / 4, "v_cache")?;
         need(b.out, hq * d, "out")?;
-        // The partials of this kernel's split (a scratch made by another kernel may be smaller;
-        // the chunk module reads them unchecked).
-        let slots = hq * self.split.slots() as u64;
-        need(&scratch.part_o, slots * d, "part_o")?;
-        need(&scratch.part_ml, slots * 2, "part_ml")?;
-        need(&scratch.arrive, hkv, "arrive")?;
+        self.check_scratch(scratch, 1)?;
         let range = |buf| {
             wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: buf,

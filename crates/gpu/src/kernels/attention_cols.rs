@@ -185,21 +185,21 @@ impl AttentionKernel {
         .concat();
         // Compiled without naga's runtime bounds checks, as the single-token chunk module
         // (multi-stream decode; docs/BENCHMARKS.md run 115).
-        // SAFETY: the body is the single-token one (attention.rs `with_variant`'s audit, which
-        // holds for any position and so for `cols[c].pos`), handed column c's `Site`; what the
-        // column adds stays in bounds because:
+        // SAFETY: the body is the single-token one (the audit in attention.rs
+        // `with_split_tile`, which holds for any position and so for `cols[c].pos`), handed
+        // column c's `Site`; what the column adds stays in bounds because:
         // - the grids come from the recording kernel, which `record_cols` / `record_kv_write`
         //   require to have this kernel's params and split (`check_made`), so grid y = HKV and
         //   x <= NC as in the single-token audit;
-        // - c = wid.z < the recorded nb <= `b.columns` (`record_cols` refuses more; grid z = nb),
-        //   and `col_live` reads `cols[c]` only below
-        //   arrayLength(cols) and runs the column only when its slot < cp.slots = `b.slots`;
+        // - c = wid.z < the recorded nb <= `b.columns` (`record_cols` refuses more; grid z =
+        //   nb), and `col_live` reads `cols[c]` only below arrayLength(cols) and runs the
+        //   column only when its slot < cp.slots = `b.slots`;
         // - `check_inputs` / `bind_cols` make qkv hold columns (HQ + 2 HKV) D floats, out
         //   columns HQ D, the caches slots CTX HKV D (< 2^31), and the scratch columns HQ NC
-        //   partials and columns HKV `arrive` counters (sizes checked, whoever made it);
-        //   column c's offsets are c (HQ + 2 HKV)
-        //   D (qkv), slot CTX rows (caches: row0 + row with row < n <= CTX, or pos < CTX for
-        //   the write), c HQ query heads (partials, out) and c HKV + h (arrive);
+        //   partials and columns HKV `arrive` counters (`check_scratch`, whoever made it);
+        //   column c's offsets are c (HQ + 2 HKV) D (qkv), slot CTX rows (caches: row0 + row
+        //   with row < n <= CTX, or pos < CTX for the write), c HQ query heads (partials, out)
+        //   and c HKV + h (arrive);
         // - `kv_write_cols` (prefill mode) writes row pos < CTX of kv head h = wid.y < HKV (grid
         //   y) of a live column, reading its q|k|v as `attend` does;
         // - the one run-time divisor is `chunk_len(n)` >= the split's minimum chunk >= 1.
@@ -277,16 +277,7 @@ impl AttentionKernel {
             b.columns as u64 * (p.heads * p.head_dim) as u64,
             "out",
         )?;
-        // The partials of this kernel's split for every column (a scratch made by another
-        // kernel may be smaller; the chunk module reads and writes them unchecked).
-        let slots = b.columns as u64 * p.heads as u64 * self.split.slots() as u64;
-        need(&scratch.part_o, slots * p.head_dim as u64, "part_o")?;
-        need(&scratch.part_ml, slots * 2, "part_ml")?;
-        need(
-            &scratch.arrive,
-            b.columns as u64 * p.kv_heads as u64,
-            "arrive",
-        )?;
+        self.check_scratch(scratch, b.columns)?;
         let pipes = self.cols_pipelines(ctx, b.mode)?;
         let params = ctx.uniform(
             "attention.cols_params",
