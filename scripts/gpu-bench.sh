@@ -50,8 +50,10 @@ if has synth || has parity || has sampled || has bench || has profile || has rou
 fi
 if has parity; then
   # PARITY_SETS: ';'-separated extra flag sets, each checked after the default (e.g.
-  # "--tune late_norm=1").
-  IFS=';' read -ra PSETS <<< "${PARITY_SETS:-}"
+  # "--tune late_norm=1"). The built-in prompts are under 32 tokens, so the default checks the
+  # column prefill; "--prefill-gemm-min 2" (the default extra set) sends them through the GEMM
+  # prefill too.
+  IFS=';' read -ra PSETS <<< "${PARITY_SETS---prefill-gemm-min 2}"
   for ps in "" "${PSETS[@]}"; do
     say "parity gpu vs oracle (3 built-in prompts x 32 tokens) [${ps:-default}]"
     timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
@@ -155,14 +157,14 @@ if has abx; then
   done
 fi
 if has prefillx; then
-  # Short prompts: the GEMM prefill against the column prefill (--prefill-chunk 0), two rounds
-  # interleaved (PX_LENS: prompt lengths). Where they cross sets STREAM_GEMM_MIN_TOKENS
-  # (crates/gpu/src/backend_prefill.rs; the server's stream prompts below it take the column
-  # prefill).
+  # Short prompts: the GEMM prefill (--prefill-gemm-min 2) against the column prefill
+  # (--prefill-chunk 0), two rounds interleaved (PX_LENS: prompt lengths). Where they cross sets
+  # GEMM_PREFILL_MIN_TOKENS (crates/gpu/src/backend_prefill.rs; prompts below it take the
+  # column prefill).
   for round in 1 2; do
     for p in ${PX_LENS:-8 16 32 64 128}; do
-      for mode in "" "--prefill-chunk 0"; do
-        say "prefillx round $round: pp$p [${mode:-GEMM prefill}]"
+      for mode in "--prefill-gemm-min 2" "--prefill-chunk 0"; do
+        say "prefillx round $round: pp$p [$mode]"
         timeout 120 $N bench -m $MODEL --backend gpu $mode -p $p -n 4 --reps 5 --ctx 512 2>&1 | grep -E "^pp" | tee -a "$S"
       done
     done

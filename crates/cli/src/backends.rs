@@ -74,6 +74,11 @@ pub struct BackendArgs {
     /// cores) are offered (for comparisons; the matrix-unit kernel is the default there).
     #[arg(long)]
     pub prefill_f32_gemm: bool,
+    /// GPU: prompts of fewer tokens take the column prefill (8 tokens per dispatch) instead of
+    /// the GEMM prefill, which costs about a chunk's weight traffic whatever the prompt's length
+    /// (default: the crossover measured on the H200; 2: the GEMM prefill for every prompt).
+    #[arg(long, default_value_t = nibble_gpu::backend::GEMM_PREFILL_MIN_TOKENS)]
+    pub prefill_gemm_min: usize,
     /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -99,6 +104,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         prefill_chunk: args.prefill_chunk,
         prefill_query_tiles: !args.prefill_column_attention,
         prefill_matrix_units: !args.prefill_f32_gemm,
+        prefill_gemm_min: args.prefill_gemm_min,
         ..GpuOptions::default()
     };
     let g = GpuBackend::new(weights, opts)?;

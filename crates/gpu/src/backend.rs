@@ -10,12 +10,13 @@
 //!   (kernels/sample.rs) in place of the argmax, for the settings it takes (top-k 1..=256).
 //! - An early stop of the stream (`on_ids` returning false) lets the queued run finish:
 //!   `position()` then counts the steps the GPU really took, and the caller truncates.
-//! - `step` / `prefill` return logits. `prefill` of 2 tokens or more takes the GEMM prefill
-//!   (`prefill.rs`: chunks of [`GpuOptions::prefill_chunk`] tokens, one command buffer each,
-//!   every weight tile shared by the chunk's tokens), also for stream slots; only the last
-//!   token's logits come back. `--per-token` and the int8 numerics prefill token by token
-//!   ([`crate::plan::PREFILL_CHUNK`] tokens per command buffer), `prefill_chunk` 0 takes the column prefill
-//!   (8 tokens per dispatch).
+//! - `step` / `prefill` return logits. A prompt of [`GpuOptions::prefill_gemm_min`] tokens or
+//!   more takes the GEMM prefill (`prefill.rs`: chunks of [`GpuOptions::prefill_chunk`] tokens,
+//!   one command buffer each, every weight tile shared by the chunk's tokens), also for stream
+//!   slots; a shorter one of 2 or more the column prefill (8 tokens per dispatch), as every
+//!   prompt does with `prefill_chunk` 0; only the last token's logits come back (paths:
+//!   backend_prefill.rs). `--per-token` and the int8 numerics prefill token by token
+//!   ([`crate::plan::PREFILL_CHUNK`] tokens per command buffer).
 //! - [`GpuOptions::numerics`] picks the activation form of every int4 matvec; the default
 //!   ([`Numerics::DEFAULT`]) is the fastest that keeps the oracle-parity bar.
 //! - Position bookkeeping follows the trait: a failing call leaves `position()` unchanged.
@@ -77,6 +78,10 @@ pub struct GpuOptions {
     /// where the device offers them (NVIDIA on Vulkan); false keeps the f32-fma kernel
     /// everywhere, for comparisons.
     pub prefill_matrix_units: bool,
+    /// Prompts (main sequence and stream slots) of fewer tokens take the column prefill, 8
+    /// tokens per dispatch, instead of the GEMM prefill ([`GEMM_PREFILL_MIN_TOKENS`], measured;
+    /// 2: every prompt of 2 tokens or more takes the GEMM prefill).
+    pub prefill_gemm_min: usize,
 }
 
 impl Default for GpuOptions {
@@ -96,6 +101,7 @@ impl Default for GpuOptions {
             prefill_chunk: crate::prefill::DEFAULT_CHUNK,
             prefill_query_tiles: true,
             prefill_matrix_units: true,
+            prefill_gemm_min: GEMM_PREFILL_MIN_TOKENS,
         }
     }
 }
@@ -122,13 +128,15 @@ pub struct GpuBackend {
     pos: usize,
     /// The multi-stream path (`GpuOptions::streams > 0`) and each stream's position.
     batch: Option<crate::batch::BatchPlan>,
-    /// Batched prefill: 8 prompt tokens per dispatch into the main sequence's cache (f32
-    /// numerics; the int8 forms prefill token by token).
-    /// Only with `GpuOptions::prefill_chunk` 0: the GEMM prefill replaces it.
-    prefill: Option<crate::batch::BatchPlan>,
+    /// The column prefill: 8 prompt tokens per dispatch into the main sequence's cache (f32
+    /// numerics; the int8 forms prefill token by token), for prompts under `gemm_min` tokens
+    /// (every prompt with `GpuOptions::prefill_chunk` 0).
+    prefill: ColumnPrefill,
     /// The GEMM prefill (`prefill.rs`), the default for prompts of 2 tokens or more, main
     /// sequence and stream slots alike (f32 numerics, not `--per-token`).
     gemm_prefill: GemmPrefill,
+    /// [`GpuOptions::prefill_gemm_min`].
+    gemm_min: usize,
     stream_pos: Vec<usize>,
     /// Streams the queued multi-stream runs advance (set by a restart, cleared by
     /// `streams_end`), the steps queued and not collected, and each queued run's length.
@@ -234,20 +242,7 @@ impl GpuBackend {
             }
             _ => false,
         };
-        let prefill = if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk > 0 {
-            None
-        } else {
-            let (k_cache, v_cache) = plan.kv_caches();
-            Some(BatchPlan::new(
-                ctx,
-                &plan.weights,
-                (crate::columns::MAX_COLUMNS, opts.context_len),
-                opts.numerics,
-                merge,
-                opts.tune,
-                BatchMode::Prefill { k_cache, v_cache },
-            )?)
-        };
+        let prefill = ColumnPrefill::new(&opts, merge);
         let gemm_prefill = if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk == 0
         {
             GemmPrefill::Off
@@ -275,6 +270,7 @@ impl GpuBackend {
             batch,
             prefill,
             gemm_prefill,
+            gemm_min: opts.prefill_gemm_min,
         })
     }
 
@@ -758,5 +754,5 @@ mod runs;
 
 #[path = "backend_prefill.rs"]
 mod prefill_paths;
-use prefill_paths::GemmPrefill;
-pub use prefill_paths::STREAM_GEMM_MIN_TOKENS;
+pub use prefill_paths::GEMM_PREFILL_MIN_TOKENS;
+use prefill_paths::{ColumnPrefill, GemmPrefill};

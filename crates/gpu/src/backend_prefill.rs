@@ -1,29 +1,64 @@
 //! Which path a prompt takes through [`GpuBackend`] (split from backend.rs): the GEMM prefill
-//! (`prefill.rs`), built at the first prompt of 2 tokens or more, for the main sequence and for
-//! stream prompts of [`STREAM_GEMM_MIN_TOKENS`] or more; the column prefill (stream prompts
-//! below that, everything with `--prefill-chunk 0`); token by token (`--per-token`, the
-//! int8 numerics); and a one-token prompt as a decode step.
+//! (`prefill.rs`) for prompts of [`GpuOptions::prefill_gemm_min`] tokens or more, main sequence
+//! and stream slots alike; the column prefill below that (8 tokens per dispatch: the main
+//! sequence's [`ColumnPrefill`], a stream's own multi-stream plan) and for every prompt with
+//! `--prefill-chunk 0`; token by token (`--per-token`, the int8 numerics); and a one-token
+//! prompt as a decode step. Both prefill plans are built at their first use, so backends that
+//! never prefill (decode-only benchmarks, most tests on lavapipe, where compiling pipelines is
+//! slow) pay for neither.
 
-use super::GpuBackend;
+use super::{GpuBackend, GpuOptions};
+use crate::batch::{BatchMode, BatchPlan};
 use crate::kernels::attention::Combine;
 use crate::kernels::gemm;
+use crate::numerics::Numerics;
 use crate::plan::PREFILL_CHUNK;
 use crate::prefill::{PrefillPlan, PrefillShape, Target};
+use crate::tune::Tune;
 use anyhow::{ensure, Result};
 use nibble_backend::{Backend, OpTime};
 
-/// Stream prompts shorter than this many tokens go through the column prefill into their slot
-/// (8 tokens per dispatch), longer ones through the GEMM prefill. The GEMM prefill costs a
-/// chunk's worth of weight traffic whatever the prompt's length (pp64 517.6 tok/s against
-/// pp512 1420-3842 in docs/BENCHMARKS.md runs 79, 97, 120), which a server's short chat turns
-/// pay on every request: the load test (prompts of ~12 tokens) ran at 673.0 / 683.2 tok/s
-/// (mixed / greedy) with the column prefill against 462.4 / 513.8 with the GEMM prefill (run
-/// 123). The crossover is not measured yet; 32 is below the 64 where the two were last even.
-pub const STREAM_GEMM_MIN_TOKENS: usize = 32;
+/// The default [`GpuOptions::prefill_gemm_min`]: prompts shorter than this many tokens go
+/// through the column prefill (8 tokens per dispatch), longer ones through the GEMM prefill.
+/// The GEMM prefill costs about a chunk's weight traffic whatever the prompt's length, the
+/// column prefill about one decode step per 8 tokens. Measured on the H200 (docs/BENCHMARKS.md
+/// run 124, two rounds): GEMM against column pp8 203 / 198 against 616 / 632 tok/s, pp16 337 /
+/// 343 against 683 / 684, pp32 592 / 603 against 704 / 549 (even), pp64 1053 / 1040 against
+/// 743 / 738. A server's short chat turns pay it on every request: the load test (prompts of
+/// ~12 tokens) ran at 673.0 / 683.2 tok/s (mixed / greedy) through the column prefill against
+/// 462.4 / 513.8 through the GEMM prefill (run 123).
+pub const GEMM_PREFILL_MIN_TOKENS: usize = 32;
 
-/// The GEMM prefill of a backend: built on the first prompt of 2 tokens or more, so backends
-/// that never prefill one (decode-only benchmarks, most tests on lavapipe, where compiling its
-/// pipelines is slow) pay nothing for it.
+/// The main sequence's column prefill: a [`BatchMode::Prefill`] plan over its KV cache, built
+/// at the first prompt that takes it.
+pub(super) enum ColumnPrefill {
+    /// Token by token instead (`--per-token`, the int8 numerics: the column kernels take f32
+    /// activations only).
+    Off,
+    Pending {
+        numerics: Numerics,
+        merge: Combine,
+        tune: Tune,
+    },
+    Built(Box<BatchPlan>),
+}
+
+impl ColumnPrefill {
+    /// The column prefill `opts` allow, not built yet.
+    pub(super) fn new(opts: &GpuOptions, merge: Combine) -> ColumnPrefill {
+        if opts.numerics.quantized() || opts.per_token {
+            ColumnPrefill::Off
+        } else {
+            ColumnPrefill::Pending {
+                numerics: opts.numerics,
+                merge,
+                tune: opts.tune,
+            }
+        }
+    }
+}
+
+/// The GEMM prefill of a backend, built at the first prompt that takes it.
 pub(super) enum GemmPrefill {
     Off,
     Pending {
@@ -37,18 +72,20 @@ pub(super) enum GemmPrefill {
 impl GpuBackend {
     /// How prompts are prefilled, in words (for `describe`).
     pub fn prefill_summary(&self) -> String {
+        let short = match self.gemm_min {
+            0..=2 => String::new(),
+            n => format!("; prompts under {n} tokens: the column prefill"),
+        };
         match (&self.gemm_prefill, &self.prefill) {
             (GemmPrefill::Built(g, ..), _) => format!(
-                "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer; stream \
-                 prompts under {STREAM_GEMM_MIN_TOKENS} tokens: the column prefill",
+                "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer{short}",
                 g.gemm_kind(),
                 g.attention_kind(),
                 g.chunk()
             ),
             (GemmPrefill::Pending { shape, .. }, _) => format!(
                 "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer (built at \
-                 the first prompt, shorter if its buffers would pass {} MiB); stream prompts \
-                 under {STREAM_GEMM_MIN_TOKENS} tokens: the column prefill",
+                 the first prompt, shorter if its buffers would pass {} MiB){short}",
                 gemm::describe(gemm::on_matrix_units(&self.plan.ctx, shape.matrix_units)),
                 if shape.query_tiles {
                     "query-tile attention where the shapes allow"
@@ -58,14 +95,59 @@ impl GpuBackend {
                 (shape.chunk as usize).min(self.context_len()),
                 crate::prefill::CHUNK_BUDGET >> 20
             ),
-            (GemmPrefill::Off, Some(_)) => format!(
-                "column prefill, {} tokens per dispatch",
-                crate::columns::MAX_COLUMNS
-            ),
-            (GemmPrefill::Off, None) => {
+            (GemmPrefill::Off, ColumnPrefill::Pending { .. } | ColumnPrefill::Built(_)) => {
+                format!(
+                    "column prefill, {} tokens per dispatch",
+                    crate::columns::MAX_COLUMNS
+                )
+            }
+            (GemmPrefill::Off, ColumnPrefill::Off) => {
                 format!("token by token, {PREFILL_CHUNK} tokens per command buffer")
             }
         }
+    }
+
+    /// Which prefill plans exist yet: (column, GEMM). For tests of the path a prompt takes.
+    #[cfg(test)]
+    pub(crate) fn prefills_built(&self) -> (bool, bool) {
+        (
+            matches!(self.prefill, ColumnPrefill::Built(_)),
+            matches!(self.gemm_prefill, GemmPrefill::Built(..)),
+        )
+    }
+
+    /// Whether a prompt of `len` tokens takes the GEMM prefill (a short one too where there
+    /// is no column prefill to take instead).
+    fn takes_gemm(&self, len: usize) -> bool {
+        !matches!(self.gemm_prefill, GemmPrefill::Off)
+            && (len >= self.gemm_min || matches!(self.prefill, ColumnPrefill::Off))
+    }
+
+    /// The main sequence's column prefill, built now if this is its first use; `None` when it
+    /// is off.
+    fn column_prefill(&mut self) -> Result<Option<&mut BatchPlan>> {
+        if let ColumnPrefill::Pending {
+            numerics,
+            merge,
+            tune,
+        } = self.prefill
+        {
+            let (k_cache, v_cache) = self.plan.kv_caches();
+            let b = BatchPlan::new(
+                &self.plan.ctx,
+                &self.plan.weights,
+                (crate::columns::MAX_COLUMNS, self.context_len()),
+                numerics,
+                merge,
+                tune,
+                BatchMode::Prefill { k_cache, v_cache },
+            )?;
+            self.prefill = ColumnPrefill::Built(Box::new(b));
+        }
+        Ok(match &mut self.prefill {
+            ColumnPrefill::Built(b) => Some(b),
+            _ => None,
+        })
     }
 
     /// The GEMM prefill, built now if this is its first use; `None` when it is off.
@@ -134,9 +216,9 @@ impl GpuBackend {
             // One token is a decode step (`Backend::step`: sampled generation): the
             // single-sequence step, its next one recorded while it runs (plan_logits.rs).
             self.plan.step_logits(*t, start)?
-        } else if !matches!(self.gemm_prefill, GemmPrefill::Off) {
+        } else if self.takes_gemm(tokens.len()) {
             self.run_gemm_prefill(Target::Main, tokens, start)?
-        } else if let Some(b) = &mut self.prefill {
+        } else if let Some(b) = self.column_prefill()? {
             b.prefill_sequence(tokens, start)?
         } else {
             self.plan.prefill_logits(tokens, start)?
@@ -151,8 +233,7 @@ impl GpuBackend {
         prompt: &[u32],
         start: usize,
     ) -> Result<Vec<f32>> {
-        if prompt.len() >= STREAM_GEMM_MIN_TOKENS && !matches!(self.gemm_prefill, GemmPrefill::Off)
-        {
+        if self.takes_gemm(prompt.len()) {
             return self.run_gemm_prefill(Target::Stream(slot as u32), prompt, start);
         }
         let b = self.batch.as_mut().expect("the caller checked the streams");

@@ -8,11 +8,14 @@ use crate::backend_tests::{model_with_norm_scale, model_with_vocab};
 use crate::testing::{cosine, gpu};
 use nibble_backend::{argmax, Backend, RefBackend};
 
+/// The GEMM prefill for every prompt of 2 tokens or more (the default sends the short ones
+/// through the column prefill: `default_prefill_takes_the_column_prefill_below_the_crossover`).
 fn opts(prefill_chunk: u32, streams: usize) -> GpuOptions {
     GpuOptions {
         context_len: 256,
         prefill_chunk,
         streams,
+        prefill_gemm_min: 2,
         ..Default::default()
     }
 }
@@ -114,6 +117,10 @@ fn gemm_prefill_of_a_stream_slot_matches_the_main_sequence() {
     };
     let m = model_with_vocab(15, false, 512);
     for o in [opts(16, 2), column_attention(opts(16, 2))] {
+        let o = GpuOptions {
+            prefill_gemm_min: crate::backend::GEMM_PREFILL_MIN_TOKENS,
+            ..o
+        };
         stream_slot_case(&ctx, m.clone(), o);
     }
 }
@@ -130,10 +137,10 @@ fn stream_slot_case(
     let next = argmax(&want);
     let want_ids = rb.decode_greedy(next, 10, &[]).unwrap();
     // Slot 1 (41 tokens: the GEMM prefill), with slot 0 holding another prompt (its rows must
-    // not be touched; 30 tokens, below STREAM_GEMM_MIN_TOKENS: the column prefill).
-    assert!(p.len() >= crate::backend::STREAM_GEMM_MIN_TOKENS);
+    // not be touched; 30 tokens, below GEMM_PREFILL_MIN_TOKENS: the column prefill).
+    assert!(p.len() >= crate::backend::GEMM_PREFILL_MIN_TOKENS);
     let other = prompt(30, 6);
-    assert!(other.len() < crate::backend::STREAM_GEMM_MIN_TOKENS);
+    assert!(other.len() < crate::backend::GEMM_PREFILL_MIN_TOKENS);
     let lo = gb.stream_prefill(0, 0, &other).unwrap();
     let got = gb.stream_prefill(1, 0, &p).unwrap();
     let c = cosine(&got, &want);
@@ -188,4 +195,83 @@ fn gemm_prefill_of_inputs_past_f16_range_matches_the_oracle() {
         rb.step(argmax(&want) as u32).unwrap(),
     );
     assert_eq!(argmax(&g1), argmax(&w1), "the token after");
+}
+
+/// With the default options a prompt under `GEMM_PREFILL_MIN_TOKENS` takes the column prefill
+/// and a longer one the GEMM prefill, each plan built at its first use; a prompt continued
+/// across the two (column rows read by the GEMM prefill, and back) keeps the oracle's logits and
+/// greedy continuation.
+#[test]
+fn default_prefill_takes_the_column_prefill_below_the_crossover() {
+    let Some(ctx) = gpu("default_prefill_takes_the_column_prefill_below_the_crossover") else {
+        return;
+    };
+    let min = crate::backend::GEMM_PREFILL_MIN_TOKENS;
+    let m = model_with_vocab(16, false, 512);
+    let o = GpuOptions {
+        context_len: 256,
+        ..Default::default()
+    };
+    let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
+    assert!(
+        gb.prefill_summary()
+            .ends_with(&format!("prompts under {min} tokens: the column prefill")),
+        "{}",
+        gb.prefill_summary()
+    );
+    assert_eq!(
+        gb.prefills_built(),
+        (false, false),
+        "nothing built before a prompt"
+    );
+    let p = prompt(min + 37, 7);
+    let mut rb = RefBackend::new(m.clone(), 256).unwrap();
+    let want = rb.prefill(&p).unwrap();
+    // (tokens, column built, GEMM built) after each piece: 9 short, `min` long, 5 short, the
+    // last 23 short again: the KV rows cross paths both ways.
+    let cuts = [
+        (9, (true, false)),
+        (9 + min, (true, true)),
+        (14 + min, (true, true)),
+        (p.len(), (true, true)),
+    ];
+    let mut from = 0;
+    let mut got = Vec::new();
+    for (to, built) in cuts {
+        got = gb.prefill(&p[from..to]).unwrap();
+        assert_eq!(gb.position(), to);
+        assert_eq!(gb.prefills_built(), built, "after {to} tokens");
+        if to == 9 {
+            let mut r9 = RefBackend::new(m.clone(), 256).unwrap();
+            let c = cosine(&got, &r9.prefill(&p[..9]).unwrap());
+            assert!(c >= 0.99999, "9-token column prefill: cosine {c}");
+        }
+        from = to;
+    }
+    let c = cosine(&got, &want);
+    eprintln!("prefill in pieces across both paths: cosine vs oracle {c:.9}");
+    assert!(c >= 0.99999, "cosine {c} with the oracle");
+    let next = argmax(&want);
+    assert_eq!(argmax(&got), next, "next token");
+    assert_eq!(
+        gb.decode_greedy(next, 12, &[]).unwrap(),
+        rb.decode_greedy(next, 12, &[]).unwrap(),
+        "greedy continuation"
+    );
+    // The threshold at 2: a short prompt takes the GEMM prefill; no column plan is built.
+    let mut all_gemm = GpuBackend::with_context(
+        &ctx,
+        m.as_ref(),
+        GpuOptions {
+            context_len: 256,
+            prefill_gemm_min: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let short = all_gemm.prefill(&p[..9]).unwrap();
+    assert_eq!(all_gemm.prefills_built(), (false, true));
+    let mut r9 = RefBackend::new(m.clone(), 256).unwrap();
+    let c = cosine(&short, &r9.prefill(&p[..9]).unwrap());
+    assert!(c >= 0.99999, "9-token GEMM prefill: cosine {c}");
 }
