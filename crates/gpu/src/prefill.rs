@@ -38,7 +38,7 @@ use crate::kernels::attention_prefill::{
     AttentionPrefillScratch,
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
-use crate::kernels::gemm::{GemmArgs, GemmBinding, GemmForm, GemmKernel, GemmWeights};
+use crate::kernels::gemm::{k_splits, GemmArgs, GemmBinding, GemmForm, GemmKernel, GemmWeights};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::NormInput;
 use crate::kernels::moe_prefill::{MoeDims, MoePrefill, MoePrefillBuffers, MoePrefillLayer};
@@ -62,6 +62,12 @@ pub const CHUNK_BUDGET: u64 = 512 << 20;
 /// Dense GEMMs take 64-token tiles from this many tokens on (fewer: 32-token tiles, so a short
 /// chunk still spreads over more workgroups).
 const TALL_TILE_TOKENS: u32 = 256;
+
+/// K splits of the router GEMM (gemm.rs `bind_split`; fewer where the hidden size has fewer
+/// blocks). Its E = 128 outputs are one tile column, so without a split a 512-token chunk ran
+/// on 16 workgroups, each walking all 64 blocks of K: 7.5 ms of a 145 ms pp512 whatever the
+/// chunk's length (docs/BENCHMARKS.md run 126).
+const ROUTER_K_SPLITS: u32 = 16;
 
 struct Layer {
     norm: RmsNormRowsBinding,
@@ -193,6 +199,8 @@ impl PrefillPlan {
         } else {
             None
         };
+        // The router GEMM's K splits: each writes its partial logits to rows of its own.
+        let rs = k_splits((h / 32) as u32, ROUTER_K_SPLITS);
         // No prompt is longer than the context, so no chunk need be either.
         let chunk = fit_chunk(
             chunk.min(context_len.clamp(1, u32::MAX as usize) as u32),
@@ -206,6 +214,7 @@ impl PrefillPlan {
                 (k * h * 4) as u64,
                 (k * i * 4) as u64,
                 ((q + 2 * kv) * 4) as u64,
+                (rs as usize * e * 4) as u64,
             ],
         );
         let t = chunk as usize;
@@ -220,7 +229,7 @@ impl PrefillPlan {
         let xn = f32s("p.xn", h)?;
         let qkv = f32s("p.qkv", q + 2 * kv)?;
         let att = f32s("p.att", q)?;
-        let rlog = f32s("p.router", e)?;
+        let rlog = f32s("p.router", rs as usize * e)?;
         let hlast = ctx.storage("p.hlast", h as u64 * 4)?;
         let logits = ctx.storage("p.logits", v as u64 * 4)?;
         let logits_rb = ctx.readback_buffer("p.logits.readback", v as u64 * 4);
@@ -244,6 +253,7 @@ impl PrefillPlan {
             chunk,
             &MoePrefillBuffers {
                 logits: &rlog,
+                logit_splits: rs,
                 h: &hb,
                 dims: &dims,
             },
@@ -267,9 +277,15 @@ impl PrefillPlan {
                     rows_per_expert: 0,
                     max_tiles: 0,
                 };
+                // The router's K splits (the int4 forms have none).
+                let splits = if matches!(w, GemmWeights::F32(_)) {
+                    rs
+                } else {
+                    1
+                };
                 Ok::<_, crate::context::GpuError>([
-                    gemm.bind(ctx, &args, 2)?,
-                    gemm.bind(ctx, &args, 4)?,
+                    gemm.bind_split(ctx, &args, 2, splits)?,
+                    gemm.bind_split(ctx, &args, 4, splits)?,
                 ])
             };
         let mut layers = Vec::with_capacity(cfg.num_layers);

@@ -132,10 +132,11 @@ pub(crate) fn prelude(form: GemmForm, tm: u32, plan: Option<PlanLayout>, wstore:
     let m0 = wid.y * BM;
     // Tokens past the rows X or Y hold are not computed (the host keeps dims.m below both).
     let mm = min(dims.m, min(p.xrows, p.yrows));
-    return Tile(m0 < mm, m0, min(m0 + BM, mm), 0u, 0u);
+    // list0: the first Y row of this K split's partial sums (0 without a split).
+    return Tile(m0 < mm, m0, min(m0 + BM, mm), 0u, min(wid.z, p.splits - 1u) * p.yrows);
 }
 fn gm_xrow(t: Tile, m: u32) -> u32 { return min(m, p.xrows - 1u); }
-fn gm_yrow(t: Tile, m: u32) -> u32 { return m; }
+fn gm_yrow(t: Tile, m: u32) -> u32 { return t.list0 + m; }
 ";
         }
         (GemmForm::GateUp | GemmForm::Down, Some(pl)) => {
@@ -406,6 +407,8 @@ pub struct GemmBinding {
     form: GemmForm,
     tm: u32,
     max_tiles: u32,
+    /// K splits: grid z ([`GemmKernel::bind_split`]).
+    splits: u32,
 }
 
 impl GemmBinding {
@@ -491,7 +494,11 @@ impl GemmKernel {
         //   says; X rows are clamped below x_rows (`gm_xrow`), list reads below list + y_rows
         //   (`gm_lrow`, the plan holds list + y_rows words), so the staging loads of a tile
         //   without rows (m0 + sr past mend - 1, or mend - 1 wrapping) stay inside too;
-        // - X columns: b < bpr (the next-block loads use b + 1 < bpr or min(b + 1, bpr - 1)) and
+        // - K splits (f32 kernel): kb = min(min(z, splits - 1) ks, bpr - 1) and the blocks run
+        //   to kend = min(kb + ks, bpr), so every block index stays below bpr whatever the
+        //   grid's z; the dense tiles' Y rows start at min(z, splits - 1) y_rows, and `bind`
+        //   checks Y holds splits x y_rows rows (splits = 1 everywhere but the router);
+        // - X columns: b < bpr (the next-block loads use b + 1 < kend <= bpr or min(b + 1, bpr - 1)) and
         //   sv + i < 8 (XPT = 8 BM / 256 vec4s per thread at sv = (li / BM) XPT), so below
         //   bpr 8 = xs4; Y columns: ycol + na with na < p.n, ycol + p.n <= the weight rows <=
         //   y_stride (dense: ycol = the part's first row; experts: ycol = 0, p.n = I or H);
@@ -542,6 +549,21 @@ impl GemmKernel {
     /// Check the shapes and create one bind group per weight part, `tm` tokens per thread (2:
     /// 32-token tiles, 4: 64-token tiles).
     pub fn bind(&self, ctx: &Context, a: &GemmArgs<'_>, tm: u32) -> Result<GemmBinding> {
+        self.bind_split(ctx, a, tm, 1)
+    }
+
+    /// [`GemmKernel::bind`] with K cut into `splits` slices of whole blocks, one workgroup
+    /// each (`DenseF32` only: the router, whose 128 outputs make one tile column, so without a
+    /// split a few workgroups each walk all of K while the GPU's other SMs idle). Split `z`
+    /// writes its partial sums to Y rows `z * y_rows ..`; `splits` must be
+    /// [`k_splits`]`(cols / 32, splits)` (no empty slice), and Y hold `splits * y_rows` rows.
+    pub fn bind_split(
+        &self,
+        ctx: &Context,
+        a: &GemmArgs<'_>,
+        tm: u32,
+        splits: u32,
+    ) -> Result<GemmBinding> {
         if tm != 2 && tm != 4 {
             return Err(GpuError::Shape(format!("gemm: {tm} tokens per thread")));
         }
@@ -601,7 +623,19 @@ impl GemmKernel {
                 a.y_stride
             )));
         }
-        let y_need = a.y_rows as u64 * a.y_stride as u64;
+        let bpr = wcols / BLOCK as u32;
+        if splits == 0
+            || (splits > 1 && a.form != GemmForm::DenseF32)
+            || k_splits(bpr, splits) != splits
+        {
+            return Err(GpuError::Shape(format!(
+                "gemm {:?}: {splits} K splits of {bpr} blocks (only the f32 form splits, into \
+                 non-empty slices)",
+                a.form
+            )));
+        }
+        let ks = bpr.div_ceil(splits);
+        let y_need = splits as u64 * a.y_rows as u64 * a.y_stride as u64;
         if y_need > u32::MAX as u64 {
             return Err(GpuError::Shape("gemm: Y too large for u32 indices".into()));
         }
@@ -615,7 +649,6 @@ impl GemmKernel {
             GemmWeights::F32(f) => f.check_layout("gemm router")?,
         }
         let pipeline = self.pipeline(ctx, a.form, tm, plan.map(|p| p.1))?;
-        let bpr = wcols / BLOCK as u32;
         let wparts = a.w.parts()?;
         let mut parts = Vec::with_capacity(wparts.len());
         for (row_start, rows, wentries) in wparts {
@@ -641,8 +674,8 @@ impl GemmKernel {
                 e_hi,
                 a.x_rows,
                 a.y_rows,
-                0,
-                0,
+                ks,
+                splits,
                 0,
             ];
             let params = ctx.uniform("gemm.params", bytemuck::cast_slice(&words))?;
@@ -669,6 +702,7 @@ impl GemmKernel {
             form: a.form,
             tm,
             max_tiles: a.max_tiles,
+            splits,
         })
     }
 
@@ -686,9 +720,16 @@ impl GemmKernel {
         pass.set_pipeline(&b.pipeline);
         for (bg, gx) in &b.parts {
             pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(*gx, gy, 1);
+            pass.dispatch_workgroups(*gx, gy, b.splits);
         }
     }
+}
+
+/// The K splits [`GemmKernel::bind_split`] takes for `bpr` blocks when `want` are asked for:
+/// slices of `ceil(bpr / want)` blocks, as many as it takes to cover K (none empty), at least 1.
+pub fn k_splits(bpr: u32, want: u32) -> u32 {
+    let ks = bpr.div_ceil(want.clamp(1, bpr.max(1)));
+    bpr.div_ceil(ks.max(1)).max(1)
 }
 
 fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<()> {

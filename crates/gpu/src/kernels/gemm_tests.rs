@@ -1,6 +1,6 @@
 //! Lavapipe tests of the prefill GEMM's dense forms against an f64 reference over the dequantised
 //! weights: odd shapes, both tile heights, a split matrix, rows past `dims.m` left alone, the
-//! `+=` form, and shape errors. The expert forms are tested through the MoE
+//! `+=` form, the f32 form with K in splits, and shape errors. The expert forms are tested through the MoE
 //! (moe_prefill_tests.rs).
 
 use super::*;
@@ -232,6 +232,109 @@ fn gemm_rejects_bad_shapes() {
     assert!(
         k.bind(&ctx, &gu, 4).is_err(),
         "gate_up without a plan was accepted"
+    );
+}
+
+/// The f32 form with K in splits (the router, `bind_split`): each split's partial sums land in
+/// its own block of Y rows, and their sum in split order matches the reference; rows past the
+/// chunk in every block stay untouched. Odd split counts, both tile heights, K not a multiple of
+/// the splits; and the splits `bind_split` refuses.
+#[test]
+fn gemm_f32_k_splits_match_reference() {
+    let Some(ctx) = gpu("gemm_f32_k_splits_match_reference") else {
+        return;
+    };
+    let k = GemmKernel::new(&ctx).unwrap();
+    let mut r = rng(74);
+    for (m, rows, cols, want_splits, tm) in [
+        (37usize, 130usize, 2048usize, 16u32, 2u32),
+        (5, 128, 224, 3, 4),
+        (70, 20, 96, 16, 4),
+    ] {
+        let bpr = (cols / 32) as u32;
+        let splits = k_splits(bpr, want_splits);
+        assert!(splits > 1 && splits <= want_splits.min(bpr));
+        let deq = rand_f32(&mut r, rows * cols, -1.0, 1.0);
+        let wf = F32Matrix::upload(&ctx, "wf", rows, cols, &deq).unwrap();
+        let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+        let want = reference(&deq, rows, cols, &x, m);
+        let (yr, stride) = (m + PAD_ROWS, rows + PAD_COLS);
+        let init = vec![f32::NAN; splits as usize * yr * stride];
+        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+        let y = ctx.storage_init("y", bytemuck::cast_slice(&init)).unwrap();
+        let d = dims(&ctx, m);
+        let a = GemmArgs {
+            form: GemmForm::DenseF32,
+            w: GemmWeights::F32(&wf),
+            x: &xb,
+            y: &y,
+            y_stride: stride as u32,
+            x_rows: yr as u32,
+            y_rows: yr as u32,
+            dims: Some(&d),
+            plan: None,
+            rows_per_expert: 0,
+            max_tiles: 0,
+        };
+        let b = k.bind_split(&ctx, &a, tm, splits).unwrap();
+        ctx.run_pass(|p| k.record(p, &b, m as u32)).unwrap();
+        let got = ctx.read_f32(&y, init.len()).unwrap();
+        let block = yr * stride;
+        let sum: Vec<f32> = (0..block)
+            .map(|i| (1..splits as usize).fold(got[i], |v, z| v + got[z * block + i]))
+            .collect();
+        let what = format!("f32 m {m} [{rows}, {cols}] in {splits} K splits, tm {tm}");
+        check(&sum, &init[..block], &want, false, rows, m, &what);
+        for z in 0..splits as usize {
+            for i in 0..block {
+                let (t, c) = (i / stride, i % stride);
+                assert_eq!(
+                    t < m && c < rows,
+                    !got[z * block + i].is_nan(),
+                    "{what}: split {z} token {t} column {c}"
+                );
+            }
+        }
+        // Refused: a split count that leaves a slice empty or is not the one `k_splits` gives,
+        // a Y without room for every split, and splits of an int4 form.
+        let uneven = (1..=bpr).find(|&s| k_splits(bpr, s) != s);
+        if let Some(s) = uneven {
+            assert!(k.bind_split(&ctx, &a, tm, s).is_err(), "{what}: {s} splits");
+        }
+        assert!(k.bind_split(&ctx, &a, tm, 0).is_err(), "{what}: 0 splits");
+        let small = ctx
+            .storage("y", ((splits as usize - 1) * block) as u64 * 4)
+            .unwrap();
+        let short = GemmArgs { y: &small, ..a };
+        assert!(
+            k.bind_split(&ctx, &short, tm, splits).is_err(),
+            "{what}: Y without room for the last split"
+        );
+    }
+    let wb = rand_q4_0(&mut r, 64, 64);
+    let w = Q4Matrix::upload(&ctx, "w", 64, 64, 1, &[&wb]).unwrap();
+    let (x, y, d) = (
+        ctx.storage("x", 4 * 64 * 4).unwrap(),
+        ctx.storage("y", 2 * 4 * 64 * 4).unwrap(),
+        dims(&ctx, 4),
+    );
+    let q4 = GemmArgs {
+        form: GemmForm::Dense,
+        w: GemmWeights::Q4(&w),
+        x: &x,
+        y: &y,
+        y_stride: 64,
+        x_rows: 4,
+        y_rows: 4,
+        dims: Some(&d),
+        plan: None,
+        rows_per_expert: 0,
+        max_tiles: 0,
+    };
+    assert!(k.bind_split(&ctx, &q4, 4, 1).is_ok());
+    assert!(
+        k.bind_split(&ctx, &q4, 4, 2).is_err(),
+        "an int4 form split its K"
     );
 }
 

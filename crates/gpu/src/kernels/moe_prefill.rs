@@ -4,7 +4,8 @@
 //! experts ~32 tokens.
 //!
 //! Five dispatches per layer (shaders/moe_prefill.wgsl, gemm_q4.wgsl, moe_combine.wgsl):
-//! 1. `route` (grid T): every token's top-K from the router logits `[T, E]` (the decode rule),
+//! 1. `route` (grid T): every token's top-K from the router logits `[T, E]` (summed over the
+//!    router GEMM's K splits; the decode rule),
 //!    its mixing weights, and a place in each chosen expert's list (an atomic count per expert);
 //! 2. `build` (one workgroup): list offsets, tiles, the list and its inverse (the plan);
 //! 3. the `GateUp` GEMM: `act[j] = silu(gate_e · xn[t]) * (up_e · xn[t])` for list row `j` =
@@ -62,8 +63,10 @@ pub struct MoePrefillLayer {
 
 /// The caller's buffers the MoE reads and writes.
 pub struct MoePrefillBuffers<'a> {
-    /// `[T, E]` router logits.
+    /// `[S, T, E]` router logits: `S = logit_splits` partial sums per logit (the router GEMM's
+    /// K splits, gemm.rs `bind_split`), token rows `T = tokens_max` apart; `route` adds them.
     pub logits: &'a wgpu::Buffer,
+    pub logit_splits: u32,
     /// `[T, H]` the residual stream, `+=` the MoE output.
     pub h: &'a wgpu::Buffer,
     /// The `[m, 0, 0, 0]` uniform: tokens in the chunk.
@@ -115,7 +118,10 @@ impl MoePrefill {
         };
         let (e, h, i) = (d.experts as u64, d.hidden as u64, d.inter as u64);
         let t = tokens_max as u64;
-        need(b.logits, t * e, "router logits")?;
+        if b.logit_splits == 0 {
+            return Err(GpuError::Shape("moe prefill: 0 router logit splits".into()));
+        }
+        need(b.logits, b.logit_splits as u64 * t * e, "router logits")?;
         need(b.h, t * h, "h")?;
         let plan = ctx.storage("moe_prefill.plan", (inv + tk) as u64 * 4)?;
         let rid = ctx.storage("moe_prefill.rid", tk as u64 * 4)?;
@@ -135,6 +141,10 @@ impl MoePrefill {
         );
         let src = [
             consts.as_str(),
+            &format!(
+                "const RS: u32 = {}u;\nconst TMAX: u32 = {tokens_max}u;\n",
+                b.logit_splits
+            ),
             include_str!("../shaders/moe_route.wgsl"),
             include_str!("../shaders/moe_prefill.wgsl"),
         ]

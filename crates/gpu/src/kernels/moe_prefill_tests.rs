@@ -1,5 +1,6 @@
 //! Lavapipe tests of the prefill MoE (route, plan, expert GEMMs, combine) against the scalar
 //! references of moe_ref.rs on random inputs: odd token counts, a chunk shorter than the buffers,
+//! router logits in partial sums (the router GEMM's K splits),
 //! consecutive layers (the counts are cleared between them), split expert tensors, and the plan's
 //! own invariants (every assignment exactly once, grouped by expert, tiles covering each list).
 
@@ -113,12 +114,20 @@ fn check_plan(words: &[u32], p: &MoePrefill, logits: &[f32], t: usize) {
     );
 }
 
-/// One chunk of `t` tokens through `layers` consecutive MoE layers on the GPU and the reference.
-fn run_case(ctx: &Context, d: MoeDims, tokens_max: u32, t: usize, seed: u64, split: bool) {
+/// One chunk of `t` tokens through `layers` consecutive MoE layers on the GPU and the reference;
+/// the router logits come as `rs` partial sums (the router GEMM's K splits) that `route` adds.
+fn run_case(
+    ctx: &Context,
+    d: MoeDims,
+    (tokens_max, t): (u32, usize),
+    seed: u64,
+    split: bool,
+    rs: usize,
+) {
     let mut r = rng(seed);
     let (e, hd) = (d.experts as usize, d.hidden as usize);
     let tm = tokens_max as usize;
-    let logits = ctx.storage("logits", (tm * e) as u64 * 4).unwrap();
+    let logits = ctx.storage("logits", (rs * tm * e) as u64 * 4).unwrap();
     let h = ctx.storage("h", (tm * hd) as u64 * 4).unwrap();
     let xn = ctx.storage("xn", (tm * hd) as u64 * 4).unwrap();
     let dims = ctx
@@ -133,6 +142,7 @@ fn run_case(ctx: &Context, d: MoeDims, tokens_max: u32, t: usize, seed: u64, spl
     let gemm = GemmKernel::new(ctx).unwrap();
     let bufs = MoePrefillBuffers {
         logits: &logits,
+        logit_splits: rs as u32,
         h: &h,
         dims: &dims,
     };
@@ -144,10 +154,14 @@ fn run_case(ctx: &Context, d: MoeDims, tokens_max: u32, t: usize, seed: u64, spl
         if split {
             assert!(l.gate.parts.len() > 1 && l.down.parts.len() > 1);
         }
-        // Logits spread wide enough that the top-K has no ties.
-        let lg = rand_f32(&mut r, tm * e, -4.0, 4.0);
+        // Logits spread wide enough that the top-K has no ties, as `rs` partial sums (the
+        // reference takes their f32 sum in split order, as `route` adds them).
+        let parts = rand_f32(&mut r, rs * tm * e, -4.0 / rs as f32, 4.0 / rs as f32);
+        let lg: Vec<f32> = (0..tm * e)
+            .map(|i| (1..rs).fold(parts[i], |v, j| v + parts[j * tm * e + i]))
+            .collect();
         let x = rand_f32(&mut r, tm * hd, -1.0, 1.0);
-        ctx.write(&logits, 0, bytemuck::cast_slice(&lg));
+        ctx.write(&logits, 0, bytemuck::cast_slice(&parts));
         ctx.write(&xn, 0, bytemuck::cast_slice(&x));
         let b = moe
             .bind_layer(ctx, &gemm, &xn, &l.gate, &l.up, &l.down)
@@ -193,9 +207,11 @@ fn moe_prefill_matches_reference() {
         norm_topk: true,
     };
     // One token; a chunk shorter than the buffers; lists long enough for several tiles.
-    run_case(&ctx, tiny, 8, 1, 81, false);
-    run_case(&ctx, tiny, 64, 37, 82, false);
-    run_case(&ctx, tiny, 300, 300, 83, false);
+    run_case(&ctx, tiny, (8, 1), 81, false, 1);
+    run_case(&ctx, tiny, (64, 37), 82, false, 1);
+    run_case(&ctx, tiny, (300, 300), 83, false, 1);
+    // Logits in 3 partial sums (the router GEMM's K splits): a chunk shorter than the buffers.
+    run_case(&ctx, tiny, (64, 37), 87, false, 3);
     // Odd widths (I not a multiple of the 64-column gate/up tile, H of the 128-row down tile),
     // no renormalisation, 64-row tiles (300 x 2 / 8 >= 64 tokens per expert).
     let odd = MoeDims {
@@ -205,8 +221,8 @@ fn moe_prefill_matches_reference() {
         top_k: 2,
         norm_topk: false,
     };
-    run_case(&ctx, odd, 300, 257, 84, false);
-    run_case(&ctx, odd, 40, 33, 85, false);
+    run_case(&ctx, odd, (300, 257), 84, false, 1);
+    run_case(&ctx, odd, (40, 33), 85, false, 2);
 }
 
 #[test]
@@ -221,5 +237,5 @@ fn moe_prefill_split_experts_match_reference() {
         top_k: 4,
         norm_topk: true,
     };
-    run_case(&ctx, d, 50, 50, 86, true);
+    run_case(&ctx, d, (50, 50), 86, true, 1);
 }

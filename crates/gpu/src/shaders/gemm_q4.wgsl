@@ -48,13 +48,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // W: tile column nn, half h of the block's share (see `gm_wfetch`).
     let nn = li % 128u;
     let h = li / 128u;
+    // The blocks [kb, kend) of this workgroup's K split (grid z; one split of bpr blocks unless
+    // the binding splits K: its partial sums go to their own rows of Y, see `gm_tile`).
+    let kb = min(min(wid.z, p.splits - 1u) * p.ks, p.bpr - 1u);
+    let kend = min(kb + p.ks, p.bpr);
     var xr: array<vec4<f32>, XPT>;
     //GEMM_DECL
     for (var i = 0u; i < XPT; i++) {
-        xr[i] = x[xrow * p.xs4 + sv + i];
+        xr[i] = x[xrow * p.xs4 + kb * 8u + sv + i];
     }
-    var wr = gm_wfetch(wid, t, nn, h, 0u);
-    for (var b = 0u; b < p.bpr; b++) {
+    var wr = gm_wfetch(wid, t, nn, h, kb);
+    for (var b = kb; b < kend; b++) {
         // The previous block's math is done with the staging buffers.
         workgroupBarrier();
         for (var i = 0u; i < XPT; i++) {
@@ -68,7 +72,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         gm_wstore(wr, nn, h);
         workgroupBarrier();
         // The next block's loads overlap this block's math.
-        if (b + 1u < p.bpr) {
+        if (b + 1u < kend) {
             for (var i = 0u; i < XPT; i++) {
                 xr[i] = x[xrow * p.xs4 + (b + 1u) * 8u + sv + i];
             }

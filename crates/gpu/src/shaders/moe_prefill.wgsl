@@ -1,7 +1,8 @@
 // The MoE of a prefill chunk around the expert GEMMs (moe_prefill.rs): routing of every token,
 // the per-expert assignment lists and tiles (the plan), and the weighted combine. Prepended by the
-// host: moe_route.wgsl, consts E, K, WG, NORM_TOPK, H4 (H / 4), MBM (tokens per GEMM tile) and the
-// plan layout (P_OFF, P_TILES, P_LIST, P_INV).
+// host: moe_route.wgsl, consts E, K, WG, NORM_TOPK, H4 (H / 4), MBM (tokens per GEMM tile), the
+// plan layout (P_OFF, P_TILES, P_LIST, P_INV), and for `route` RS (router logit splits) and
+// TMAX (token rows per split).
 //
 // Plan buffer (u32 words): [0] tile count; [P_OFF .. P_OFF + E + 1) the list offset of each expert
 // (exclusive prefix sum of the counts, the last = T K); [P_TILES ..) tiles `e << 16 | m0` (rows m0 ..
@@ -9,7 +10,7 @@
 // [P_INV .. + T K) its inverse, j of assignment i.
 struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
 
-@group(0) @binding(0) var<storage, read> logits: array<f32>;             // [T, E] router logits
+@group(0) @binding(0) var<storage, read> logits: array<f32>;             // [RS, TMAX, E] partial router logits
 @group(0) @binding(1) var<storage, read_write> rid: array<u32>;          // [T K] expert of assignment
 @group(0) @binding(2) var<storage, read_write> rw: array<f32>;           // [T K] its mixing weight
 @group(0) @binding(3) var<storage, read_write> cnt: array<atomic<u32>>;  // [E] zero between layers
@@ -26,7 +27,15 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (t >= dims.m) {
         return;
     }
-    route_select(li, t * E);
+    // The logits: the RS partial sums of the router GEMM's K splits, added in split order.
+    for (var e = li; e < E; e += WG) {
+        var v = logits[t * E + e];
+        for (var j = 1u; j < RS; j++) {
+            v += logits[(j * TMAX + t) * E + e];
+        }
+        lg[e] = v;
+    }
+    route_rank(li);
     if (li < K) {
         let e = top_e[li];
         let i = t * K + li;
