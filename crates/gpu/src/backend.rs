@@ -253,6 +253,7 @@ impl GpuBackend {
                     query_tiles: opts.prefill_query_tiles,
                     matrix_units: opts.prefill_matrix_units,
                     max_splits: opts.tune.prefill_splits,
+                    k_splits: opts.tune.prefill_ksplits,
                 },
                 merge,
             }

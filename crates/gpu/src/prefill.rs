@@ -39,11 +39,13 @@ use crate::kernels::attention_prefill::{
 };
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::gemm::{k_splits, GemmArgs, GemmBinding, GemmForm, GemmKernel, GemmWeights};
+use crate::kernels::gemm_reduce::{GemmReduceArgs, GemmReduceBinding, GemmReduceKernel};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::NormInput;
 use crate::kernels::moe_prefill::{MoeDims, MoePrefill, MoePrefillBuffers, MoePrefillLayer};
 use crate::kernels::norm::{RmsNormRowsBinding, RmsNormRowsKernel};
 use crate::state::RunState;
+use crate::tensor::Q4Matrix;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
 use nibble_backend::OpTime;
@@ -69,14 +71,23 @@ const TALL_TILE_TOKENS: u32 = 256;
 /// chunk's length (docs/BENCHMARKS.md run 126).
 const ROUTER_K_SPLITS: u32 = 16;
 
+/// K splits of the qkv and o-proj GEMMs of a chunk under [`TALL_TILE_TOKENS`] tokens (its
+/// 32-token tiles): 64 tokens give the o-proj's 2048 rows 32 tiles, each walking 128 blocks
+/// of K, on a GPU of 132 SMs. Each split writes partial sums that a reduce dispatch
+/// (kernels/gemm_reduce.rs) adds into the qkv or the residual stream.
+pub const SHORT_K_SPLITS: u32 = 8;
+
 struct Layer {
     norm: RmsNormRowsBinding,
+    /// Short (32-token tiles, maybe K-split) and tall forms; the short one's reduce if split.
     qkv: [GemmBinding; 2],
+    qkv_sum: Option<GemmReduceBinding>,
     /// The main sequence's cache (the decode plan's).
     attn: Attn,
     /// The multi-stream caches, once bound ([`PrefillPlan::bind_streams`]).
     attn_streams: Option<Attn>,
     o: [GemmBinding; 2],
+    o_sum: Option<GemmReduceBinding>,
     ffn_norm: RmsNormRowsBinding,
     router: [GemmBinding; 2],
     moe: MoePrefillLayer,
@@ -127,7 +138,10 @@ pub struct PrefillPlan {
     logits: wgpu::Buffer,
     logits_rb: wgpu::Buffer,
     state: wgpu::Buffer,
-    /// xn `[chunk, H]`, qkv `[chunk, Q + 2 KV]`, att `[chunk, Q]`, router logits `[chunk, E]`.
+    /// Adds a short chunk's K-split qkv / o-proj partials (`Layer::qkv_sum`, `o_sum`).
+    reduce: GemmReduceKernel,
+    /// xn `[chunk, H]`, qkv `[chunk, Q + 2 KV]`, att `[chunk, Q]`, router logits `[splits,
+    /// chunk, E]`, the short GEMMs' partials `[splits, min(chunk, 256), Q + 2 KV or H]`.
     keep: Vec<wgpu::Buffer>,
     /// The column attention's partials (only without the tile kernel).
     scratch: Option<AttentionScratch>,
@@ -148,6 +162,9 @@ pub struct PrefillShape {
     pub matrix_units: bool,
     /// Most key splits of the query-tile attention (`Tune::prefill_splits`; None: its own).
     pub max_splits: Option<u32>,
+    /// K splits of a short chunk's qkv and o-proj GEMMs (`Tune::prefill_ksplits`; None:
+    /// [`SHORT_K_SPLITS`]).
+    pub k_splits: Option<u32>,
 }
 
 impl PrefillPlan {
@@ -162,6 +179,7 @@ impl PrefillPlan {
             query_tiles,
             matrix_units,
             max_splits,
+            k_splits: short_splits,
         }: PrefillShape,
         merge: Combine,
         (k_cache, v_cache): (&[wgpu::Buffer], &[wgpu::Buffer]),
@@ -230,6 +248,18 @@ impl PrefillPlan {
         let qkv = f32s("p.qkv", q + 2 * kv)?;
         let att = f32s("p.att", q)?;
         let rlog = f32s("p.router", rs as usize * e)?;
+        // A short chunk's split qkv / o-proj partial sums: [splits, prows, outputs] each.
+        let prows = chunk.min(TALL_TILE_TOKENS);
+        let want = short_splits.unwrap_or(SHORT_K_SPLITS);
+        let (sq, so) = (
+            k_splits((h / 32) as u32, want),
+            k_splits((q / 32) as u32, want),
+        );
+        let part = ctx.storage(
+            "p.split_partials",
+            (prows as u64 * 4 * (sq as usize * (q + 2 * kv)).max(so as usize * h) as u64).max(4),
+        )?;
+        let reduce = GemmReduceKernel::new(ctx)?;
         let hlast = ctx.storage("p.hlast", h as u64 * 4)?;
         let logits = ctx.storage("p.logits", v as u64 * 4)?;
         let logits_rb = ctx.readback_buffer("p.logits.readback", v as u64 * 4);
@@ -258,45 +288,74 @@ impl PrefillPlan {
                 dims: &dims,
             },
         )?;
-        let dense =
-            |w: GemmWeights<'_>, x: &wgpu::Buffer, y: &wgpu::Buffer, stride: usize, acc: bool| {
-                let args = GemmArgs {
-                    form: match (w, acc) {
-                        (GemmWeights::F32(_), _) => GemmForm::DenseF32,
-                        (_, true) => GemmForm::DenseAcc,
-                        _ => GemmForm::Dense,
-                    },
-                    w,
-                    x,
-                    y,
-                    y_stride: stride as u32,
-                    x_rows: chunk,
-                    y_rows: chunk,
-                    dims: Some(&dims),
-                    plan: None,
-                    rows_per_expert: 0,
-                    max_tiles: 0,
-                };
-                // The router's K splits (the int4 forms have none).
-                let splits = if matches!(w, GemmWeights::F32(_)) {
-                    rs
-                } else {
-                    1
-                };
-                Ok::<_, crate::context::GpuError>([
-                    gemm.bind_split(ctx, &args, 2, splits)?,
-                    gemm.bind_split(ctx, &args, 4, splits)?,
-                ])
+        // One dense GEMM: `tm` tokens per thread, K in `splits` slices (rows `y_rows` apart).
+        let dense = |w: GemmWeights<'_>,
+                     x: &wgpu::Buffer,
+                     (y, stride, y_rows): (&wgpu::Buffer, usize, u32),
+                     acc: bool,
+                     (tm, splits): (u32, u32)| {
+            let args = GemmArgs {
+                form: match (w, acc) {
+                    (GemmWeights::F32(_), _) => GemmForm::DenseF32,
+                    (_, true) => GemmForm::DenseAcc,
+                    _ => GemmForm::Dense,
+                },
+                w,
+                x,
+                y,
+                y_stride: stride as u32,
+                x_rows: chunk,
+                y_rows,
+                dims: Some(&dims),
+                plan: None,
+                rows_per_expert: 0,
+                max_tiles: 0,
             };
+            gemm.bind_split(ctx, &args, tm, splits)
+        };
+        // The qkv (`=`) or the o-proj (`+=` into h): the short form (32-token tiles) in `splits`
+        // K splits into `part` plus the reduce that adds them (unsplit: straight into y), and
+        // the tall form (64-token tiles).
+        let pair = |w: &Q4Matrix,
+                    x: &wgpu::Buffer,
+                    (y, stride): (&wgpu::Buffer, usize),
+                    acc: bool,
+                    splits: u32| {
+            let w = GemmWeights::Q4(w);
+            let tall = dense(w, x, (y, stride, chunk), acc, (4, 1))?;
+            if splits == 1 {
+                let short = dense(w, x, (y, stride, chunk), acc, (2, 1))?;
+                return Ok::<_, crate::context::GpuError>(([short, tall], None));
+            }
+            let short = dense(w, x, (&part, stride, prows), false, (2, splits))?;
+            let sum = reduce.bind(
+                ctx,
+                &GemmReduceArgs {
+                    part: &part,
+                    y,
+                    y_rows: chunk,
+                    n: stride as u32,
+                    ys: stride as u32,
+                    splits,
+                    prows,
+                    acc,
+                    dims: &dims,
+                },
+            )?;
+            Ok(([short, tall], Some(sum)))
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in w.layers.iter().enumerate() {
             let (Matrix::Q4(wqkv), Matrix::Q4(wo), Matrix::F32(wr)) = (&lw.qkv, &lw.o, &lw.router)
             else {
                 bail!("the GEMM prefill needs int4 attention projections and an f32 router");
             };
+            let (qkv_g, qkv_sum) = pair(wqkv, &xn, (&qkv, q + 2 * kv), false, sq)?;
+            let (o, o_sum) = pair(wo, &att, (&hb, h), true, so)?;
             layers.push(Layer {
                 norm: norm_k.bind(ctx, &hb, &lw.attn_norm, &xn, chunk, &dims)?,
-                qkv: dense(GemmWeights::Q4(wqkv), &xn, &qkv, q + 2 * kv, false)?,
+                qkv: qkv_g,
+                qkv_sum,
                 attn: bind_attn(
                     ctx,
                     (
@@ -321,9 +380,13 @@ impl PrefillPlan {
                     &dims,
                 )?,
                 attn_streams: None,
-                o: dense(GemmWeights::Q4(wo), &att, &hb, h, true)?,
+                o,
+                o_sum,
                 ffn_norm: norm_k.bind(ctx, &hb, &lw.ffn_norm, &xn, chunk, &dims)?,
-                router: dense(GemmWeights::F32(wr), &xn, &rlog, e, false)?,
+                router: [
+                    dense(GemmWeights::F32(wr), &xn, (&rlog, e, chunk), false, (2, rs))?,
+                    dense(GemmWeights::F32(wr), &xn, (&rlog, e, chunk), false, (4, rs))?,
+                ],
                 moe: moe.bind_layer(ctx, &gemm, &xn, &lw.gate, &lw.up, &lw.down)?,
             });
         }
@@ -368,7 +431,8 @@ impl PrefillPlan {
             logits,
             logits_rb,
             state,
-            keep: vec![xn, qkv, att, rlog],
+            keep: vec![xn, qkv, att, rlog, part],
+            reduce,
             scratch,
             tiles_scratch,
             stream_slots: 0,
@@ -389,8 +453,8 @@ impl PrefillPlan {
             k_cache.len(),
             self.layers.len()
         );
-        let [_, qkv, att, _] = &self.keep[..] else {
-            unreachable!("keep holds xn, qkv, att, router logits")
+        let [_, qkv, att, _, _] = &self.keep[..] else {
+            unreachable!("keep holds xn, qkv, att, router logits, split partials")
         };
         for (l, (layer, lw)) in self.layers.iter_mut().zip(&w.layers).enumerate() {
             layer.attn_streams = Some(bind_attn(
@@ -525,6 +589,9 @@ impl PrefillPlan {
             self.norm_k.record(pass, &l.norm, n);
             mark(pass, "attn norm");
             self.gemm.record(pass, &l.qkv[tall], n);
+            if let (0, Some(r)) = (tall, &l.qkv_sum) {
+                self.reduce.record(pass, r, n);
+            }
             mark(pass, "qkv gemm");
             let attn = match target {
                 Target::Main => &l.attn,
@@ -545,6 +612,9 @@ impl PrefillPlan {
             }
             mark(pass, "attention (kv write + attend)");
             self.gemm.record(pass, &l.o[tall], n);
+            if let (0, Some(r)) = (tall, &l.o_sum) {
+                self.reduce.record(pass, r, n);
+            }
             mark(pass, "o gemm +=");
             self.norm_k.record(pass, &l.ffn_norm, n);
             mark(pass, "ffn norm");

@@ -51,6 +51,10 @@ pub struct Tune {
     /// Most key splits of the GEMM prefill's query-tile attention (1..=16, default 16; 1: the
     /// keys unsplit; kernels/attention_prefill.rs).
     pub prefill_splits: Option<u32>,
+    /// K splits of a short chunk's qkv and o-proj GEMMs (under 256 tokens: few tiles of 128
+    /// rows; gemm.rs `bind_split`, the partials summed by gemm_reduce.rs); 1: unsplit. Unset:
+    /// [`crate::prefill::SHORT_K_SPLITS`].
+    pub prefill_ksplits: Option<u32>,
     /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
     /// dispatches per layer instead of 5; 256 is the bound measured). Unset or 0 (the
     /// default): the qkv matvec and the attention in dispatches of their own, faster on the
@@ -74,7 +78,7 @@ pub const DEFAULT_HEAD: u32 = 4;
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 16] = [
+pub const KEYS: [&str; 17] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -89,6 +93,7 @@ pub const KEYS: [&str; 16] = [
     "moe_late_norm",
     "head",
     "prefill_splits",
+    "prefill_ksplits",
     "qkv_attn",
     "warm",
 ];
@@ -110,6 +115,7 @@ impl Tune {
             "moe_late_norm" => &mut self.moe_late_norm,
             "head" => &mut self.head,
             "prefill_splits" => &mut self.prefill_splits,
+            "prefill_ksplits" => &mut self.prefill_ksplits,
             "qkv_attn" => &mut self.qkv_attn,
             "warm" => &mut self.warm,
             _ => return None,
@@ -200,6 +206,7 @@ impl std::fmt::Display for Tune {
             self.moe_late_norm,
             self.head,
             self.prefill_splits,
+            self.prefill_ksplits,
             self.qkv_attn,
             self.warm,
         ];

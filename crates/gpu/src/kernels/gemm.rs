@@ -494,10 +494,11 @@ impl GemmKernel {
         //   says; X rows are clamped below x_rows (`gm_xrow`), list reads below list + y_rows
         //   (`gm_lrow`, the plan holds list + y_rows words), so the staging loads of a tile
         //   without rows (m0 + sr past mend - 1, or mend - 1 wrapping) stay inside too;
-        // - K splits (f32 kernel): kb = min(min(z, splits - 1) ks, bpr - 1) and the blocks run
-        //   to kend = min(kb + ks, bpr), so every block index stays below bpr whatever the
-        //   grid's z; the dense tiles' Y rows start at min(z, splits - 1) y_rows, and `bind`
-        //   checks Y holds splits x y_rows rows (splits = 1 everywhere but the router);
+        // - K splits (both kernels): kb = min(min(z, splits - 1) ks, bpr - 1) and the blocks
+        //   run to kend = min(kb + ks, bpr) (the coop kernel's next-block loads at min(kb + b +
+        //   1, bpr - 1)), so every block index stays below bpr whatever the grid's z; the dense
+        //   tiles' Y rows start at min(z, splits - 1) y_rows, and `bind` checks Y holds splits
+        //   x y_rows rows (splits = 1 for the expert forms and `+=`);
         // - X columns: b < bpr (the next-block loads use b + 1 < kend <= bpr or min(b + 1, bpr - 1)) and
         //   sv + i < 8 (XPT = 8 BM / 256 vec4s per thread at sv = (li / BM) XPT), so below
         //   bpr 8 = xs4; Y columns: ycol + na with na < p.n, ycol + p.n <= the weight rows <=
@@ -553,10 +554,12 @@ impl GemmKernel {
     }
 
     /// [`GemmKernel::bind`] with K cut into `splits` slices of whole blocks, one workgroup
-    /// each (`DenseF32` only: the router, whose 128 outputs make one tile column, so without a
-    /// split a few workgroups each walk all of K while the GPU's other SMs idle). Split `z`
-    /// writes its partial sums to Y rows `z * y_rows ..`; `splits` must be
-    /// [`k_splits`]`(cols / 32, splits)` (no empty slice), and Y hold `splits * y_rows` rows.
+    /// each (the `=` dense forms: the router, whose 128 outputs make one tile column, and a
+    /// short chunk's qkv and o-proj, which take few tiles; without a split a few workgroups
+    /// each walk all of K while the GPU's other SMs idle). Split `z` writes its partial sums to
+    /// Y rows `z * y_rows ..` (their reader adds them: the MoE route, `gemm_reduce.rs`);
+    /// `splits` must be [`k_splits`]`(cols / 32, splits)` (no empty slice), and Y hold
+    /// `splits * y_rows` rows.
     pub fn bind_split(
         &self,
         ctx: &Context,
@@ -624,13 +627,11 @@ impl GemmKernel {
             )));
         }
         let bpr = wcols / BLOCK as u32;
-        if splits == 0
-            || (splits > 1 && a.form != GemmForm::DenseF32)
-            || k_splits(bpr, splits) != splits
-        {
+        let splittable = matches!(a.form, GemmForm::Dense | GemmForm::DenseF32);
+        if splits == 0 || (splits > 1 && !splittable) || k_splits(bpr, splits) != splits {
             return Err(GpuError::Shape(format!(
-                "gemm {:?}: {splits} K splits of {bpr} blocks (only the f32 form splits, into \
-                 non-empty slices)",
+                "gemm {:?}: {splits} K splits of {bpr} blocks (only the `=` dense forms split, \
+                 into non-empty slices)",
                 a.form
             )));
         }

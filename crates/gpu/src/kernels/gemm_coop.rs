@@ -102,7 +102,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (li == 0u) {
         wl[31u * SW + 135u] = select(f16(0.0), f16(1.0), t.ok);
     }
-    let nblocks = select(0u, p.bpr, workgroupUniformLoad(&wl[31u * SW + 135u]) != f16(0.0));
+    // The blocks [kb, kb + nblocks) of this workgroup's K split (grid z; one split of bpr
+    // blocks unless the binding splits K: gemm.rs `bind_split`).
+    let kb = min(min(wid.z, p.splits - 1u) * p.ks, p.bpr - 1u);
+    let kend = min(kb + p.ks, p.bpr);
+    let nblocks = select(0u, kend - kb, workgroupUniformLoad(&wl[31u * SW + 135u]) != f16(0.0));
     // Staging roles as in gemm_q4.wgsl: X row sr of the tile, vec4s sv .. sv + XPT of the block;
     // W tile column nn, half h of the block.
     let sr = li % BM;
@@ -112,9 +116,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let h = li / 128u;
     var xr: array<vec4<f32>, XPT>;
     for (var i = 0u; i < XPT; i++) {
-        xr[i] = x[xrow * p.xs4 + sv + i];
+        xr[i] = x[xrow * p.xs4 + kb * 8u + sv + i];
     }
-    var wr = gm_wfetch(wid, t, nn, h, 0u);
+    var wr = gm_wfetch(wid, t, nn, h, kb);
     let ti = sg % MT;
     let g = sg / MT;
     // The accumulators start as loads of this subgroup's zeroed epilogue scratch (the form
@@ -139,7 +143,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
         // The next block's loads overlap this block's products (the last block loads itself
         // again rather than branch).
-        let bn = min(b + 1u, p.bpr - 1u);
+        let bn = min(kb + b + 1u, p.bpr - 1u);
         for (var i = 0u; i < XPT; i++) {
             xr[i] = x[xrow * p.xs4 + bn * 8u + sv + i];
         }

@@ -319,7 +319,7 @@ fn gemm_f32_k_splits_match_reference() {
         dims(&ctx, 4),
     );
     let q4 = GemmArgs {
-        form: GemmForm::Dense,
+        form: GemmForm::DenseAcc,
         w: GemmWeights::Q4(&w),
         x: &x,
         y: &y,
@@ -334,8 +334,104 @@ fn gemm_f32_k_splits_match_reference() {
     assert!(k.bind_split(&ctx, &q4, 4, 1).is_ok());
     assert!(
         k.bind_split(&ctx, &q4, 4, 2).is_err(),
-        "an int4 form split its K"
+        "the += form split its K"
     );
+}
+
+/// The int4 `=` form in K splits (a short chunk's qkv and o-proj), summed by the reduce kernel
+/// (`=` and `+=` into Y): the reference within the usual bound, Y rows past the chunk and
+/// columns past the outputs untouched.
+#[test]
+fn gemm_q4_k_splits_and_reduce_match_reference() {
+    let Some(ctx) = gpu("gemm_q4_k_splits_and_reduce_match_reference") else {
+        return;
+    };
+    use crate::kernels::gemm_reduce::{GemmReduceArgs, GemmReduceKernel};
+    let k = GemmKernel::new(&ctx).unwrap();
+    let red = GemmReduceKernel::new(&ctx).unwrap();
+    let mut r = rng(75);
+    for (m, rows, cols, want_splits) in [(37usize, 300usize, 256usize, 8u32), (3, 130, 2048, 4)] {
+        let bpr = (cols / 32) as u32;
+        let splits = k_splits(bpr, want_splits);
+        assert!(splits > 1);
+        let wb = rand_q4_0(&mut r, rows, cols);
+        let deq = dequant_q4_0(&wb, rows, cols);
+        let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+        let want = reference(&deq, rows, cols, &x, m);
+        let (yr, stride) = (m + PAD_ROWS, rows + PAD_COLS);
+        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+        let part = ctx
+            .storage("part", (splits as usize * yr * stride) as u64 * 4)
+            .unwrap();
+        let d = dims(&ctx, m);
+        let a = GemmArgs {
+            form: GemmForm::Dense,
+            w: GemmWeights::Q4(&w),
+            x: &xb,
+            y: &part,
+            y_stride: stride as u32,
+            x_rows: yr as u32,
+            y_rows: yr as u32,
+            dims: Some(&d),
+            plan: None,
+            rows_per_expert: 0,
+            max_tiles: 0,
+        };
+        let b = k.bind_split(&ctx, &a, 2, splits).unwrap();
+        for acc in [false, true] {
+            let init = rand_f32(&mut r, yr * stride, -2.0, 2.0);
+            let y = ctx.storage_init("y", bytemuck::cast_slice(&init)).unwrap();
+            let rb = red
+                .bind(
+                    &ctx,
+                    &GemmReduceArgs {
+                        part: &part,
+                        y: &y,
+                        y_rows: yr as u32,
+                        n: rows as u32,
+                        ys: stride as u32,
+                        splits,
+                        prows: yr as u32,
+                        acc,
+                        dims: &d,
+                    },
+                )
+                .unwrap();
+            ctx.run_pass(|p| {
+                k.record(p, &b, m as u32);
+                red.record(p, &rb, m as u32);
+            })
+            .unwrap();
+            let got = ctx.read_f32(&y, yr * stride).unwrap();
+            let what = format!("q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}");
+            check(&got, &init, &want, acc, rows, m, &what);
+        }
+        // The reduce refuses a part buffer without room for its splits.
+        let y = ctx.storage("y", (yr * stride) as u64 * 4).unwrap();
+        let bad = GemmReduceArgs {
+            part: &part,
+            y: &y,
+            y_rows: yr as u32,
+            n: rows as u32,
+            ys: stride as u32,
+            splits: splits + 1,
+            prows: yr as u32,
+            acc: false,
+            dims: &d,
+        };
+        assert!(
+            red.bind(&ctx, &bad).is_err(),
+            "{what}: too many splits",
+            what = rows
+        );
+        let wide = GemmReduceArgs {
+            splits,
+            n: stride as u32 + 1,
+            ..bad
+        };
+        assert!(red.bind(&ctx, &wide).is_err(), "columns past the stride");
+    }
 }
 
 /// Diagnostic (ignored; run on a device where the matrix-unit kernel is chosen to see what it

@@ -10,6 +10,7 @@ mod cols_tests;
 pub mod embed;
 pub mod gemm;
 pub mod gemm_coop;
+pub mod gemm_reduce;
 pub mod matmul;
 #[cfg(test)]
 mod matmul_tests;
