@@ -10,12 +10,19 @@ use nibble_backend::{argmax, Backend, RefBackend};
 
 /// The GEMM prefill for every prompt of 2 tokens or more (the default sends the short ones
 /// through the column prefill: `default_prefill_takes_the_column_prefill_below_the_crossover`).
+/// A short chunk's qkv and o-proj GEMMs in K splits (`--tune prefill_ksplits=8`: as many as
+/// the tiny model's few blocks of K allow), so these tests cover the splits and their reduce
+/// end to end (the default, unsplit, runs in `default_prefill_takes_...` below).
 fn opts(prefill_chunk: u32, streams: usize) -> GpuOptions {
     GpuOptions {
         context_len: 256,
         prefill_chunk,
         streams,
         prefill_gemm_min: 2,
+        tune: crate::tune::Tune {
+            prefill_ksplits: Some(8),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
