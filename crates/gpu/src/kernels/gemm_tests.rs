@@ -25,6 +25,30 @@ fn dims(ctx: &Context, m: usize) -> wgpu::Buffer {
         .unwrap()
 }
 
+/// A dense form's arguments: X and Y of `rows` token rows, Y rows `stride` apart.
+fn dense_args<'a>(
+    form: GemmForm,
+    w: GemmWeights<'a>,
+    (x, y): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+    stride: usize,
+    rows: usize,
+    d: &'a wgpu::Buffer,
+) -> GemmArgs<'a> {
+    GemmArgs {
+        form,
+        w,
+        x,
+        y,
+        y_stride: stride as u32,
+        x_rows: rows as u32,
+        y_rows: rows as u32,
+        dims: Some(d),
+        plan: None,
+        rows_per_expert: 0,
+        max_tiles: 0,
+    }
+}
+
 /// Reference `Y [m, rows]` in f64 and `Σ|w||x|` per output (the scale of f32 rounding).
 fn reference(deq: &[f32], rows: usize, cols: usize, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
     let mut y = vec![0f64; m * rows];
@@ -263,19 +287,14 @@ fn gemm_f32_k_splits_match_reference() {
         let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
         let y = ctx.storage_init("y", bytemuck::cast_slice(&init)).unwrap();
         let d = dims(&ctx, m);
-        let a = GemmArgs {
-            form: GemmForm::DenseF32,
-            w: GemmWeights::F32(&wf),
-            x: &xb,
-            y: &y,
-            y_stride: stride as u32,
-            x_rows: yr as u32,
-            y_rows: yr as u32,
-            dims: Some(&d),
-            plan: None,
-            rows_per_expert: 0,
-            max_tiles: 0,
-        };
+        let a = dense_args(
+            GemmForm::DenseF32,
+            GemmWeights::F32(&wf),
+            (&xb, &y),
+            stride,
+            yr,
+            &d,
+        );
         let b = k.bind_split(&ctx, &a, tm, splits).unwrap();
         ctx.run_pass(|p| k.record(p, &b, m as u32)).unwrap();
         let got = ctx.read_f32(&y, init.len()).unwrap();
@@ -318,19 +337,7 @@ fn gemm_f32_k_splits_match_reference() {
         ctx.storage("y", 2 * 4 * 64 * 4).unwrap(),
         dims(&ctx, 4),
     );
-    let q4 = GemmArgs {
-        form: GemmForm::DenseAcc,
-        w: GemmWeights::Q4(&w),
-        x: &x,
-        y: &y,
-        y_stride: 64,
-        x_rows: 4,
-        y_rows: 4,
-        dims: Some(&d),
-        plan: None,
-        rows_per_expert: 0,
-        max_tiles: 0,
-    };
+    let q4 = dense_args(GemmForm::DenseAcc, GemmWeights::Q4(&w), (&x, &y), 64, 4, &d);
     assert!(k.bind_split(&ctx, &q4, 4, 1).is_ok());
     assert!(
         k.bind_split(&ctx, &q4, 4, 2).is_err(),
@@ -365,19 +372,14 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
             .storage("part", (splits as usize * yr * stride) as u64 * 4)
             .unwrap();
         let d = dims(&ctx, m);
-        let a = GemmArgs {
-            form: GemmForm::Dense,
-            w: GemmWeights::Q4(&w),
-            x: &xb,
-            y: &part,
-            y_stride: stride as u32,
-            x_rows: yr as u32,
-            y_rows: yr as u32,
-            dims: Some(&d),
-            plan: None,
-            rows_per_expert: 0,
-            max_tiles: 0,
-        };
+        let a = dense_args(
+            GemmForm::Dense,
+            GemmWeights::Q4(&w),
+            (&xb, &part),
+            stride,
+            yr,
+            &d,
+        );
         let b = k.bind_split(&ctx, &a, 2, splits).unwrap();
         for acc in [false, true] {
             let init = rand_f32(&mut r, yr * stride, -2.0, 2.0);
