@@ -254,14 +254,20 @@ impl PrefillPlan {
         let rlog = f32s("p.router", rs as usize * e)?;
         // A short chunk's split qkv / o-proj partial sums: [splits, prows, outputs] each.
         let prows = chunk.min(TALL_TILE_TOKENS);
-        let want = short_splits.unwrap_or(SHORT_K_SPLITS);
+        // At most 16 (as the router), which keeps the partials below 100 MiB for Qwen3-30B-A3B.
+        let want = short_splits.unwrap_or(SHORT_K_SPLITS).min(16);
         let (sq, so) = (
             k_splits((h / 32) as u32, want),
             k_splits((q / 32) as u32, want),
         );
         let part = ctx.storage(
             "p.split_partials",
-            (prows as u64 * 4 * (sq as usize * (q + 2 * kv)).max(so as usize * h) as u64).max(4),
+            // One word where neither splits (the default): the buffer is then unused.
+            if sq == 1 && so == 1 {
+                4
+            } else {
+                prows as u64 * 4 * (sq as usize * (q + 2 * kv)).max(so as usize * h) as u64
+            },
         )?;
         let reduce = GemmReduceKernel::new(ctx)?;
         let hlast = ctx.storage("p.hlast", h as u64 * 4)?;

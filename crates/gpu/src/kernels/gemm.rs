@@ -18,7 +18,8 @@
 //!
 //! Numerics: per (token, output) the sum runs over the inputs in order with one f32 fma each,
 //! on exactly dequantised weights: the oracle's dot up to f32 rounding (tested against an f64
-//! reference to 1e-5 of Σ|w||x|).
+//! reference to 1e-5 of Σ|w||x|). A K-split binding ([`GemmKernel::bind_split`]) sums each
+//! slice so, and its reader adds the slices in split order: the same bound, other roundings.
 
 use std::sync::OnceLock;
 
@@ -499,7 +500,8 @@ impl GemmKernel {
         //   1, bpr - 1)), so every block index stays below bpr whatever the grid's z; the dense
         //   tiles' Y rows start at min(z, splits - 1) y_rows, and `bind` checks Y holds splits
         //   x y_rows rows (splits = 1 for the expert forms and `+=`);
-        // - X columns: b < bpr (the next-block loads use b + 1 < kend <= bpr or min(b + 1, bpr - 1)) and
+        // - X columns: b < bpr (the next-block loads use b + 1 < kend <= bpr or min(kb + b + 1,
+        //   bpr - 1)) and
         //   sv + i < 8 (XPT = 8 BM / 256 vec4s per thread at sv = (li / BM) XPT), so below
         //   bpr 8 = xs4; Y columns: ycol + na with na < p.n, ycol + p.n <= the weight rows <=
         //   y_stride (dense: ycol = the part's first row; experts: ycol = 0, p.n = I or H);
@@ -519,7 +521,8 @@ impl GemmKernel {
         //   ti < MT = BM / 16, wh / wl at (k + c + 16) SW + nn and matrix loads up to (kk + 15)
         //   SW + 127 (SW = 136), cs at sg 512 + 511 for its 8 subgroups of 32 (the only shape
         //   `gemm_coop::supported` admits);
-        // - loops run to bpr or constants; every divisor is a constant (K >= 1 is checked).
+        // - loops run to kend (f32) / nblocks = kend - kb (coop), both <= bpr, or constants;
+        //   every divisor is a constant (K >= 1 is checked).
         let compile = |src: &str| -> Result<wgpu::ComputePipeline> {
             // SAFETY: the audit above.
             unsafe { ctx.compute_unchecked(&label, src, "main") }

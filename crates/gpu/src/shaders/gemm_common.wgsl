@@ -3,9 +3,10 @@
 // xrows / yrows: the rows X and Y hold (gemm.rs checks the buffers); every row index is clamped
 // below them, so no plan or dims value can send a read or write past the buffers (the int4
 // forms run without runtime bounds checks, gemm.rs `GemmKernel::pipeline`).
-// ks, splits: K in `splits` (>= 1) slices of `ks` blocks, one per grid z (the f32 kernel's dense
-// forms only: the router; every other binding has one split of bpr blocks); split z's sums go to
-// Y rows z yrows .. (z + 1) yrows, and their reader adds them up (moe_prefill.wgsl `route`).
+// ks, splits: K in `splits` (>= 1) slices of `ks` blocks, one per grid z (the `=` dense forms
+// only: the router, a short chunk's qkv and o-proj; the expert forms and `+=` have one split of
+// bpr blocks); split z's sums go to Y rows z yrows .. (z + 1) yrows, and their reader adds them
+// up (moe_prefill.wgsl `route`, gemm_reduce.rs).
 struct Params {
     n: u32, bpr: u32, xs4: u32, ys: u32, ycol: u32, e_lo: u32, e_hi: u32, xrows: u32,
     yrows: u32, ks: u32, splits: u32, p11: u32,

@@ -18,8 +18,9 @@
 // accumulator is its own variable (//GEMM_DECL): the NVIDIA compiler puts per-thread arrays
 // indexed in loops into slow local memory.
 //
-// Per (token, weight row) the sum runs over k in order, one f32 fma each, on exactly dequantised
-// weights (f16 scale x (nibble - 8) is exact in f32): the oracle's products up to f32 rounding.
+// Per (token, weight row) the sum runs over k in order (over the split's k with K in splits),
+// one f32 fma each, on exactly dequantised weights (f16 scale x (nibble - 8) is exact in f32):
+// the oracle's products up to f32 rounding.
 // Params, Dims, bindings 2..5 and Tile: gemm_common.wgsl (shared with gemm_coop.rs).
 
 // X of the block: xs[k * BM / TM + i] holds tokens TM i .. TM i + TM at k.
