@@ -93,7 +93,8 @@ struct Layer {
     o: [GemmBinding; 2],
     o_sum: Option<GemmReduceBinding>,
     ffn_norm: RmsNormRowsBinding,
-    router: [GemmBinding; 2],
+    /// 32-token tiles, K in splits (`ROUTER_K_SPLITS`).
+    router: GemmBinding,
     moe: MoePrefillLayer,
 }
 
@@ -393,10 +394,9 @@ impl PrefillPlan {
                 o,
                 o_sum,
                 ffn_norm: norm_k.bind(ctx, &hb, &lw.ffn_norm, &xn, chunk, &dims)?,
-                router: [
-                    dense(GemmWeights::F32(wr), &xn, (&rlog, e, chunk), false, (2, rs))?,
-                    dense(GemmWeights::F32(wr), &xn, (&rlog, e, chunk), false, (4, rs))?,
-                ],
+                // 32-token tiles only: E = 128 outputs are one tile column, so they give
+                // twice the workgroups of the 64-token ones at every chunk length.
+                router: dense(GemmWeights::F32(wr), &xn, (&rlog, e, chunk), false, (2, rs))?,
                 moe: moe.bind_layer(ctx, &gemm, &xn, &lw.gate, &lw.up, &lw.down)?,
             });
         }
@@ -628,8 +628,7 @@ impl PrefillPlan {
             mark(pass, "o gemm +=");
             self.norm_k.record(pass, &l.ffn_norm, n);
             mark(pass, "ffn norm");
-            // E = 128 outputs are one tile column: the 32-token tiles give twice the workgroups.
-            self.gemm.record(pass, &l.router[0], n);
+            self.gemm.record(pass, &l.router, n);
             mark(pass, "router gemm");
             self.moe.record_marked(pass, &self.gemm, &l.moe, n, mark);
         }
