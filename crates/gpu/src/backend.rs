@@ -243,21 +243,7 @@ impl GpuBackend {
             _ => false,
         };
         let prefill = ColumnPrefill::new(&opts, merge);
-        let gemm_prefill = if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk == 0
-        {
-            GemmPrefill::Off
-        } else {
-            GemmPrefill::Pending {
-                shape: crate::prefill::PrefillShape {
-                    chunk: opts.prefill_chunk,
-                    query_tiles: opts.prefill_query_tiles,
-                    matrix_units: opts.prefill_matrix_units,
-                    max_splits: opts.tune.prefill_splits,
-                    k_splits: opts.tune.prefill_ksplits,
-                },
-                merge,
-            }
-        };
+        let gemm_prefill = GemmPrefill::new(&opts, merge);
         Ok(GpuBackend {
             plan,
             per_token: opts.per_token,

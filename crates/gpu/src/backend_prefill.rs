@@ -69,6 +69,27 @@ pub(super) enum GemmPrefill {
     Built(Box<PrefillPlan>, PrefillShape, Combine),
 }
 
+impl GemmPrefill {
+    /// The GEMM prefill `opts` allow, not built yet (off with the int8 numerics, `--per-token`
+    /// and `--prefill-chunk 0`).
+    pub(super) fn new(opts: &GpuOptions, merge: Combine) -> GemmPrefill {
+        if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk == 0 {
+            GemmPrefill::Off
+        } else {
+            GemmPrefill::Pending {
+                shape: PrefillShape {
+                    chunk: opts.prefill_chunk,
+                    query_tiles: opts.prefill_query_tiles,
+                    matrix_units: opts.prefill_matrix_units,
+                    max_splits: opts.tune.prefill_splits,
+                    k_splits: opts.tune.prefill_ksplits,
+                },
+                merge,
+            }
+        }
+    }
+}
+
 impl GpuBackend {
     /// How prompts are prefilled, in words (for `describe`).
     pub fn prefill_summary(&self) -> String {
