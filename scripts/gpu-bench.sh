@@ -183,11 +183,10 @@ flag_ab() {
   done
 }
 if has ksplitab; then
-  # A short chunk's qkv / o-proj in K splits (--tune prefill_ksplits=8; off by default until its
-  # matrix-unit parity is measured: PARITY_SETS="--prefill-gemm-min 2;--prefill-gemm-min 2
-  # --tune prefill_ksplits=8" with the parity step) against unsplit, at KS_LENS prompt lengths.
+  # A short chunk's qkv / o-proj in K splits (the default, 8) against unsplit (--tune
+  # prefill_ksplits=1), at KS_LENS prompt lengths.
   for p in ${KS_LENS:-64 128 255}; do
-    flag_ab ksplitab "unsplit pp$p" "8 K splits pp$p" "--tune prefill_ksplits=8" -p $p -n 4 --reps 5 --ctx 512
+    flag_ab ksplitab "8 K splits pp$p" "unsplit pp$p" "--tune prefill_ksplits=1" -p $p -n 4 --reps 5 --ctx 512
   done
 fi
 if has lone; then

@@ -75,11 +75,10 @@ const ROUTER_K_SPLITS: u32 = 16;
 /// 32-token tiles): 64 tokens give the o-proj's 2048 rows 32 tiles, each walking 128 blocks
 /// of K, on a GPU of 132 SMs. Each split writes partial sums that a reduce dispatch
 /// (kernels/gemm_reduce.rs) adds into the qkv or the residual stream. 8 splits ran pp64 /
-/// pp128 at 1248.6 / 1909.6 tok/s against 1135.5 / 1809.1 unsplit on the H200 (+9.7% /
-/// +5.6%, docs/BENCHMARKS.md run 128), but the matrix-unit kernel's parity with splits is not
-/// measured yet (lavapipe runs the f32 kernel only; the device time ran out), so the default
-/// stays 1 (unsplit) until it is: `--tune prefill_ksplits=8` selects them.
-pub const SHORT_K_SPLITS: u32 = 1;
+/// pp128 at 1252.1 / 1918.5 tok/s against 1135.3 / 1831.0 unsplit on the H200 (+10% / +5%),
+/// with full-model parity PASS on the matrix units (docs/BENCHMARKS.md runs 128-129);
+/// `--tune prefill_ksplits=1` turns them off.
+pub const SHORT_K_SPLITS: u32 = 8;
 
 struct Layer {
     norm: RmsNormRowsBinding,

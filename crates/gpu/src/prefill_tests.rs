@@ -10,20 +10,26 @@ use nibble_backend::{argmax, Backend, RefBackend};
 
 /// The GEMM prefill for every prompt of 2 tokens or more (the default sends the short ones
 /// through the column prefill: `default_prefill_takes_the_column_prefill_below_the_crossover`).
-/// A short chunk's qkv and o-proj GEMMs in K splits (`--tune prefill_ksplits=8`: as many as
-/// the tiny model's few blocks of K allow), so these tests cover the splits and their reduce
-/// end to end (the default, unsplit, runs in `default_prefill_takes_...` below).
+/// A short chunk's qkv and o-proj GEMMs run in the default K splits (as many of
+/// `SHORT_K_SPLITS` as the tiny model's few blocks of K allow); [`unsplit`] turns them off.
 fn opts(prefill_chunk: u32, streams: usize) -> GpuOptions {
     GpuOptions {
         context_len: 256,
         prefill_chunk,
         streams,
         prefill_gemm_min: 2,
-        tune: crate::tune::Tune {
-            prefill_ksplits: Some(8),
-            ..Default::default()
-        },
         ..Default::default()
+    }
+}
+
+/// `o` with a short chunk's qkv and o-proj GEMMs whole (`--tune prefill_ksplits=1`).
+fn unsplit(o: GpuOptions) -> GpuOptions {
+    GpuOptions {
+        tune: crate::tune::Tune {
+            prefill_ksplits: Some(1),
+            ..o.tune
+        },
+        ..o
     }
 }
 
@@ -48,10 +54,11 @@ fn gemm_prefill_matches_the_oracle_and_the_column_prefill() {
     let m = model_with_vocab(14, false, 512);
     let mut columns = GpuBackend::with_context(&ctx, m.as_ref(), opts(0, 0)).unwrap();
     assert!(columns.prefill_summary().starts_with("column prefill"));
-    // The query tiles (default) in many chunks and in one (512 asked for, shortened to the
-    // 256-position context); the column attention in many and in one.
+    // The query tiles (default) in many chunks (K-split and whole) and in one (512 asked for,
+    // shortened to the 256-position context); the column attention in many and in one.
     for (chunk, o) in [
         (16u32, opts(16, 0)),
+        (16, unsplit(opts(16, 0))),
         (256, opts(512, 0)),
         (16, column_attention(opts(16, 0))),
         (256, column_attention(opts(512, 0))),

@@ -53,7 +53,7 @@ pub struct Tune {
     pub prefill_splits: Option<u32>,
     /// K splits of a short chunk's qkv and o-proj GEMMs (under 256 tokens: few tiles of 128
     /// rows; gemm.rs `bind_split`, the partials summed by gemm_reduce.rs); 1: unsplit. Unset:
-    /// [`crate::prefill::SHORT_K_SPLITS`] (1 until the H200 parity with 8 is measured).
+    /// [`crate::prefill::SHORT_K_SPLITS`] (8).
     pub prefill_ksplits: Option<u32>,
     /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
     /// dispatches per layer instead of 5; 256 is the bound measured). Unset or 0 (the
