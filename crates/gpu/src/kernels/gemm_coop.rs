@@ -5,13 +5,14 @@
 //! that size with 32-wide subgroups (NVIDIA); elsewhere (lavapipe, Metal) the f32 kernel runs.
 //!
 //! Numerics: f32-class, not f16-class. Each staged value is split into two f16s, `v = hi + lo`
-//! (`hi` = `v` cut to 11 significant bits by masking, `lo = f16(v - hi)`), and a product is
+//! (an activation: `hi` = `v` cut to 11 significant bits by masking, `lo = f16(v - hi)`; a
+//! weight: [`WSTORE_COOP`]'s exact split of its scale), and a product is
 //! `xh·wh + xl·wh + xh·wl`, accumulated in f32 by the matrix unit: what is dropped is `xl·wl`
-//! (below 2^-20 of the term) and the rounding of `lo` (2^-21). A weight `d · (q - 8)` has at most
-//! 14 significant bits, so its split is exact whenever `lo` is a normal f16. X is scaled by 2^4
-//! and W by 2^8 (exact; undone by 2^-12 in the epilogue) so that `lo` is normal for |x| >= 2^-7
-//! and |w| >= 2^-11; below that, if the matrix units flush f16 subnormals (not measured), a term
-//! loses at most 2^-18 of x or 2^-22 of w in absolute terms. Inputs must stay below 2^11 in
+//! (below 2^-20 of the term) and the rounding of `lo` (2^-21). A weight's split is exact whenever
+//! its parts are normal f16s. X is scaled by 2^4 and W by 2^8 (exact; undone by 2^-12 in the
+//! epilogue) so that `lo` is normal for |x| >= 2^-7 and for block scales d >= 2^-12 (the low part
+//! of `d · 2^8` is at least 2^-10 of it); below that, if the matrix units flush f16 subnormals
+//! (not measured), a term loses at most 2^-18 of x, or of w a part below 2^-22 in absolute terms. Inputs must stay below 2^11 in
 //! magnitude (f16's range after the scaling): the GEMMs' inputs are RMS-normalised rows,
 //! attention outputs and `silu(gate) * up`. A value past it becomes inf/NaN that reaches the
 //! logits; the backend then rebuilds the prefill on f32 fmas and runs the prompt again
@@ -35,15 +36,37 @@ pub const DESCRIPTION: &str = "int4 GEMM on matrix units, split-f16 products, f3
 
 /// `gm_wstore` for int4 weights: thread (nn, h)'s 16 values of one block (elements 8h .. 8h + 8
 /// and 16 + 8h .. 16 + 8h + 8 of row nn, as in gemm.rs), scaled by `WS` and split into `wh`/`wl`
-/// at `[k][nn]`.
+/// at `[k][nn]`, all in f16 arithmetic and two values at a time. The scale `d · WS` (an f16
+/// scale times 2^8: 11 significant bits) is cut into `dh` (its top 7 bits) and `dl = d · WS -
+/// dh` (the other 4); with `|q - 8| <= 8` (at most 3 significant bits) `dh (q - 8)` has at most
+/// 10 significant bits and `dl (q - 8)` at most 7, so both f16 products are exact and `wh + wl`
+/// is the weight exactly (the split of the f32 weight, `hi` masked to 11 bits, needed an
+/// int-to-float and two float-to-half conversions per weight: the staging's cost). `q - 8`
+/// comes exact from the f32 bits `0x4B000000 | q` (2^23 + q), and each pair (the nibbles at
+/// bits 4t and 4t + 16 of a word) becomes f16 in one vector conversion. (naga 30 cannot bitcast
+/// a u32 to `vec2<f16>`, which would skip the f32 step.)
 const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
     let d = r.d * WS;
+    let dh = bitcast<f32>(bitcast<u32>(d) & 0xFFFE0000u);
+    let dh16 = f16(dh);
+    let dl16 = f16(d - dh);
     for (var j = 0u; j < 2u; j++) {
         let w = r.q[j];
         let k = 8u * h + 4u * j;
-        for (var c = 0u; c < 4u; c++) {
-            wsplit((k + c) * SW + nn, d * (f32((w >> (8u * c)) & 0xFu) - 8.0));
-            wsplit((k + c + 16u) * SW + nn, d * (f32((w >> (8u * c + 4u)) & 0xFu) - 8.0));
+        for (var t = 0u; t < 4u; t++) {
+            // Nibbles at bits 4t and 4t + 16: elements e and e + 2 of the block (byte t / 2 and
+            // t / 2 + 2; a high nibble is element 16 further).
+            let e = k + (t >> 1u) + 16u * (t & 1u);
+            let s = 4u * t;
+            let qe = bitcast<f32>(((w >> s) & 0xFu) | 0x4B000000u) - 8388616.0;
+            let qf = bitcast<f32>(((w >> (s + 16u)) & 0xFu) | 0x4B000000u) - 8388616.0;
+            let qv = vec2<f16>(vec2<f32>(qe, qf));
+            let a = qv * dh16;
+            let b = qv * dl16;
+            wh[e * SW + nn] = a.x;
+            wh[(e + 2u) * SW + nn] = a.y;
+            wl[e * SW + nn] = b.x;
+            wl[(e + 2u) * SW + nn] = b.y;
         }
     }
 }
@@ -72,15 +95,12 @@ var<workgroup> cs: array<f32, 8u * 512u>; // per subgroup: two 16 x 16 accumulat
 fn split_hi(v: f32) -> f32 {
     return bitcast<f32>(bitcast<u32>(v) & 0xFFFFE000u);
 }
+// Both halves converted as one vector (one packed conversion where the GPU has it).
 fn xsplit(i: u32, v: f32) {
     let a = split_hi(v);
-    xh[i] = f16(a);
-    xl[i] = f16(v - a);
-}
-fn wsplit(i: u32, v: f32) {
-    let a = split_hi(v);
-    wh[i] = f16(a);
-    wl[i] = f16(v - a);
+    let hl = vec2<f16>(vec2<f32>(a, v - a));
+    xh[i] = hl.x;
+    xl[i] = hl.y;
 }
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
