@@ -12,10 +12,11 @@
 //! its parts are normal f16s. X is scaled by 2^4 and W by 2^8 (exact; undone by 2^-12 in the
 //! epilogue) so that `lo` is normal for |x| >= 2^-7 and for block scales d >= 2^-12 (the low part
 //! of `d · 2^8` is at least 2^-10 of it); below that, if the matrix units flush f16 subnormals
-//! (not measured), a term loses at most 2^-18 of x, or of w a part below 2^-22 in absolute terms. Inputs must stay below 2^11 in
-//! magnitude (f16's range after the scaling): the GEMMs' inputs are RMS-normalised rows,
-//! attention outputs and `silu(gate) * up`. A value past it becomes inf/NaN that reaches the
-//! logits; the backend then rebuilds the prefill on f32 fmas and runs the prompt again
+//! (not measured), a term loses at most 2^-18 of x, or of w a part below 2^-22 in absolute
+//! terms. Inputs must stay below 2^11 in magnitude and block scales below 2^5 (f16's range after
+//! the scaling): the GEMMs' inputs are RMS-normalised rows, attention outputs and `silu(gate) *
+//! up`. A value past it becomes inf/NaN that reaches the logits; the backend then rebuilds the
+//! prefill on f32 fmas and runs the prompt again
 //! (backend_prefill.rs `run_gemm_prefill`).
 //! Tested against the same f64 reference and bound as the f32 kernel (gemm_tests.rs,
 //! moe_prefill_tests.rs and prefill_tests.rs run it wherever the device has it).
@@ -279,6 +280,46 @@ mod tests {
         })
         .unwrap();
         ctx.read_f32(&out, n).unwrap()
+    }
+
+    /// [`WSTORE_COOP`]'s split, replayed on the CPU for every f16 scale `d` in the range the
+    /// module doc names (2^-12 <= |d| < 32, and 0) and every nibble: `dh` and `dl` convert to f16 exactly,
+    /// both f16 products `dh (q - 8)` and `dl (q - 8)` are exact (an f16 multiply rounds the
+    /// exact product once, as `f16::from_f32` of the f32 product of two f16s does), and they sum
+    /// to `d 2^8 (q - 8)`. The shader itself runs against the f64 reference wherever the device
+    /// has matrix units (gemm_tests.rs on the H200).
+    #[test]
+    fn weight_split_is_exact_for_every_f16_scale() {
+        use half::f16;
+        let mut checked = 0;
+        for bits in 0..=u16::MAX {
+            let d = f16::from_bits(bits).to_f32();
+            if !d.is_finite() || (d != 0.0 && !(2f32.powi(-12)..32.0).contains(&d.abs())) {
+                continue;
+            }
+            let ds = d * 256.0;
+            let dh = f32::from_bits(ds.to_bits() & 0xFFFE_0000);
+            let dl = ds - dh;
+            let (h16, l16) = (f16::from_f32(dh), f16::from_f32(dl));
+            assert_eq!((h16.to_f32(), l16.to_f32()), (dh, dl), "d = {d}");
+            for q in 0..16u32 {
+                // The shader's nibble: the f32 bits 2^23 + q, less 2^23 + 8.
+                let qv = f32::from_bits(0x4B00_0000 | q) - 8_388_616.0;
+                assert_eq!(qv, q as f32 - 8.0);
+                let a = f16::from_f32(h16.to_f32() * qv).to_f32();
+                let b = f16::from_f32(l16.to_f32() * qv).to_f32();
+                assert_eq!(a, dh * qv, "d = {d}, q = {q}: dh (q - 8) not exact in f16");
+                assert_eq!(b, dl * qv, "d = {d}, q = {q}: dl (q - 8) not exact in f16");
+                assert_eq!(
+                    a as f64 + b as f64,
+                    ds as f64 * qv as f64,
+                    "d = {d}, q = {q}"
+                );
+            }
+            checked += 1;
+        }
+        // 17 binades of 1024 scales each (2^-12 .. 2^5), both signs, and the two zeros.
+        assert_eq!(checked, 2 * 17 * 1024 + 2);
     }
 
     /// Diagnostic (ignored: needs a device with cooperative matrices, e.g. the H200 through
