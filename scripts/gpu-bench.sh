@@ -54,7 +54,7 @@ if has parity; then
   # column prefill; "--prefill-gemm-min 2" (the default extra set) sends them through the GEMM
   # prefill too. PARITY_DEFAULT=0 skips the default set (a change to the GEMM prefill only).
   IFS=';' read -ra PSETS <<< "${PARITY_SETS---prefill-gemm-min 2}"
-  [[ "${PARITY_DEFAULT:-1}" == 0 ]] && PSETS=("${PSETS[@]}") || PSETS=("" "${PSETS[@]}")
+  [[ "${PARITY_DEFAULT:-1}" == 0 ]] || PSETS=("" "${PSETS[@]}")
   for ps in "${PSETS[@]}"; do
     say "parity gpu vs oracle (3 built-in prompts x 32 tokens) [${ps:-default}]"
     timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"

@@ -75,9 +75,9 @@ const ROUTER_K_SPLITS: u32 = 16;
 /// 32-token tiles): 64 tokens give the o-proj's 2048 rows 32 tiles, each walking 128 blocks
 /// of K, on a GPU of 132 SMs. Each split writes partial sums that a reduce dispatch
 /// (kernels/gemm_reduce.rs) adds into the qkv or the residual stream. 8 splits ran pp64 /
-/// pp128 at 1252.1 / 1918.5 tok/s against 1135.3 / 1831.0 unsplit on the H200 (+10% / +5%),
-/// with full-model parity PASS on the matrix units (docs/BENCHMARKS.md runs 128-129);
-/// `--tune prefill_ksplits=1` turns them off.
+/// pp128 at 1252.1 / 1918.5 tok/s against 1135.3 / 1831.0 unsplit on the H200 (+7 to +10% /
+/// +5 to +6% over two rounds, docs/BENCHMARKS.md runs 128-129), with full-model parity PASS on
+/// the matrix units (run 129); `--tune prefill_ksplits=1` turns them off.
 pub const SHORT_K_SPLITS: u32 = 8;
 
 struct Layer {
@@ -262,7 +262,8 @@ impl PrefillPlan {
         );
         let part = ctx.storage(
             "p.split_partials",
-            // One word where neither splits (the default): the buffer is then unused.
+            // One word where neither splits (`--tune prefill_ksplits=1`, or a model whose K is
+            // a single block): the buffer is then unused.
             if sq == 1 && so == 1 {
                 4
             } else {

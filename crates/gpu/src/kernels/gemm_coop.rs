@@ -8,15 +8,16 @@
 //! (an activation: `hi` = `v` cut to 11 significant bits by masking, `lo = f16(v - hi)`; a
 //! weight: [`WSTORE_COOP`]'s exact split of its scale), and a product is
 //! `xh·wh + xl·wh + xh·wl`, accumulated in f32 by the matrix unit: what is dropped is `xl·wl`
-//! (below 2^-20 of the term) and the rounding of `lo` (2^-21). A weight's split is exact whenever
-//! its parts are normal f16s. X is scaled by 2^4 and W by 2^8 (exact; undone by 2^-12 in the
-//! epilogue) so that `lo` is normal for |x| >= 2^-7 and for block scales d >= 2^-12 (the low part
-//! of `d · 2^8` is at least 2^-10 of it); below that, if the matrix units flush f16 subnormals
-//! (not measured), a term loses at most 2^-18 of x, or of w a part below 2^-22 in absolute
-//! terms. Inputs must stay below 2^11 in magnitude and block scales below 2^5 (f16's range after
-//! the scaling): the GEMMs' inputs are RMS-normalised rows, attention outputs and `silu(gate) *
-//! up`. A value past it becomes inf/NaN that reaches the logits; the backend then rebuilds the
-//! prefill on f32 fmas and runs the prompt again
+//! (`xl` below 2^-10 of x, `wl` below 2^-7 of w: below 2^-17 of the term, always shrinking it)
+//! and the rounding of `xl` (2^-21). A weight's split is exact whenever its parts are normal
+//! f16s. X is scaled by 2^4 and W by 2^8 (exact; undone by 2^-12 in the epilogue) so that `xl`
+//! is normal for |x| >= 2^-7, and a nonzero `wl` for block scales d >= 2^-12 (it is at least
+//! one unit in the last place of `d · 2^8`, 2^-14 there); below that, if the matrix units or
+//! the f16 multiplies flush subnormals (not measured), a term loses at most 2^-18 of x, or of w
+//! a part below 2^-22 in absolute terms. Inputs must stay below 2^11 in magnitude and block
+//! scales below 2^5 (f16's range after the scaling): the GEMMs' inputs are RMS-normalised rows,
+//! attention outputs and `silu(gate) * up`. A value past it becomes inf/NaN that reaches the
+//! logits; the backend then rebuilds the prefill on f32 fmas and runs the prompt again
 //! (backend_prefill.rs `run_gemm_prefill`).
 //! Tested against the same f64 reference and bound as the f32 kernel (gemm_tests.rs,
 //! moe_prefill_tests.rs and prefill_tests.rs run it wherever the device has it).
@@ -38,17 +39,19 @@ pub const DESCRIPTION: &str = "int4 GEMM on matrix units, split-f16 products, f3
 /// `gm_wstore` for int4 weights: thread (nn, h)'s 16 values of one block (elements 8h .. 8h + 8
 /// and 16 + 8h .. 16 + 8h + 8 of row nn, as in gemm.rs), scaled by `WS` and split into `wh`/`wl`
 /// at `[k][nn]`, all in f16 arithmetic and two values at a time. The scale `d · WS` (an f16
-/// scale times 2^8: 11 significant bits) is cut into `dh` (its top 7 bits) and `dl = d · WS -
-/// dh` (the other 4); with `|q - 8| <= 8` (at most 3 significant bits) `dh (q - 8)` has at most
-/// 10 significant bits and `dl (q - 8)` at most 7, so both f16 products are exact and `wh + wl`
-/// is the weight exactly (the split of the f32 weight, `hi` masked to 11 bits, needed an
-/// int-to-float and two float-to-half conversions per weight: the staging's cost). `q - 8`
+/// scale times 2^8: 11 significant bits) is cut into `dh` (its top 8 bits) and `dl = d · WS -
+/// dh` (the other 3); with `|q - 8| <= 8` (at most 3 significant bits) `dh (q - 8)` has at most
+/// 11 significant bits and `dl (q - 8)` at most 6, so both f16 products are exact and `wh + wl`
+/// is the weight exactly, with `wl` below 2^-7 of it (so the dropped `xl·wl` stays below 2^-17
+/// of a term; a 7-bit `dh` would allow 2^-16). The split of the f32 weight, `hi` masked to 11
+/// bits, needed an int-to-float and two float-to-half conversions per weight: the staging's
+/// cost. `q - 8`
 /// comes exact from the f32 bits `0x4B000000 | q` (2^23 + q), and each pair (the nibbles at
 /// bits 4t and 4t + 16 of a word) becomes f16 in one vector conversion. (naga 30 cannot bitcast
 /// a u32 to `vec2<f16>`, which would skip the f32 step.)
 const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
     let d = r.d * WS;
-    let dh = bitcast<f32>(bitcast<u32>(d) & 0xFFFE0000u);
+    let dh = bitcast<f32>(bitcast<u32>(d) & 0xFFFF0000u);
     let dh16 = f16(dh);
     let dl16 = f16(d - dh);
     for (var j = 0u; j < 2u; j++) {
@@ -283,14 +286,18 @@ mod tests {
     }
 
     /// [`WSTORE_COOP`]'s split, replayed on the CPU for every f16 scale `d` in the range the
-    /// module doc names (2^-12 <= |d| < 32, and 0) and every nibble: `dh` and `dl` convert to f16 exactly,
-    /// both f16 products `dh (q - 8)` and `dl (q - 8)` are exact (an f16 multiply rounds the
-    /// exact product once, as `f16::from_f32` of the f32 product of two f16s does), and they sum
-    /// to `d 2^8 (q - 8)`. The shader itself runs against the f64 reference wherever the device
-    /// has matrix units (gemm_tests.rs on the H200).
+    /// module doc names (2^-12 <= |d| < 32, and 0) and every nibble: `dh` and `dl` convert to
+    /// f16 exactly, both f16 products `dh (q - 8)` and `dl (q - 8)` are exact (an f16 multiply
+    /// rounds the exact product once, as `f16::from_f32` of the f32 product of two f16s does),
+    /// they sum to `d 2^8 (q - 8)`, and the low part is below 2^-7 of the weight (the bound on
+    /// the dropped `xl·wl`). The nibble-to-element mapping is not replayed here: the shader
+    /// itself runs against the f64 reference wherever the device has matrix units (gemm_tests.rs
+    /// on the H200).
     #[test]
     fn weight_split_is_exact_for_every_f16_scale() {
         use half::f16;
+        // The shader's mask, so that this replay follows it.
+        assert!(WSTORE_COOP.contains("bitcast<u32>(d) & 0xFFFF0000u"));
         let mut checked = 0;
         for bits in 0..=u16::MAX {
             let d = f16::from_bits(bits).to_f32();
@@ -298,7 +305,7 @@ mod tests {
                 continue;
             }
             let ds = d * 256.0;
-            let dh = f32::from_bits(ds.to_bits() & 0xFFFE_0000);
+            let dh = f32::from_bits(ds.to_bits() & 0xFFFF_0000);
             let dl = ds - dh;
             let (h16, l16) = (f16::from_f32(dh), f16::from_f32(dl));
             assert_eq!((h16.to_f32(), l16.to_f32()), (dh, dl), "d = {d}");
@@ -314,6 +321,10 @@ mod tests {
                     a as f64 + b as f64,
                     ds as f64 * qv as f64,
                     "d = {d}, q = {q}"
+                );
+                assert!(
+                    b == 0.0 || b.abs() < a.abs() / 128.0,
+                    "d = {d}, q = {q}: wl too large"
                 );
             }
             checked += 1;
