@@ -6,7 +6,7 @@
 #   - decode benchmarks: folded vs per-token, warm-up apart, median and min-max.
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
-# where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,
+# where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
 # fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has ksplitab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -188,6 +188,15 @@ if has ksplitab; then
   # prefill_ksplits=1), at KS_LENS prompt lengths.
   for p in ${KS_LENS:-64 128 255}; do
     flag_ab ksplitab "8 K splits pp$p" "unsplit pp$p" "--tune prefill_ksplits=1" -p $p -n 4 --reps 5 --ctx 512
+  done
+fi
+if has dbufab; then
+  # The matrix-unit GEMM's 32-token tiles (the MoE expert GEMMs, short dense chunks) with two
+  # staging buffers, one barrier per block (--tune prefill_dbuf=1; off by default until
+  # measured: check it with PARITY_SETS="--prefill-gemm-min 2 --tune prefill_dbuf=1" and the
+  # gputests step, whose GEMM and MoE tests run both forms) against one buffer, at DB_LENS.
+  for p in ${DB_LENS:-512 2048}; do
+    flag_ab dbufab "one staging buffer pp$p" "two staging buffers pp$p" "--tune prefill_dbuf=1" -p $p -n 4 --reps 3 --ctx $((p + 64))
   done
 fi
 if has lone; then

@@ -83,6 +83,7 @@ impl GemmPrefill {
                     matrix_units: opts.prefill_matrix_units,
                     max_splits: opts.tune.prefill_splits,
                     k_splits: opts.tune.prefill_ksplits,
+                    double_buffer: opts.tune.prefill_dbuf.unwrap_or(0) != 0,
                 },
                 merge,
             }

@@ -169,6 +169,8 @@ pub struct PrefillShape {
     /// K splits of a short chunk's qkv and o-proj GEMMs (`Tune::prefill_ksplits`; None:
     /// [`SHORT_K_SPLITS`]).
     pub k_splits: Option<u32>,
+    /// The matrix-unit GEMM's 32-token tiles double-buffered (`Tune::prefill_dbuf`).
+    pub double_buffer: bool,
 }
 
 impl PrefillPlan {
@@ -184,6 +186,7 @@ impl PrefillPlan {
             matrix_units,
             max_splits,
             k_splits: short_splits,
+            double_buffer,
         }: PrefillShape,
         merge: Combine,
         (k_cache, v_cache): (&[wgpu::Buffer], &[wgpu::Buffer]),
@@ -278,7 +281,8 @@ impl PrefillPlan {
             Some(tk) => (None, Some(tk.scratch(ctx, chunk)?)),
             None => (Some(attn_k.scratch_cols(ctx, chunk)?), None),
         };
-        let gemm = GemmKernel::with_coop(ctx, matrix_units)?;
+        let gemm =
+            GemmKernel::with_coop(ctx, matrix_units)?.with_double_buffer(ctx, double_buffer)?;
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
         let embed_k = EmbedKernel::new(ctx)?;
         let matmul = MatmulKernel::new(ctx)?;

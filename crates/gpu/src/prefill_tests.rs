@@ -33,6 +33,18 @@ fn unsplit(o: GpuOptions) -> GpuOptions {
     }
 }
 
+/// `o` with the matrix-unit GEMM's 32-token tiles double-buffered (`--tune prefill_dbuf=1`;
+/// the same as `o` where the device has no matrix units, as lavapipe).
+fn double_buffered(o: GpuOptions) -> GpuOptions {
+    GpuOptions {
+        tune: crate::tune::Tune {
+            prefill_dbuf: Some(1),
+            ..o.tune
+        },
+        ..o
+    }
+}
+
 fn column_attention(o: GpuOptions) -> GpuOptions {
     GpuOptions {
         prefill_query_tiles: false,
@@ -55,11 +67,12 @@ fn gemm_prefill_matches_the_oracle_and_the_column_prefill() {
     let mut columns = GpuBackend::with_context(&ctx, m.as_ref(), opts(0, 0)).unwrap();
     assert!(columns.prefill_summary().starts_with("column prefill"));
     // The query tiles (default) in many chunks (K-split and whole) and in one (512 asked for,
-    // shortened to the 256-position context); the column attention in many and in one.
+    // shortened to the 256-position context; with two GEMM staging buffers where the device
+    // has matrix units); the column attention in many and in one.
     for (chunk, o) in [
         (16u32, opts(16, 0)),
         (16, unsplit(opts(16, 0))),
-        (256, opts(512, 0)),
+        (256, double_buffered(opts(512, 0))),
         (16, column_attention(opts(16, 0))),
         (256, column_attention(opts(512, 0))),
     ] {

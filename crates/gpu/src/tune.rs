@@ -55,6 +55,10 @@ pub struct Tune {
     /// rows; gemm.rs `bind_split`, the partials summed by gemm_reduce.rs); 1: unsplit. Unset:
     /// [`crate::prefill::SHORT_K_SPLITS`] (8).
     pub prefill_ksplits: Option<u32>,
+    /// 1: the matrix-unit prefill GEMM's 32-token tiles with two staging buffers (one barrier
+    /// per block of K instead of two; kernels/gemm_coop.rs `LOOP_DOUBLE`). Unset or 0: one
+    /// buffer (the double form is not measured on a GPU yet).
+    pub prefill_dbuf: Option<u32>,
     /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
     /// dispatches per layer instead of 5; 256 is the bound measured). Unset or 0 (the
     /// default): the qkv matvec and the attention in dispatches of their own, faster on the
@@ -78,7 +82,7 @@ pub const DEFAULT_HEAD: u32 = 4;
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 17] = [
+pub const KEYS: [&str; 18] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -94,6 +98,7 @@ pub const KEYS: [&str; 17] = [
     "head",
     "prefill_splits",
     "prefill_ksplits",
+    "prefill_dbuf",
     "qkv_attn",
     "warm",
 ];
@@ -116,6 +121,7 @@ impl Tune {
             "head" => &mut self.head,
             "prefill_splits" => &mut self.prefill_splits,
             "prefill_ksplits" => &mut self.prefill_ksplits,
+            "prefill_dbuf" => &mut self.prefill_dbuf,
             "qkv_attn" => &mut self.qkv_attn,
             "warm" => &mut self.warm,
             _ => return None,
@@ -207,6 +213,7 @@ impl std::fmt::Display for Tune {
             self.head,
             self.prefill_splits,
             self.prefill_ksplits,
+            self.prefill_dbuf,
             self.qkv_attn,
             self.warm,
         ];

@@ -422,6 +422,9 @@ impl GemmBinding {
 pub struct GemmKernel {
     /// Whether the int4 forms run on matrix units (gemm_coop.rs) rather than f32 fmas.
     coop: bool,
+    /// The matrix-unit kernel's 32-token tiles with two staging buffers (gemm_coop.rs
+    /// `LOOP_DOUBLE`; `--tune prefill_dbuf=1`).
+    dbuf: bool,
     /// `[Dense, DenseAcc, DenseF32][tm 2, 4]`.
     dense: [[OnceLock<wgpu::ComputePipeline>; 2]; 3],
     expert: std::sync::Mutex<ExpertPipes>,
@@ -439,7 +442,7 @@ impl GemmKernel {
     pub fn with_coop(ctx: &Context, coop: bool) -> Result<GemmKernel> {
         let coop = on_matrix_units(ctx, coop);
         let need = if coop {
-            (2 * 32 * 72 * 2 + 2 * 32 * 136 * 2 + 8 * 512 * 4) as u64
+            super::gemm_coop::workgroup_bytes(4, false)
         } else {
             (32 * 64 * 4 + 32 * 128 * 4) as u64
         };
@@ -453,9 +456,27 @@ impl GemmKernel {
         }
         Ok(GemmKernel {
             coop,
+            dbuf: false,
             dense: Default::default(),
             expert: Default::default(),
         })
+    }
+
+    /// The matrix-unit kernel's 32-token tiles with two staging buffers (`--tune
+    /// prefill_dbuf=1`; not measured on a GPU yet, so off by default). An error where the
+    /// device's workgroup memory cannot hold them; nothing changes without matrix units.
+    pub fn with_double_buffer(mut self, ctx: &Context, on: bool) -> Result<GemmKernel> {
+        let need = super::gemm_coop::workgroup_bytes(2, true);
+        let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
+        if on && self.coop && need > limit {
+            return Err(GpuError::TooLarge {
+                label: "double-buffered gemm workgroup memory".into(),
+                bytes: need,
+                limit,
+            });
+        }
+        self.dbuf = on;
+        Ok(self)
     }
 
     /// Whether the int4 forms run on matrix units.
@@ -466,7 +487,7 @@ impl GemmKernel {
     /// The WGSL of one pipeline: the matrix-unit kernel for int4 forms where chosen.
     fn source(&self, form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
         if self.coop && form != GemmForm::DenseF32 {
-            super::gemm_coop::shader(form, tm, plan)
+            super::gemm_coop::shader(form, tm, plan, self.dbuf)
         } else {
             shader(form, tm, plan)
         }
@@ -497,7 +518,8 @@ impl GemmKernel {
         //   without rows (m0 + sr past mend - 1, or mend - 1 wrapping) stay inside too;
         // - K splits (both kernels): kb = min(min(z, splits - 1) ks, bpr - 1) and the blocks
         //   run to kend = min(kb + ks, bpr) (the coop kernel's next-block loads at min(kb + b +
-        //   1, bpr - 1)), so every block index stays below bpr whatever the grid's z; the dense
+        //   1, bpr - 1), or with two staging buffers at min(kb + 1, kend - 1) and min(kb + b +
+        //   2, kend - 1)), so every block index stays below bpr whatever the grid's z; the dense
         //   tiles' Y rows start at min(z, splits - 1) y_rows, and `bind` checks Y holds splits
         //   x y_rows rows (splits = 1 for the expert forms and `+=`);
         // - X columns: b < bpr (the next-block loads use b + 1 < kend <= bpr or min(kb + b + 1,
@@ -517,10 +539,13 @@ impl GemmKernel {
         // - workgroup arrays: the f32 kernel's xs at ((k..k + 3) BM + sr) / TM with k <= 31,
         //   sr < BM, and ws at (k + c (+ 16)) 32 + nn / 4 <= 31 * 32 + 31 (f32 weights:
         //   (16 h + 12 + i) 32 + nn / 4 with h < 2, i < 4: the same bound); the coop kernel's
-        //   xh / xl at k SX + sr and their matrix loads up to (kk + 15) SX + 16 ti + 15 with
-        //   ti < MT = BM / 16, wh / wl at (k + c + 16) SW + nn and matrix loads up to (kk + 15)
-        //   SW + 127 (SW = 136), cs at sg 512 + 511 for its 8 subgroups of 32 (the only shape
-        //   `gemm_coop::supported` admits);
+        //   xh / xl at u 32 SX + k SX + sr and their matrix loads up to u 32 SX + (kk + 15) SX +
+        //   16 ti + 15 with ti < MT = BM / 16, wh / wl at u 32 SW + (k + c + 16) SW + nn and
+        //   matrix loads up to u 32 SW + (kk + 15) SW + 127 (SW = 136), for buffer u < NBUF
+        //   (u = 0, or b & 1 and its complement with NBUF = 2: `gemm_coop::LOOP_DOUBLE`), all
+        //   below NBUF 32 SX / NBUF 32 SW; cs at sg 512 + 511 for its 8 subgroups of 32 (the
+        //   only shape `gemm_coop::supported` admits), or with two buffers (CSW = 512) at li
+        //   and li + 256 (zeroing) and the one subgroup's tiles at 0 and 256 with e = li < 256;
         // - loops run to kend (f32) / nblocks = kend - kb (coop), both <= bpr, or constants;
         //   every divisor is a constant (K >= 1 is checked).
         let compile = |src: &str| -> Result<wgpu::ComputePipeline> {
@@ -744,6 +769,22 @@ fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The kernels the tests run: the default, and where the int4 forms run on matrix units the
+/// double-buffered one too (`--tune prefill_dbuf=1`, until measured not the default).
+#[cfg(test)]
+pub(crate) fn test_kernels(ctx: &Context) -> Vec<GemmKernel> {
+    let mut ks = vec![GemmKernel::new(ctx).unwrap()];
+    if ks[0].coop() {
+        ks.push(
+            GemmKernel::new(ctx)
+                .unwrap()
+                .with_double_buffer(ctx, true)
+                .unwrap(),
+        );
+    }
+    ks
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub const DESCRIPTION: &str = "int4 GEMM on matrix units, split-f16 products, f3
 
 /// `gm_wstore` for int4 weights: thread (nn, h)'s 16 values of one block (elements 8h .. 8h + 8
 /// and 16 + 8h .. 16 + 8h + 8 of row nn, as in gemm.rs), scaled by `WS` and split into `wh`/`wl`
-/// at `[k][nn]`, all in f16 arithmetic and two values at a time. The scale `d · WS` (an f16
+/// at `wo + [k][nn]` (`wo`: the staging buffer's first half), all in f16 arithmetic and two values at a time. The scale `d · WS` (an f16
 /// scale times 2^8: 11 significant bits) is cut into `dh` (its top 8 bits) and `dl = d · WS -
 /// dh` (the other 3); with `|q - 8| <= 8` (at most 3 significant bits) `dh (q - 8)` has at most
 /// 11 significant bits and `dl (q - 8)` at most 6, so both f16 products are exact and `wh + wl`
@@ -49,7 +49,7 @@ pub const DESCRIPTION: &str = "int4 GEMM on matrix units, split-f16 products, f3
 /// comes exact from the f32 bits `0x4B000000 | q` (2^23 + q), and each pair (the nibbles at
 /// bits 4t and 4t + 16 of a word) becomes f16 in one vector conversion. (naga 30 cannot bitcast
 /// a u32 to `vec2<f16>`, which would skip the f32 step.)
-const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
+const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32, wo: u32) {
     let d = r.d * WS;
     let dh = bitcast<f32>(bitcast<u32>(d) & 0xFFFF0000u);
     let dh16 = f16(dh);
@@ -67,17 +67,19 @@ const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
             let qv = vec2<f16>(vec2<f32>(qe, qf));
             let a = qv * dh16;
             let b = qv * dl16;
-            wh[e * SW + nn] = a.x;
-            wh[(e + 2u) * SW + nn] = a.y;
-            wl[e * SW + nn] = b.x;
-            wl[(e + 2u) * SW + nn] = b.y;
+            wh[wo + e * SW + nn] = a.x;
+            wh[wo + (e + 2u) * SW + nn] = a.y;
+            wl[wo + e * SW + nn] = b.x;
+            wl[wo + (e + 2u) * SW + nn] = b.y;
         }
     }
 }
 ";
 
-/// The body after the prelude; `//COOP_DECL`, `//COOP_MMA` and `//COOP_STORE` are expanded per
-/// accumulator by [`shader`].
+/// The body after the prelude; `NBUF` (staging buffers), `CSW` (epilogue scratch words) and
+/// `CS0` (this subgroup's scratch) are set by [`shader`], and `//ZERO_CS`, `//COOP_DECL`,
+/// `//LOOP` and `//COOP_STORE` are expanded there (the loop from [`STAGE`], [`LOAD_NEXT`] and
+/// [`PRODUCTS`]).
 const BODY: &str = "
 const SX: u32 = BM + 8u;   // halves per staged X^T row (one input k, BM tokens + padding)
 const SW: u32 = 136u;      // halves per staged W^T row (one input k, 128 weight rows + padding)
@@ -87,11 +89,11 @@ const SW: u32 = 136u;      // halves per staged W^T row (one input k, 128 weight
 const XS: f32 = 16.0;
 const WS: f32 = 256.0;
 const UNS: f32 = 0.000244140625;
-var<workgroup> xh: array<f16, 32u * SX>;
-var<workgroup> xl: array<f16, 32u * SX>;
-var<workgroup> wh: array<f16, 32u * SW>;
-var<workgroup> wl: array<f16, 32u * SW>;
-var<workgroup> cs: array<f32, 8u * 512u>; // per subgroup: two 16 x 16 accumulators, row-major
+var<workgroup> xh: array<f16, NBUF * 32u * SX>;
+var<workgroup> xl: array<f16, NBUF * 32u * SX>;
+var<workgroup> wh: array<f16, NBUF * 32u * SW>;
+var<workgroup> wl: array<f16, NBUF * 32u * SW>;
+var<workgroup> cs: array<f32, CSW>; // two 16 x 16 accumulators per subgroup (or one subgroup's)
 
 // `hi` is `v` with its low 13 mantissa bits cleared (11 significant bits: exact in f16) and
 // `lo = v - hi` (exact in f32). Integer masking, not `v - f32(f16(v))`: the H200's compiler
@@ -145,51 +147,141 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var wr = gm_wfetch(wid, t, nn, h, kb);
     let ti = sg % MT;
     let g = sg / MT;
-    // The accumulators start as loads of this subgroup's zeroed epilogue scratch (the form
-    // tested in the kernel; `coop_mat16x16<f32, C>()` gives zeros too, coop_probe).
-    for (var j = 0u; j < 16u; j++) {
-        cs[sg * 512u + lane + 32u * j] = 0.0;
-    }
+    // The accumulators start as loads of zeroed epilogue scratch (the form tested in the
+    // kernel; `coop_mat16x16<f32, C>()` gives zeros too, coop_probe).
+    //ZERO_CS
     workgroupBarrier();
     //COOP_DECL
-    for (var b = 0u; b < nblocks; b++) {
-        // The previous block's products are done with the staging buffers.
-        workgroupBarrier();
-        for (var i = 0u; i < XPT; i++) {
-            let k = 4u * (sv + i);
-            let v = xr[i] * XS;
-            xsplit(k * SX + sr, v.x);
-            xsplit((k + 1u) * SX + sr, v.y);
-            xsplit((k + 2u) * SX + sr, v.z);
-            xsplit((k + 3u) * SX + sr, v.w);
-        }
-        gm_wstore(wr, nn, h);
-        workgroupBarrier();
-        // The next block's loads overlap this block's products (the last block loads itself
-        // again rather than branch).
-        let bn = min(kb + b + 1u, p.bpr - 1u);
-        for (var i = 0u; i < XPT; i++) {
-            xr[i] = x[xrow * p.xs4 + bn * 8u + sv + i];
-        }
-        wr = gm_wfetch(wid, t, nn, h, bn);
-        for (var kk = 0u; kk < 32u; kk += 16u) {
-            // A = X[16 tokens][16 k], stored k-major: column-major with stride SX.
-            let ah = coopLoad<coop_mat16x16<f16, A>>(&xh[kk * SX + 16u * ti], SX);
-            let al = coopLoad<coop_mat16x16<f16, A>>(&xl[kk * SX + 16u * ti], SX);
-            //COOP_MMA
-        }
-    }
+    //LOOP
     //COOP_STORE
 }
 ";
 
+/// Stage the registers' block into buffer `$c` (X^T split, W^T dequantised and split).
+const STAGE: &str = "
+        for (var i = 0u; i < XPT; i++) {
+            let k = 4u * (sv + i);
+            let v = xr[i] * XS;
+            let xo = ($c) * 32u * SX + sr;
+            xsplit(xo + k * SX, v.x);
+            xsplit(xo + (k + 1u) * SX, v.y);
+            xsplit(xo + (k + 2u) * SX, v.z);
+            xsplit(xo + (k + 3u) * SX, v.w);
+        }
+        gm_wstore(wr, nn, h, ($c) * 32u * SW);
+";
+
+/// Load block `$b` into the registers (its loads then overlap the products that follow).
+const LOAD_NEXT: &str = "
+        {
+            let bn = $b;
+            for (var i = 0u; i < XPT; i++) {
+                xr[i] = x[xrow * p.xs4 + bn * 8u + sv + i];
+            }
+            wr = gm_wfetch(wid, t, nn, h, bn);
+        }
+";
+
+/// This subgroup's products over the block in buffer `$c`; `//COOP_MMA` per accumulator.
+const PRODUCTS: &str = "
+        {
+            let xo = ($c) * 32u * SX;
+            let wo = ($c) * 32u * SW;
+            for (var kk = 0u; kk < 32u; kk += 16u) {
+                // A = X[16 tokens][16 k], stored k-major: column-major with stride SX.
+                let ah = coopLoad<coop_mat16x16<f16, A>>(&xh[xo + kk * SX + 16u * ti], SX);
+                let al = coopLoad<coop_mat16x16<f16, A>>(&xl[xo + kk * SX + 16u * ti], SX);
+                //COOP_MMA
+            }
+        }
+";
+
+/// The block loop with one staging buffer: stage, products, two barriers per block.
+const LOOP_SINGLE: &str = "
+    for (var b = 0u; b < nblocks; b++) {
+        // The previous block's products are done with the staging buffers.
+        workgroupBarrier();
+        //STAGE(0u)
+        workgroupBarrier();
+        // The next block's loads overlap this block's products (the last block loads itself
+        // again rather than branch).
+        //LOAD_NEXT(min(kb + b + 1u, p.bpr - 1u))
+        //PRODUCTS(0u)
+    }
+";
+
+/// The block loop with two staging buffers (`--tune prefill_dbuf=1`): block b + 1 is staged
+/// into one buffer while the products read block b from the other, one barrier per block.
+/// The barrier ending block b orders both that block's products before the next staging into
+/// their buffer and that staging before its products. The last block stages a copy of the
+/// split's last block that nothing reads.
+const LOOP_DOUBLE: &str = "
+    //STAGE(0u)
+    //LOAD_NEXT(min(kb + 1u, kend - 1u))
+    workgroupBarrier();
+    for (var b = 0u; b < nblocks; b++) {
+        let cur = b & 1u;
+        //STAGE(cur ^ 1u)
+        //LOAD_NEXT(min(kb + b + 2u, kend - 1u))
+        //PRODUCTS(cur)
+        workgroupBarrier();
+    }
+";
+
+/// Expand the `//STAGE(c)`, `//LOAD_NEXT(b)` and `//PRODUCTS(c)` lines of `lp` (one of the
+/// loops above), with `mma` (the products of every accumulator) in each `PRODUCTS`.
+fn expand_loop(lp: &str, mma: &str) -> String {
+    let mut out = String::new();
+    for line in lp.lines() {
+        let t = line.trim_start();
+        let arg = |name: &str| t.strip_prefix(name).and_then(|r| r.strip_suffix(')'));
+        if let Some(c) = arg("//STAGE(") {
+            out += &STAGE.replace("$c", c);
+        } else if let Some(b) = arg("//LOAD_NEXT(") {
+            out += &LOAD_NEXT.replace("$b", b);
+        } else if let Some(c) = arg("//PRODUCTS(") {
+            out += &PRODUCTS
+                .replace("$c", c)
+                .replace("                //COOP_MMA\n", mma);
+        } else {
+            out += line;
+            out += "\n";
+        }
+    }
+    out
+}
+
+/// Workgroup memory of the kernel with `tm` tokens per thread, double-buffered or not: the X^T
+/// and W^T staging (f16 pairs; SX = 16 tm + 8, SW = 136 halves per row of 32) and the epilogue
+/// scratch (two 16 x 16 f32 tiles per subgroup, or one subgroup's at a time when double).
+pub fn workgroup_bytes(tm: u32, double: bool) -> u64 {
+    let nbuf = if double { 2 } else { 1 };
+    let staging = nbuf * 2 * 32 * ((16 * tm + 8) + 136) * 2;
+    let scratch = if double { 512 * 4 } else { 8 * 512 * 4 };
+    (staging + scratch) as u64
+}
+
+/// Whether the `tm` form takes the double-buffered loop when `dbuf` asks for it: only the
+/// 32-token tiles fit two buffers under the 48 KiB NVIDIA's Vulkan gives a workgroup (47104
+/// bytes against 55296 at 64 tokens).
+pub fn double_buffered(tm: u32, dbuf: bool) -> bool {
+    dbuf && tm == 2
+}
+
 /// The WGSL of `form` (an int4 form: `DenseF32` stays on the f32 kernel) with `tm` tokens per
-/// thread of the f32 kernel's tiling (tile height `16 tm`: 2 or 4 token tiles).
-pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
+/// thread of the f32 kernel's tiling (tile height `16 tm`: 2 or 4 token tiles); `dbuf`: two
+/// staging buffers where [`double_buffered`] allows (`--tune prefill_dbuf=1`).
+pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, dbuf: bool) -> String {
     debug_assert!(form != GemmForm::DenseF32 && (tm == 2 || tm == 4));
     let mt = tm;
+    let double = double_buffered(tm, dbuf);
     let mut s = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
-    s += &format!("const MT: u32 = {mt}u;\n");
+    s += &format!(
+        "const MT: u32 = {mt}u;\nconst NBUF: u32 = {}u;\nconst CSW: u32 = {}u;\n",
+        if double { 2 } else { 1 },
+        if double { 512 } else { 8 * 512 }
+    );
+    let cs0 = if double { "0u" } else { "sg * 512u" };
     s += &prelude(form, tm, plan, WSTORE_COOP);
     // (gate-or-first, up-or-second) column tiles of each accumulator pair.
     let pairs: Vec<(&str, &str)> = if mt == 4 {
@@ -203,12 +295,11 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
     let mut store = String::new();
     for (i, (na, nb)) in pairs.iter().enumerate() {
         for (acc, n) in [(format!("c{i}a"), na), (format!("c{i}b"), nb)] {
-            decl +=
-                &format!("    var {acc} = coopLoad<coop_mat16x16<f32, C>>(&cs[sg * 512u], 16u);\n");
+            decl += &format!("    var {acc} = coopLoad<coop_mat16x16<f32, C>>(&cs[{cs0}], 16u);\n");
             mma += &format!(
                 "            {{
-                let bh = coopLoadT<coop_mat16x16<f16, B>>(&wh[kk * SW + 16u * ({n})], SW);
-                let bl = coopLoadT<coop_mat16x16<f16, B>>(&wl[kk * SW + 16u * ({n})], SW);
+                let bh = coopLoadT<coop_mat16x16<f16, B>>(&wh[wo + kk * SW + 16u * ({n})], SW);
+                let bl = coopLoadT<coop_mat16x16<f16, B>>(&wl[wo + kk * SW + 16u * ({n})], SW);
                 {acc} = coopMultiplyAdd(ah, bh, {acc});
                 {acc} = coopMultiplyAdd(al, bh, {acc});
                 {acc} = coopMultiplyAdd(ah, bl, {acc});
@@ -229,6 +320,34 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
             if (nb < p.n) { y[yb + nb] = cs[o + 256u + e] * UNS; }\n"
             }
         };
+        if double {
+            // One subgroup at a time through the one scratch pair; every thread writes one
+            // element of it (the subgroup's own token and column tiles).
+            store += &format!(
+                "    for (var s = 0u; s < 8u; s++) {{
+        if (sg == s) {{
+            coopStoreT(c{i}a, &cs[0], 16u);
+            coopStoreT(c{i}b, &cs[256u], 16u);
+        }}
+        workgroupBarrier();
+        {{
+            let ti = s % MT;
+            let g = s / MT;
+            let o = 0u;
+            let e = li;
+            let m = t.m0 + 16u * ti + e / 16u;
+            if (m < t.mend) {{
+                let yb = gm_yrow(t, m) * p.ys + p.ycol;
+                let na = wid.x * {cols}u + 16u * ({na}) + e % 16u;
+                let nb = wid.x * {cols}u + 16u * ({nb}) + e % 16u;
+{write}            }}
+        }}
+        workgroupBarrier();
+    }}
+"
+            );
+            continue;
+        }
         store += &format!(
             "    {{
         let o = sg * 512u;
@@ -249,9 +368,16 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
 "
         );
     }
+    let zero = if double {
+        "    cs[li] = 0.0;\n    cs[li + 256u] = 0.0;\n"
+    } else {
+        "    for (var j = 0u; j < 16u; j++) {\n        cs[sg * 512u + lane + 32u * j] = 0.0;\n    }\n"
+    };
+    let lp = expand_loop(if double { LOOP_DOUBLE } else { LOOP_SINGLE }, &mma);
     s + &BODY
+        .replace("    //ZERO_CS\n", zero)
         .replace("    //COOP_DECL\n", &decl)
-        .replace("            //COOP_MMA\n", &mma)
+        .replace("    //LOOP\n", &lp)
         .replace("    //COOP_STORE\n", &store)
 }
 
@@ -568,30 +694,40 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgb: u32
             GemmForm::GateUp,
             GemmForm::Down,
         ] {
-            for tm in [2, 4] {
+            for (tm, dbuf) in [(2, false), (4, false), (2, true)] {
                 let plan = matches!(form, GemmForm::GateUp | GemmForm::Down).then_some(pl);
-                let src = shader(form, tm, plan);
-                let module = naga::front::wgsl::parse_str(&src)
-                    .unwrap_or_else(|e| panic!("{form:?} tm{tm}: {}", e.emit_to_string(&src)));
+                let src = shader(form, tm, plan, dbuf);
+                let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
+                    panic!("{form:?} tm{tm} dbuf {dbuf}: {}", e.emit_to_string(&src))
+                });
                 let info = naga::valid::Validator::new(
                     naga::valid::ValidationFlags::all(),
                     naga::valid::Capabilities::all(),
                 )
                 .validate(&module)
-                .unwrap_or_else(|e| panic!("{form:?} tm{tm}: {}", e.emit_to_string(&src)));
+                .unwrap_or_else(|e| {
+                    panic!("{form:?} tm{tm} dbuf {dbuf}: {}", e.emit_to_string(&src))
+                });
                 // The Vulkan backend's translation (what the device's compiler will see).
                 let opts = naga::back::spv::Options {
                     lang_version: (1, 3),
                     ..Default::default()
                 };
                 let words = naga::back::spv::write_vec(&module, &info, &opts, None)
-                    .unwrap_or_else(|e| panic!("{form:?} tm{tm}: SPIR-V: {e}"));
-                assert!(words.len() > 100, "{form:?} tm{tm}: {} words", words.len());
+                    .unwrap_or_else(|e| panic!("{form:?} tm{tm} dbuf {dbuf}: SPIR-V: {e}"));
+                assert!(
+                    words.len() > 100,
+                    "{form:?} tm{tm} dbuf {dbuf}: {} words",
+                    words.len()
+                );
                 if let Ok(dir) = std::env::var("NIBBLE_DUMP_SPV") {
-                    std::fs::write(format!("{dir}/gemm_coop_{form:?}_tm{tm}.wgsl"), &src)
-                        .expect("write WGSL dump");
+                    std::fs::write(
+                        format!("{dir}/gemm_coop_{form:?}_tm{tm}_db{dbuf}.wgsl"),
+                        &src,
+                    )
+                    .expect("write WGSL dump");
                     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                    let path = format!("{dir}/gemm_coop_{form:?}_tm{tm}.spv");
+                    let path = format!("{dir}/gemm_coop_{form:?}_tm{tm}_db{dbuf}.spv");
                     std::fs::write(&path, bytes).expect("write SPIR-V dump");
                 }
             }

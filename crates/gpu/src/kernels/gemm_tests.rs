@@ -153,7 +153,7 @@ fn gemm_dense_matches_reference() {
     let Some(ctx) = gpu("gemm_dense_matches_reference") else {
         return;
     };
-    let k = GemmKernel::new(&ctx).unwrap();
+    let ks = test_kernels(&ctx);
     let mut r = rng(71);
     for &(m, rows, cols) in SHAPES {
         let wb = rand_q4_0(&mut r, rows, cols);
@@ -164,16 +164,19 @@ fn gemm_dense_matches_reference() {
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
         let stride = rows + PAD_COLS;
-        for tm in [2, 4] {
+        for (tm, (ki, k)) in [2, 4]
+            .into_iter()
+            .flat_map(|tm| ks.iter().enumerate().map(move |k| (tm, k)))
+        {
             let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
-            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, false, &init);
-            let what = format!("dense m {m} [{rows}, {cols}] tm {tm}");
+            let got = run_dense(&ctx, k, GemmWeights::Q4(&w), &x, m, tm, false, &init);
+            let what = format!("dense m {m} [{rows}, {cols}] tm {tm} kernel {ki}");
             check(&got, &init, &want, false, rows, m, &what);
             // The same weights as an f32 matrix (the router's form).
-            let got = run_dense(&ctx, &k, GemmWeights::F32(&wf), &x, m, tm, false, &init);
+            let got = run_dense(&ctx, k, GemmWeights::F32(&wf), &x, m, tm, false, &init);
             check(&got, &init, &want, false, rows, m, &format!("f32 {what}"));
             let init = rand_f32(&mut r, (m + PAD_ROWS) * stride, -2.0, 2.0);
-            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, true, &init);
+            let got = run_dense(&ctx, k, GemmWeights::Q4(&w), &x, m, tm, true, &init);
             check(
                 &got,
                 &init,
@@ -181,7 +184,7 @@ fn gemm_dense_matches_reference() {
                 true,
                 rows,
                 m,
-                &format!("dense+= m {m} [{rows}, {cols}] tm {tm}"),
+                &format!("dense+= m {m} [{rows}, {cols}] tm {tm} kernel {ki}"),
             );
         }
     }
@@ -354,7 +357,7 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
         return;
     };
     use crate::kernels::gemm_reduce::{GemmReduceArgs, GemmReduceKernel};
-    let k = GemmKernel::new(&ctx).unwrap();
+    let ks = test_kernels(&ctx);
     let red = GemmReduceKernel::new(&ctx).unwrap();
     let mut r = rng(75);
     for (m, rows, cols, want_splits) in [(37usize, 300usize, 256usize, 8u32), (3, 130, 2048, 4)] {
@@ -380,8 +383,11 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
             yr,
             &d,
         );
-        let b = k.bind_split(&ctx, &a, 2, splits).unwrap();
-        for acc in [false, true] {
+        for (acc, (ki, k)) in [false, true]
+            .into_iter()
+            .flat_map(|acc| ks.iter().enumerate().map(move |k| (acc, k)))
+        {
+            let b = k.bind_split(&ctx, &a, 2, splits).unwrap();
             let init = rand_f32(&mut r, yr * stride, -2.0, 2.0);
             let y = ctx.storage_init("y", bytemuck::cast_slice(&init)).unwrap();
             let rb = red
@@ -406,7 +412,8 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
             })
             .unwrap();
             let got = ctx.read_f32(&y, yr * stride).unwrap();
-            let what = format!("q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}");
+            let what =
+                format!("q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}, kernel {ki}");
             check(&got, &init, &want, acc, rows, m, &what);
         }
         // The reduce refuses a part buffer without room for its splits.

@@ -139,7 +139,8 @@ fn run_case(
     } else {
         ctx.with_max_binding_bytes(ctx.max_binding_bytes())
     };
-    let gemm = GemmKernel::new(ctx).unwrap();
+    // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists.
+    let gemms = crate::kernels::gemm::test_kernels(ctx);
     let bufs = MoePrefillBuffers {
         logits: &logits,
         logit_splits: rs as u32,
@@ -150,6 +151,7 @@ fn run_case(
     let mut hv = rand_f32(&mut r, tm * hd, -1.0, 1.0);
     ctx.write(&h, 0, bytemuck::cast_slice(&hv));
     for li in 0..2 {
+        let gemm = &gemms[li % gemms.len()];
         let l = layer(&wctx, &mut r, &d);
         if split {
             assert!(l.gate.parts.len() > 1 && l.down.parts.len() > 1);
@@ -164,10 +166,9 @@ fn run_case(
         ctx.write(&logits, 0, bytemuck::cast_slice(&parts));
         ctx.write(&xn, 0, bytemuck::cast_slice(&x));
         let b = moe
-            .bind_layer(ctx, &gemm, &xn, &l.gate, &l.up, &l.down)
+            .bind_layer(ctx, gemm, &xn, &l.gate, &l.up, &l.down)
             .unwrap();
-        ctx.run_pass(|p| moe.record(p, &gemm, &b, t as u32))
-            .unwrap();
+        ctx.run_pass(|p| moe.record(p, gemm, &b, t as u32)).unwrap();
         let words = ctx
             .read_u32(moe.plan_buffer(), (moe.plan_buffer().size() / 4) as usize)
             .unwrap();
