@@ -320,10 +320,20 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, dbuf: bool) -> 
             if (nb < p.n) { y[yb + nb] = cs[o + 256u + e] * UNS; }\n"
             }
         };
-        if double {
+        // Element e of the pair (token row e / 16, column e % 16 of this subgroup's tiles).
+        let out = format!(
+            "            let m = t.m0 + 16u * ti + e / 16u;
+            if (m < t.mend) {{
+                let yb = gm_yrow(t, m) * p.ys + p.ycol;
+                let na = wid.x * {cols}u + 16u * ({na}) + e % 16u;
+                let nb = wid.x * {cols}u + 16u * ({nb}) + e % 16u;
+{write}            }}
+"
+        );
+        store += &if double {
             // One subgroup at a time through the one scratch pair; every thread writes one
-            // element of it (the subgroup's own token and column tiles).
-            store += &format!(
+            // element of it (that subgroup's token and column tiles).
+            format!(
                 "    for (var s = 0u; s < 8u; s++) {{
         if (sg == s) {{
             coopStoreT(c{i}a, &cs[0], 16u);
@@ -335,38 +345,26 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, dbuf: bool) -> 
             let g = s / MT;
             let o = 0u;
             let e = li;
-            let m = t.m0 + 16u * ti + e / 16u;
-            if (m < t.mend) {{
-                let yb = gm_yrow(t, m) * p.ys + p.ycol;
-                let na = wid.x * {cols}u + 16u * ({na}) + e % 16u;
-                let nb = wid.x * {cols}u + 16u * ({nb}) + e % 16u;
-{write}            }}
-        }}
+{out}        }}
         workgroupBarrier();
     }}
 "
-            );
-            continue;
-        }
-        store += &format!(
-            "    {{
+            )
+        } else {
+            format!(
+                "    {{
         let o = sg * 512u;
         coopStoreT(c{i}a, &cs[o], 16u);
         coopStoreT(c{i}b, &cs[o + 256u], 16u);
         workgroupBarrier();
         for (var j = 0u; j < 8u; j++) {{
             let e = lane + 32u * j;
-            let m = t.m0 + 16u * ti + e / 16u;
-            if (m < t.mend) {{
-                let yb = gm_yrow(t, m) * p.ys + p.ycol;
-                let na = wid.x * {cols}u + 16u * ({na}) + e % 16u;
-                let nb = wid.x * {cols}u + 16u * ({nb}) + e % 16u;
-{write}            }}
-        }}
+{out}        }}
         workgroupBarrier();
     }}
 "
-        );
+            )
+        };
     }
     let zero = if double {
         "    cs[li] = 0.0;\n    cs[li + 256u] = 0.0;\n"
