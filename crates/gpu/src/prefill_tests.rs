@@ -67,15 +67,21 @@ fn gemm_prefill_matches_the_oracle_and_the_column_prefill() {
     let mut columns = GpuBackend::with_context(&ctx, m.as_ref(), opts(0, 0)).unwrap();
     assert!(columns.prefill_summary().starts_with("column prefill"));
     // The query tiles (default) in many chunks (K-split and whole) and in one (512 asked for,
-    // shortened to the 256-position context; with two GEMM staging buffers where the device
-    // has matrix units); the column attention in many and in one.
-    for (chunk, o) in [
+    // shortened to the 256-position context); the column attention in many and in one; where
+    // the device has matrix units, also short chunks with two GEMM staging buffers (on 32-token
+    // tiles: the experts' and the split dense GEMMs'), split and whole.
+    let mut cases = vec![
         (16u32, opts(16, 0)),
         (16, unsplit(opts(16, 0))),
-        (256, double_buffered(opts(512, 0))),
+        (256, opts(512, 0)),
         (16, column_attention(opts(16, 0))),
         (256, column_attention(opts(512, 0))),
-    ] {
+    ];
+    if crate::kernels::gemm_coop::supported(&ctx) {
+        cases.push((16, double_buffered(opts(16, 0))));
+        cases.push((16, double_buffered(unsplit(opts(16, 0)))));
+    }
+    for (chunk, o) in cases {
         let tiles = o.prefill_query_tiles;
         let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
         let d = gb.describe();

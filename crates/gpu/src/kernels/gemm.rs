@@ -436,7 +436,7 @@ impl GemmKernel {
         Self::with_coop(ctx, true)
     }
 
-    /// Check the shared memory fits (24 KiB at 4 tokens per thread for the f32 kernel, 42.5 KiB
+    /// Check the shared memory fits (24 KiB at 4 tokens per thread for the f32 kernel, 42 KiB
     /// for the matrix-unit one); `coop`: run the int4 forms on matrix units where
     /// [`super::gemm_coop::supported`] (the f32 router GEMM always takes f32 fmas).
     pub fn with_coop(ctx: &Context, coop: bool) -> Result<GemmKernel> {
@@ -505,7 +505,12 @@ impl GemmKernel {
         } else {
             "gemm_q4"
         };
-        let label = format!("{kind}.{form:?}.tm{tm}");
+        let db = if self.coop && super::gemm_coop::double_buffered(tm, self.dbuf) {
+            ".double"
+        } else {
+            ""
+        };
+        let label = format!("{kind}.{form:?}.tm{tm}{db}");
         // Every form is compiled without naga's runtime bounds checks (pp512 +71% for the
         // whole prefill with every module unchecked, docs/BENCHMARKS.md run 115). SAFETY (of
         // `compile`): every index of gemm_q4.wgsl / gemm_coop.rs's body and this file's prelude
@@ -522,8 +527,9 @@ impl GemmKernel {
         //   2, kend - 1)), so every block index stays below bpr whatever the grid's z; the dense
         //   tiles' Y rows start at min(z, splits - 1) y_rows, and `bind` checks Y holds splits
         //   x y_rows rows (splits = 1 for the expert forms and `+=`);
-        // - X columns: b < bpr (the next-block loads use b + 1 < kend <= bpr or min(kb + b + 1,
-        //   bpr - 1)) and
+        // - X columns: b < bpr (the next-block loads use b + 1 < kend <= bpr, or min(kb + b + 1,
+        //   bpr - 1), or min(.., kend - 1) with kend - 1 >= kb because ks >= 1 (ks = ceil(bpr /
+        //   splits), bpr >= 1)) and
         //   sv + i < 8 (XPT = 8 BM / 256 vec4s per thread at sv = (li / BM) XPT), so below
         //   bpr 8 = xs4; Y columns: ycol + na with na < p.n, ycol + p.n <= the weight rows <=
         //   y_stride (dense: ycol = the part's first row; experts: ycol = 0, p.n = I or H);

@@ -29,26 +29,27 @@
 //! `[32][128]` as f16 pairs in shared memory (rows padded by 8 halves against bank conflicts;
 //! each thread's stores are consecutive across the warp), then each subgroup runs its products.
 //! The epilogue stores each accumulator pair through a per-subgroup 2 x 16 x 16 f32 scratch and
-//! writes it out with the form's rule (`=`, `+=`, `silu(gate) * up`).
+//! writes it out with the form's rule (`=`, `+=`, `silu(gate) * up`). With two staging buffers
+//! (`LOOP_DOUBLE`, 32-token tiles, `--tune prefill_dbuf=1`) the scratch holds one pair, which
+//! the subgroups fill in turn, and the whole workgroup writes each out.
 
 use super::gemm::{prelude, GemmForm, PlanLayout};
 
 /// The kernel in words (for `--verbose`).
 pub const DESCRIPTION: &str = "int4 GEMM on matrix units, split-f16 products, f32 sums";
 
-/// `gm_wstore` for int4 weights: thread (nn, h)'s 16 values of one block (elements 8h .. 8h + 8
-/// and 16 + 8h .. 16 + 8h + 8 of row nn, as in gemm.rs), scaled by `WS` and split into `wh`/`wl`
-/// at `wo + [k][nn]` (`wo`: the staging buffer's first half), all in f16 arithmetic and two values at a time. The scale `d · WS` (an f16
-/// scale times 2^8: 11 significant bits) is cut into `dh` (its top 8 bits) and `dl = d · WS -
-/// dh` (the other 3); with `|q - 8| <= 8` (at most 3 significant bits) `dh (q - 8)` has at most
-/// 11 significant bits and `dl (q - 8)` at most 6, so both f16 products are exact and `wh + wl`
-/// is the weight exactly, with `wl` below 2^-7 of it (so the dropped `xl·wl` stays below 2^-17
-/// of a term; a 7-bit `dh` would allow 2^-16). The split of the f32 weight, `hi` masked to 11
-/// bits, needed an int-to-float and two float-to-half conversions per weight: the staging's
-/// cost. `q - 8`
-/// comes exact from the f32 bits `0x4B000000 | q` (2^23 + q), and each pair (the nibbles at
-/// bits 4t and 4t + 16 of a word) becomes f16 in one vector conversion. (naga 30 cannot bitcast
-/// a u32 to `vec2<f16>`, which would skip the f32 step.)
+/// `gm_wstore` for int4 weights: thread (nn, h)'s 16 values of one block (elements 8h .. 8h + 8 and
+/// 16 + 8h .. 16 + 8h + 8 of row nn, as in gemm.rs), scaled by `WS` and split into `wh`/`wl` at
+/// `[k][nn]` from `wo` (the staging buffer's offset in halves), all in f16 arithmetic and two
+/// values at a time. The scale `d · WS` (an f16 scale times 2^8: 11 significant bits) is cut into `dh`
+/// (its top 8 bits) and `dl = d · WS - dh` (the other 3); with `|q - 8| <= 8` (at most 3
+/// significant bits) `dh (q - 8)` has at most 11 significant bits and `dl (q - 8)` at most 6, so
+/// both f16 products are exact and `wh + wl` is the weight exactly, with `wl` below 2^-7 of it (so
+/// the dropped `xl·wl` stays below 2^-17 of a term; a 7-bit `dh` would allow 2^-16). The split of
+/// the f32 weight, `hi` masked to 11 bits, needed an int-to-float and two float-to-half conversions
+/// per weight: the staging's cost. `q - 8` comes exact from the f32 bits `0x4B000000 | q` (2^23 +
+/// q), and each pair (the nibbles at bits 4t and 4t + 16 of a word) becomes f16 in one vector
+/// conversion. (naga 30 cannot bitcast a u32 to `vec2<f16>`, which would skip the f32 step.)
 const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32, wo: u32) {
     let d = r.d * WS;
     let dh = bitcast<f32>(bitcast<u32>(d) & 0xFFFF0000u);
@@ -76,10 +77,10 @@ const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32, wo: u32) {
 }
 ";
 
-/// The body after the prelude; `NBUF` (staging buffers), `CSW` (epilogue scratch words) and
-/// `CS0` (this subgroup's scratch) are set by [`shader`], and `//ZERO_CS`, `//COOP_DECL`,
-/// `//LOOP` and `//COOP_STORE` are expanded there (the loop from [`STAGE`], [`LOAD_NEXT`] and
-/// [`PRODUCTS`]).
+/// The body after the prelude; `NBUF` (staging buffers) and `CSW` (epilogue scratch words) are
+/// set by [`shader`], and `//ZERO_CS`, `//COOP_DECL` (the accumulators, loaded from zeroed
+/// scratch), `//LOOP` and `//COOP_STORE` are expanded there (the loop from [`STAGE`],
+/// [`LOAD_NEXT`] and [`PRODUCTS`]).
 const BODY: &str = "
 const SX: u32 = BM + 8u;   // halves per staged X^T row (one input k, BM tokens + padding)
 const SW: u32 = 136u;      // halves per staged W^T row (one input k, 128 weight rows + padding)

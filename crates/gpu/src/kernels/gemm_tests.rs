@@ -387,6 +387,12 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
             .into_iter()
             .flat_map(|acc| ks.iter().enumerate().map(move |k| (acc, k)))
         {
+            // The partials start as NaN for every kernel, so each must write all of its own.
+            ctx.write(
+                &part,
+                0,
+                bytemuck::cast_slice(&vec![f32::NAN; splits as usize * yr * stride]),
+            );
             let b = k.bind_split(&ctx, &a, 2, splits).unwrap();
             let init = rand_f32(&mut r, yr * stride, -2.0, 2.0);
             let y = ctx.storage_init("y", bytemuck::cast_slice(&init)).unwrap();
