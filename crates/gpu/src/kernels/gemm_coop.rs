@@ -214,16 +214,21 @@ const LOOP_SINGLE: &str = "
 /// The block loop with two staging buffers (`--tune prefill_dbuf=1`): block b + 1 is staged
 /// into one buffer while the products read block b from the other, one barrier per block.
 /// The barrier ending block b orders both that block's products before the next staging into
-/// their buffer and that staging before its products. The last block stages a copy of the
-/// split's last block that nothing reads.
+/// their buffer and that staging before its products. The staging is skipped where nothing
+/// would read it (a workgroup without a tile, the split's last block): uniform branches with
+/// no barrier or matrix operation inside.
 const LOOP_DOUBLE: &str = "
-    //STAGE(0u)
-    //LOAD_NEXT(min(kb + 1u, kend - 1u))
+    if (nblocks > 0u) {
+        //STAGE(0u)
+        //LOAD_NEXT(min(kb + 1u, kend - 1u))
+    }
     workgroupBarrier();
     for (var b = 0u; b < nblocks; b++) {
         let cur = b & 1u;
-        //STAGE(cur ^ 1u)
-        //LOAD_NEXT(min(kb + b + 2u, kend - 1u))
+        if (b + 1u < nblocks) {
+            //STAGE(cur ^ 1u)
+            //LOAD_NEXT(min(kb + b + 2u, kend - 1u))
+        }
         //PRODUCTS(cur)
         workgroupBarrier();
     }
