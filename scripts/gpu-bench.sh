@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# fold,numerics,numab,depth16k,load
+# cpu,fold,numerics,numab,depth16k,load
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -301,6 +301,12 @@ if has gputests; then
     say "gpu crate diagnostics on the NVIDIA adapter: '$CT_DIAG'"
     NIBBLE_TEST_ADAPTER=nvidia timeout 200 target/release/gpu-tests $CT_DIAG --ignored --nocapture --test-threads 1 2>&1 | grep -vE "XDG_RUNTIME|^$" | tail -20 | tee -a "$S"
   fi
+fi
+if has cpu; then
+  # The CPU backend on this machine's cores (no GPU involved), beside the oracle's step rate.
+  say "bench cpu backend: tg32, pp256 ($(nproc) cores); parity cpu vs oracle"
+  timeout 300 $N bench -m $MODEL --backend cpu -p 256 -n 32 --reps 3 --ctx 512 2>&1 | tee -a "$S"
+  timeout 300 $N parity -m $MODEL --backend cpu -n 8 --ctx 512 2>&1 | tail -5 | tee -a "$S"
 fi
 if has batch; then
   say "bench gpu: tg128 single-stream and multi-stream batch 1/2/4/8"

@@ -1,7 +1,7 @@
 //! The decoding seam: the [`Backend`] trait the engine drives, and the reference backend.
 //!
 //! A backend owns the weights it reads and one sequence's KV cache. It is chosen once at start-up
-//! (`--backend ref|gpu`); the engine knows only this trait and never a model internal.
+//! (`--backend ref|cpu|gpu`); the engine knows only this trait and never a model internal.
 //!
 //! Invariants every implementation keeps:
 //! - `position()` is the number of tokens in the KV cache; every call that appends advances it by
@@ -34,7 +34,7 @@ pub struct OpTime {
     pub us: f64,
 }
 
-/// A decoding backend: chosen once at start-up (`--backend ref|gpu`); the engine knows only this trait.
+/// A decoding backend: chosen once at start-up (`--backend ref|cpu|gpu`); the engine knows only this trait.
 pub trait Backend: Send {
     /// Short name, e.g. `"ref"`.
     fn name(&self) -> String;

@@ -1,8 +1,9 @@
-//! Backend selection, done once at start-up (`--backend ref|gpu`).
+//! Backend selection, done once at start-up (`--backend auto|gpu|cpu|ref`).
 
 use anyhow::Result;
 use nibble_backend::reference::RefBackend;
 use nibble_backend::Backend;
+use nibble_cpu::CpuBackend;
 use nibble_gpu::backend::{GpuBackend, GpuOptions};
 use nibble_gpu::context::{AdapterChoice, Context};
 use nibble_model::weights::WeightSource;
@@ -10,10 +11,12 @@ use std::sync::Arc;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
-    /// The GPU if a hardware adapter exists, else (with a message) the reference backend.
+    /// The GPU if a hardware adapter exists, else (with a message) the CPU backend.
     Auto,
     /// wgpu + WGSL kernels (Metal, Vulkan; lavapipe counts as a GPU here).
     Gpu,
+    /// The fast forward pass on the CPU (packed weights, vectorised products, batched prefill).
+    Cpu,
     /// The plain reference forward pass on the CPU (the oracle).
     Ref,
 }
@@ -159,20 +162,21 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
             Ok(c) if !c.is_cpu() => BackendKind::Gpu,
             Ok(c) => {
                 eprintln!(
-                    "note: only a CPU Vulkan adapter ({}) was found; using the reference backend (--backend gpu forces it)",
+                    "note: only a CPU Vulkan adapter ({}) was found; using the CPU backend (--backend gpu forces it)",
                     c.info.name
                 );
-                BackendKind::Ref
+                BackendKind::Cpu
             }
             Err(e) => {
-                eprintln!("note: no GPU adapter ({e}); using the reference backend on the CPU");
-                BackendKind::Ref
+                eprintln!("note: no GPU adapter ({e}); using the CPU backend");
+                BackendKind::Cpu
             }
         },
         k => k,
     };
     let b: Box<dyn Backend> = match kind {
         BackendKind::Gpu => Box::new(make_gpu(args, weights.as_ref(), ctx)?),
+        BackendKind::Cpu => Box::new(CpuBackend::new(weights, ctx)?),
         _ => Box::new(RefBackend::new(weights, ctx)?),
     };
     if args.verbose {

@@ -4,7 +4,7 @@
 //! reported apart: the first generation run after loading (pipeline compilation, page faults,
 //! clocks ramping up) is timed and printed separately and never enters the statistics.
 
-use crate::backends::{self, BackendArgs, BackendKind};
+use crate::backends::{self, BackendArgs};
 use anyhow::{Context, Result};
 use nibble_backend::{argmax, Backend};
 use nibble_engine::sampler::{Sampler, SamplingParams};
@@ -507,8 +507,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     // After the timed tests, so its 1 GiB scratch buffer is not resident during them.
     let read_gbps = b.read_bandwidth_gbps()?;
+    // Only the GPU has a per-token path to compare (`--backend auto` may have chosen either).
+    let on_gpu = b.name().starts_with("gpu");
     drop(b);
-    if a.compare_per_token && a.backend.backend != BackendKind::Ref {
+    if a.compare_per_token && on_gpu {
         let mut args = a.backend.clone();
         args.per_token = true;
         let mut b = backends::make(&args, model.weights.clone())?;

@@ -283,7 +283,7 @@ fn sampled_ids(
 
 pub fn run(a: Args) -> Result<()> {
     if a.backend.backend == BackendKind::Ref {
-        bail!("parity compares a fast backend with the oracle: choose --backend gpu or auto");
+        bail!("parity compares a fast backend with the oracle: choose --backend gpu, cpu or auto");
     }
     if a.tokens == 0 {
         bail!("-n must be at least 1");

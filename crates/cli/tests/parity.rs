@@ -61,8 +61,12 @@ fn text(b: &[u8]) -> String {
 }
 
 fn parity(extra: &[&str]) -> (Output, Value) {
+    parity_on("gpu", extra)
+}
+
+fn parity_on(backend: &str, extra: &[&str]) -> (Output, Value) {
     let out = nibble()
-        .args(["parity", "--backend", "gpu", "--json", "-m"])
+        .args(["parity", "--backend", backend, "--json", "-m"])
         .arg(model())
         .args(extra)
         .output()
@@ -108,6 +112,27 @@ fn parity_passes_oracle_vs_gpu_on_the_tiny_model() {
         assert_eq!(p["identical"], Value::Bool(true));
         assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
         assert!(p["traced_step"].is_null() && p["first_divergence_op"].is_null());
+    }
+}
+
+/// The CPU backend against the oracle through the CLI (no GPU needed): greedy ids identical for
+/// the built-in prompts, logits cosine at the bar, and host-sampled runs identical too.
+#[test]
+fn parity_passes_oracle_vs_cpu_on_the_tiny_model() {
+    let (out, j) = parity_on("cpu", &["-n", "24", "--sampled", "5"]);
+    assert!(out.status.success(), "{j:#}\n{}", text(&out.stderr));
+    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
+    for p in j["prompts"].as_array().unwrap() {
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!((o.len(), &o), (24, &f), "{p:#}");
+        assert!(o.iter().any(|t| *t != o[0]), "{p:#}");
+        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
+    }
+    let sampled = j["sampled"].as_array().unwrap();
+    assert_eq!(sampled.len(), 3, "{j:#}");
+    for p in sampled {
+        assert_eq!(p["on_device"], Value::Bool(false), "{p:#}");
+        assert_eq!(p["identical"], Value::Bool(true), "{p:#}");
     }
 }
 

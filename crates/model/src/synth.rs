@@ -14,12 +14,13 @@
 //! 17 GB model is written in minutes on two cores and identical whatever the thread count.
 
 use crate::config::Qwen3MoeConfig;
-use crate::weights::{LayerTensor, TensorKey};
+use crate::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use half::bf16;
 use nibble_quant::DType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
+use std::collections::HashMap;
 
 /// Knobs of the synthetic weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,6 +174,45 @@ pub fn tensor_bytes(cfg: &Qwen3MoeConfig, p: &SynthParams, key: TensorKey) -> Ve
         })
         .collect();
     chunks.concat()
+}
+
+/// A synthetic model held in memory, as synth would write it to GGUF (one part per tensor): for
+/// tests and benchmarks that want a model without a file.
+pub struct MemModel {
+    pub cfg: Qwen3MoeConfig,
+    /// GGUF-storage bytes of every tensor, in [`gguf_dtype`].
+    pub tensors: HashMap<TensorKey, Vec<u8>>,
+}
+
+impl MemModel {
+    /// Every tensor of `cfg`, generated with `p`.
+    pub fn new(cfg: &Qwen3MoeConfig, p: &SynthParams) -> Self {
+        let tensors = TensorKey::all(cfg)
+            .into_iter()
+            .map(|k| (k, tensor_bytes(cfg, p, k)))
+            .collect();
+        MemModel {
+            cfg: cfg.clone(),
+            tensors,
+        }
+    }
+}
+
+impl WeightSource for MemModel {
+    fn config(&self) -> &Qwen3MoeConfig {
+        &self.cfg
+    }
+    fn weight(&self, key: TensorKey) -> anyhow::Result<Weight<'_>> {
+        let b = self
+            .tensors
+            .get(&key)
+            .ok_or_else(|| anyhow::anyhow!("the in-memory model has no tensor {key:?}"))?;
+        Ok(Weight {
+            dtype: gguf_dtype(key),
+            shape: key.shape(&self.cfg),
+            parts: vec![b.as_slice()],
+        })
+    }
 }
 
 /// Decode GGUF-storage bytes of a synthetic tensor into BF16 bytes for safetensors (exact).

@@ -1,0 +1,463 @@
+//! Quantised matrix products on the CPU: `Y = W · X` for a few token vectors at once, the weights
+//! decoded block by block in registers (never a whole row or tensor in memory).
+//!
+//! One [`Job`] is a range of rows of one weight tensor applied to `n` token vectors; a call runs
+//! any number of jobs as ONE parallel loop over chunks of rows, so the three attention
+//! projections, or the gate and up products of every chosen expert, cost one fork-join.
+//!
+//! Numerics: each 32-element block is decoded to the exact f32 weights the oracle sees
+//! (`(q - 8)·d` is exact in f32), and multiplied into 16 f32 lane sums per token, element `j` of
+//! a block into lane `j mod 16` (`j` before `j + 16`), blocks in order, each step one fused
+//! multiply-add; the lanes are summed pairwise at the end. A token's result does not depend on
+//! how many tokens share the call or on the thread count, so a prompt's batched prefill and
+//! token-by-token decode give the same bits, and the AVX2 kernel (Q4_0, four tokens per pass
+//! over a row) the same bits as the portable one.
+
+use anyhow::{bail, ensure, Result};
+use half::{bf16, f16};
+use nibble_model::weights::Weight;
+use nibble_quant::DType;
+use rayon::prelude::*;
+
+/// Elements per block: every dtype is walked in blocks of 32 (rows must be whole blocks).
+pub const BLOCK: usize = 32;
+
+/// Rows per parallel task: enough work (~16 KiB of Q4_0 weights at 2048 columns) to amortise a
+/// task, few enough that a 128-row router or 8 experts' down rows still spread over the cores.
+const TASK_ROWS: usize = 8;
+
+/// Rows `row0..row0 + rows` of `w` (viewed as `[rows_total, cols]`) times each of the `n`
+/// vectors of `x` (`[n, cols]`, token-major).
+pub struct Job<'a> {
+    pub w: &'a Weight<'a>,
+    pub row0: usize,
+    pub rows: usize,
+    /// `[n, cols]`
+    pub x: &'a [f32],
+    pub n: usize,
+}
+
+/// Run every job; returns, per job, its output `[rows, n]` (row-major: the `n` token results of
+/// row 0, then of row 1, ...). Errors on shape mismatches and on a non-finite block scale.
+pub fn run(jobs: &[Job<'_>]) -> Result<Vec<Vec<f32>>> {
+    for j in jobs {
+        let cols = *j.w.shape.last().unwrap_or(&0);
+        ensure!(
+            cols > 0 && cols.is_multiple_of(BLOCK),
+            "a {cols}-column tensor is not whole blocks of {BLOCK}"
+        );
+        ensure!(
+            j.x.len() == j.n * cols,
+            "{} input values for {} vectors of {cols}",
+            j.x.len(),
+            j.n
+        );
+        let total = j.w.elements() / cols;
+        ensure!(
+            j.row0.checked_add(j.rows).is_some_and(|e| e <= total),
+            "rows {}..{} of a {total}-row tensor",
+            j.row0,
+            j.row0 + j.rows
+        );
+    }
+    let mut outs: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0f32; j.rows * j.n]).collect();
+    // (job, first row within the job, output [rows, n] of this task)
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (ji, (job, out)) in jobs.iter().zip(outs.iter_mut()).enumerate() {
+        if job.n == 0 {
+            continue;
+        }
+        for (c, chunk) in out.chunks_mut(TASK_ROWS * job.n).enumerate() {
+            tasks.push((ji, c * TASK_ROWS, chunk));
+        }
+    }
+    tasks
+        .into_par_iter()
+        .try_for_each(|(ji, r, out)| rows(&jobs[ji], r, out))?;
+    Ok(outs)
+}
+
+/// Rows `r..` of one job into `out` (`[out.len() / n, n]`).
+fn rows(job: &Job<'_>, r: usize, out: &mut [f32]) -> Result<()> {
+    let cols = *job.w.shape.last().unwrap_or(&0);
+    for (i, o) in out.chunks_exact_mut(job.n).enumerate() {
+        let row = job.w.row(job.row0 + r + i);
+        row_dots(job.w.dtype, row, job.x, cols, o)?;
+    }
+    Ok(())
+}
+
+/// `out[t] = row · x[t]` for every token vector `t` of `x` (`[out.len(), cols]`).
+fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> Result<()> {
+    match dtype {
+        DType::Q4_0 => {
+            check_len::<Q4>(row, cols)?;
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU has AVX2 and FMA (just detected); the row is whole Q4_0 blocks for
+                // `cols` elements (checked above) and `x` holds `out.len()` rows of `cols`
+                // (checked by `run`), which is all the kernel reads.
+                let finite = unsafe { avx2::q4_dots(row, x, cols, out) };
+                return scales_finite::<Q4>(finite, row);
+            }
+            scales_finite::<Q4>(generic::<Q4>(row, x, cols, out), row)
+        }
+        DType::Q8_0 => {
+            check_len::<Q8>(row, cols)?;
+            scales_finite::<Q8>(generic::<Q8>(row, x, cols, out), row)
+        }
+        DType::F32 => {
+            check_len::<F32>(row, cols)?;
+            scales_finite::<F32>(generic::<F32>(row, x, cols, out), row)
+        }
+        DType::F16 => {
+            check_len::<F16>(row, cols)?;
+            scales_finite::<F16>(generic::<F16>(row, x, cols, out), row)
+        }
+        DType::BF16 => {
+            check_len::<Bf16>(row, cols)?;
+            scales_finite::<Bf16>(generic::<Bf16>(row, x, cols, out), row)
+        }
+    }
+}
+
+/// The row is whole blocks of `cols` elements.
+fn check_len<B: Block>(row: &[u8], cols: usize) -> Result<()> {
+    ensure!(
+        row.len() == cols / BLOCK * B::BYTES,
+        "a row of {} bytes for {cols} {} elements",
+        row.len(),
+        B::NAME
+    );
+    Ok(())
+}
+
+/// The kernels note a non-finite block scale without leaving their loop (no branch out of the
+/// hot loop); here it becomes an error naming the first such block.
+fn scales_finite<B: Block>(finite: bool, row: &[u8]) -> Result<()> {
+    if finite {
+        return Ok(());
+    }
+    let b = row
+        .chunks_exact(B::BYTES)
+        .position(|bytes| !B::finite(bytes));
+    bail!(
+        "block {} of a {} row has a non-finite scale",
+        b.unwrap_or(0),
+        B::NAME
+    )
+}
+
+/// The portable products, one token at a time: 16 lane sums (element `j` of every block into
+/// lane `j mod 16`: `j` first, then `j + 16`), each step a fused multiply-add, lanes summed by
+/// [`lane_sum`]. Compiled per instruction set (hardware FMA on AVX2+FMA and NEON; elsewhere
+/// `mul_add` is a slower library call with the same result), so every version gives the same
+/// bits as [`avx2::q4_dots`]. Returns whether every block scale was finite.
+#[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
+fn generic<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> bool {
+    let mut finite = true;
+    for (o, xt) in out.iter_mut().zip(x.chunks_exact(cols)) {
+        let mut acc = [0f32; 16];
+        for (bytes, xb) in row.chunks_exact(B::BYTES).zip(xt.chunks_exact(BLOCK)) {
+            finite &= B::finite(bytes);
+            let w = B::decode(bytes);
+            let xb: &[f32; BLOCK] = xb.try_into().expect("32-element chunks");
+            for j in 0..16 {
+                acc[j] = w[j].mul_add(xb[j], acc[j]);
+            }
+            for j in 0..16 {
+                acc[j] = w[16 + j].mul_add(xb[16 + j], acc[j]);
+            }
+        }
+        *o = lane_sum(&acc);
+    }
+    finite
+}
+
+/// The Q4_0 products in AVX2, four tokens per pass over the row's blocks (each block decoded
+/// once for all four; 8 accumulators and 4 weight vectors fit the 16 registers): the same
+/// lanes, roundings and order as [`generic`], so the same bits.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{lane_sum, BLOCK};
+    use std::arch::x86_64::*;
+
+    /// See [`super::row_dots`]. Returns whether every block scale was finite.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `row` must be `cols / 32` whole Q4_0 blocks and `x` at least
+    /// `out.len() * cols` values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn q4_dots(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> bool {
+        let finite = row.chunks_exact(18).all(super::scale_finite);
+        let mut t = 0;
+        while t + 4 <= out.len() {
+            let xs = std::array::from_fn(|i| &x[(t + i) * cols..(t + i + 1) * cols]);
+            out[t..t + 4].copy_from_slice(&tile::<4>(row, xs));
+            t += 4;
+        }
+        while t < out.len() {
+            out[t] = tile::<1>(row, [&x[t * cols..(t + 1) * cols]])[0];
+            t += 1;
+        }
+        finite
+    }
+
+    /// The 32 weights of one block as four vectors of 8: `(q - 8)·d`, exact in f32.
+    #[inline(always)]
+    unsafe fn decode(block: &[u8]) -> [__m256; 4] {
+        let d = _mm256_set1_ps(super::scale(block));
+        // SAFETY: a block is 18 bytes; bytes 2..18 are the 16 nibble pairs.
+        let q = unsafe { _mm_loadu_si128(block.as_ptr().add(2) as *const __m128i) };
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(q, mask); // elements 0..16
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask); // elements 16..32
+                                                            // q·d - 8d in one rounding: the exact (q - 8)·d, since that is representable.
+        let minus_8d = _mm256_mul_ps(d, _mm256_set1_ps(-8.0));
+        let f =
+            |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, minus_8d);
+        [
+            f(lo),
+            f(_mm_srli_si128(lo, 8)),
+            f(hi),
+            f(_mm_srli_si128(hi, 8)),
+        ]
+    }
+
+    /// `row · xs[k]` for `N` token vectors. Lanes 0..8 and 8..16 of a token's sums are
+    /// `acc[k][0]` and `acc[k][1]`; elements 0..16 of a block go in first, then 16..32, each a
+    /// fused multiply-add.
+    #[inline(always)]
+    unsafe fn tile<const N: usize>(row: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; N];
+        for (b, block) in row.chunks_exact(18).enumerate() {
+            // SAFETY: AVX2 is enabled in the caller; `block` is 18 bytes.
+            let w = unsafe { decode(block) };
+            for k in 0..N {
+                let x = &xs[k][b * BLOCK..(b + 1) * BLOCK];
+                // SAFETY: `x` is one 32-element block: each load reads 8 floats inside it.
+                let xv: [__m256; 4] =
+                    std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
+                for i in 0..2 {
+                    acc[k][i] = _mm256_fmadd_ps(w[i], xv[i], acc[k][i]);
+                    acc[k][i] = _mm256_fmadd_ps(w[2 + i], xv[2 + i], acc[k][i]);
+                }
+            }
+        }
+        acc.map(|a| {
+            let mut lanes = [0f32; 16];
+            // SAFETY: `lanes` holds 16 floats: two stores of 8.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
+            }
+            lane_sum(&lanes)
+        })
+    }
+}
+
+/// Pairwise sum of 16 lanes in a fixed order.
+#[inline(always)]
+fn lane_sum(a: &[f32; 16]) -> f32 {
+    let mut s = *a;
+    for width in [8, 4, 2, 1] {
+        for j in 0..width {
+            s[j] += s[j + width];
+        }
+    }
+    s[0]
+}
+
+/// `Σ a[i]·b[i]` with the lane order of the matrix products (`a.len()` a multiple of 16, or the
+/// tail summed after the lanes): the attention's dot products.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ai = a.chunks_exact(16);
+    let mut bi = b.chunks_exact(16);
+    for (x, y) in (&mut ai).zip(&mut bi) {
+        for j in 0..16 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let tail: f32 = ai
+        .remainder()
+        .iter()
+        .zip(bi.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    lane_sum(&acc) + tail
+}
+
+/// One 32-element block of a dtype: its size and its exact decoding to f32.
+trait Block {
+    const BYTES: usize;
+    const NAME: &'static str;
+    /// Whether the block's scale (if it has one) is finite.
+    fn finite(bytes: &[u8]) -> bool {
+        let _ = bytes;
+        true
+    }
+    /// Decode one block (its scale checked by [`Block::finite`]).
+    fn decode(bytes: &[u8]) -> [f32; BLOCK];
+}
+
+/// An f16 block scale: finite unless its exponent bits are all set.
+#[inline(always)]
+fn scale_finite(bytes: &[u8]) -> bool {
+    u16::from_le_bytes([bytes[0], bytes[1]]) & 0x7c00 != 0x7c00
+}
+
+/// The f16 scale as f32, converted in line (no call in the products' loop).
+#[inline(always)]
+fn scale(bytes: &[u8]) -> f32 {
+    f16::from_le_bytes([bytes[0], bytes[1]]).to_f32_const()
+}
+
+struct Q4;
+impl Block for Q4 {
+    const BYTES: usize = 18;
+    const NAME: &'static str = "Q4_0";
+    fn finite(bytes: &[u8]) -> bool {
+        scale_finite(bytes)
+    }
+    #[inline(always)]
+    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
+        let d = scale(bytes);
+        let q: &[u8; 16] = bytes[2..18].try_into().expect("an 18-byte block");
+        let mut w = [0f32; BLOCK];
+        // Low nibbles are elements 0..16, high nibbles 16..32 (formats-spec §2, ggml's order).
+        for j in 0..16 {
+            w[j] = ((q[j] & 15) as i32 - 8) as f32 * d;
+            w[16 + j] = ((q[j] >> 4) as i32 - 8) as f32 * d;
+        }
+        w
+    }
+}
+
+struct Q8;
+impl Block for Q8 {
+    const BYTES: usize = 34;
+    const NAME: &'static str = "Q8_0";
+    fn finite(bytes: &[u8]) -> bool {
+        scale_finite(bytes)
+    }
+    #[inline(always)]
+    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
+        let d = scale(bytes);
+        let q: &[u8; 32] = bytes[2..34].try_into().expect("a 34-byte block");
+        q.map(|v| (v as i8) as f32 * d)
+    }
+}
+
+struct F32;
+impl Block for F32 {
+    const BYTES: usize = 128;
+    const NAME: &'static str = "F32";
+    #[inline(always)]
+    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
+        std::array::from_fn(|j| {
+            let c = &bytes[4 * j..4 * j + 4];
+            f32::from_le_bytes([c[0], c[1], c[2], c[3]])
+        })
+    }
+}
+
+struct F16;
+impl Block for F16 {
+    const BYTES: usize = 64;
+    const NAME: &'static str = "F16";
+    #[inline(always)]
+    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
+        std::array::from_fn(|j| f16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]).to_f32_const())
+    }
+}
+
+struct Bf16;
+impl Block for Bf16 {
+    const BYTES: usize = 64;
+    const NAME: &'static str = "BF16";
+    #[inline(always)]
+    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
+        std::array::from_fn(|j| {
+            bf16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]).to_f32_const()
+        })
+    }
+}
+
+/// Decode row `r` of `w` whole (the embedding lookup): `out.len()` = the row's columns.
+pub fn decode_row(w: &Weight<'_>, r: usize, out: &mut [f32]) -> Result<()> {
+    let cols = *w.shape.last().unwrap_or(&0);
+    let rows = w.elements().checked_div(cols).unwrap_or(0);
+    ensure!(r < rows, "row {r} of a {rows}-row tensor");
+    ensure!(out.len() == cols, "a {cols}-column row into {}", out.len());
+    let row = w.row(r);
+    match w.dtype {
+        DType::Q4_0 => decode_blocks::<Q4>(row, out),
+        DType::Q8_0 => decode_blocks::<Q8>(row, out),
+        DType::F32 => decode_blocks::<F32>(row, out),
+        DType::F16 => decode_blocks::<F16>(row, out),
+        DType::BF16 => decode_blocks::<Bf16>(row, out),
+    }
+}
+
+fn decode_blocks<B: Block>(row: &[u8], out: &mut [f32]) -> Result<()> {
+    ensure!(
+        out.len().is_multiple_of(BLOCK) && row.len() == out.len() / BLOCK * B::BYTES,
+        "a row of {} bytes for {} {} elements",
+        row.len(),
+        out.len(),
+        B::NAME
+    );
+    for (b, (bytes, o)) in row
+        .chunks_exact(B::BYTES)
+        .zip(out.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
+        if !B::finite(bytes) {
+            bail!("block {b} of a {} row has a non-finite scale", B::NAME);
+        }
+        o.copy_from_slice(&B::decode(bytes));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 kernel and the portable one give the same bits (so a model decodes the same on
+    /// any x86 CPU), including odd token counts (the two-token tiles' remainder) and a
+    /// non-finite scale, which both report.
+    #[test]
+    fn avx2_and_portable_q4_products_agree_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            let cols = 96;
+            let vals: Vec<f32> = (0..cols).map(|i| ((i * 37) % 23) as f32 - 11.3).collect();
+            let mut row = nibble_quant::encode_float(DType::Q4_0, &vals);
+            for n in [1usize, 2, 3, 5] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 13) % 17) as f32 * 0.37 - 2.9)
+                    .collect();
+                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                assert!(generic::<Q4>(&row, &x, cols, &mut a));
+                // SAFETY: AVX2 was detected; `row` is 3 whole blocks and `x` n rows of `cols`.
+                assert!(unsafe { avx2::q4_dots(&row, &x, cols, &mut b) });
+                assert!(a.iter().all(|v| *v != 0.0), "{a:?}");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{n} tokens");
+            }
+            row[18..20].copy_from_slice(&0x7c00u16.to_le_bytes()); // block 1's scale: +inf
+            let (x, mut o) = (vec![1f32; cols], [0f32; 1]);
+            assert!(!generic::<Q4>(&row, &x, cols, &mut o));
+            // SAFETY: as above.
+            assert!(!unsafe { avx2::q4_dots(&row, &x, cols, &mut o) });
+            let e = row_dots(DType::Q4_0, &row, &x, cols, &mut o).unwrap_err();
+            assert!(e.to_string().contains("block 1 of a Q4_0 row"), "{e}");
+        }
+    }
+}

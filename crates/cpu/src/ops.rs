@@ -1,0 +1,130 @@
+//! The small per-token operations of the CPU backend's forward pass: RMSNorm, RoPE, causal
+//! attention over the f32 KV cache, routing. All in f32 except where noted; the cost of a token
+//! is in the weight products ([`crate::matmul`]), not here.
+
+use crate::matmul::dot;
+use rayon::prelude::*;
+
+/// `out = w ⊙ x / sqrt(mean(x²) + eps)`; the sum of squares in f64 (cheap, and it keeps the
+/// norm's scale as exact as the oracle's).
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+    let inv = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for ((o, xi), wi) in out.iter_mut().zip(x).zip(w) {
+        *o = wi * (xi * inv);
+    }
+}
+
+/// [`rmsnorm`] in place on every `w.len()`-long head of `x` (the per-head q/k norm).
+pub fn rmsnorm_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    let mut tmp = vec![0f32; w.len()]; // [D]
+    for head in x.chunks_exact_mut(w.len()) {
+        rmsnorm(head, w, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+/// `(cos, sin)` of the RoPE angles `pos · f_i` for `i < D/2` (`inv_freq` `[D/2]`); the angle and
+/// its sine in f64, so a position deep in the context loses nothing to f32 rounding.
+pub fn rope_angles(inv_freq: &[f32], pos: usize) -> Vec<(f32, f32)> {
+    inv_freq
+        .iter()
+        .map(|f| {
+            let (s, c) = (pos as f64 * *f as f64).sin_cos();
+            (c as f32, s as f32)
+        })
+        .collect()
+}
+
+/// Rotate every `2·angles.len()`-long head of `x` in place (rotate-half pairing: element `i`
+/// with `i + D/2`, formats-spec §1.6).
+pub fn rope_heads(x: &mut [f32], angles: &[(f32, f32)]) {
+    let half = angles.len();
+    for head in x.chunks_exact_mut(2 * half) {
+        let (a, b) = head.split_at_mut(half);
+        for ((ai, bi), (c, s)) in a.iter_mut().zip(b.iter_mut()).zip(angles) {
+            let (x0, x1) = (*ai, *bi);
+            *ai = x0 * c - x1 * s;
+            *bi = x1 * c + x0 * s;
+        }
+    }
+}
+
+/// Head counts and width of one attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    /// Hq
+    pub q: usize,
+    /// Hkv (divides Hq)
+    pub kv: usize,
+    /// D
+    pub dim: usize,
+}
+
+/// Causal GQA attention of `n` query tokens at positions `first..first + n`, each over the
+/// cached positions up to and including its own. `q` `[n, Hq·D]` (normed and rotated);
+/// `keys`, `values` `[first + n, Hkv·D]` (this layer's cache, the chunk's rows written);
+/// returns `[n, Hq·D]`. One parallel task per (token, head); query head `j` reads kv head
+/// `j / (Hq / Hkv)`.
+pub fn attention(h: Heads, q: &[f32], keys: &[f32], values: &[f32], first: usize) -> Vec<f32> {
+    let (d, row) = (h.dim, h.kv * h.dim);
+    let group = h.q / h.kv;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![0f32; q.len()]; // [n, Hq·D]
+    out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
+        let (t, j) = (i / h.q, i % h.q);
+        let visible = first + t + 1;
+        let g = j / group;
+        let qj = &q[i * d..(i + 1) * d];
+        // Head g of cached position m.
+        let head = |m: usize| m * row + g * d..m * row + (g + 1) * d;
+        let mut scores: Vec<f32> = (0..visible)
+            .map(|m| dot(qj, &keys[head(m)]) * scale)
+            .collect(); // [visible]
+        let max = scores.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        for (m, p) in scores.iter().enumerate() {
+            let p = p * inv;
+            for (a, v) in o.iter_mut().zip(&values[head(m)]) {
+                *a += p * v;
+            }
+        }
+    });
+    out
+}
+
+/// Softmax of the router logits, then the `k` best experts (ties to the lower id) and their
+/// weights, renormalised to sum 1 when `renormalise` (Qwen3's `norm_topk_prob`).
+pub fn route(logits: &[f32], k: usize, renormalise: bool) -> Vec<(usize, f32)> {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+    let exps: Vec<f64> = logits.iter().map(|l| ((l - max) as f64).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    let probs: Vec<f32> = exps.iter().map(|e| (e / sum) as f32).collect();
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    // Stable: equal probabilities keep the lower expert id first.
+    order.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]));
+    order.truncate(k);
+    let kept: f64 = order.iter().map(|e| probs[*e] as f64).sum();
+    order
+        .into_iter()
+        .map(|e| {
+            let p = probs[e];
+            let w = if renormalise {
+                (p as f64 / kept) as f32
+            } else {
+                p
+            };
+            (e, w)
+        })
+        .collect()
+}
+
+/// `silu(g) · u`.
+pub fn swiglu(g: f32, u: f32) -> f32 {
+    g / (1.0 + (-g).exp()) * u
+}
