@@ -96,29 +96,34 @@ fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                // SAFETY: the CPU has AVX2 and FMA (just detected); the row is whole Q4_0 blocks for
-                // `cols` elements (checked above) and `x` holds `out.len()` rows of `cols`
+                // SAFETY: the CPU has AVX2 and FMA (just detected); the row is whole Q4_0 blocks
+                // for `cols` elements (checked above) and `x` holds `out.len()` rows of `cols`
                 // (checked by `run`), which is all the kernel reads.
-                let finite = unsafe { avx2::q4_dots(row, x, cols, out) };
-                return scales_finite::<Q4>(finite, row);
+                unsafe { avx2::q4_dots(row, x, cols, out) };
+                return scales_finite::<Q4>(row, out);
             }
-            scales_finite::<Q4>(generic::<Q4>(row, x, cols, out), row)
+            generic::<Q4>(row, x, cols, out);
+            scales_finite::<Q4>(row, out)
         }
         DType::Q8_0 => {
             check_len::<Q8>(row, cols)?;
-            scales_finite::<Q8>(generic::<Q8>(row, x, cols, out), row)
+            generic::<Q8>(row, x, cols, out);
+            scales_finite::<Q8>(row, out)
         }
         DType::F32 => {
             check_len::<F32>(row, cols)?;
-            scales_finite::<F32>(generic::<F32>(row, x, cols, out), row)
+            generic::<F32>(row, x, cols, out);
+            Ok(())
         }
         DType::F16 => {
             check_len::<F16>(row, cols)?;
-            scales_finite::<F16>(generic::<F16>(row, x, cols, out), row)
+            generic::<F16>(row, x, cols, out);
+            Ok(())
         }
         DType::BF16 => {
             check_len::<Bf16>(row, cols)?;
-            scales_finite::<Bf16>(generic::<Bf16>(row, x, cols, out), row)
+            generic::<Bf16>(row, x, cols, out);
+            Ok(())
         }
     }
 }
@@ -134,34 +139,32 @@ fn check_len<B: Block>(row: &[u8], cols: usize) -> Result<()> {
     Ok(())
 }
 
-/// The kernels note a non-finite block scale without leaving their loop (no branch out of the
-/// hot loop); here it becomes an error naming the first such block.
-fn scales_finite<B: Block>(finite: bool, row: &[u8]) -> Result<()> {
-    if finite {
+/// A non-finite block scale makes every product with its row non-finite (`(q - 8)·d` is then
+/// NaN or infinite, and NaN and infinity survive any sum), so the scales are scanned only when
+/// a result is not finite: the hot loop carries no check. An error names the first bad block.
+fn scales_finite<B: Block>(row: &[u8], out: &[f32]) -> Result<()> {
+    if out.iter().all(|v| v.is_finite()) {
         return Ok(());
     }
-    let b = row
+    if let Some(b) = row
         .chunks_exact(B::BYTES)
-        .position(|bytes| !B::finite(bytes));
-    bail!(
-        "block {} of a {} row has a non-finite scale",
-        b.unwrap_or(0),
-        B::NAME
-    )
+        .position(|bytes| !B::finite(bytes))
+    {
+        bail!("block {b} of a {} row has a non-finite scale", B::NAME);
+    }
+    Ok(())
 }
 
 /// The portable products, one token at a time: 16 lane sums (element `j` of every block into
 /// lane `j mod 16`: `j` first, then `j + 16`), each step a fused multiply-add, lanes summed by
 /// [`lane_sum`]. Compiled per instruction set (hardware FMA on AVX2+FMA and NEON; elsewhere
 /// `mul_add` is a slower library call with the same result), so every version gives the same
-/// bits as [`avx2::q4_dots`]. Returns whether every block scale was finite.
+/// bits as [`avx2::q4_dots`].
 #[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
-fn generic<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> bool {
-    let mut finite = true;
+fn generic<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) {
     for (o, xt) in out.iter_mut().zip(x.chunks_exact(cols)) {
         let mut acc = [0f32; 16];
         for (bytes, xb) in row.chunks_exact(B::BYTES).zip(xt.chunks_exact(BLOCK)) {
-            finite &= B::finite(bytes);
             let w = B::decode(bytes);
             let xb: &[f32; BLOCK] = xb.try_into().expect("32-element chunks");
             for j in 0..16 {
@@ -173,7 +176,6 @@ fn generic<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> boo
         }
         *o = lane_sum(&acc);
     }
-    finite
 }
 
 /// The Q4_0 products in AVX2, four tokens per pass over the row's blocks (each block decoded
@@ -184,14 +186,13 @@ mod avx2 {
     use super::{lane_sum, BLOCK};
     use std::arch::x86_64::*;
 
-    /// See [`super::row_dots`]. Returns whether every block scale was finite.
+    /// See [`super::row_dots`].
     ///
     /// # Safety
     /// The CPU must have AVX2 and FMA; `row` must be `cols / 32` whole Q4_0 blocks and `x` at least
     /// `out.len() * cols` values.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn q4_dots(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> bool {
-        let finite = row.chunks_exact(18).all(super::scale_finite);
+    pub unsafe fn q4_dots(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) {
         let mut t = 0;
         while t + 4 <= out.len() {
             let xs = std::array::from_fn(|i| &x[(t + i) * cols..(t + i + 1) * cols]);
@@ -202,7 +203,6 @@ mod avx2 {
             out[t] = tile::<1>(row, [&x[t * cols..(t + 1) * cols]])[0];
             t += 1;
         }
-        finite
     }
 
     /// The 32 weights of one block as four vectors of 8: `(q - 8)·d`, exact in f32.
@@ -310,10 +310,21 @@ fn scale_finite(bytes: &[u8]) -> bool {
     u16::from_le_bytes([bytes[0], bytes[1]]) & 0x7c00 != 0x7c00
 }
 
-/// The f16 scale as f32, converted in line (no call in the products' loop).
+/// The f16 scale as f32 without a branch (the library conversion's special cases cost 13-25%
+/// of the products): the exponent and mantissa bits moved to their f32 places read as an f32
+/// 2^-112 times too small (a subnormal f16 lands on an f32 subnormal, exactly), so one multiply
+/// by 2^112 gives the value for every finite f16. An infinite or NaN scale becomes NaN (a
+/// select, not a branch), which the products carry to their results (see [`scales_finite`]).
 #[inline(always)]
 fn scale(bytes: &[u8]) -> f32 {
-    f16::from_le_bytes([bytes[0], bytes[1]]).to_f32_const()
+    let h = u16::from_le_bytes([bytes[0], bytes[1]]) as u32;
+    let magnitude = f32::from_bits((h & 0x7fff) << 13) * f32::from_bits((127 + 112) << 23);
+    let v = f32::from_bits(magnitude.to_bits() | ((h & 0x8000) << 16));
+    if h & 0x7c00 == 0x7c00 {
+        f32::NAN
+    } else {
+        v
+    }
 }
 
 struct Q4;
@@ -429,8 +440,7 @@ mod tests {
     use super::*;
 
     /// The AVX2 kernel and the portable one give the same bits (so a model decodes the same on
-    /// any x86 CPU), including odd token counts (the two-token tiles' remainder) and a
-    /// non-finite scale, which both report.
+    /// any x86 CPU), including odd token counts (the four-token tiles' remainder).
     #[test]
     fn avx2_and_portable_q4_products_agree_bit_for_bit() {
         #[cfg(target_arch = "x86_64")]
@@ -438,26 +448,75 @@ mod tests {
         {
             let cols = 96;
             let vals: Vec<f32> = (0..cols).map(|i| ((i * 37) % 23) as f32 - 11.3).collect();
-            let mut row = nibble_quant::encode_float(DType::Q4_0, &vals);
-            for n in [1usize, 2, 3, 5] {
+            let row = nibble_quant::encode_float(DType::Q4_0, &vals);
+            for n in [1usize, 2, 3, 4, 5, 9] {
                 let x: Vec<f32> = (0..n * cols)
                     .map(|i| ((i * 13) % 17) as f32 * 0.37 - 2.9)
                     .collect();
                 let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-                assert!(generic::<Q4>(&row, &x, cols, &mut a));
-                // SAFETY: AVX2 was detected; `row` is 3 whole blocks and `x` n rows of `cols`.
-                assert!(unsafe { avx2::q4_dots(&row, &x, cols, &mut b) });
-                assert!(a.iter().all(|v| *v != 0.0), "{a:?}");
+                generic::<Q4>(&row, &x, cols, &mut a);
+                // SAFETY: AVX2 and FMA were detected; `row` is 3 whole blocks and `x` n rows of
+                // `cols`.
+                unsafe { avx2::q4_dots(&row, &x, cols, &mut b) };
+                assert!(a.iter().all(|v| *v != 0.0 && v.is_finite()), "{a:?}");
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{n} tokens");
             }
-            row[18..20].copy_from_slice(&0x7c00u16.to_le_bytes()); // block 1's scale: +inf
-            let (x, mut o) = (vec![1f32; cols], [0f32; 1]);
-            assert!(!generic::<Q4>(&row, &x, cols, &mut o));
-            // SAFETY: as above.
-            assert!(!unsafe { avx2::q4_dots(&row, &x, cols, &mut o) });
-            let e = row_dots(DType::Q4_0, &row, &x, cols, &mut o).unwrap_err();
-            assert!(e.to_string().contains("block 1 of a Q4_0 row"), "{e}");
         }
+    }
+
+    /// The branchless scale conversion equals the library's for every finite f16 and is NaN for
+    /// the others.
+    #[test]
+    fn scale_conversion_is_exact_for_every_f16() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32();
+            let got = scale(&h.to_le_bytes());
+            if want.is_finite() {
+                assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}");
+            } else {
+                assert!(got.is_nan(), "{h:#06x}: {got}");
+            }
+        }
+    }
+
+    /// A NaN or infinite block scale is an error naming the block, whatever the other blocks,
+    /// the inputs (zeros included) or the weights (a nibble of 8, whose weight is 0·d) are; an
+    /// infinite input with finite scales is not (its result is passed on).
+    #[test]
+    fn non_finite_scales_are_errors_and_non_finite_inputs_are_not() {
+        let cols = 96;
+        let vals: Vec<f32> = (0..cols).map(|i| ((i * 37) % 23) as f32 - 11.3).collect();
+        let good = nibble_quant::encode_float(DType::Q4_0, &vals);
+        for (bits, block, nibbles_8, x0) in [
+            (0x7c00u16, 1usize, false, 1f32),
+            (0xfc00, 2, true, 1.0),
+            (0x7e00, 0, true, 0.0),
+            (0x7e01, 1, false, 0.0),
+        ] {
+            let mut row = good.clone();
+            row[18 * block..18 * block + 2].copy_from_slice(&bits.to_le_bytes());
+            if nibbles_8 {
+                row[18 * block + 2..18 * block + 18].fill(0x88);
+            }
+            for n in [1usize, 5] {
+                let x = vec![x0; n * cols];
+                let mut o = vec![0f32; n];
+                let e = row_dots(DType::Q4_0, &row, &x, cols, &mut o).unwrap_err();
+                let want = format!("block {block} of a Q4_0 row");
+                assert!(e.to_string().contains(&want), "{bits:#x}: {e}");
+                let mut o = vec![0f32; n];
+                generic::<Q4>(&row, &x, cols, &mut o);
+                assert!(
+                    o.iter().all(|v| !v.is_finite()),
+                    "{bits:#x} portable: {o:?}"
+                );
+            }
+        }
+        let mut x = vec![1f32; cols];
+        x[5] = f32::INFINITY;
+        let mut o = [0f32; 1];
+        row_dots(DType::Q4_0, &good, &x, cols, &mut o).unwrap();
+        assert!(!o[0].is_finite());
     }
 }
