@@ -38,8 +38,8 @@ pub struct BackendArgs {
     /// fastest that keeps oracle parity).
     #[arg(long, default_value_t = nibble_gpu::Numerics::DEFAULT)]
     pub numerics: nibble_gpu::Numerics,
-    /// GPU: independent sequences the multi-stream path decodes together (each gets its own KV
-    /// cache of --ctx positions; 0 = no multi-stream path).
+    /// GPU and CPU: independent sequences the multi-stream path decodes together (each gets its
+    /// own KV cache of --ctx positions; 0 = no multi-stream path).
     #[arg(long, default_value_t = 0)]
     pub streams: usize,
     /// GPU: keep the router in a dispatch of its own instead of folding it into the o-proj's
@@ -176,7 +176,7 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
     };
     let b: Box<dyn Backend> = match kind {
         BackendKind::Gpu => Box::new(make_gpu(args, weights.as_ref(), ctx)?),
-        BackendKind::Cpu => Box::new(CpuBackend::new(weights, ctx)?),
+        BackendKind::Cpu => Box::new(CpuBackend::with_streams(weights, ctx, args.streams)?),
         _ => Box::new(RefBackend::new(weights, ctx)?),
     };
     if args.verbose {

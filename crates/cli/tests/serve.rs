@@ -150,10 +150,21 @@ fn have_gpu() -> bool {
 /// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot.
 #[test]
 fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
-    let Some(tok) = tokenizer_json() else { return };
-    if !have_gpu() {
-        return;
+    if have_gpu() {
+        concurrent_requests_on("gpu");
     }
+}
+
+/// The same on the CPU backend's multi-stream path (no GPU needed): the requests share each
+/// forward pass, the sampled ones pick on the host from their streams' logits, and every text
+/// equals `nibble generate --backend cpu`'s.
+#[test]
+fn serve_decodes_concurrent_requests_together_on_the_cpu() {
+    concurrent_requests_on("cpu");
+}
+
+fn concurrent_requests_on(backend: &str) {
+    let Some(tok) = tokenizer_json() else { return };
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path(), "3", &tok);
     // Four greedy requests and two sampled ones (seeded: the same seed gives the same text).
@@ -185,7 +196,7 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
                 None => vec![],
             };
             let o = nibble()
-                .args(["generate", "--backend", "gpu", "--ctx", "256", "-p", p])
+                .args(["generate", "--backend", backend, "--ctx", "256", "-p", p])
                 .args(["-n", &max_tokens(i).to_string()])
                 .args(sampling)
                 .arg("-m")
@@ -199,7 +210,7 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
         })
         .collect();
     let (mut child, addr) = spawn_serve(
-        &["--backend", "gpu", "--max-streams", "6", "--ctx", "256"],
+        &["--backend", backend, "--max-streams", "6", "--ctx", "256"],
         &model,
     );
     let body =
@@ -227,8 +238,8 @@ fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
             "prompt {p:?}: served together vs single-stream"
         );
     }
-    // A sampled request alone on the server: its lone stream is sampled on the GPU in folded
-    // runs (fed its sampler's reserved draws), and the text is still `generate`'s.
+    // A sampled request alone on the server: on the GPU its lone stream is sampled on the
+    // device in folded runs (fed its sampler's reserved draws); the text is still `generate`'s.
     let lone = serde_json::json!({"prompt": prompts[4], "max_tokens": 12, "temperature": 0.9, "top_k": 40, "seed": seed(4)})
         .to_string();
     let (st, b) = exchange(&addr, "POST", "/v1/completions", &lone);

@@ -8,8 +8,9 @@
 //! - a prompt goes through each layer in chunks of up to [`PREFILL_CHUNK`] tokens: every weight
 //!   row is read once per chunk, and each chosen expert once for all the chunk's tokens that
 //!   chose it;
-//! - each layer costs five fork-joins (q/k/v together, the attention, the o-proj, the router and
-//!   then the experts' gate/up of every chosen expert together, their down rows together).
+//! - each layer costs six fork-joins (q/k/v together, the attention, the o-proj, the router, the
+//!   gate/up of every chosen expert together, their down rows together);
+//! - concurrent sequences ([`streams`], the server's requests) share each forward pass.
 //!
 //! Numerics: f32 activations and sums (see [`matmul`]); the KV cache is f32. A token gives the
 //! same bits whether it was prefilled in a chunk or decoded alone, and whatever the thread count.
@@ -18,6 +19,7 @@
 
 pub mod matmul;
 pub mod ops;
+mod streams;
 #[cfg(test)]
 mod tests;
 
@@ -43,17 +45,58 @@ struct LayerNorms {
     k: Vec<f32>,    // [D]
 }
 
-/// The CPU backend: one sequence, an f32 KV cache of `context_len` positions.
-pub struct CpuBackend {
-    source: Arc<dyn WeightSource>,
-    cfg: Qwen3MoeConfig,
-    context_len: usize,
-    /// Tokens in the KV cache.
-    pos: usize,
+/// One sequence's f32 KV cache.
+struct Cache {
     /// Per layer `[context_len, Hkv·D]`.
     keys: Vec<Vec<f32>>,
     /// Per layer `[context_len, Hkv·D]`.
     values: Vec<Vec<f32>>,
+}
+
+impl Cache {
+    fn new(cfg: &Qwen3MoeConfig, context_len: usize) -> Result<Cache> {
+        let layer = || -> Result<Vec<f32>> {
+            let n = context_len
+                .checked_mul(cfg.kv_dim())
+                .context("KV cache size overflows")?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)
+                .with_context(|| format!("allocating a {n}-float KV cache"))?;
+            v.resize(n, 0f32);
+            Ok(v)
+        };
+        Ok(Cache {
+            keys: (0..cfg.num_layers)
+                .map(|_| layer())
+                .collect::<Result<_>>()?,
+            values: (0..cfg.num_layers)
+                .map(|_| layer())
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
+/// Where a token of a forward pass goes: which KV cache ([`MAIN`] or a stream's) and position.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    cache: usize,
+    pos: usize,
+}
+
+/// The main sequence's cache (`prefill`/`step`); stream `s` uses cache `1 + s`.
+const MAIN: usize = 0;
+
+/// The CPU backend: the main sequence and up to `streams` independent ones ([`streams`]), each
+/// with an f32 KV cache of `context_len` positions.
+pub struct CpuBackend {
+    source: Arc<dyn WeightSource>,
+    cfg: Qwen3MoeConfig,
+    context_len: usize,
+    /// Tokens in the main sequence's cache.
+    pos: usize,
+    /// `caches[MAIN]`, then one per stream slot, allocated when the slot is first used.
+    caches: Vec<Option<Cache>>,
+    streams: streams::Streams,
     /// `[D/2]` RoPE inverse frequencies (f32, as Hugging Face holds them).
     inv_freq: Vec<f32>,
     norms: Vec<LayerNorms>,
@@ -64,6 +107,21 @@ impl CpuBackend {
     /// Check the config and every tensor of `source` once, decode the norm weights and allocate
     /// the KV cache for `context_len` positions (at most `max_position_embeddings`).
     pub fn new(source: Arc<dyn WeightSource>, context_len: usize) -> Result<Self> {
+        Self::with_streams(source, context_len, 0)
+    }
+
+    /// [`CpuBackend::new`] with a multi-stream path of `streams` sequences (at most
+    /// [`streams::MAX_STREAMS`]), each with a cache of `context_len` positions.
+    pub fn with_streams(
+        source: Arc<dyn WeightSource>,
+        context_len: usize,
+        streams: usize,
+    ) -> Result<Self> {
+        ensure!(
+            streams <= streams::MAX_STREAMS,
+            "at most {} streams, not {streams}",
+            streams::MAX_STREAMS
+        );
         let cfg = source.config().clone();
         cfg.validate().context("invalid model config")?;
         ensure!(context_len > 0, "the context length must be at least 1");
@@ -91,22 +149,8 @@ impl CpuBackend {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let cache = || -> Result<Vec<f32>> {
-            let n = context_len
-                .checked_mul(cfg.kv_dim())
-                .context("KV cache size overflows")?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .with_context(|| format!("allocating a {n}-float KV cache"))?;
-            v.resize(n, 0f32);
-            Ok(v)
-        };
-        let keys = (0..cfg.num_layers)
-            .map(|_| cache())
-            .collect::<Result<_>>()?;
-        let values = (0..cfg.num_layers)
-            .map(|_| cache())
-            .collect::<Result<_>>()?;
+        let mut caches = vec![Some(Cache::new(&cfg, context_len)?)];
+        caches.resize_with(1 + streams, || None);
         let inv_freq = (0..cfg.head_dim / 2)
             .map(|i| (cfg.rope_theta as f64).powf(-2.0 * i as f64 / cfg.head_dim as f64) as f32)
             .collect();
@@ -116,16 +160,22 @@ impl CpuBackend {
             cfg,
             context_len,
             pos: 0,
-            keys,
-            values,
+            caches,
+            streams: streams::Streams::new(streams),
             inv_freq,
             norms,
         })
     }
 
-    /// Run `tokens` at positions `first..` through every layer, writing their KV rows; returns
-    /// the last token's logits `[V]` when `want_logits`, else nothing.
-    fn forward(&mut self, tokens: &[u32], first: usize, want_logits: bool) -> Result<Vec<f32>> {
+    /// Run `tokens` through every layer, token `i` at `places[i]` (its KV rows written there;
+    /// it attends to its cache's positions up to its own), and return the logits `[V]` of the
+    /// tokens listed in `logits_of`, in that order.
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        places: &[Place],
+        logits_of: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
         let src = Arc::clone(&self.source);
         let w = |key: TensorKey| src.weight(key);
         let (hd, n) = (self.cfg.hidden_size, tokens.len());
@@ -137,17 +187,23 @@ impl CpuBackend {
         }
         for l in 0..self.cfg.num_layers {
             let lw = |t: LayerTensor| w(TensorKey::Layer(l, t));
-            self.attention_block(l, first, &mut h, &lw)
+            self.attention_block(l, places, &mut h, &lw)
                 .with_context(|| format!("layer {l} attention"))?;
             self.moe_block(l, &mut h, &lw)
                 .with_context(|| format!("layer {l} experts"))?;
         }
-        if !want_logits {
+        if logits_of.is_empty() {
             return Ok(Vec::new());
         }
-        let mut x = vec![0f32; hd]; // [H]
-        let last = &h[(n - 1) * hd..];
-        ops::rmsnorm(last, &self.out_norm, self.cfg.rms_norm_eps, &mut x);
+        let mut x = vec![0f32; logits_of.len() * hd]; // [m, H]
+        for (xt, t) in x.chunks_exact_mut(hd).zip(logits_of) {
+            ops::rmsnorm(
+                &h[t * hd..(t + 1) * hd],
+                &self.out_norm,
+                self.cfg.rms_norm_eps,
+                xt,
+            );
+        }
         let head = w(if self.cfg.tie_word_embeddings {
             TensorKey::TokenEmbd
         } else {
@@ -158,18 +214,22 @@ impl CpuBackend {
             row0: 0,
             rows: self.cfg.vocab_size,
             x: &x,
-            n: 1,
+            n: logits_of.len(),
         };
-        let mut out = matmul::run(&[job]).context("lm_head")?;
-        Ok(out.remove(0))
+        let out = matmul::run(&[job]).context("lm_head")?;
+        let all = token_major(&out[0], logits_of.len()); // [m, V]
+        Ok(all
+            .chunks_exact(self.cfg.vocab_size)
+            .map(|c| c.to_vec())
+            .collect())
     }
 
     /// `h += Wo · attention(rope(qnorm(Wq·a)), cache + rope(knorm(Wk·a)), Wv·a)`, `a = norm(h)`,
-    /// for the chunk's `n` tokens (`h` `[n, H]`).
+    /// for the `n` tokens of `h` (`[n, H]`) at `places`.
     fn attention_block<'a>(
         &mut self,
         l: usize,
-        first: usize,
+        places: &[Place],
         h: &mut [f32],
         lw: &impl Fn(LayerTensor) -> Result<Weight<'a>>,
     ) -> Result<()> {
@@ -197,31 +257,36 @@ impl CpuBackend {
         let mut q = token_major(&outs[0], n); // [n, Hq·D]
         let k = token_major(&outs[1], n); // [n, Hkv·D]
         let v = token_major(&outs[2], n); // [n, Hkv·D]
-        for t in 0..n {
-            let angles = ops::rope_angles(&self.inv_freq, first + t);
+        for (t, place) in places.iter().enumerate() {
+            let angles = ops::rope_angles(&self.inv_freq, place.pos);
             let qt = &mut q[t * qd..(t + 1) * qd];
             ops::rmsnorm_heads(qt, &norms.q, eps);
             ops::rope_heads(qt, &angles);
-            let row = (first + t) * kvd..(first + t + 1) * kvd;
-            let kt = &mut self.keys[l][row.clone()];
+            let cache = self.caches[place.cache]
+                .as_mut()
+                .context("a KV cache that was never allocated")?;
+            let row = place.pos * kvd..(place.pos + 1) * kvd;
+            let kt = &mut cache.keys[l][row.clone()];
             kt.copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
             ops::rmsnorm_heads(kt, &norms.k, eps);
             ops::rope_heads(kt, &angles);
-            self.values[l][row].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+            cache.values[l][row].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
         }
-        let visible = (first + n) * kvd;
         let heads = Heads {
             q: cfg.num_heads,
             kv: cfg.num_kv_heads,
             dim: cfg.head_dim,
         };
-        let att = ops::attention(
-            heads,
-            &q,
-            &self.keys[l][..visible],
-            &self.values[l][..visible],
-            first,
-        ); // [n, Hq·D]
+        // Each token's view of its cache: the rows up to and including its own position.
+        let views = places
+            .iter()
+            .map(|p| {
+                let c = self.caches[p.cache].as_ref().expect("written above");
+                let visible = (p.pos + 1) * kvd;
+                (&c.keys[l][..visible], &c.values[l][..visible])
+            })
+            .collect::<Vec<_>>();
+        let att = ops::attention(heads, &q, &views); // [n, Hq·D]
         let wo = lw(LayerTensor::AttnOut)?;
         let o = matmul::run(&[Job {
             w: &wo,
@@ -357,6 +422,53 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// Feed `tokens` (checked: ids in the vocabulary, room in the context) to cache `cache` from
+    /// position `start`, in chunks of [`PREFILL_CHUNK`]; the last token's logits.
+    fn prefill_cache(&mut self, cache: usize, start: usize, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let first = start + i * PREFILL_CHUNK;
+            let places: Vec<Place> = (0..chunk.len())
+                .map(|t| Place {
+                    cache,
+                    pos: first + t,
+                })
+                .collect();
+            let last: &[usize] = if i + 1 == chunks {
+                &[chunk.len() - 1]
+            } else {
+                &[]
+            };
+            logits = self
+                .forward(chunk, &places, last)?
+                .pop()
+                .unwrap_or_default();
+        }
+        Ok(logits)
+    }
+
+    /// Token ids in the vocabulary, `n` more positions in a cache holding `pos`.
+    fn check_tokens(&self, tokens: &[u32], pos: usize) -> Result<()> {
+        ensure!(!tokens.is_empty(), "prefill of an empty token list");
+        if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.cfg.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                self.cfg.vocab_size
+            );
+        }
+        if tokens.len() > self.context_len - pos {
+            bail!(
+                "prompt of {} tokens at position {pos} exceeds the context of {}",
+                tokens.len(),
+                self.context_len
+            );
+        }
+        Ok(())
+    }
+}
+
 /// `[rows, n]` (a matmul job's output) to `[n, rows]`.
 fn token_major(out: &[f32], n: usize) -> Vec<f32> {
     if n == 1 {
@@ -410,36 +522,53 @@ impl Backend for CpuBackend {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        ensure!(!tokens.is_empty(), "prefill of an empty token list");
-        if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.cfg.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                self.cfg.vocab_size
-            );
-        }
         let start = self.pos;
-        if tokens.len() > self.context_len - start {
-            bail!(
-                "prompt of {} tokens at position {start} exceeds the context of {}",
-                tokens.len(),
-                self.context_len
-            );
-        }
-        let mut logits = Vec::new();
-        let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            let first = start + i * PREFILL_CHUNK;
-            match self.forward(chunk, first, i + 1 == chunks) {
-                Ok(l) => logits = l,
-                Err(e) => {
-                    // A failed call appends nothing: the rows it wrote are past the position.
-                    self.pos = start;
-                    return Err(e);
-                }
-            }
-            self.pos = first + chunk.len();
-        }
+        self.check_tokens(tokens, start)?;
+        // A failed call appends nothing: the rows it wrote are past the position.
+        let logits = self.prefill_cache(MAIN, start, tokens)?;
+        self.pos = start + tokens.len();
         Ok(logits)
+    }
+
+    fn max_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    fn stream_prefill(&mut self, slot: usize, start: usize, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.streams_prefill(slot, start, tokens)
+    }
+
+    fn streams_decode_greedy(
+        &mut self,
+        tokens: &[Option<u32>],
+        n: usize,
+        eos: &[u32],
+    ) -> Result<Vec<Vec<u32>>> {
+        self.streams_run(Some(tokens), n, eos)?;
+        Ok(self
+            .streams_take()
+            .unwrap_or_else(|| vec![Vec::new(); self.streams.len()]))
+    }
+
+    fn streams_queue(
+        &mut self,
+        restart: Option<&[Option<u32>]>,
+        n: usize,
+        eos: &[u32],
+    ) -> Result<usize> {
+        self.streams_run(restart, n, eos)
+    }
+
+    fn streams_collect(&mut self) -> Result<Option<Vec<Vec<u32>>>> {
+        Ok(self.streams_take())
+    }
+
+    fn streams_end(&mut self, slot: usize) -> Result<()> {
+        self.streams_stop(slot)
+    }
+
+    fn streams_step(&mut self, tokens: &[Option<u32>]) -> Result<Vec<Option<Vec<f32>>>> {
+        self.streams_logits(tokens)
     }
 
     /// A plain parallel read of 1 GiB (summed as u64 words, every core), best of 5: what the

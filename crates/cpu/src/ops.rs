@@ -61,19 +61,20 @@ pub struct Heads {
     pub dim: usize,
 }
 
-/// Causal GQA attention of `n` query tokens at positions `first..first + n`, each over the
-/// cached positions up to and including its own. `q` `[n, Hq·D]` (normed and rotated);
-/// `keys`, `values` `[first + n, Hkv·D]` (this layer's cache, the chunk's rows written);
-/// returns `[n, Hq·D]`. One parallel task per (token, head); query head `j` reads kv head
+/// GQA attention of `n` query tokens, token `t` over `views[t]`: the keys and values
+/// `[m_t, Hkv·D]` of the positions it sees (its own cache up to and including its position,
+/// so causality is in the views, not a mask). `q` `[n, Hq·D]` (normed and rotated); returns
+/// `[n, Hq·D]`. One parallel task per (token, head); query head `j` reads kv head
 /// `j / (Hq / Hkv)`.
-pub fn attention(h: Heads, q: &[f32], keys: &[f32], values: &[f32], first: usize) -> Vec<f32> {
+pub fn attention(h: Heads, q: &[f32], views: &[(&[f32], &[f32])]) -> Vec<f32> {
     let (d, row) = (h.dim, h.kv * h.dim);
     let group = h.q / h.kv;
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0f32; q.len()]; // [n, Hq·D]
     out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
         let (t, j) = (i / h.q, i % h.q);
-        let visible = first + t + 1;
+        let (keys, values) = views[t];
+        let visible = keys.len() / row;
         let g = j / group;
         let qj = &q[i * d..(i + 1) * d];
         // Head g of cached position m.

@@ -300,3 +300,95 @@ fn bad_input_is_an_error_that_appends_nothing() {
     );
     assert_eq!(cpu.position(), 0);
 }
+
+/// Three streams prefilled with their own prompts and decoded together, in queued runs, give
+/// each prompt's single-stream greedy ids; a stream that meets an EOS id stops there, one ended
+/// by the host sits out the later runs, and host-fed steps return the single-stream logits'
+/// bits.
+#[test]
+fn streams_equal_single_stream_decoding() {
+    let m = model(512, false);
+    let prompts: [&[u32]; 3] = [&[1, 2, 3], &[400, 17, 90, 4, 5], &[9, 9]];
+    let mut single = CpuBackend::new(m.clone(), 64).unwrap();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            single.truncate(0).unwrap();
+            single.prefill(&p[..p.len() - 1]).unwrap();
+            single.decode_greedy(*p.last().unwrap(), 12, &[]).unwrap()
+        })
+        .collect();
+    // Stream 1's 6th id as an EOS (its first occurrence ends it).
+    let eos = want[1][5];
+    let stop = want[1].iter().position(|t| *t == eos).unwrap();
+
+    let mut b = CpuBackend::with_streams(m.clone(), 64, 3).unwrap();
+    assert_eq!(b.max_streams(), 3);
+    for (s, p) in prompts.iter().enumerate() {
+        b.stream_prefill(s, 0, &p[..p.len() - 1]).unwrap();
+    }
+    let first: Vec<Option<u32>> = prompts.iter().map(|p| p.last().copied()).collect();
+    assert_eq!(b.streams_queue(Some(&first), 4, &[eos]).unwrap(), 4);
+    assert_eq!(b.streams_queue(None, 4, &[eos]).unwrap(), 4);
+    let msg = b
+        .streams_queue(Some(&first), 4, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("collect"), "{msg}");
+    let mut got = vec![Vec::new(); 3];
+    for _ in 0..2 {
+        for (g, ids) in got.iter_mut().zip(b.streams_collect().unwrap().unwrap()) {
+            g.extend(ids);
+        }
+    }
+    assert!(b.streams_collect().unwrap().is_none());
+    b.streams_end(2).unwrap();
+    assert_eq!(b.streams_queue(None, 4, &[eos]).unwrap(), 4);
+    for (g, ids) in got.iter_mut().zip(b.streams_collect().unwrap().unwrap()) {
+        g.extend(ids);
+    }
+    assert_eq!(got[0], want[0]);
+    assert_eq!(got[1], want[1][..=stop]);
+    assert_eq!(got[2], want[2][..8]);
+
+    // Host-fed steps: stream 0 continues, stream 2 restarts from its prompt.
+    let mut s0 = CpuBackend::new(m, 64).unwrap();
+    let p0 = prompts[0];
+    s0.prefill(p0).unwrap();
+    for id in &want[0][..11] {
+        s0.step(*id).unwrap();
+    }
+    let single_logits = s0.step(want[0][11]).unwrap();
+    b.stream_prefill(2, 0, &[9]).unwrap();
+    let out = b.streams_step(&[Some(want[0][11]), None, Some(9)]).unwrap();
+    assert!(out[1].is_none());
+    let l0 = out[0].as_ref().unwrap();
+    assert!(l0
+        .iter()
+        .zip(&single_logits)
+        .all(|(a, c)| a.to_bits() == c.to_bits()));
+    assert!(out[2].is_some());
+}
+
+#[test]
+fn streams_refuse_bad_requests() {
+    let m = model(512, false);
+    assert!(CpuBackend::with_streams(m.clone(), 16, 9).is_err());
+    let mut b = CpuBackend::with_streams(m, 16, 2).unwrap();
+    let msg = |e: anyhow::Error| format!("{e:#}");
+    assert!(msg(b.stream_prefill(2, 0, &[1]).unwrap_err()).contains("slot 2"));
+    assert!(msg(b.stream_prefill(0, 1, &[1]).unwrap_err()).contains("holds 0"));
+    assert!(msg(b.stream_prefill(0, 0, &[512]).unwrap_err()).contains("vocabulary"));
+    assert!(msg(b.stream_prefill(0, 0, &[1; 17]).unwrap_err()).contains("context"));
+    assert!(msg(b.streams_step(&[Some(600)]).unwrap_err()).contains("vocabulary"));
+    assert!(msg(b.streams_step(&[None, None, Some(1)]).unwrap_err()).contains("3 streams fed"));
+    assert!(b.streams_end(5).is_err());
+    // 14 positions held: a run of 8 is cut to the 2 left, then nothing is live.
+    b.stream_prefill(0, 0, &[1; 14]).unwrap();
+    assert_eq!(b.streams_queue(Some(&[Some(3)]), 8, &[]).unwrap(), 2);
+    assert_eq!(b.streams_collect().unwrap().unwrap()[0].len(), 2);
+    assert_eq!(b.streams_queue(None, 8, &[]).unwrap(), 0);
+    assert!(msg(b.streams_step(&[Some(1)]).unwrap_err()).contains("filled its context"));
+    // No stream live: nothing is queued.
+    assert_eq!(b.streams_queue(Some(&[None, None]), 4, &[]).unwrap(), 0);
+}
