@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 /// Most prompt tokens taken through a layer together: large enough that a chunk's tokens share
 /// most chosen experts (256 tokens x 8 of 128 experts: ~16 tokens per expert), small enough that
-/// its activations (~30 MB at Qwen3-30B-A3B's shapes) stay modest.
+/// its activations (~55 MB at Qwen3-30B-A3B's shapes, the MoE step's peak) stay modest.
 pub const PREFILL_CHUNK: usize = 256;
 
 /// The per-layer vectors, decoded once at start-up.

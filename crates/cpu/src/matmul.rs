@@ -1,5 +1,6 @@
 //! Quantised matrix products on the CPU: `Y = W · X` for a few token vectors at once, the weights
-//! decoded block by block in registers (never a whole row or tensor in memory).
+//! decoded block by block in registers (never a decoded copy of a row or tensor in memory; only
+//! [`decode_row`], the embedding lookup, writes a row out).
 //!
 //! One [`Job`] is a range of rows of one weight tensor applied to `n` token vectors; a call runs
 //! any number of jobs as ONE parallel loop over chunks of rows, so the three attention
@@ -22,7 +23,7 @@ use rayon::prelude::*;
 /// Elements per block: every dtype is walked in blocks of 32 (rows must be whole blocks).
 pub const BLOCK: usize = 32;
 
-/// Rows per parallel task: enough work (~16 KiB of Q4_0 weights at 2048 columns) to amortise a
+/// Rows per parallel task: enough work (~9 KiB of Q4_0 weights at 2048 columns) to amortise a
 /// task, few enough that a 128-row router or 8 experts' down rows still spread over the cores.
 const TASK_ROWS: usize = 8;
 
@@ -57,7 +58,7 @@ pub fn run(jobs: &[Job<'_>]) -> Result<Vec<Vec<f32>>> {
             j.row0.checked_add(j.rows).is_some_and(|e| e <= total),
             "rows {}..{} of a {total}-row tensor",
             j.row0,
-            j.row0 + j.rows
+            j.row0.saturating_add(j.rows)
         );
     }
     let mut outs: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0f32; j.rows * j.n]).collect();
@@ -513,6 +514,13 @@ mod tests {
                 );
             }
         }
+        // Q8_0: a NaN scale over a block of zero weights (0·NaN is NaN too).
+        let mut q8 = nibble_quant::encode_float(DType::Q8_0, &vals);
+        q8[34..36].copy_from_slice(&0x7e00u16.to_le_bytes());
+        q8[36..68].fill(0);
+        let mut o = [0f32; 2];
+        let e = row_dots(DType::Q8_0, &q8, &vec![0.5f32; 2 * cols], cols, &mut o).unwrap_err();
+        assert!(e.to_string().contains("block 1 of a Q8_0 row"), "{e}");
         let mut x = vec![1f32; cols];
         x[5] = f32::INFINITY;
         let mut o = [0f32; 1];

@@ -103,7 +103,10 @@ pub fn attention(h: Heads, q: &[f32], views: &[(&[f32], &[f32])]) -> Vec<f32> {
 /// weights, renormalised to sum 1 when `renormalise` (Qwen3's `norm_topk_prob`).
 pub fn route(logits: &[f32], k: usize, renormalise: bool) -> Vec<(usize, f32)> {
     let max = logits.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
-    let exps: Vec<f64> = logits.iter().map(|l| ((l - max) as f64).exp()).collect();
+    let exps: Vec<f64> = logits
+        .iter()
+        .map(|l| (*l as f64 - max as f64).exp())
+        .collect(); // in f64 from the subtraction on, as the oracle
     let sum: f64 = exps.iter().sum();
     let probs: Vec<f32> = exps.iter().map(|e| (e / sum) as f32).collect();
     let mut order: Vec<usize> = (0..probs.len()).collect();

@@ -80,11 +80,14 @@ impl CpuBackend {
         );
         self.check_tokens(tokens, start)?;
         let cache = self.slot_cache(slot)?;
-        let logits = self.prefill_cache(cache, start, tokens)?;
+        // Truncate first: a prefill that fails part-way has overwritten rows from `start` on,
+        // so the slot must not keep claiming them.
         self.streams.slots[slot] = Slot {
-            pos: start + tokens.len(),
+            pos: start,
             next: None,
         };
+        let logits = self.prefill_cache(cache, start, tokens)?;
+        self.streams.slots[slot].pos = start + tokens.len();
         Ok(logits)
     }
 
@@ -153,6 +156,8 @@ impl CpuBackend {
             return Ok(0);
         }
         let mut ids = vec![Vec::new(); self.streams.len()];
+        // A run that fails part-way appends nothing: every slot goes back to where it was.
+        let before = self.streams.slots.clone();
         for _ in 0..steps {
             let fed: Vec<(usize, u32)> = live
                 .iter()
@@ -161,7 +166,13 @@ impl CpuBackend {
             if fed.is_empty() {
                 break;
             }
-            let logits = self.streams_pass(&fed)?;
+            let logits = match self.streams_pass(&fed) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.streams.slots = before;
+                    return Err(e);
+                }
+            };
             for ((s, _), l) in fed.iter().zip(&logits) {
                 let id = argmax(l);
                 ids[*s].push(id);

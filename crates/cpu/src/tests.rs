@@ -235,7 +235,9 @@ fn chunked_prefill_matches_the_oracle_and_single_steps() {
     let mut oracle = RefBackend::new(m.clone(), 512).unwrap();
     let want = oracle.prefill(&prompt).unwrap();
     let mut cpu = CpuBackend::new(m.clone(), 512).unwrap();
-    let got = cpu.prefill(&prompt).unwrap();
+    // In two calls, the second starting mid-context and crossing a chunk boundary.
+    cpu.prefill(&prompt[..10]).unwrap();
+    let got = cpu.prefill(&prompt[10..]).unwrap();
     assert_eq!(cpu.position(), prompt.len());
     let c = cosine(&got, &want);
     assert!(c >= 0.99999, "cosine {c}");
@@ -391,4 +393,36 @@ fn streams_refuse_bad_requests() {
     assert!(msg(b.streams_step(&[Some(1)]).unwrap_err()).contains("filled its context"));
     // No stream live: nothing is queued.
     assert_eq!(b.streams_queue(Some(&[None, None]), 4, &[]).unwrap(), 0);
+}
+
+/// With a non-finite scale in the embedding row of one token (`BAD`), a stream prefill whose
+/// first chunk succeeds (writing 256 rows) and whose second fails leaves the stream truncated
+/// to its start, and a failing step or run appends nothing.
+#[test]
+fn failed_stream_calls_leave_consistent_positions() {
+    const BAD: u32 = 77;
+    let mut broken = Arc::try_unwrap(model(512, false)).unwrap_or_else(|_| unreachable!());
+    let row_bytes = broken.cfg.hidden_size / 32 * 18;
+    let embd = broken.tensors.get_mut(&TensorKey::TokenEmbd).unwrap();
+    let at = BAD as usize * row_bytes + 18; // the row's second block
+    embd[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    let mut b = CpuBackend::with_streams(Arc::new(broken), 300, 2).unwrap();
+    let ok = 5u32;
+    b.stream_prefill(0, 0, &[ok, ok, ok]).unwrap();
+    let mut long = vec![ok; PREFILL_CHUNK];
+    long.push(BAD);
+    let e = format!("{:#}", b.stream_prefill(0, 1, &long).unwrap_err());
+    assert!(e.contains("non-finite scale"), "{e}");
+    // Truncated to 1 by the failed call: 2 positions are no longer held.
+    let e = format!("{:#}", b.stream_prefill(0, 2, &[ok]).unwrap_err());
+    assert!(e.contains("holds 1"), "{e}");
+    b.stream_prefill(0, 1, &[ok, ok]).unwrap();
+    // A failed step or run leaves every stream where it was (3 positions).
+    assert!(b.streams_step(&[Some(BAD)]).is_err());
+    assert!(b
+        .streams_queue(Some(&[Some(ok), Some(BAD)]), 4, &[])
+        .is_err());
+    assert!(b.streams_collect().unwrap().is_none());
+    assert!(b.stream_prefill(0, 4, &[ok]).is_err());
+    b.stream_prefill(0, 3, &[ok]).unwrap();
 }
