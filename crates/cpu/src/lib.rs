@@ -495,8 +495,13 @@ fn add_token_major(h: &mut [f32], out: &[f32], n: usize) {
 }
 
 impl Backend for CpuBackend {
+    /// `cpu (<Q4_0 kernel>, <threads> threads)`.
     fn name(&self) -> String {
-        "cpu".to_string()
+        format!(
+            "cpu ({}, {} threads)",
+            matmul::q4_kernel(),
+            rayon::current_num_threads()
+        )
     }
 
     fn config(&self) -> &Qwen3MoeConfig {

@@ -88,6 +88,15 @@ fn rows(job: &Job<'_>, r: usize, out: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
+/// Which Q4_0 kernel this CPU runs (for `--verbose` and the backend's name).
+pub fn q4_kernel() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return "AVX2+FMA, 4 tokens per pass";
+    }
+    "portable, 1 token per pass"
+}
+
 /// `out[t] = row · x[t]` for every token vector `t` of `x` (`[out.len(), cols]`).
 fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> Result<()> {
     match dtype {
