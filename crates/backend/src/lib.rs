@@ -236,6 +236,30 @@ pub trait Backend: Send {
     }
 }
 
+/// The one check every backend makes on a token id: it must index the vocabulary of `vocab`.
+pub fn check_token(vocab: usize, id: u32) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (id as usize) < vocab,
+        "token id {id} is outside the vocabulary of {vocab} tokens"
+    );
+    Ok(())
+}
+
+/// The checks every backend makes before appending `tokens` at position `pos` of a context of
+/// `ctx` positions (`pos <= ctx`): not empty, every id in the vocabulary, and room for all.
+pub fn check_prompt(vocab: usize, tokens: &[u32], pos: usize, ctx: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(!tokens.is_empty(), "prefill of an empty token list");
+    for t in tokens {
+        check_token(vocab, *t)?;
+    }
+    anyhow::ensure!(
+        tokens.len() <= ctx.saturating_sub(pos),
+        "prompt of {} tokens at position {pos} exceeds the context of {ctx}",
+        tokens.len()
+    );
+    Ok(())
+}
+
 /// First index of the largest value; NaN never wins. Returns 0 for an empty or all-NaN slice.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best: Option<(usize, f32)> = None;

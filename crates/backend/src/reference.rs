@@ -17,7 +17,7 @@ pub mod moe;
 pub mod ops;
 
 use crate::{Backend, StepTrace};
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use attention::{attention, AttnDims};
 use kv::KvCache;
 use moe::{moe_combine, route_logits, ExpertWeights};
@@ -279,21 +279,8 @@ impl Backend for RefBackend {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
-        ensure!(!tokens.is_empty(), "prefill of an empty token list");
-        if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.cfg.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                self.cfg.vocab_size
-            );
-        }
         let start = self.pos;
-        if tokens.len() > self.context_len - start {
-            bail!(
-                "prompt of {} tokens at position {start} exceeds the context of {}",
-                tokens.len(),
-                self.context_len
-            );
-        }
+        crate::check_prompt(self.cfg.vocab_size, tokens, start, self.context_len)?;
         let mut logits = Vec::new();
         for (i, t) in tokens.iter().enumerate() {
             let last = i + 1 == tokens.len();

@@ -23,7 +23,7 @@ mod streams;
 #[cfg(test)]
 mod tests;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use matmul::{decode_row, Job};
 use nibble_backend::reference::check;
 use nibble_backend::Backend;
@@ -451,21 +451,7 @@ impl CpuBackend {
 
     /// Token ids in the vocabulary, `n` more positions in a cache holding `pos`.
     fn check_tokens(&self, tokens: &[u32], pos: usize) -> Result<()> {
-        ensure!(!tokens.is_empty(), "prefill of an empty token list");
-        if let Some(bad) = tokens.iter().find(|t| **t as usize >= self.cfg.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                self.cfg.vocab_size
-            );
-        }
-        if tokens.len() > self.context_len - pos {
-            bail!(
-                "prompt of {} tokens at position {pos} exceeds the context of {}",
-                tokens.len(),
-                self.context_len
-            );
-        }
-        Ok(())
+        nibble_backend::check_prompt(self.cfg.vocab_size, tokens, pos, self.context_len)
     }
 }
 

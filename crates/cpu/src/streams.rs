@@ -96,11 +96,7 @@ impl CpuBackend {
     fn streams_pass(&mut self, fed: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
         let mut places = Vec::with_capacity(fed.len());
         for (s, id) in fed {
-            ensure!(
-                (*id as usize) < self.cfg.vocab_size,
-                "token id {id} is outside the vocabulary of {} tokens",
-                self.cfg.vocab_size
-            );
+            nibble_backend::check_token(self.cfg.vocab_size, *id)?;
             let pos = self.streams.slots[*s].pos;
             ensure!(
                 pos < self.context_len,

@@ -367,11 +367,7 @@ impl GpuBackend {
     }
 
     fn check_token(&self, t: u32) -> Result<()> {
-        let v = self.plan.weights.cfg.vocab_size;
-        if t as usize >= v {
-            bail!("token id {t} is outside the vocabulary of {v} tokens");
-        }
-        Ok(())
+        nibble_backend::check_token(self.plan.weights.cfg.vocab_size, t)
     }
 
     /// Something is about to rewrite the plan's run state or the columns (a main-sequence op,
@@ -437,19 +433,10 @@ impl Backend for GpuBackend {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        ensure!(!tokens.is_empty(), "prefill of an empty token list");
-        self.lone_idle("prefill")?;
-        for t in tokens {
-            self.check_token(*t)?;
-        }
         let start = self.pos;
-        if tokens.len() > self.context_len() - start {
-            bail!(
-                "prompt of {} tokens at position {start} exceeds the context of {}",
-                tokens.len(),
-                self.context_len()
-            );
-        }
+        let vocab = self.plan.weights.cfg.vocab_size;
+        nibble_backend::check_prompt(vocab, tokens, start, self.context_len())?;
+        self.lone_idle("prefill")?;
         // A failure leaves the position at `start` (the rows written are stale).
         let logits = self.prefill_main(tokens, start)?;
         self.pos = start + tokens.len();
@@ -467,21 +454,13 @@ impl Backend for GpuBackend {
             "no multi-stream path: the GPU backend was built with 0 streams"
         );
         ensure!(slot < streams, "stream {slot} of {streams}");
-        ensure!(!prompt.is_empty(), "prefill of an empty token list");
         ensure!(
             start <= self.stream_pos[slot],
             "stream {slot} holds {} positions, cannot keep {start}",
             self.stream_pos[slot]
         );
-        for t in prompt {
-            self.check_token(*t)?;
-        }
-        ensure!(
-            prompt.len() <= self.context_len() - start,
-            "prompt of {} tokens at position {start} exceeds the context of {}",
-            prompt.len(),
-            self.context_len()
-        );
+        let vocab = self.plan.weights.cfg.vocab_size;
+        nibble_backend::check_prompt(vocab, prompt, start, self.context_len())?;
         self.lone_idle("stream prefill")?;
         let b = self.batch.as_mut().expect("checked above");
         ensure!(
