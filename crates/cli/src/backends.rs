@@ -159,7 +159,13 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
     }
     let kind = match args.backend {
         BackendKind::Auto => match Context::new(&AdapterChoice::Auto) {
-            Ok(c) if !c.is_cpu() => BackendKind::Gpu,
+            Ok(c) if !c.is_cpu() => match nibble_gpu::weights::check_supported(weights.as_ref()) {
+                Ok(()) => BackendKind::Gpu,
+                Err(e) => {
+                    eprintln!("note: {e}; using the CPU backend");
+                    BackendKind::Cpu
+                }
+            },
             Ok(c) => {
                 eprintln!(
                     "note: only a CPU Vulkan adapter ({}) was found; using the CPU backend (--backend gpu forces it)",

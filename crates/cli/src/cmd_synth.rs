@@ -10,9 +10,23 @@ use std::time::Instant;
 pub enum Preset {
     /// hidden 64, 4 layers, 16 experts (top 4), head_dim 32, real vocab: milliseconds per token on CPU.
     Tiny,
+    /// hidden 256, 8 layers, 16 experts (top 4), head_dim 64, real vocab: every matrix row whole
+    /// 256-weight super-blocks, for `--quant q4-k-m`.
+    Small,
     /// The real Qwen3-30B-A3B shapes (~17 GB in Q4_0).
     #[value(name = "qwen3-30b-a3b")]
     Qwen3_30bA3b,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+pub enum Quant {
+    /// Q4_0 matrices (llama.cpp's Q4_0 files).
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// Q4_K with Q6_K for the lm_head and some attn_v / ffn_down_exps, as llama.cpp's Q4_K_M
+    /// (GGUF only; rows that are not whole 256-weight super-blocks stay Q4_0).
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -27,6 +41,9 @@ pub struct Args {
     preset: Preset,
     #[arg(long, value_enum, default_value = "gguf")]
     format: Format,
+    /// Storage types of the weight matrices.
+    #[arg(long, value_enum, default_value = "q4_0")]
+    quant: Quant,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Std of the logits: larger gives wider greedy top-1 margins.
@@ -47,6 +64,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let cfg = match a.preset {
         Preset::Tiny => Qwen3MoeConfig::tiny(),
+        Preset::Small => Qwen3MoeConfig::small(),
         Preset::Qwen3_30bA3b => Qwen3MoeConfig::qwen3_30b_a3b(),
     };
     if !(a.logit_scale.is_finite() && a.logit_scale > 0.0) {
@@ -55,6 +73,10 @@ pub fn run(a: Args) -> Result<()> {
     let params = SynthParams {
         seed: a.seed,
         logit_scale: a.logit_scale,
+        mix: match a.quant {
+            Quant::Q4_0 => synth::QuantMix::Q4_0,
+            Quant::Q4KM => synth::QuantMix::Q4KM,
+        },
         ..SynthParams::default()
     };
     let t0 = Instant::now();

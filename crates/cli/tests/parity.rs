@@ -341,3 +341,80 @@ fn bench_reports_depths_bandwidth_and_plots() {
         &plot[..80.min(plot.len())]
     );
 }
+
+/// A llama.cpp-style `Q4_K_M` file (synth's small preset: Q4_K matrices, a Q6_K lm_head and
+/// some Q6_K attn_v / ffn_down_exps): `inspect` counts the K types, the CPU backend passes
+/// parity against the oracle, and the GPU backend refuses it by name (its kernels read Q4_0).
+#[test]
+fn k_quant_file_runs_on_the_cpu_and_the_gpu_refuses_it_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small-q4km.gguf");
+    let out = nibble()
+        .args([
+            "synth", "--preset", "small", "--quant", "q4_k_m", "--seed", "3", "--quiet", "-o",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "synth: {}", text(&out.stderr));
+    let out = nibble()
+        .args(["inspect", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let types = &info["bytes_per_type"];
+    for t in ["Q4_K", "Q6_K", "F32"] {
+        assert!(types[t].as_u64().unwrap_or(0) > 0, "{t}: {info:#}");
+    }
+    assert!(types.get("Q4_0").is_none(), "{info:#}");
+    let out = nibble()
+        .args(["parity", "--backend", "cpu", "--json", "-n", "16", "-m"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["pass"], Value::Bool(true), "{j:#}\n{}", text(&out.stderr));
+    for p in j["prompts"].as_array().unwrap() {
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!((o.len(), &o), (16, &f), "{p:#}");
+        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
+    }
+    // The safetensors copy cannot hold K-quant values exactly: refused, not approximated.
+    let out = nibble()
+        .args([
+            "synth",
+            "--preset",
+            "small",
+            "--quant",
+            "q4_k_m",
+            "--format",
+            "safetensors",
+        ])
+        .arg("-o")
+        .arg(dir.path().join("st"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("GGUF only"),
+        "{}",
+        text(&out.stderr)
+    );
+    if !have_gpu("k_quant_file_runs_on_the_cpu_and_the_gpu_refuses_it_clearly") {
+        return;
+    }
+    let out = nibble()
+        .args(["parity", "--backend", "gpu", "-n", "4", "-m"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("Q4_0 only")
+            && err.contains("token_embd.weight is Q4_K")
+            && err.contains("--backend cpu"),
+        "{err}"
+    );
+}

@@ -17,6 +17,7 @@
 //! Parity with the oracle is tested like the GPU's: identical greedy ids for 128 tokens, logits
 //! cosine >= 0.99999.
 
+mod blocks;
 pub mod matmul;
 pub mod ops;
 mod streams;

@@ -14,8 +14,8 @@
 //! token-by-token decode give the same bits, and the AVX2 kernel (Q4_0, four tokens per pass
 //! over a row) the same bits as the portable one.
 
+use crate::blocks::{Bf16, Block, F16, F32, Q4, Q4K, Q5K, Q6K, Q8};
 use anyhow::{bail, ensure, Result};
-use half::{bf16, f16};
 use nibble_model::weights::Weight;
 use nibble_quant::DType;
 use rayon::prelude::*;
@@ -135,13 +135,23 @@ fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -
             generic::<Bf16>(row, x, cols, out);
             Ok(())
         }
+        DType::Q4_K => k_dots::<Q4K>(row, x, cols, out),
+        DType::Q5_K => k_dots::<Q5K>(row, x, cols, out),
+        DType::Q6_K => k_dots::<Q6K>(row, x, cols, out),
     }
+}
+
+/// The K-quant products: the portable kernel, then the scales' check.
+fn k_dots<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> Result<()> {
+    check_len::<B>(row, cols)?;
+    generic::<B>(row, x, cols, out);
+    scales_finite::<B>(row, out)
 }
 
 /// The row is whole blocks of `cols` elements.
 fn check_len<B: Block>(row: &[u8], cols: usize) -> Result<()> {
     ensure!(
-        row.len() == cols / BLOCK * B::BYTES,
+        cols.is_multiple_of(B::ELEMS) && row.len() == cols / B::ELEMS * B::BYTES,
         "a row of {} bytes for {cols} {} elements",
         row.len(),
         B::NAME
@@ -172,19 +182,33 @@ fn scales_finite<B: Block>(row: &[u8], out: &[f32]) -> Result<()> {
 /// bits as [`avx2::q4_dots`].
 #[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
 fn generic<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) {
-    for (o, xt) in out.iter_mut().zip(x.chunks_exact(cols)) {
-        let mut acc = [0f32; 16];
-        for (bytes, xb) in row.chunks_exact(B::BYTES).zip(xt.chunks_exact(BLOCK)) {
-            let w = B::decode(bytes);
-            let xb: &[f32; BLOCK] = xb.try_into().expect("32-element chunks");
-            for j in 0..16 {
-                acc[j] = w[j].mul_add(xb[j], acc[j]);
-            }
-            for j in 0..16 {
-                acc[j] = w[16 + j].mul_add(xb[16 + j], acc[j]);
+    // Up to four tokens per pass over the row, so each run of 32 weights is decoded once for
+    // all of them (a K-quant run costs more to decode than its products).
+    let mut t = 0;
+    while t < out.len() {
+        let n = (out.len() - t).min(4);
+        let mut acc = [[0f32; 16]; 4];
+        for (b, bytes) in row.chunks_exact(B::BYTES).enumerate() {
+            for sub in 0..B::ELEMS / BLOCK {
+                let w = B::decode(bytes, sub);
+                let at = b * B::ELEMS + sub * BLOCK;
+                for (k, acc) in acc.iter_mut().enumerate().take(n) {
+                    let xb: &[f32; BLOCK] = x[(t + k) * cols + at..][..BLOCK]
+                        .try_into()
+                        .expect("32-element runs");
+                    for j in 0..16 {
+                        acc[j] = w[j].mul_add(xb[j], acc[j]);
+                    }
+                    for j in 0..16 {
+                        acc[j] = w[16 + j].mul_add(xb[16 + j], acc[j]);
+                    }
+                }
             }
         }
-        *o = lane_sum(&acc);
+        for (o, acc) in out[t..t + n].iter_mut().zip(&acc) {
+            *o = lane_sum(acc);
+        }
+        t += n;
     }
 }
 
@@ -218,7 +242,7 @@ mod avx2 {
     /// The 32 weights of one block as four vectors of 8: `(q - 8)·d`, exact in f32.
     #[inline(always)]
     unsafe fn decode(block: &[u8]) -> [__m256; 4] {
-        let d = _mm256_set1_ps(super::scale(block));
+        let d = _mm256_set1_ps(crate::blocks::scale(block));
         // SAFETY: a block is 18 bytes; bytes 2..18 are the 16 nibble pairs.
         let q = unsafe { _mm_loadu_si128(block.as_ptr().add(2) as *const __m128i) };
         let mask = _mm_set1_epi8(0x0f);
@@ -301,113 +325,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     lane_sum(&acc) + tail
 }
 
-/// One 32-element block of a dtype: its size and its exact decoding to f32.
-trait Block {
-    const BYTES: usize;
-    const NAME: &'static str;
-    /// Whether the block's scale (if it has one) is finite.
-    fn finite(bytes: &[u8]) -> bool {
-        let _ = bytes;
-        true
-    }
-    /// Decode one block (its scale checked by [`Block::finite`]).
-    fn decode(bytes: &[u8]) -> [f32; BLOCK];
-}
-
-/// An f16 block scale: finite unless its exponent bits are all set.
-#[inline(always)]
-fn scale_finite(bytes: &[u8]) -> bool {
-    u16::from_le_bytes([bytes[0], bytes[1]]) & 0x7c00 != 0x7c00
-}
-
-/// The f16 scale as f32 without a branch (the library conversion's special cases cost 13-25%
-/// of the products): the exponent and mantissa bits moved to their f32 places read as an f32
-/// 2^-112 times too small (a subnormal f16 lands on an f32 subnormal, exactly), so one multiply
-/// by 2^112 gives the value for every finite f16. An infinite or NaN scale becomes NaN (a
-/// select, not a branch), which the products carry to their results (see [`scales_finite`]).
-#[inline(always)]
-fn scale(bytes: &[u8]) -> f32 {
-    let h = u16::from_le_bytes([bytes[0], bytes[1]]) as u32;
-    let magnitude = f32::from_bits((h & 0x7fff) << 13) * f32::from_bits((127 + 112) << 23);
-    let v = f32::from_bits(magnitude.to_bits() | ((h & 0x8000) << 16));
-    if h & 0x7c00 == 0x7c00 {
-        f32::NAN
-    } else {
-        v
-    }
-}
-
-struct Q4;
-impl Block for Q4 {
-    const BYTES: usize = 18;
-    const NAME: &'static str = "Q4_0";
-    fn finite(bytes: &[u8]) -> bool {
-        scale_finite(bytes)
-    }
-    #[inline(always)]
-    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
-        let d = scale(bytes);
-        let q: &[u8; 16] = bytes[2..18].try_into().expect("an 18-byte block");
-        let mut w = [0f32; BLOCK];
-        // Low nibbles are elements 0..16, high nibbles 16..32 (formats-spec §2, ggml's order).
-        for j in 0..16 {
-            w[j] = ((q[j] & 15) as i32 - 8) as f32 * d;
-            w[16 + j] = ((q[j] >> 4) as i32 - 8) as f32 * d;
-        }
-        w
-    }
-}
-
-struct Q8;
-impl Block for Q8 {
-    const BYTES: usize = 34;
-    const NAME: &'static str = "Q8_0";
-    fn finite(bytes: &[u8]) -> bool {
-        scale_finite(bytes)
-    }
-    #[inline(always)]
-    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
-        let d = scale(bytes);
-        let q: &[u8; 32] = bytes[2..34].try_into().expect("a 34-byte block");
-        q.map(|v| (v as i8) as f32 * d)
-    }
-}
-
-struct F32;
-impl Block for F32 {
-    const BYTES: usize = 128;
-    const NAME: &'static str = "F32";
-    #[inline(always)]
-    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
-        std::array::from_fn(|j| {
-            let c = &bytes[4 * j..4 * j + 4];
-            f32::from_le_bytes([c[0], c[1], c[2], c[3]])
-        })
-    }
-}
-
-struct F16;
-impl Block for F16 {
-    const BYTES: usize = 64;
-    const NAME: &'static str = "F16";
-    #[inline(always)]
-    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
-        std::array::from_fn(|j| f16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]).to_f32_const())
-    }
-}
-
-struct Bf16;
-impl Block for Bf16 {
-    const BYTES: usize = 64;
-    const NAME: &'static str = "BF16";
-    #[inline(always)]
-    fn decode(bytes: &[u8]) -> [f32; BLOCK] {
-        std::array::from_fn(|j| {
-            bf16::from_le_bytes([bytes[2 * j], bytes[2 * j + 1]]).to_f32_const()
-        })
-    }
-}
-
 /// Decode row `r` of `w` whole (the embedding lookup): `out.len()` = the row's columns.
 pub fn decode_row(w: &Weight<'_>, r: usize, out: &mut [f32]) -> Result<()> {
     let cols = *w.shape.last().unwrap_or(&0);
@@ -421,12 +338,15 @@ pub fn decode_row(w: &Weight<'_>, r: usize, out: &mut [f32]) -> Result<()> {
         DType::F32 => decode_blocks::<F32>(row, out),
         DType::F16 => decode_blocks::<F16>(row, out),
         DType::BF16 => decode_blocks::<Bf16>(row, out),
+        DType::Q4_K => decode_blocks::<Q4K>(row, out),
+        DType::Q5_K => decode_blocks::<Q5K>(row, out),
+        DType::Q6_K => decode_blocks::<Q6K>(row, out),
     }
 }
 
 fn decode_blocks<B: Block>(row: &[u8], out: &mut [f32]) -> Result<()> {
     ensure!(
-        out.len().is_multiple_of(BLOCK) && row.len() == out.len() / BLOCK * B::BYTES,
+        out.len().is_multiple_of(B::ELEMS) && row.len() == out.len() / B::ELEMS * B::BYTES,
         "a row of {} bytes for {} {} elements",
         row.len(),
         out.len(),
@@ -434,13 +354,15 @@ fn decode_blocks<B: Block>(row: &[u8], out: &mut [f32]) -> Result<()> {
     );
     for (b, (bytes, o)) in row
         .chunks_exact(B::BYTES)
-        .zip(out.chunks_exact_mut(BLOCK))
+        .zip(out.chunks_exact_mut(B::ELEMS))
         .enumerate()
     {
         if !B::finite(bytes) {
             bail!("block {b} of a {} row has a non-finite scale", B::NAME);
         }
-        o.copy_from_slice(&B::decode(bytes));
+        for (sub, o) in o.chunks_exact_mut(BLOCK).enumerate() {
+            o.copy_from_slice(&B::decode(bytes, sub));
+        }
     }
     Ok(())
 }
@@ -448,6 +370,8 @@ fn decode_blocks<B: Block>(row: &[u8], out: &mut [f32]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocks::scale;
+    use half::f16;
 
     /// The AVX2 kernel and the portable one give the same bits (so a model decodes the same on
     /// any x86 CPU), including odd token counts (the four-token tiles' remainder).

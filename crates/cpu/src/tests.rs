@@ -6,8 +6,8 @@ use crate::matmul::{self, Job};
 use crate::{CpuBackend, PREFILL_CHUNK};
 use nibble_backend::{argmax, Backend, RefBackend};
 use nibble_model::config::Qwen3MoeConfig;
-use nibble_model::synth::{MemModel, SynthParams};
-use nibble_model::weights::{LayerTensor, TensorKey, Weight};
+use nibble_model::synth::{MemModel, QuantMix, SynthParams};
+use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use nibble_quant::DType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -41,7 +41,13 @@ fn weights(
 fn products_match_f64_sums_for_every_dtype_and_token_count() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for dtype in DType::ALL {
-        for (rows, cols) in [(2, 32), (13, 64), (40, 96), (6, 2048)] {
+        // K-quant rows are whole 256-weight super-blocks.
+        let shapes: &[(usize, usize)] = if dtype.layout().block_elems == 256 {
+            &[(2, 256), (13, 512), (6, 2048)]
+        } else {
+            &[(2, 32), (13, 64), (40, 96), (6, 2048)]
+        };
+        for &(rows, cols) in shapes {
             let (parts, exact) = weights(&mut rng, dtype, rows, cols);
             let w = Weight {
                 dtype,
@@ -163,6 +169,81 @@ fn products_refuse_bad_shapes_and_non_finite_scales() {
     }
 }
 
+/// The K-quant decoders are an implementation of their own: on random bytes (every bit
+/// pattern of the packed scales, mins and quants; finite f16 scales) they give the oracle's
+/// dequantized values bit for bit, and a non-finite `d` or `dmin` is an error.
+#[test]
+fn k_quant_rows_decode_to_the_oracles_bits_and_refuse_bad_scales() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        let bb = dtype.layout().block_bytes as usize;
+        let cols = 1024;
+        let mut bytes: Vec<u8> = (0..2 * cols / 256 * bb).map(|_| rng.random()).collect();
+        // Scale offsets within a block: d (and dmin) first, Q6_K's d last.
+        let scales: &[usize] = if dtype == DType::Q6_K {
+            &[208]
+        } else {
+            &[0, 2]
+        };
+        for blk in bytes.chunks_exact_mut(bb) {
+            for &at in scales {
+                let v = half::f16::from_f32(rng.random_range(-2.0f32..2.0));
+                blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        let w = Weight {
+            dtype,
+            shape: vec![2, cols],
+            parts: vec![bytes.as_slice()],
+        };
+        let mut want = vec![0f32; 2 * cols];
+        nibble_quant::dequantize(dtype, &bytes, &mut want).unwrap();
+        for r in 0..2 {
+            let mut got = vec![0f32; cols];
+            matmul::decode_row(&w, r, &mut got).unwrap();
+            for (i, (g, e)) in got.iter().zip(&want[r * cols..]).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{dtype:?} row {r} weight {i}: {g} vs {e}"
+                );
+            }
+        }
+        let x = random(&mut rng, cols);
+        let jobs = [Job {
+            w: &w,
+            row0: 0,
+            rows: 2,
+            x: &x,
+            n: 1,
+        }];
+        assert!(matmul::run(&jobs).is_ok());
+        for &at in scales {
+            let mut bad = bytes.clone();
+            bad[bb + at..bb + at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+            let w = Weight {
+                dtype,
+                shape: vec![2, cols],
+                parts: vec![bad.as_slice()],
+            };
+            let jobs = [Job {
+                w: &w,
+                row0: 0,
+                rows: 2,
+                x: &x,
+                n: 1,
+            }];
+            let e = matmul::run(&jobs).unwrap_err().to_string();
+            assert!(
+                e.contains("block 1 of a") && e.contains("non-finite"),
+                "{dtype:?}: {e}"
+            );
+            let mut row = vec![0f32; cols];
+            assert!(matmul::decode_row(&w, 0, &mut row).is_err());
+        }
+    }
+}
+
 const VOCAB: usize = 151_936;
 const STEPS: usize = 128;
 const PROMPTS: [&[u32]; 3] = [
@@ -220,6 +301,51 @@ fn greedy_ids_and_logits_match_the_oracle() {
             worst = worst.min(cosine(&cpu.step(want[s - 1]).unwrap(), &want_logits[s]));
         }
         println!("CPU PARITY prompt {prompt:?}: min cos {worst:.9}");
+        assert!(worst >= 0.99999, "prompt {prompt:?}: min cosine {worst}");
+    }
+}
+
+/// A `Q4_K_M`-style model (Q4_K matrices, Q6_K lm_head and some attn_v / ffn_down_exps; the
+/// small config, whose every row is whole super-blocks): greedy ids and logits as the oracle's.
+#[test]
+fn k_quant_mix_matches_the_oracle() {
+    let cfg = Qwen3MoeConfig::small();
+    let p = SynthParams {
+        mix: QuantMix::Q4KM,
+        ..SynthParams::default()
+    };
+    let m = Arc::new(MemModel::new(&cfg, &p));
+    let kinds: std::collections::HashSet<DType> = TensorKey::all(&cfg)
+        .into_iter()
+        .map(|k| m.weight(k).unwrap().dtype)
+        .collect();
+    for d in [DType::Q4_K, DType::Q6_K, DType::F32] {
+        assert!(kinds.contains(&d), "the mix has no {d:?}");
+    }
+    assert!(
+        !kinds.contains(&DType::Q4_0),
+        "every row is whole super-blocks"
+    );
+    let mut oracle = RefBackend::new(m.clone(), 128).unwrap();
+    let mut cpu = CpuBackend::new(m, 128).unwrap();
+    for prompt in PROMPTS {
+        oracle.truncate(0).unwrap();
+        let mut want_logits = vec![oracle.prefill(prompt).unwrap()];
+        let mut want = vec![argmax(&want_logits[0])];
+        while want.len() < 32 {
+            want_logits.push(oracle.step(*want.last().unwrap()).unwrap());
+            want.push(argmax(want_logits.last().unwrap()));
+        }
+        cpu.truncate(0).unwrap();
+        let mut worst = cosine(&cpu.prefill(prompt).unwrap(), &want_logits[0]);
+        let mut got = vec![argmax(&want_logits[0])];
+        for s in 1..32 {
+            let l = cpu.step(got[s - 1]).unwrap();
+            worst = worst.min(cosine(&l, &want_logits[s]));
+            got.push(argmax(&l));
+        }
+        assert_eq!(got, want, "greedy ids of prompt {prompt:?}");
+        println!("CPU K-QUANT PARITY prompt {prompt:?}: min cos {worst:.9}");
         assert!(worst >= 0.99999, "prompt {prompt:?}: min cosine {worst}");
     }
 }

@@ -153,8 +153,8 @@ fn malformed_files_are_rejected_with_clear_messages() {
         ),
         (
             "known but unsupported ggml type",
-            patch(mk(), "t0.type", &le32(12)),
-            "tensor 'a.weight': ggml type 12 (Q4_K) is not supported".into(),
+            patch(mk(), "t0.type", &le32(11)),
+            "tensor 'a.weight': ggml type 11 (Q3_K) is not supported".into(),
         ),
         (
             "duplicate tensor name",

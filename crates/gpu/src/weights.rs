@@ -129,11 +129,49 @@ fn vector(ctx: &Context, label: &str, w: &Weight<'_>) -> Result<wgpu::Buffer> {
     Ok(ctx.storage_init(label, bytemuck::cast_slice(&v))?)
 }
 
+/// Whether the GPU backend can hold `src`: its embedding and expert kernels read Q4_0 only
+/// (llama.cpp's K-quant files, `Q4_K_M` and the like, are refused here, before any upload;
+/// the CPU backend runs them). The error names the first such tensor and counts the others.
+pub fn check_supported(src: &dyn WeightSource) -> Result<()> {
+    let cfg = src.config();
+    let mut keys = vec![TensorKey::TokenEmbd];
+    for l in 0..cfg.num_layers {
+        for t in [
+            LayerTensor::ExpGate,
+            LayerTensor::ExpUp,
+            LayerTensor::ExpDown,
+        ] {
+            keys.push(TensorKey::Layer(l, t));
+        }
+    }
+    let mut bad = Vec::new();
+    for k in keys {
+        let dtype = src
+            .weight(k)
+            .with_context(|| format!("loading {k:?}"))?
+            .dtype;
+        if dtype != DType::Q4_0 {
+            bad.push((k, dtype));
+        }
+    }
+    if let Some((k, dtype)) = bad.first() {
+        bail!(
+            "the GPU backend reads the token embedding and the expert tensors as Q4_0 only, and \
+             {} of them are not ({} is {}); the CPU backend (--backend cpu) runs this model",
+            bad.len(),
+            nibble_model::qwen3_moe::gguf_name(*k),
+            dtype.name()
+        );
+    }
+    Ok(())
+}
+
 impl GpuWeights {
     /// Upload every tensor of `src` (shapes were checked by the source against its config).
     pub fn upload(ctx: &Context, src: &dyn WeightSource) -> Result<GpuWeights> {
         let cfg = src.config().clone();
         cfg.validate()?;
+        check_supported(src)?;
         let get = |k: TensorKey| src.weight(k).with_context(|| format!("loading {k:?}"));
         let embed = q4(ctx, "token_embd", &get(TensorKey::TokenEmbd)?, 1)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);

@@ -32,6 +32,23 @@ pub struct SynthParams {
     pub gain: f32,
     /// Std of router logits (higher = more decisive routing).
     pub router_scale: f32,
+    /// Storage types of the matrices.
+    pub mix: QuantMix,
+}
+
+/// Which storage types synth writes for the weight matrices (vectors and the router are F32
+/// in every mix, as llama.cpp keeps them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuantMix {
+    /// Q4_0 everywhere (the default; its values are exact in BF16, so the safetensors copy of
+    /// the same seed holds the same weights).
+    #[default]
+    Q4_0,
+    /// Like llama.cpp's `Q4_K_M`: Q4_K, with Q6_K for the lm_head and for attn_v and
+    /// ffn_down_exps in the layers llama.cpp gives more bits (the first and last eighth and
+    /// every third between); a matrix whose rows are not whole 256-weight super-blocks falls
+    /// back to Q4_0. GGUF only: the weights are quantised from random f32 values.
+    Q4KM,
 }
 
 impl Default for SynthParams {
@@ -41,6 +58,7 @@ impl Default for SynthParams {
             logit_scale: 8.0,
             gain: 1.0,
             router_scale: 2.0,
+            mix: QuantMix::Q4_0,
         }
     }
 }
@@ -62,6 +80,26 @@ pub fn gguf_dtype(key: TensorKey) -> DType {
             | LayerTensor::Router,
         ) => DType::F32,
         _ => DType::Q4_0,
+    }
+}
+
+/// The storage type of `key` under `mix` ([`gguf_dtype`] for [`QuantMix::Q4_0`]).
+pub fn storage_dtype(cfg: &Qwen3MoeConfig, mix: QuantMix, key: TensorKey) -> DType {
+    let base = gguf_dtype(key);
+    if mix == QuantMix::Q4_0 || base != DType::Q4_0 {
+        return base;
+    }
+    if key.shape(cfg).last().is_none_or(|c| c % 256 != 0) {
+        return DType::Q4_0;
+    }
+    let n = cfg.num_layers;
+    let more_bits = |l: usize| l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
+    match key {
+        TensorKey::Output => DType::Q6_K,
+        TensorKey::Layer(l, LayerTensor::AttnV | LayerTensor::ExpDown) if more_bits(l) => {
+            DType::Q6_K
+        }
+        _ => DType::Q4_K,
     }
 }
 
@@ -134,30 +172,27 @@ fn gguf_rows(
 ) -> Vec<u8> {
     let mut rng = rng_for(p.seed, key, chunk);
     let std = target_std(cfg, p, key);
-    match gguf_dtype(key) {
-        DType::Q4_0 => {
-            let mut out = Vec::with_capacity(rows * cols / 32 * 18);
-            q4_rows(&mut rng, rows, cols, std, &mut out);
-            out
-        }
-        _ => {
-            let vals: Vec<f32> = (0..rows * cols)
-                .map(|_| {
-                    let v = if std == 0.0 {
-                        // Norm weights: around 1 with a little spread, as trained norms are.
-                        1.0 + rng.random_range(-0.25f32..0.25)
-                    } else {
-                        // Sum of uniforms ~ Gaussian; std of U(-1,1)*3 sum is 1.
-                        let s: f32 = (0..3).map(|_| rng.random_range(-1.0f32..1.0)).sum();
-                        s * std
-                    };
-                    // Round to BF16 so the safetensors copy is exact.
-                    bf16::from_f32(v).to_f32()
-                })
-                .collect();
-            vals.iter().flat_map(|v| v.to_le_bytes()).collect()
-        }
+    let dtype = storage_dtype(cfg, p.mix, key);
+    if dtype == DType::Q4_0 {
+        let mut out = Vec::with_capacity(rows * cols / 32 * 18);
+        q4_rows(&mut rng, rows, cols, std, &mut out);
+        return out;
     }
+    let vals: Vec<f32> = (0..rows * cols)
+        .map(|_| {
+            let v = if std == 0.0 {
+                // Norm weights: around 1 with a little spread, as trained norms are.
+                1.0 + rng.random_range(-0.25f32..0.25)
+            } else {
+                // Sum of uniforms ~ Gaussian; std of U(-1,1)*3 sum is 1.
+                let s: f32 = (0..3).map(|_| rng.random_range(-1.0f32..1.0)).sum();
+                s * std
+            };
+            // Round to BF16 so the safetensors copy is exact.
+            bf16::from_f32(v).to_f32()
+        })
+        .collect();
+    nibble_quant::encode_float(dtype, &vals)
 }
 
 /// The full GGUF-storage bytes of `key`, generated in parallel chunks of rows. Deterministic.
@@ -180,7 +215,9 @@ pub fn tensor_bytes(cfg: &Qwen3MoeConfig, p: &SynthParams, key: TensorKey) -> Ve
 /// tests and benchmarks that want a model without a file.
 pub struct MemModel {
     pub cfg: Qwen3MoeConfig,
-    /// GGUF-storage bytes of every tensor, in [`gguf_dtype`].
+    /// The storage types ([`storage_dtype`]).
+    pub mix: QuantMix,
+    /// GGUF-storage bytes of every tensor.
     pub tensors: HashMap<TensorKey, Vec<u8>>,
 }
 
@@ -193,6 +230,7 @@ impl MemModel {
             .collect();
         MemModel {
             cfg: cfg.clone(),
+            mix: p.mix,
             tensors,
         }
     }
@@ -208,7 +246,7 @@ impl WeightSource for MemModel {
             .get(&key)
             .ok_or_else(|| anyhow::anyhow!("the in-memory model has no tensor {key:?}"))?;
         Ok(Weight {
-            dtype: gguf_dtype(key),
+            dtype: storage_dtype(&self.cfg, self.mix, key),
             shape: key.shape(&self.cfg),
             parts: vec![b.as_slice()],
         })
@@ -317,17 +355,20 @@ fn progress(total: u64, quiet: bool) -> ProgressBar {
 }
 
 /// Total bytes of the GGUF tensor data for `cfg` (for progress and `inspect` cross-checks).
-pub fn gguf_tensor_bytes(cfg: &Qwen3MoeConfig) -> u64 {
+pub fn gguf_tensor_bytes(cfg: &Qwen3MoeConfig, mix: QuantMix) -> u64 {
     TensorKey::all(cfg)
         .into_iter()
         .map(|k| {
             let n: usize = k.shape(cfg).iter().product();
-            gguf_dtype(k).byte_size(n as u64).expect("whole blocks")
+            storage_dtype(cfg, mix, k)
+                .byte_size(n as u64)
+                .expect("whole blocks")
         })
         .sum()
 }
 
-/// Write a complete synthetic GGUF (Q4_0 matrices, F32 norms and router, optional tokenizer).
+/// Write a complete synthetic GGUF (matrices in `p.mix`, F32 norms and router, optional
+/// tokenizer).
 pub fn write_gguf(
     cfg: &Qwen3MoeConfig,
     p: &SynthParams,
@@ -341,11 +382,19 @@ pub fn write_gguf(
         .iter()
         .map(|k| GgufSpec {
             name: crate::qwen3_moe::gguf_name(*k),
-            dtype: gguf_dtype(*k),
+            dtype: storage_dtype(cfg, p.mix, *k),
             shape: k.shape(cfg).iter().map(|d| *d as u64).collect(),
         })
         .collect();
     let mut meta = crate::qwen3_moe::gguf_metadata(cfg, "nibble synthetic Qwen3-MoE");
+    if p.mix == QuantMix::Q4KM {
+        // 15 = MOSTLY_Q4_K_M in llama.cpp's file-type enum.
+        for (k, v) in meta.iter_mut() {
+            if k == "general.file_type" {
+                *v = MetaValue::U32(15);
+            }
+        }
+    }
     meta.push(("nibble.synth.seed".into(), MetaValue::U64(p.seed)));
     meta.push((
         "nibble.synth.logit_scale".into(),
@@ -361,7 +410,7 @@ pub fn write_gguf(
     let file = std::fs::File::create(path)
         .map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", path.display()))?;
     let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 22, file), meta, specs)?;
-    let pb = progress(gguf_tensor_bytes(cfg), quiet);
+    let pb = progress(gguf_tensor_bytes(cfg, p.mix), quiet);
     for (k, name) in keys.iter().map(|k| (*k, crate::qwen3_moe::gguf_name(*k))) {
         let bytes = tensor_bytes(cfg, p, k);
         w.write_tensor(&name, &bytes)?;
@@ -385,6 +434,11 @@ pub fn write_safetensors(
     quiet: bool,
 ) -> anyhow::Result<Vec<PathBuf>> {
     cfg.validate()?;
+    anyhow::ensure!(
+        p.mix == QuantMix::Q4_0,
+        "the safetensors copy holds the Q4_0 mix's weights exactly; {:?} is GGUF only",
+        p.mix
+    );
     std::fs::create_dir_all(dir)?;
     std::fs::write(
         dir.join("config.json"),

@@ -11,10 +11,13 @@
 //!   weight = `(nibble - 8) * d`.
 //! - `Q8_0`: blocks of 32 weights, 34 bytes: an f16 scale `d` then 32 signed bytes;
 //!   weight = `q * d`.
+//! - `Q4_K`, `Q5_K`, `Q6_K`: llama.cpp's 256-weight super-blocks ([`kquants`] documents them).
 //! - Rows never share a block: a row's element count must be a multiple of the block size.
 //!
-//! Adding a type (Q4_K, Q6_K, ...) means one new enum variant, its row in [`DType::layout`]
-//! and its reference dequantize in [`dequantize`].
+//! Adding a type means one new enum variant, its row in [`DType::layout`] and its reference
+//! dequantize in [`dequantize`].
+
+pub mod kquants;
 
 use half::{bf16, f16};
 
@@ -46,14 +49,18 @@ pub enum QuantError {
     UnknownTypeId(u32),
 }
 
-/// Storage type of a tensor's elements.
+/// Storage type of a tensor's elements (named as ggml names them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
 pub enum DType {
     F32,
     F16,
     BF16,
     Q8_0,
     Q4_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 /// Size facts of one storage type: `block_elems` elements occupy `block_bytes` bytes.
@@ -87,12 +94,15 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 pub const QK: usize = 32;
 
 impl DType {
-    pub const ALL: [DType; 5] = [
+    pub const ALL: [DType; 8] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::Q8_0,
         DType::Q4_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
     ];
 
     /// Block geometry of this type.
@@ -118,6 +128,18 @@ impl DType {
                 block_elems: 32,
                 block_bytes: 18,
             },
+            DType::Q4_K => Layout {
+                block_elems: 256,
+                block_bytes: 144,
+            },
+            DType::Q5_K => Layout {
+                block_elems: 256,
+                block_bytes: 176,
+            },
+            DType::Q6_K => Layout {
+                block_elems: 256,
+                block_bytes: 210,
+            },
         }
     }
 
@@ -128,6 +150,9 @@ impl DType {
             DType::F16 => 1,
             DType::Q4_0 => 2,
             DType::Q8_0 => 8,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
             DType::BF16 => 30,
         }
     }
@@ -148,6 +173,9 @@ impl DType {
             DType::BF16 => "BF16",
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
+            DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
+            DType::Q6_K => "Q6_K",
         }
     }
 
@@ -231,6 +259,8 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
                 }
             }
         }
+        DType::Q4_K | DType::Q5_K => kquants::dequantize_q45_k(dtype, bytes, out)?,
+        DType::Q6_K => kquants::dequantize_q6_k(bytes, out)?,
     }
     Ok(())
 }
@@ -289,7 +319,8 @@ pub fn quantize_q8_0(src: &[f32]) -> Vec<u8> {
     out
 }
 
-/// Encode f32 values as little-endian bytes of a float type (F32, F16 or BF16).
+/// Encode f32 values in `dtype`: the float types exactly (to nearest), the quantised ones
+/// through this module's quantizers.
 pub fn encode_float(dtype: DType, src: &[f32]) -> Vec<u8> {
     match dtype {
         DType::F32 => src.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -303,6 +334,8 @@ pub fn encode_float(dtype: DType, src: &[f32]) -> Vec<u8> {
             .collect(),
         DType::Q4_0 => quantize_q4_0(src),
         DType::Q8_0 => quantize_q8_0(src),
+        DType::Q4_K | DType::Q5_K => kquants::quantize_q45_k(dtype, src),
+        DType::Q6_K => kquants::quantize_q6_k(src),
     }
 }
 
