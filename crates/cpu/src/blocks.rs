@@ -121,7 +121,7 @@ impl Block for Bf16 {
 /// take their low four bits from the nibbles of bytes 8-11 and their top two from the top bits
 /// of bytes 0-3 (scales) and 4-7 (mins).
 #[inline(always)]
-fn k4_scale_min(packed: &[u8], j: usize) -> (f32, f32) {
+pub(crate) fn k4_scale_min(packed: &[u8], j: usize) -> (f32, f32) {
     let (sc, m) = if j < 4 {
         (packed[j] & 63, packed[4 + j] & 63)
     } else {

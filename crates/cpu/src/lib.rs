@@ -17,6 +17,8 @@
 //! Parity with the oracle is tested like the GPU's: identical greedy ids for 128 tokens, logits
 //! cosine >= 0.99999.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod blocks;
 pub mod matmul;
 pub mod ops;

@@ -88,33 +88,21 @@ fn rows(job: &Job<'_>, r: usize, out: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// Which Q4_0 kernel this CPU runs (for `--verbose` and the backend's name).
+/// Which kernel this CPU runs for Q4_0 and the K-quants (for `--verbose` and the backend's name).
 pub fn q4_kernel() -> &'static str {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if has_avx2() {
         return "AVX2+FMA, 4 tokens per pass";
     }
-    "portable, 1 token per pass"
+    "portable, 4 tokens per pass"
 }
 
 /// `out[t] = row · x[t]` for every token vector `t` of `x` (`[out.len(), cols]`).
 fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> Result<()> {
     match dtype {
-        DType::Q4_0 => {
-            check_len::<Q4>(row, cols)?;
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the CPU has AVX2 and FMA (just detected); the row is whole Q4_0 blocks
-                // for `cols` elements (checked above) and `x` holds `out.len()` rows of `cols`
-                // (checked by `run`), which is all the kernel reads.
-                unsafe { avx2::q4_dots(row, x, cols, out) };
-                return scales_finite::<Q4>(row, out);
-            }
-            generic::<Q4>(row, x, cols, out);
-            scales_finite::<Q4>(row, out)
-        }
+        #[cfg(target_arch = "x86_64")]
+        DType::Q4_0 if has_avx2() => avx2_dots::<Q4, crate::avx2::Q4>(row, x, cols, out),
+        DType::Q4_0 => portable_dots::<Q4>(row, x, cols, out),
         DType::Q8_0 => {
             check_len::<Q8>(row, cols)?;
             generic::<Q8>(row, x, cols, out);
@@ -135,14 +123,43 @@ fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -
             generic::<Bf16>(row, x, cols, out);
             Ok(())
         }
-        DType::Q4_K => k_dots::<Q4K>(row, x, cols, out),
-        DType::Q5_K => k_dots::<Q5K>(row, x, cols, out),
-        DType::Q6_K => k_dots::<Q6K>(row, x, cols, out),
+        #[cfg(target_arch = "x86_64")]
+        DType::Q4_K if has_avx2() => avx2_dots::<Q4K, crate::avx2::K45<false>>(row, x, cols, out),
+        #[cfg(target_arch = "x86_64")]
+        DType::Q5_K if has_avx2() => avx2_dots::<Q5K, crate::avx2::K45<true>>(row, x, cols, out),
+        #[cfg(target_arch = "x86_64")]
+        DType::Q6_K if has_avx2() => avx2_dots::<Q6K, crate::avx2::Q6K>(row, x, cols, out),
+        DType::Q4_K => portable_dots::<Q4K>(row, x, cols, out),
+        DType::Q5_K => portable_dots::<Q5K>(row, x, cols, out),
+        DType::Q6_K => portable_dots::<Q6K>(row, x, cols, out),
     }
 }
 
-/// The K-quant products: the portable kernel, then the scales' check.
-fn k_dots<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> Result<()> {
+/// Whether this CPU runs the AVX2 + FMA kernels (detected once, then cached by std).
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// The products of a type with an AVX2 kernel (`D`, the same bits as `B`'s portable one),
+/// then the scales' check.
+#[cfg(target_arch = "x86_64")]
+fn avx2_dots<B: Block, D: crate::avx2::Decode>(
+    row: &[u8],
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    check_len::<B>(row, cols)?;
+    debug_assert_eq!((B::BYTES, B::ELEMS), (D::BYTES, D::RUNS * BLOCK));
+    // SAFETY: `has_avx2()` held where this is called; the row is whole blocks for `cols`
+    // elements (checked above) and `x` holds `out.len()` rows of `cols` (checked by `run`).
+    unsafe { crate::avx2::dots::<D>(row, x, cols, out) };
+    scales_finite::<B>(row, out)
+}
+
+/// The portable products, then the scales' check.
+fn portable_dots<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -> Result<()> {
     check_len::<B>(row, cols)?;
     generic::<B>(row, x, cols, out);
     scales_finite::<B>(row, out)
@@ -212,89 +229,9 @@ fn generic<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) {
     }
 }
 
-/// The Q4_0 products in AVX2, four tokens per pass over the row's blocks (each block decoded
-/// once for all four; 8 accumulators and 4 weight vectors fit the 16 registers): the same
-/// lanes, roundings and order as [`generic`], so the same bits.
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{lane_sum, BLOCK};
-    use std::arch::x86_64::*;
-
-    /// See [`super::row_dots`].
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA; `row` must be `cols / 32` whole Q4_0 blocks and `x` at least
-    /// `out.len() * cols` values.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn q4_dots(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) {
-        let mut t = 0;
-        while t + 4 <= out.len() {
-            let xs = std::array::from_fn(|i| &x[(t + i) * cols..(t + i + 1) * cols]);
-            out[t..t + 4].copy_from_slice(&tile::<4>(row, xs));
-            t += 4;
-        }
-        while t < out.len() {
-            out[t] = tile::<1>(row, [&x[t * cols..(t + 1) * cols]])[0];
-            t += 1;
-        }
-    }
-
-    /// The 32 weights of one block as four vectors of 8: `(q - 8)·d`, exact in f32.
-    #[inline(always)]
-    unsafe fn decode(block: &[u8]) -> [__m256; 4] {
-        let d = _mm256_set1_ps(crate::blocks::scale(block));
-        // SAFETY: a block is 18 bytes; bytes 2..18 are the 16 nibble pairs.
-        let q = unsafe { _mm_loadu_si128(block.as_ptr().add(2) as *const __m128i) };
-        let mask = _mm_set1_epi8(0x0f);
-        let lo = _mm_and_si128(q, mask); // elements 0..16
-        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask); // elements 16..32
-                                                            // q·d - 8d in one rounding: the exact (q - 8)·d, since that is representable.
-        let minus_8d = _mm256_mul_ps(d, _mm256_set1_ps(-8.0));
-        let f =
-            |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, minus_8d);
-        [
-            f(lo),
-            f(_mm_srli_si128(lo, 8)),
-            f(hi),
-            f(_mm_srli_si128(hi, 8)),
-        ]
-    }
-
-    /// `row · xs[k]` for `N` token vectors. Lanes 0..8 and 8..16 of a token's sums are
-    /// `acc[k][0]` and `acc[k][1]`; elements 0..16 of a block go in first, then 16..32, each a
-    /// fused multiply-add.
-    #[inline(always)]
-    unsafe fn tile<const N: usize>(row: &[u8], xs: [&[f32]; N]) -> [f32; N] {
-        let mut acc = [[_mm256_setzero_ps(); 2]; N];
-        for (b, block) in row.chunks_exact(18).enumerate() {
-            // SAFETY: AVX2 is enabled in the caller; `block` is 18 bytes.
-            let w = unsafe { decode(block) };
-            for k in 0..N {
-                let x = &xs[k][b * BLOCK..(b + 1) * BLOCK];
-                // SAFETY: `x` is one 32-element block: each load reads 8 floats inside it.
-                let xv: [__m256; 4] =
-                    std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
-                for i in 0..2 {
-                    acc[k][i] = _mm256_fmadd_ps(w[i], xv[i], acc[k][i]);
-                    acc[k][i] = _mm256_fmadd_ps(w[2 + i], xv[2 + i], acc[k][i]);
-                }
-            }
-        }
-        acc.map(|a| {
-            let mut lanes = [0f32; 16];
-            // SAFETY: `lanes` holds 16 floats: two stores of 8.
-            unsafe {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
-            }
-            lane_sum(&lanes)
-        })
-    }
-}
-
 /// Pairwise sum of 16 lanes in a fixed order.
 #[inline(always)]
-fn lane_sum(a: &[f32; 16]) -> f32 {
+pub(crate) fn lane_sum(a: &[f32; 16]) -> f32 {
     let mut s = *a;
     for width in [8, 4, 2, 1] {
         for j in 0..width {
@@ -373,29 +310,55 @@ mod tests {
     use crate::blocks::scale;
     use half::f16;
 
-    /// The AVX2 kernel and the portable one give the same bits (so a model decodes the same on
-    /// any x86 CPU), including odd token counts (the four-token tiles' remainder).
+    /// The AVX2 kernels and the portable ones give the same bits (so a model decodes the same
+    /// on any x86 CPU), for Q4_0 and every K-quant, on random block bytes (every bit pattern of
+    /// the packed scales and quants; finite f16 scales), including odd token counts (the
+    /// four-token tiles' remainder).
     #[test]
-    fn avx2_and_portable_q4_products_agree_bit_for_bit() {
+    fn avx2_and_portable_products_agree_bit_for_bit() {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            let cols = 96;
-            let vals: Vec<f32> = (0..cols).map(|i| ((i * 37) % 23) as f32 - 11.3).collect();
-            let row = nibble_quant::encode_float(DType::Q4_0, &vals);
-            for n in [1usize, 2, 3, 4, 5, 9] {
-                let x: Vec<f32> = (0..n * cols)
-                    .map(|i| ((i * 13) % 17) as f32 * 0.37 - 2.9)
+        if has_avx2() {
+            use crate::avx2::{Decode, K45};
+            use crate::blocks::{Q4K, Q5K, Q6K};
+            fn check<B: Block, D: Decode>(scales: &[usize], cols: usize) {
+                let mut seed = 0x2545_f491_4f6c_dd1du64;
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let mut row: Vec<u8> = (0..cols / B::ELEMS * B::BYTES)
+                    .map(|_| next() as u8)
                     .collect();
-                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-                generic::<Q4>(&row, &x, cols, &mut a);
-                // SAFETY: AVX2 and FMA were detected; `row` is 3 whole blocks and `x` n rows of
-                // `cols`.
-                unsafe { avx2::q4_dots(&row, &x, cols, &mut b) };
-                assert!(a.iter().all(|v| *v != 0.0 && v.is_finite()), "{a:?}");
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&b), "{n} tokens");
+                for blk in row.chunks_exact_mut(B::BYTES) {
+                    for &at in scales {
+                        let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                        blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                    }
+                }
+                for n in [1usize, 2, 3, 4, 5, 9] {
+                    let x: Vec<f32> = (0..n * cols)
+                        .map(|i| ((i * 13) % 17) as f32 * 0.37 - 2.9)
+                        .collect();
+                    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                    generic::<B>(&row, &x, cols, &mut a);
+                    // SAFETY: AVX2 and FMA were detected; `row` is whole blocks of `cols` and
+                    // `x` n rows of `cols`.
+                    unsafe { crate::avx2::dots::<D>(&row, &x, cols, &mut b) };
+                    assert!(
+                        a.iter().all(|v| *v != 0.0 && v.is_finite()),
+                        "{}: {a:?}",
+                        B::NAME
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "{}: {n} tokens", B::NAME);
+                }
             }
+            check::<Q4, crate::avx2::Q4>(&[0], 96);
+            check::<Q4K, K45<false>>(&[0, 2], 512);
+            check::<Q5K, K45<true>>(&[0, 2], 512);
+            check::<Q6K, crate::avx2::Q6K>(&[208], 512);
         }
     }
 
