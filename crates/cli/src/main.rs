@@ -41,8 +41,29 @@ enum Command {
     Inspect(cmd_inspect::Args),
 }
 
+/// A report (`inspect`, `bench`, `parity`, `synth`) piped into `head` and the like ends
+/// quietly when the reader goes away, as Unix tools do: Rust starts with SIGPIPE ignored,
+/// which turns the closed pipe into a panic inside `println!`. `generate` and `chat` see the
+/// write error themselves (they stop decoding and print their summary), and the server keeps
+/// SIGPIPE ignored, since a client closing its connection must not end the process.
+#[cfg(unix)]
+fn default_sigpipe() {
+    // SAFETY: called first thing in `main`, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE and no handler of ours is replaced.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    #[cfg(unix)]
+    if matches!(
+        cli.command,
+        Command::Inspect(_) | Command::Bench(_) | Command::Parity(_) | Command::Synth(_)
+    ) {
+        default_sigpipe();
+    }
     let result = match cli.command {
         Command::Synth(a) => cmd_synth::run(a),
         Command::Inspect(a) => cmd_inspect::run(a),

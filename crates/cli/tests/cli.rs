@@ -233,3 +233,30 @@ fn bad_model_file_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// A report whose reader goes away (`nibble inspect --json FILE | head -c 1`, the reader gone
+/// before the first write here) ends without a panic: killed by SIGPIPE as Unix tools are,
+/// not "failed printing to stdout".
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_pipe_ends_a_report_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(m) = model() else { return };
+    let mut child = nibble()
+        .args(["inspect", "--json"])
+        .arg(m)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {err}",
+        out.status
+    );
+}
