@@ -29,7 +29,7 @@ mod tests;
 use anyhow::{ensure, Context, Result};
 use matmul::{decode_row, Job};
 use nibble_backend::reference::check;
-use nibble_backend::Backend;
+use nibble_backend::{Backend, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use ops::Heads;
@@ -104,6 +104,20 @@ pub struct CpuBackend {
     inv_freq: Vec<f32>,
     norms: Vec<LayerNorms>,
     out_norm: Vec<f32>, // [H]
+    /// Set during [`Backend::trace_step`] only: the one token's named intermediates.
+    trace: Option<StepTrace>,
+}
+
+/// Append `values` to the trace (if tracing) under the oracle's name: `l{layer}.{name}`, or
+/// `name` without a layer. Only ever set for a one-token forward pass.
+fn emit(trace: &mut Option<StepTrace>, layer: Option<usize>, name: &str, values: &[f32]) {
+    if let Some(t) = trace {
+        let name = match layer {
+            Some(l) => format!("l{l}.{name}"),
+            None => name.to_string(),
+        };
+        t.push((name, values.to_vec()));
+    }
 }
 
 impl CpuBackend {
@@ -167,6 +181,7 @@ impl CpuBackend {
             streams: streams::Streams::new(streams),
             inv_freq,
             norms,
+            trace: None,
         })
     }
 
@@ -188,12 +203,14 @@ impl CpuBackend {
             decode_row(&embd, *tok as usize, &mut h[t * hd..(t + 1) * hd])
                 .context("the token embedding")?;
         }
+        emit(&mut self.trace, None, "embd", &h);
         for l in 0..self.cfg.num_layers {
             let lw = |t: LayerTensor| w(TensorKey::Layer(l, t));
             self.attention_block(l, places, &mut h, &lw)
                 .with_context(|| format!("layer {l} attention"))?;
             self.moe_block(l, &mut h, &lw)
                 .with_context(|| format!("layer {l} experts"))?;
+            emit(&mut self.trace, Some(l), "h", &h);
         }
         if logits_of.is_empty() {
             return Ok(Vec::new());
@@ -207,6 +224,7 @@ impl CpuBackend {
                 xt,
             );
         }
+        emit(&mut self.trace, None, "final_norm", &x);
         let head = w(if self.cfg.tie_word_embeddings {
             TensorKey::TokenEmbd
         } else {
@@ -221,6 +239,7 @@ impl CpuBackend {
         };
         let out = matmul::run(&[job]).context("lm_head")?;
         let all = token_major(&out[0], logits_of.len()); // [m, V]
+        emit(&mut self.trace, None, "logits", &all);
         Ok(all
             .chunks_exact(self.cfg.vocab_size)
             .map(|c| c.to_vec())
@@ -244,6 +263,7 @@ impl CpuBackend {
         for (ht, at) in h.chunks_exact(hd).zip(a.chunks_exact_mut(hd)) {
             ops::rmsnorm(ht, &norms.attn, eps, at);
         }
+        emit(&mut self.trace, Some(l), "attn_norm", &a);
         let (wq, wk, wv) = (
             lw(LayerTensor::AttnQ)?,
             lw(LayerTensor::AttnK)?,
@@ -260,10 +280,14 @@ impl CpuBackend {
         let mut q = token_major(&outs[0], n); // [n, Hq·D]
         let k = token_major(&outs[1], n); // [n, Hkv·D]
         let v = token_major(&outs[2], n); // [n, Hkv·D]
+        for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
+            emit(&mut self.trace, Some(l), name, x);
+        }
         for (t, place) in places.iter().enumerate() {
             let angles = ops::rope_angles(&self.inv_freq, place.pos);
             let qt = &mut q[t * qd..(t + 1) * qd];
             ops::rmsnorm_heads(qt, &norms.q, eps);
+            emit(&mut self.trace, Some(l), "q_normed", qt);
             ops::rope_heads(qt, &angles);
             let cache = self.caches[place.cache]
                 .as_mut()
@@ -272,7 +296,10 @@ impl CpuBackend {
             let kt = &mut cache.keys[l][row.clone()];
             kt.copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
             ops::rmsnorm_heads(kt, &norms.k, eps);
+            emit(&mut self.trace, Some(l), "k_normed", kt);
             ops::rope_heads(kt, &angles);
+            emit(&mut self.trace, Some(l), "q_rope", qt);
+            emit(&mut self.trace, Some(l), "k_rope", kt);
             cache.values[l][row].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
         }
         let heads = Heads {
@@ -290,6 +317,7 @@ impl CpuBackend {
             })
             .collect::<Vec<_>>();
         let att = ops::attention(heads, &q, &views); // [n, Hq·D]
+        emit(&mut self.trace, Some(l), "attn", &att);
         let wo = lw(LayerTensor::AttnOut)?;
         let o = matmul::run(&[Job {
             w: &wo,
@@ -298,7 +326,9 @@ impl CpuBackend {
             x: &att,
             n,
         }])?;
+        emit(&mut self.trace, Some(l), "attn_out", &token_major(&o[0], n));
         add_token_major(h, &o[0], n);
+        emit(&mut self.trace, Some(l), "h_attn", h);
         Ok(())
     }
 
@@ -318,6 +348,7 @@ impl CpuBackend {
         for (ht, bt) in h.chunks_exact(hd).zip(b.chunks_exact_mut(hd)) {
             ops::rmsnorm(ht, &self.norms[l].ffn, cfg.rms_norm_eps, bt);
         }
+        emit(&mut self.trace, Some(l), "ffn_norm", &b);
         let router = lw(LayerTensor::Router)?;
         let logits = matmul::run(&[Job {
             w: &router,
@@ -331,6 +362,13 @@ impl CpuBackend {
             .chunks_exact(e_count)
             .map(|lg| ops::route(lg, cfg.num_experts_per_tok, cfg.norm_topk_prob))
             .collect();
+        if self.trace.is_some() {
+            emit(&mut self.trace, Some(l), "router_logits", &logits);
+            let ids: Vec<f32> = routes[0].iter().map(|(e, _)| *e as f32).collect();
+            let weights: Vec<f32> = routes[0].iter().map(|(_, w)| *w).collect();
+            emit(&mut self.trace, Some(l), "moe_experts", &ids);
+            emit(&mut self.trace, Some(l), "moe_weights", &weights);
+        }
 
         // Per used expert: the tokens that chose it, in token order, and their inputs [n_e, H].
         let mut members: Vec<Vec<usize>> = vec![Vec::new(); e_count];
@@ -417,6 +455,7 @@ impl CpuBackend {
                     *o += wt * y[row * ne + col];
                 }
             }
+            emit(&mut self.trace, Some(l), "moe_out", &out);
             for (hi, o) in ht.iter_mut().zip(&out) {
                 *hi += o;
             }
@@ -522,6 +561,20 @@ impl Backend for CpuBackend {
         let logits = self.prefill_cache(MAIN, start, tokens)?;
         self.pos = start + tokens.len();
         Ok(logits)
+    }
+
+    /// The oracle's intermediates of one step under its names, all but `router_probs` (the
+    /// routing keeps its softmax to itself). Appends the token as `step` does.
+    fn trace_step(&mut self, token: u32) -> Result<Option<StepTrace>> {
+        let pos = self.pos;
+        self.check_tokens(&[token], pos)?;
+        self.trace = Some(Vec::new());
+        let place = Place { cache: MAIN, pos };
+        let run = self.forward(&[token], &[place], &[0]);
+        let trace = self.trace.take();
+        run?;
+        self.pos = pos + 1;
+        Ok(trace)
     }
 
     fn max_streams(&self) -> usize {

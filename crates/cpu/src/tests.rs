@@ -552,3 +552,59 @@ fn failed_stream_calls_leave_consistent_positions() {
     assert!(b.stream_prefill(0, 4, &[ok]).is_err());
     b.stream_prefill(0, 3, &[ok]).unwrap();
 }
+
+/// `trace_step` gives the oracle's intermediates (every name but `router_probs`, in the
+/// oracle's order) with values within 1e-4 relative L2 of the oracle's, so `parity` can name
+/// the first diverging op on the CPU backend; a bad token is refused and appends nothing.
+#[test]
+fn trace_step_matches_the_oracles_trace() {
+    let m = model(512, false);
+    let mut oracle = RefBackend::new(m.clone(), 64).unwrap();
+    let mut cpu = CpuBackend::new(m, 64).unwrap();
+    let prompt = [5u32, 77, 300, 12];
+    oracle.prefill(&prompt).unwrap();
+    cpu.prefill(&prompt).unwrap();
+    let want = oracle.trace_step(9).unwrap().unwrap();
+    let got = cpu.trace_step(9).unwrap().expect("the CPU backend traces");
+    assert_eq!(cpu.position(), prompt.len() + 1);
+    let expected: Vec<&str> = want
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| !n.ends_with("router_probs"))
+        .collect();
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, expected);
+    for (name, v) in &got {
+        let (_, w) = want.iter().find(|(n, _)| n == name).unwrap();
+        let e = nibble_backend::divergence::rel_l2(v, w);
+        assert!(e <= 1e-4, "{name}: relative L2 error {e}");
+    }
+    assert!(nibble_backend::divergence::first_divergence(&want, &got, 1e-4).is_none());
+    // The traced step is a step: the next logits equal the oracle's next ones.
+    let (a, b) = (oracle.step(3).unwrap(), cpu.step(3).unwrap());
+    assert!(cosine(&a, &b) >= 0.99999);
+    assert!(cpu.trace_step(512).is_err());
+    assert_eq!(cpu.position(), prompt.len() + 2);
+}
+
+/// With one weight byte of layer 2's o-proj changed in the CPU backend's copy, the traces part
+/// first at `l2.attn_out`: what `nibble parity` reports as the first diverging op.
+#[test]
+fn trace_names_the_first_op_a_changed_weight_touches() {
+    let good = model(512, false);
+    let cfg = good.cfg.clone();
+    let mut bad = MemModel::new(&cfg, &SynthParams::default());
+    let key = TensorKey::Layer(2, LayerTensor::AttnOut);
+    let bytes = bad.tensors.get_mut(&key).unwrap();
+    bytes[5] ^= 0x77; // block 0's nibbles (bytes 2..18), not its scale
+    let mut oracle = RefBackend::new(good, 16).unwrap();
+    let mut cpu = CpuBackend::new(Arc::new(bad), 16).unwrap();
+    oracle.prefill(&[1, 2]).unwrap();
+    cpu.prefill(&[1, 2]).unwrap();
+    let (want, got) = (
+        oracle.trace_step(3).unwrap().unwrap(),
+        cpu.trace_step(3).unwrap().unwrap(),
+    );
+    let d = nibble_backend::divergence::first_divergence(&want, &got, 1e-4).expect("a divergence");
+    assert_eq!(d.name, "l2.attn_out", "{d:?}");
+}
