@@ -36,16 +36,9 @@ pub fn scale_min(j: usize, b: &[u8]) -> (u8, u8) {
     }
 }
 
+/// The f16 at byte `at` of super-block `block`, refused when not finite.
 fn f16_at(dtype: DType, block: usize, b: &[u8], at: usize) -> Result<f32, QuantError> {
-    let d = f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    if !d.is_finite() {
-        return Err(QuantError::NonFiniteScale {
-            dtype,
-            block: block as u64,
-            scale: d,
-        });
-    }
-    Ok(d)
+    crate::checked_scale(dtype, block, [b[at], b[at + 1]])
 }
 
 /// Q4_K and Q5_K (`high`: the Q5_K `qh` bits) super-blocks into `out` (whole blocks, sizes

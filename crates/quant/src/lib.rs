@@ -265,7 +265,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
     Ok(())
 }
 
-fn checked_scale(dtype: DType, block: usize, le: [u8; 2]) -> Result<f32, QuantError> {
+pub(crate) fn checked_scale(dtype: DType, block: usize, le: [u8; 2]) -> Result<f32, QuantError> {
     let d = f16::from_le_bytes(le).to_f32();
     if !d.is_finite() {
         return Err(QuantError::NonFiniteScale {
