@@ -41,7 +41,7 @@ fn f16_at(dtype: DType, block: usize, b: &[u8], at: usize) -> Result<f32, QuantE
     crate::checked_scale(dtype, block, [b[at], b[at + 1]])
 }
 
-/// Q4_K and Q5_K (`high`: the Q5_K `qh` bits) super-blocks into `out` (whole blocks, sizes
+/// Q4_K or Q5_K (as `dtype` says; Q5_K adds its `qh` bits) super-blocks into `out` (whole blocks, sizes
 /// checked by the caller).
 pub(crate) fn dequantize_q45_k(
     dtype: DType,
