@@ -33,6 +33,8 @@ pub enum Quant {
 pub enum Format {
     Gguf,
     Safetensors,
+    /// An MLX 4-bit checkpoint directory (mlx-lm's layout; the routers at 8 bits).
+    Mlx,
 }
 
 #[derive(clap::Args)]
@@ -53,7 +55,7 @@ pub struct Args {
     /// tokenizer_config.json next to it supplies the chat template.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Output: a .gguf file, or a directory for safetensors.
+    /// Output: a .gguf file, or a directory for safetensors and mlx.
     #[arg(short, long)]
     output: PathBuf,
     /// No progress bar.
@@ -88,8 +90,12 @@ pub fn run(a: Args) -> Result<()> {
             };
             synth::write_gguf(&cfg, &params, tok.as_ref(), &a.output, a.quiet)?;
         }
-        Format::Safetensors => {
-            synth::write_safetensors(&cfg, &params, &a.output, a.quiet)?;
+        Format::Safetensors | Format::Mlx => {
+            if a.format == Format::Mlx {
+                synth::write_mlx(&cfg, &params, &a.output, a.quiet)?;
+            } else {
+                synth::write_safetensors(&cfg, &params, &a.output, a.quiet)?;
+            }
             if let Some(p) = &a.tokenizer {
                 copy_tokenizer(p, &a.output)?;
             }

@@ -208,3 +208,59 @@ impl Block for Q6K {
         })
     }
 }
+
+/// A bf16 as f32: its bits moved up (exact for every value; a non-finite one stays
+/// non-finite and so carries to the products' results, see [`Block::finite`]).
+#[inline(always)]
+fn bf16_bits(bytes: &[u8], at: usize) -> f32 {
+    f32::from_bits((u16::from_le_bytes([bytes[at], bytes[at + 1]]) as u32) << 16)
+}
+
+/// Whether the bf16 at `at` is finite (exponent bits not all set).
+#[inline(always)]
+fn bf16_finite(bytes: &[u8], at: usize) -> bool {
+    u16::from_le_bytes([bytes[at], bytes[at + 1]]) & 0x7f80 != 0x7f80
+}
+
+/// MLX's affine 4-bit groups of 64 as nibble keeps them (`nibble_quant::mlx`): bf16 scale,
+/// bf16 bias, 32 bytes with weight `2b` in the low nibble of byte `b`; weight = `scale·q + bias`
+/// (a product then a sum, as the oracle rounds them).
+pub(crate) struct MlxA4;
+impl Block for MlxA4 {
+    const BYTES: usize = 36;
+    const ELEMS: usize = 64;
+    const NAME: &'static str = "MLX_A4";
+    fn finite(bytes: &[u8]) -> bool {
+        bf16_finite(bytes, 0) && bf16_finite(bytes, 2)
+    }
+    #[inline(always)]
+    fn decode(bytes: &[u8], sub: usize) -> [f32; BLOCK] {
+        let (s, b) = (bf16_bits(bytes, 0), bf16_bits(bytes, 2));
+        let q: &[u8; 16] = bytes[4 + 16 * sub..20 + 16 * sub]
+            .try_into()
+            .expect("a 36-byte block");
+        let mut w = [0f32; BLOCK];
+        for j in 0..16 {
+            w[2 * j] = (q[j] & 15) as f32 * s + b;
+            w[2 * j + 1] = (q[j] >> 4) as f32 * s + b;
+        }
+        w
+    }
+}
+
+/// MLX's affine 8-bit groups of 64 (the router of newer conversions): bf16 scale, bf16 bias,
+/// 64 unsigned bytes.
+pub(crate) struct MlxA8;
+impl Block for MlxA8 {
+    const BYTES: usize = 68;
+    const ELEMS: usize = 64;
+    const NAME: &'static str = "MLX_A8";
+    fn finite(bytes: &[u8]) -> bool {
+        MlxA4::finite(bytes)
+    }
+    #[inline(always)]
+    fn decode(bytes: &[u8], sub: usize) -> [f32; BLOCK] {
+        let (s, b) = (bf16_bits(bytes, 0), bf16_bits(bytes, 2));
+        std::array::from_fn(|j| bytes[4 + 32 * sub + j] as f32 * s + b)
+    }
+}

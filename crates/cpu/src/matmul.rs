@@ -14,7 +14,7 @@
 //! token-by-token decode give the same bits, and the AVX2 kernel (Q4_0, four tokens per pass
 //! over a row) the same bits as the portable one.
 
-use crate::blocks::{Bf16, Block, F16, F32, Q4, Q4K, Q5K, Q6K, Q8};
+use crate::blocks::{Bf16, Block, MlxA4, MlxA8, F16, F32, Q4, Q4K, Q5K, Q6K, Q8};
 use anyhow::{bail, ensure, Result};
 use nibble_model::weights::Weight;
 use nibble_quant::DType;
@@ -132,6 +132,8 @@ fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -
         DType::Q4_K => portable_dots::<Q4K>(row, x, cols, out),
         DType::Q5_K => portable_dots::<Q5K>(row, x, cols, out),
         DType::Q6_K => portable_dots::<Q6K>(row, x, cols, out),
+        DType::MLX_A4 => portable_dots::<MlxA4>(row, x, cols, out),
+        DType::MLX_A8 => portable_dots::<MlxA8>(row, x, cols, out),
     }
 }
 
@@ -278,6 +280,8 @@ pub fn decode_row(w: &Weight<'_>, r: usize, out: &mut [f32]) -> Result<()> {
         DType::Q4_K => decode_blocks::<Q4K>(row, out),
         DType::Q5_K => decode_blocks::<Q5K>(row, out),
         DType::Q6_K => decode_blocks::<Q6K>(row, out),
+        DType::MLX_A4 => decode_blocks::<MlxA4>(row, out),
+        DType::MLX_A8 => decode_blocks::<MlxA8>(row, out),
     }
 }
 

@@ -41,9 +41,11 @@ fn weights(
 fn products_match_f64_sums_for_every_dtype_and_token_count() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for dtype in DType::ALL {
-        // K-quant rows are whole 256-weight super-blocks.
+        // K-quant rows are whole 256-weight super-blocks, MLX rows whole groups of 64.
         let shapes: &[(usize, usize)] = if dtype.layout().block_elems == 256 {
             &[(2, 256), (13, 512), (6, 2048)]
+        } else if dtype.layout().block_elems == 64 {
+            &[(2, 64), (13, 128), (40, 192), (6, 2048)]
         } else {
             &[(2, 32), (13, 64), (40, 96), (6, 2048)]
         };
@@ -169,17 +171,27 @@ fn products_refuse_bad_shapes_and_non_finite_scales() {
     }
 }
 
-/// The K-quant decoders are an implementation of their own: on random bytes (every bit
-/// pattern of the packed scales, mins and quants; finite f16 scales) they give the oracle's
-/// dequantized values bit for bit, and a non-finite `d` or `dmin` is an error.
+/// The K-quant and MLX decoders are implementations of their own: on random bytes (every bit
+/// pattern of the packed scales, mins and quants; finite f16 or bf16 scales) they give the
+/// oracle's dequantized values bit for bit, and a non-finite `d`, `dmin`, scale or bias is an
+/// error.
 #[test]
-fn k_quant_rows_decode_to_the_oracles_bits_and_refuse_bad_scales() {
+fn k_quant_and_mlx_rows_decode_to_the_oracles_bits_and_refuse_bad_scales() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+    for dtype in [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::MLX_A4,
+        DType::MLX_A8,
+    ] {
+        let mlx = matches!(dtype, DType::MLX_A4 | DType::MLX_A8);
+        let be = dtype.layout().block_elems as usize;
         let bb = dtype.layout().block_bytes as usize;
         let cols = 1024;
-        let mut bytes: Vec<u8> = (0..2 * cols / 256 * bb).map(|_| rng.random()).collect();
-        // Scale offsets within a block: d (and dmin) first, Q6_K's d last.
+        let mut bytes: Vec<u8> = (0..2 * cols / be * bb).map(|_| rng.random()).collect();
+        // Scale offsets within a block: d (and dmin, or MLX's scale and bias) first, Q6_K's d
+        // last.
         let scales: &[usize] = if dtype == DType::Q6_K {
             &[208]
         } else {
@@ -187,8 +199,12 @@ fn k_quant_rows_decode_to_the_oracles_bits_and_refuse_bad_scales() {
         };
         for blk in bytes.chunks_exact_mut(bb) {
             for &at in scales {
-                let v = half::f16::from_f32(rng.random_range(-2.0f32..2.0));
-                blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                let v = rng.random_range(-2.0f32..2.0);
+                blk[at..at + 2].copy_from_slice(&if mlx {
+                    half::bf16::from_f32(v).to_le_bytes()
+                } else {
+                    half::f16::from_f32(v).to_le_bytes()
+                });
             }
         }
         let w = Weight {
@@ -220,7 +236,8 @@ fn k_quant_rows_decode_to_the_oracles_bits_and_refuse_bad_scales() {
         assert!(matmul::run(&jobs).is_ok());
         for &at in scales {
             let mut bad = bytes.clone();
-            bad[bb + at..bb + at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+            let nan: u16 = if mlx { 0x7fc0 } else { 0x7e00 };
+            bad[bb + at..bb + at + 2].copy_from_slice(&nan.to_le_bytes());
             let w = Weight {
                 dtype,
                 shape: vec![2, cols],

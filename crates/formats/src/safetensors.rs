@@ -24,7 +24,7 @@ mod tests;
 mod write;
 
 pub use sharded::SafetensorsModel;
-pub use write::{write_model, TensorSpec};
+pub use write::{write_model, write_model_as, Element, TensorSpec};
 
 use crate::{FormatError, Result, TensorView};
 use ::safetensors::tensor::{Metadata, TensorInfo};
@@ -170,6 +170,33 @@ impl SafetensorsFile {
         }))
     }
 
+    /// A zero-copy view of tensor `name` whatever its dtype, for the tensors [`Self::tensor`]
+    /// refuses (MLX's packed `U32` integers); `Ok(None)` if the file has no such tensor.
+    pub fn raw(&self, name: &str) -> Result<Option<RawView<'_>>> {
+        let Some(&i) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let info = &self.infos[i];
+        let (begin, end) = info.data_offsets;
+        // Validated at open; re-checked without panicking so a logic slip cannot read out of bounds.
+        let data = self
+            .data_start
+            .checked_add(begin)
+            .zip(self.data_start.checked_add(end))
+            .and_then(|(b, e)| self.bytes.get(b..e))
+            .ok_or_else(|| {
+                FormatError::new(
+                    &self.path,
+                    format!("tensor `{name}`: data_offsets [{begin}, {end}] outside the file"),
+                )
+            })?;
+        Ok(Some(RawView {
+            dtype: dtype_name(info.dtype),
+            shape: info.shape.iter().map(|&d| d as u64).collect(),
+            data,
+        }))
+    }
+
     /// The header's `__metadata__` map, if present (HF PyTorch files: `{"format": "pt"}`).
     pub fn metadata(&self) -> Option<&HashMap<String, String>> {
         self.metadata.as_ref()
@@ -184,6 +211,37 @@ impl std::fmt::Debug for SafetensorsFile {
             .field("tensors", &self.names.len())
             .field("bytes", &self.bytes.len())
             .finish()
+    }
+}
+
+/// A tensor of any dtype as raw little-endian bytes (see [`SafetensorsFile::raw`]).
+#[derive(Debug, Clone)]
+pub struct RawView<'a> {
+    /// The header's dtype string (`"U32"`, `"BF16"`, ...).
+    pub dtype: &'static str,
+    /// Row-major shape, outermost first.
+    pub shape: Vec<u64>,
+    /// Exactly `product(shape) × element size` bytes.
+    pub data: &'a [u8],
+}
+
+/// The header spelling of a safetensors dtype.
+fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::BOOL => "BOOL",
+        Dtype::U8 => "U8",
+        Dtype::I8 => "I8",
+        Dtype::I16 => "I16",
+        Dtype::U16 => "U16",
+        Dtype::F16 => "F16",
+        Dtype::BF16 => "BF16",
+        Dtype::I32 => "I32",
+        Dtype::U32 => "U32",
+        Dtype::F32 => "F32",
+        Dtype::F64 => "F64",
+        Dtype::I64 => "I64",
+        Dtype::U64 => "U64",
+        _ => "other",
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod loader;
+pub mod mlx;
 pub mod qwen3_moe;
 pub mod synth;
 pub mod weights;

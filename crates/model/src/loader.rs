@@ -1,13 +1,15 @@
 //! Opening a model from a path, whatever its format, and describing it (`nibble inspect`).
 //!
 //! A path ending in `.gguf` (or starting with the GGUF magic) is a GGUF file; a directory, or a
-//! `.safetensors` file inside one, is a Hugging Face checkpoint with `config.json` beside it.
+//! `.safetensors` file inside one, is a Hugging Face checkpoint with `config.json` beside it, or
+//! an MLX one when its config has a `quantization` object (or its files say `"format": "mlx"`).
 
 use crate::config::Qwen3MoeConfig;
 use crate::qwen3_moe::{GgufWeights, HfWeights};
 use crate::weights::{LayerTensor, TensorKey, WeightSource};
 use anyhow::{Context, Result};
 use nibble_formats::gguf::{GgufFile, MetaValue};
+use nibble_formats::safetensors::SafetensorsModel;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +39,7 @@ pub enum TokenizerSource {
 /// An opened model: its weights plus what the text side needs.
 pub struct LoadedModel {
     pub path: PathBuf,
-    /// "gguf" or "safetensors".
+    /// "gguf", "safetensors" or "mlx".
     pub format: &'static str,
     pub weights: Arc<dyn WeightSource>,
     pub tokenizer: TokenizerSource,
@@ -127,18 +129,16 @@ pub fn open(path: &Path) -> Result<LoadedModel> {
     } else {
         path.parent().map(Path::to_path_buf).unwrap_or_default()
     };
-    let weights = HfWeights::open(&dir)?;
-    let mut tensors = vec![];
-    for name in weights.model().names() {
-        if let Some(v) = weights.model().tensor(name)? {
-            tensors.push((
-                name.to_string(),
-                v.dtype.name(),
-                v.elements(),
-                v.data.len() as u64,
-            ));
-        }
-    }
+    let (format, weights, tensors): (_, Arc<dyn WeightSource>, _) = if crate::mlx::is_mlx_dir(&dir)
+    {
+        let w = crate::mlx::MlxWeights::open(&dir)?;
+        let t = listing(w.model(), true)?;
+        ("mlx", Arc::new(w), t)
+    } else {
+        let w = HfWeights::open(&dir)?;
+        let t = listing(w.model(), false)?;
+        ("safetensors", Arc::new(w), t)
+    };
     let tok = dir.join("tokenizer.json");
     let chat_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
         .ok()
@@ -150,8 +150,8 @@ pub fn open(path: &Path) -> Result<LoadedModel> {
         });
     Ok(LoadedModel {
         path: path.to_path_buf(),
-        format: "safetensors",
-        weights: Arc::new(weights),
+        format,
+        weights,
         tokenizer: if tok.is_file() {
             TokenizerSource::HfDir(dir.clone())
         } else {
@@ -160,6 +160,29 @@ pub fn open(path: &Path) -> Result<LoadedModel> {
         chat_template,
         tensors,
     })
+}
+
+/// The tensors of a safetensors checkpoint for `inspect`: (name, type, elements, bytes). In an
+/// MLX one a `.weight` of U32 words counts the weights it packs (`scales` elements times the
+/// group), and `.scales` and `.biases` count bytes but no parameters (they are their weight's
+/// storage, as a Q4_0 block's scale is).
+fn listing(m: &SafetensorsModel, mlx: bool) -> Result<Vec<(String, &'static str, u64, u64)>> {
+    let mut out = vec![];
+    for name in m.names() {
+        let Some(v) = m.raw(name)? else { continue };
+        let mut elements: u64 = v.shape.iter().product();
+        if mlx {
+            if let Some(base) = name.strip_suffix(".weight") {
+                if let Some(s) = m.raw(&format!("{base}.scales"))? {
+                    elements = s.shape.iter().product::<u64>() * nibble_quant::mlx::GROUP as u64;
+                }
+            } else if name.ends_with(".scales") || name.ends_with(".biases") {
+                elements = 0;
+            }
+        }
+        out.push((name.to_string(), v.dtype, elements, v.data.len() as u64));
+    }
+    Ok(out)
 }
 
 /// What `nibble inspect` reports.

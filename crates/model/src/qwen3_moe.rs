@@ -74,6 +74,30 @@ pub fn hf_names(key: TensorKey, cfg: &Qwen3MoeConfig) -> Vec<String> {
     }
 }
 
+/// The module path of `key` in an MLX checkpoint (mlx-lm's names, formats-spec §4.2): the HF
+/// name without `.weight`, experts stacked under `mlp.switch_mlp`. The tensors are `{path}.weight`
+/// (plus `.scales` and `.biases` when quantised).
+pub fn mlx_module(key: TensorKey) -> String {
+    match key {
+        TensorKey::Layer(
+            l,
+            t @ (LayerTensor::ExpGate | LayerTensor::ExpUp | LayerTensor::ExpDown),
+        ) => {
+            let s = match t {
+                LayerTensor::ExpGate => "gate_proj",
+                LayerTensor::ExpUp => "up_proj",
+                _ => "down_proj",
+            };
+            format!("model.layers.{l}.mlp.switch_mlp.{s}")
+        }
+        // Every other key has one HF name, `{module}.weight`.
+        k => {
+            let cfg_free = hf_names(k, &Qwen3MoeConfig::tiny());
+            cfg_free[0].trim_end_matches(".weight").to_string()
+        }
+    }
+}
+
 /// Read the config from GGUF `qwen3moe.*` metadata (formats-spec §3.5).
 pub fn config_from_gguf(f: &GgufFile) -> Result<Qwen3MoeConfig, ConfigError> {
     let bad = |field: &str, problem: String| ConfigError {
@@ -218,7 +242,7 @@ fn allowed(key: TensorKey, dtype: DType) -> bool {
     !is_vector || !dtype.is_quantized()
 }
 
-fn check_view(
+pub(crate) fn check_view(
     key: TensorKey,
     name: &str,
     dtype: DType,

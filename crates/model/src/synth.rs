@@ -13,6 +13,9 @@
 //! Generation is deterministic per (seed, tensor, chunk of rows) and parallel over chunks, so a
 //! 17 GB model is written in minutes on two cores and identical whatever the thread count.
 
+mod mlx_writer;
+pub use mlx_writer::{mlx_dtype, write_mlx};
+
 use crate::config::Qwen3MoeConfig;
 use crate::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use half::bf16;
@@ -458,7 +461,7 @@ pub fn write_safetensors(
                 .collect();
             specs.push(StSpec {
                 name,
-                dtype: DType::BF16,
+                dtype: nibble_formats::safetensors::Element::Float(DType::BF16),
                 shape: s,
             });
             origin.push((k, stacked.then_some(e)));

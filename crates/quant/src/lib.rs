@@ -12,12 +12,15 @@
 //! - `Q8_0`: blocks of 32 weights, 34 bytes: an f16 scale `d` then 32 signed bytes;
 //!   weight = `q * d`.
 //! - `Q4_K`, `Q5_K`, `Q6_K`: llama.cpp's 256-weight super-blocks ([`kquants`] documents them).
+//! - `MLX_A4`, `MLX_A8`: MLX's affine groups of 64 (scale and bias per group), interleaved
+//!   into blocks by the loader ([`mlx`] documents them); not GGUF types.
 //! - Rows never share a block: a row's element count must be a multiple of the block size.
 //!
 //! Adding a type means one new enum variant, its row in [`DType::layout`] and its reference
 //! dequantize in [`dequantize`].
 
 pub mod kquants;
+pub mod mlx;
 
 use half::{bf16, f16};
 
@@ -61,6 +64,8 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
+    MLX_A4,
+    MLX_A8,
 }
 
 /// Size facts of one storage type: `block_elems` elements occupy `block_bytes` bytes.
@@ -94,7 +99,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 pub const QK: usize = 32;
 
 impl DType {
-    pub const ALL: [DType; 8] = [
+    pub const ALL: [DType; 10] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -103,6 +108,8 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::MLX_A4,
+        DType::MLX_A8,
     ];
 
     /// Block geometry of this type.
@@ -140,12 +147,21 @@ impl DType {
                 block_elems: 256,
                 block_bytes: 210,
             },
+            DType::MLX_A4 => Layout {
+                block_elems: 64,
+                block_bytes: 36,
+            },
+            DType::MLX_A8 => Layout {
+                block_elems: 64,
+                block_bytes: 68,
+            },
         }
     }
 
-    /// The `ggml_type` id used in GGUF tensor infos.
-    pub const fn ggml_id(self) -> u32 {
-        match self {
+    /// The `ggml_type` id used in GGUF tensor infos; `None` for the MLX types, which GGUF
+    /// cannot hold.
+    pub const fn ggml_id(self) -> Option<u32> {
+        Some(match self {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
@@ -154,14 +170,15 @@ impl DType {
             DType::Q5_K => 13,
             DType::Q6_K => 14,
             DType::BF16 => 30,
-        }
+            DType::MLX_A4 | DType::MLX_A8 => return None,
+        })
     }
 
     /// Inverse of [`DType::ggml_id`].
     pub fn from_ggml_id(id: u32) -> Result<DType, QuantError> {
         DType::ALL
             .into_iter()
-            .find(|t| t.ggml_id() == id)
+            .find(|t| t.ggml_id() == Some(id))
             .ok_or(QuantError::UnknownTypeId(id))
     }
 
@@ -176,6 +193,8 @@ impl DType {
             DType::Q4_K => "Q4_K",
             DType::Q5_K => "Q5_K",
             DType::Q6_K => "Q6_K",
+            DType::MLX_A4 => "MLX_A4",
+            DType::MLX_A8 => "MLX_A8",
         }
     }
 
@@ -261,6 +280,7 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         }
         DType::Q4_K | DType::Q5_K => kquants::dequantize_q45_k(dtype, bytes, out)?,
         DType::Q6_K => kquants::dequantize_q6_k(bytes, out)?,
+        DType::MLX_A4 | DType::MLX_A8 => mlx::dequantize(dtype, bytes, out)?,
     }
     Ok(())
 }
@@ -336,6 +356,7 @@ pub fn encode_float(dtype: DType, src: &[f32]) -> Vec<u8> {
         DType::Q8_0 => quantize_q8_0(src),
         DType::Q4_K | DType::Q5_K => kquants::quantize_q45_k(dtype, src),
         DType::Q6_K => kquants::quantize_q6_k(src),
+        DType::MLX_A4 | DType::MLX_A8 => mlx::quantize(dtype, src),
     }
 }
 
@@ -446,7 +467,10 @@ mod tests {
     #[test]
     fn ggml_ids_round_trip() {
         for t in DType::ALL {
-            assert_eq!(DType::from_ggml_id(t.ggml_id()).unwrap(), t);
+            match t.ggml_id() {
+                Some(id) => assert_eq!(DType::from_ggml_id(id).unwrap(), t),
+                None => assert!(matches!(t, DType::MLX_A4 | DType::MLX_A8)),
+            }
         }
     }
 }

@@ -79,13 +79,20 @@ impl<W: Write> GgufWriter<W> {
             }
             let size = checked_tensor_size(t.dtype, &t.shape)
                 .map_err(|m| err(format!("tensor '{}': {m}", t.name)))?;
+            let type_id = t.dtype.ggml_id().ok_or_else(|| {
+                err(format!(
+                    "tensor '{}': type {} has no GGUF type id",
+                    t.name,
+                    t.dtype.name()
+                ))
+            })?;
             put_string(&mut head, &t.name);
             head.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
             // GGUF lists dims innermost first.
             for d in t.shape.iter().rev() {
                 head.extend_from_slice(&d.to_le_bytes());
             }
-            head.extend_from_slice(&t.dtype.ggml_id().to_le_bytes());
+            head.extend_from_slice(&type_id.to_le_bytes());
             head.extend_from_slice(&offset.to_le_bytes());
             pending.push(Pending {
                 name: t.name.clone(),

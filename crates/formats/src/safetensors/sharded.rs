@@ -130,6 +130,29 @@ impl SafetensorsModel {
         }
     }
 
+    /// A raw view of tensor `name` whatever its dtype (see [`SafetensorsFile::raw`]).
+    pub fn raw(&self, name: &str) -> Result<Option<super::RawView<'_>>> {
+        match self.owner.get(name) {
+            Some(&s) => self.shards[s].raw(name),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the checkpoint has a tensor `name` (whatever its dtype).
+    pub fn contains(&self, name: &str) -> bool {
+        self.owner.contains_key(name)
+    }
+
+    /// The `format` entry of the first shard's `__metadata__` (`"pt"` from PyTorch, `"mlx"`
+    /// from mlx-lm), if any.
+    pub fn format_tag(&self) -> Option<&str> {
+        self.shards
+            .first()?
+            .metadata()?
+            .get("format")
+            .map(String::as_str)
+    }
+
     /// All tensor names over all shards, sorted.
     pub fn names(&self) -> Vec<&str> {
         self.owner.keys().map(String::as_str).collect()

@@ -21,7 +21,7 @@ pub(super) fn random_model(rng: &mut StdRng, count: usize) -> (Vec<TensorSpec>, 
         let values: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
         specs.push(TensorSpec {
             name: format!("model.layers.{i}.w{ndim}"),
-            dtype,
+            dtype: Element::Float(dtype),
             shape,
         });
         bytes.push(encode_float(dtype, &values));
@@ -50,12 +50,12 @@ fn assert_same<'a>(
     for (spec, bytes) in specs.iter().zip(data) {
         let v = get(&spec.name).unwrap().expect(&spec.name);
         assert_eq!(v.name, spec.name);
-        assert_eq!(v.dtype, spec.dtype, "{}", spec.name);
+        assert_eq!(Element::Float(v.dtype), spec.dtype, "{}", spec.name);
         assert_eq!(v.shape, spec.shape, "{}", spec.name);
         assert_eq!(v.data, &bytes[..], "{}", spec.name);
         assert_eq!(
             v.data.len() as u64,
-            spec.dtype.byte_size(v.elements()).unwrap()
+            v.dtype.byte_size(v.elements()).unwrap()
         );
     }
 }
@@ -187,7 +187,7 @@ fn writer_rejects_bad_specs_and_wrong_lengths() {
     let dir = tempfile::tempdir().unwrap();
     let spec = |name: &str, dtype, shape: Vec<u64>| TensorSpec {
         name: name.into(),
-        dtype,
+        dtype: Element::Float(dtype),
         shape,
     };
     let cases = [
@@ -264,12 +264,12 @@ fn zero_sized_tensor_round_trips() {
     let specs = vec![
         TensorSpec {
             name: "empty".into(),
-            dtype: DType::F16,
+            dtype: Element::Float(DType::F16),
             shape: vec![0, 5],
         },
         TensorSpec {
             name: "w".into(),
-            dtype: DType::BF16,
+            dtype: Element::Float(DType::BF16),
             shape: vec![2, 3],
         },
     ];
@@ -281,4 +281,42 @@ fn zero_sized_tensor_round_trips() {
     write(dir.path(), &specs, &data, u64::MAX);
     let m = SafetensorsModel::open(dir.path()).unwrap();
     assert_same(&specs, &data, |n| m.tensor(n));
+}
+
+#[test]
+fn u32_words_and_the_format_tag_round_trip_through_raw() {
+    let specs = vec![
+        TensorSpec {
+            name: "w.weight".into(),
+            dtype: Element::U32,
+            shape: vec![2, 3],
+        },
+        TensorSpec {
+            name: "w.scales".into(),
+            dtype: Element::Float(DType::BF16),
+            shape: vec![2, 1],
+        },
+    ];
+    let words: Vec<u8> = (1..=6u32)
+        .flat_map(|v| v.wrapping_mul(0x1234_5679).to_le_bytes())
+        .collect();
+    let scales = encode_float(DType::BF16, &[0.5, -2.0]);
+    let data = [words.clone(), scales];
+    let dir = tempfile::tempdir().unwrap();
+    write_model_as(dir.path(), "mlx", &specs, u64::MAX, &mut |i| {
+        data[i].clone()
+    })
+    .unwrap();
+    let m = SafetensorsModel::open(dir.path()).unwrap();
+    assert_eq!(m.format_tag(), Some("mlx"));
+    let r = m.raw("w.weight").unwrap().unwrap();
+    assert_eq!(
+        (r.dtype, r.shape.as_slice(), r.data),
+        ("U32", &[2u64, 3][..], &words[..])
+    );
+    let e = m.tensor("w.weight").unwrap_err().to_string();
+    assert!(e.contains("U32"), "{e}");
+    assert_eq!(m.raw("w.scales").unwrap().unwrap().dtype, "BF16");
+    assert!(m.raw("nope").unwrap().is_none());
+    assert!(m.contains("w.scales") && !m.contains("nope"));
 }

@@ -21,12 +21,21 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-/// One tensor to write: name, element type (F32, F16 or BF16 only) and row-major shape.
+/// One tensor to write: name, element type and row-major shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
     pub name: String,
-    pub dtype: DType,
+    pub dtype: Element,
     pub shape: Vec<u64>,
+}
+
+/// The element types the writer stores: nibble's float types, and the unsigned 32-bit words
+/// MLX checkpoints pack their 4- and 8-bit integers into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Element {
+    /// F32, F16 or BF16 (others are refused when planning).
+    Float(DType),
+    U32,
 }
 
 /// The user's byte source plus the first length mismatch it produced (a `View` cannot fail).
@@ -92,6 +101,17 @@ pub fn write_model(
     max_shard_bytes: u64,
     data: &mut dyn FnMut(usize) -> Vec<u8>,
 ) -> Result<Vec<PathBuf>> {
+    write_model_as(dir, "pt", tensors, max_shard_bytes, data)
+}
+
+/// [`write_model`] with `__metadata__` `{"format": format}` (mlx-lm writes `"mlx"`).
+pub fn write_model_as(
+    dir: &Path,
+    format: &str,
+    tensors: &[TensorSpec],
+    max_shard_bytes: u64,
+    data: &mut dyn FnMut(usize) -> Vec<u8>,
+) -> Result<Vec<PathBuf>> {
     let planned = plan(dir, tensors)?;
 
     // Greedy packing in the given order; each shard is a list of indices into `tensors`.
@@ -124,7 +144,7 @@ pub fn write_model(
         produce: data,
         error: None,
     });
-    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let meta: HashMap<String, String> = [("format".to_string(), format.to_string())].into();
     let mut written = Vec::with_capacity(n + 1);
     for (members, file_name) in shards.iter().zip(&file_names) {
         let path = dir.join(file_name);
@@ -197,10 +217,11 @@ fn plan(dir: &Path, tensors: &[TensorSpec]) -> Result<Vec<Planned>> {
                 return Err(bad("name appears twice".into()));
             }
             let dtype = match t.dtype {
-                DType::F32 => Dtype::F32,
-                DType::F16 => Dtype::F16,
-                DType::BF16 => Dtype::BF16,
-                other => {
+                Element::Float(DType::F32) => Dtype::F32,
+                Element::Float(DType::F16) => Dtype::F16,
+                Element::Float(DType::BF16) => Dtype::BF16,
+                Element::U32 => Dtype::U32,
+                Element::Float(other) => {
                     return Err(bad(format!(
                         "dtype {} cannot be written as safetensors (F32, F16, BF16 only)",
                         other.name()
@@ -218,10 +239,12 @@ fn plan(dir: &Path, tensors: &[TensorSpec]) -> Result<Vec<Planned>> {
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                 .ok_or_else(overflow)?;
-            let bytes = t
-                .dtype
-                .byte_size(elements)
-                .map_err(|e| bad(e.to_string()))?;
+            // A U32 word is 4 bytes, as an F32 is.
+            let per = match t.dtype {
+                Element::Float(d) => d,
+                Element::U32 => DType::F32,
+            };
+            let bytes = per.byte_size(elements).map_err(|e| bad(e.to_string()))?;
             let len = usize::try_from(bytes).map_err(|_| overflow())?;
             Ok(Planned { dtype, shape, len })
         })

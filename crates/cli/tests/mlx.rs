@@ -1,0 +1,166 @@
+//! MLX 4-bit checkpoints end to end: synth writes one in mlx-lm's layout, `inspect` reads it,
+//! the CPU backend decodes it with greedy parity against the oracle, the GPU backend refuses it
+//! with a message that names the way out (and `--backend auto` takes that way), and a NaN
+//! scale in the file is a clear error on every backend, never a panic or garbage.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn nibble() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nibble"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// A tiny MLX checkpoint in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
+fn synth(dir: &Path) -> PathBuf {
+    let path = dir.join("tiny-mlx");
+    let tok =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../vendor/qwen3-tokenizer/tokenizer.json");
+    let mut c = nibble();
+    c.args([
+        "synth", "--preset", "tiny", "--format", "mlx", "--seed", "2",
+    ])
+    .args(["--quiet", "-o"])
+    .arg(&path);
+    if tok.is_file() {
+        c.arg("--tokenizer").arg(&tok);
+    } else {
+        assert!(std::env::var_os("CI").is_none(), "CI: tokenizer missing");
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "synth: {}", text(&out.stderr));
+    path
+}
+
+/// Whether a wgpu adapter exists (lavapipe counts); in CI one must.
+fn have_gpu() -> bool {
+    let have = nibble_gpu::Context::new(&nibble_gpu::AdapterChoice::Auto).is_ok();
+    assert!(
+        have || std::env::var_os("CI").is_none(),
+        "no wgpu adapter and CI is set"
+    );
+    have
+}
+
+#[test]
+fn mlx_checkpoint_decodes_on_the_cpu_with_oracle_parity_and_the_gpu_refuses_it_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path());
+    let out = nibble()
+        .args(["inspect", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["format"], "mlx", "{info:#}");
+    for t in ["U32", "BF16"] {
+        assert!(
+            info["bytes_per_type"][t].as_u64().unwrap_or(0) > 0,
+            "{info:#}"
+        );
+    }
+    let out = nibble()
+        .args(["parity", "--backend", "cpu", "--json", "-n", "24", "-m"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let j: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", text(&out.stderr)));
+    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
+    for p in j["prompts"].as_array().unwrap() {
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!((o.len(), &o), (24, &f), "{p:#}");
+        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
+    }
+    // auto: a GPU that cannot read the file, or none, gives the CPU backend, which decodes.
+    let out = nibble()
+        .args(["generate", "-n", "6", "--prompt", "Hello", "-m"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("using the CPU backend"),
+        "{}",
+        text(&out.stderr)
+    );
+    if have_gpu() {
+        let out = nibble()
+            .args([
+                "generate",
+                "--backend",
+                "gpu",
+                "-n",
+                "4",
+                "--prompt",
+                "Hi",
+                "-m",
+            ])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("Q4_0 only") && err.contains("MLX_A4") && err.contains("--backend cpu"),
+            "{err}"
+        );
+    }
+}
+
+/// Byte offset in `file` of tensor `name`'s data (from the safetensors header).
+fn data_offset(file: &Path, name: &str) -> usize {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    8 + n + header[name]["data_offsets"][0].as_u64().unwrap() as usize
+}
+
+#[test]
+fn a_nan_scale_or_bias_in_an_mlx_file_is_a_clear_error_on_every_backend() {
+    for tensor in ["scales", "biases"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = synth(dir.path());
+        let file = path.join("model.safetensors");
+        let name = format!("model.layers.1.self_attn.q_proj.{tensor}");
+        let at = data_offset(&file, &name);
+        let mut bytes = std::fs::read(&file).unwrap();
+        // The second group's value becomes a bf16 NaN.
+        bytes[at + 2..at + 4].copy_from_slice(&0x7fc0u16.to_le_bytes());
+        std::fs::write(&file, bytes).unwrap();
+        for backend in ["cpu", "ref"] {
+            let out = nibble()
+                .args([
+                    "generate",
+                    "--backend",
+                    backend,
+                    "-n",
+                    "2",
+                    "--prompt",
+                    "Hi",
+                    "-m",
+                ])
+                .arg(&path)
+                .output()
+                .unwrap();
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{backend} {tensor}: {err}");
+            assert!(
+                err.contains("non-finite") && !err.contains("panicked"),
+                "{backend} {tensor}: {err}"
+            );
+        }
+    }
+}

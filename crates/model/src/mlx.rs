@@ -1,0 +1,248 @@
+//! MLX checkpoints (mlx-lm's `convert -q`, formats-spec §4): a directory with `config.json`
+//! (carrying a `quantization` object) and safetensors whose quantised modules are three tensors
+//! each, `{module}.weight` (U32 words of packed 4- or 8-bit integers), `{module}.scales` and
+//! `{module}.biases` (bf16, one per group of 64 inputs), experts stacked under
+//! `mlp.switch_mlp`.
+//!
+//! The three arrays are interleaved once, at open, into nibble's MLX blocks
+//! (`nibble_quant::mlx`: 36 bytes per 64 weights at 4 bits), so the model code and the backends
+//! see one dtype per tensor as for GGUF. That copy is the price of MLX's split layout: the
+//! resident size stays the file's (4.5 bits per weight), but it is read from disk once at
+//! open rather than mapped. Norms (and any module left unquantised) are served zero-copy.
+//!
+//! Which modules are quantised, and how, follows mlx-lm's loader (spec §4.3): a module named in
+//! `quantization` takes that entry (an object, or `false` for "not quantised"); any other module
+//! is quantised with the global parameters iff its `.scales` exist. The bits are also inferred
+//! from the shapes, and a file whose shapes disagree with its config is refused.
+
+use crate::config::Qwen3MoeConfig;
+use crate::qwen3_moe::{check_view, mlx_module};
+use crate::weights::{TensorKey, Weight, WeightSource};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use nibble_formats::safetensors::SafetensorsModel;
+use nibble_quant::{mlx, DType};
+use rayon::prelude::*;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Whether `dir` holds an MLX checkpoint: its config has a `quantization` object, or its
+/// safetensors say `"format": "mlx"`.
+pub fn is_mlx_dir(dir: &Path) -> bool {
+    let quantized = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .is_some_and(|v| v.get("quantization").is_some());
+    quantized
+        || SafetensorsModel::open(dir)
+            .ok()
+            .is_some_and(|m| m.format_tag() == Some("mlx"))
+}
+
+/// A Qwen3-MoE model served from an MLX checkpoint directory.
+pub struct MlxWeights {
+    dir: PathBuf,
+    model: SafetensorsModel,
+    config: Qwen3MoeConfig,
+    /// The quantised tensors in nibble's MLX blocks, `[rows, cols/64 blocks]` in canonical
+    /// row order (experts stacked expert-major, as in the file).
+    packed: HashMap<TensorKey, (DType, Vec<u8>)>,
+}
+
+/// How one module is quantised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Quant {
+    bits: u64,
+    group: u64,
+}
+
+/// The `{group_size, bits}` of a quantisation object, refused unless affine.
+fn quant_of(v: &Value, what: &str) -> Result<Quant> {
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| anyhow!("{what}: `{k}` is missing or not a whole number"))
+    };
+    if let Some(mode) = v.get("mode").and_then(Value::as_str) {
+        ensure!(
+            mode == "affine",
+            "{what}: quantisation mode \"{mode}\" is not supported (nibble reads MLX's affine mode)"
+        );
+    }
+    Ok(Quant {
+        bits: field("bits")?,
+        group: field("group_size")?,
+    })
+}
+
+impl MlxWeights {
+    /// Open `dir`, interleave every quantised tensor and check every tensor against the config.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path)
+            .with_context(|| format!("{}: cannot read", cfg_path.display()))?;
+        let config = Qwen3MoeConfig::from_hf_json(&text)
+            .with_context(|| format!("{}", cfg_path.display()))?;
+        let json: Value = serde_json::from_str(&text)?;
+        let qcfg = json.get("quantization");
+        let global = qcfg
+            .map(|q| quant_of(q, "config.json quantization"))
+            .transpose()
+            .with_context(|| format!("{}", cfg_path.display()))?;
+        let model = SafetensorsModel::open(dir)?;
+        let mut packed = HashMap::new();
+        for key in TensorKey::all(&config) {
+            if key == TensorKey::Output && config.tie_word_embeddings {
+                continue;
+            }
+            let m = mlx_module(key);
+            let entry = qcfg.and_then(|q| q.get(&m));
+            let quant = match entry {
+                Some(Value::Bool(false)) => None,
+                Some(Value::Bool(true)) => global,
+                Some(v) => Some(quant_of(v, &format!("config.json quantization.{m}"))?),
+                None if model.contains(&format!("{m}.scales")) => {
+                    Some(global.ok_or_else(|| {
+                        anyhow!("`{m}` has scales but config.json has no `quantization` object")
+                    })?)
+                }
+                None => None,
+            };
+            if let Some(q) = quant {
+                let want = key.shape(&config);
+                let blocks = interleave(&model, &m, q, &want)
+                    .with_context(|| format!("{}: `{m}`", dir.display()))?;
+                packed.insert(key, blocks);
+            }
+        }
+        let w = MlxWeights {
+            dir: dir.to_path_buf(),
+            model,
+            config,
+            packed,
+        };
+        for key in TensorKey::all(&w.config) {
+            w.weight(key)
+                .with_context(|| format!("{}", dir.display()))?;
+        }
+        Ok(w)
+    }
+
+    /// The checkpoint directory (tokenizer files live beside the weights).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The underlying safetensors files.
+    pub fn model(&self) -> &SafetensorsModel {
+        &self.model
+    }
+}
+
+/// Module `m`'s three tensors interleaved into blocks, after checking them against the canonical
+/// shape `want` (`[.., out, in]`) and the quantisation `q`.
+fn interleave(
+    model: &SafetensorsModel,
+    m: &str,
+    q: Quant,
+    want: &[usize],
+) -> Result<(DType, Vec<u8>)> {
+    let dtype = match q.bits {
+        4 => DType::MLX_A4,
+        8 => DType::MLX_A8,
+        b => bail!("{b}-bit MLX quantisation is not supported (nibble reads 4 and 8 bits)"),
+    };
+    ensure!(
+        q.group == mlx::GROUP as u64,
+        "MLX group size {} is not supported (nibble reads group size {})",
+        q.group,
+        mlx::GROUP
+    );
+    let get = |suffix: &str| {
+        model
+            .raw(&format!("{m}.{suffix}"))?
+            .ok_or_else(|| anyhow!("missing tensor `{m}.{suffix}`"))
+    };
+    let (w, s, b) = (get("weight")?, get("scales")?, get("biases")?);
+    let (lead, cols) = want.split_at(want.len() - 1);
+    let cols = cols[0] as u64;
+    ensure!(
+        cols.is_multiple_of(mlx::GROUP as u64),
+        "{cols} inputs are not whole groups of {}",
+        mlx::GROUP
+    );
+    let with = |last: u64| -> Vec<u64> { lead.iter().map(|&d| d as u64).chain([last]).collect() };
+    let words = cols * q.bits / 32;
+    let groups = cols / mlx::GROUP as u64;
+    ensure!(
+        w.dtype == "U32" && w.shape == with(words),
+        "`{m}.weight` is {} {:?}; {}-bit groups of this config's {:?} need U32 {:?}",
+        w.dtype,
+        w.shape,
+        q.bits,
+        want,
+        with(words)
+    );
+    for (t, name) in [(&s, "scales"), (&b, "biases")] {
+        ensure!(
+            t.dtype == "BF16" && t.shape == with(groups),
+            "`{m}.{name}` is {} {:?}, expected BF16 {:?} (nibble reads bf16 scales and biases)",
+            t.dtype,
+            t.shape,
+            with(groups)
+        );
+    }
+    let rows: usize = lead.iter().product();
+    let cols = cols as usize;
+    let (pb, sb) = (cols * q.bits as usize / 8, cols / mlx::GROUP * 2);
+    let rb = dtype.byte_size(cols as u64)? as usize;
+    let mut out = vec![0u8; rows * rb];
+    // Row by row in parallel: the model's ~17 GB of experts take seconds, not minutes.
+    out.par_chunks_mut(rb)
+        .enumerate()
+        .try_for_each(|(r, o)| {
+            mlx::repack_row(
+                dtype,
+                &w.data[r * pb..(r + 1) * pb],
+                &s.data[r * sb..(r + 1) * sb],
+                &b.data[r * sb..(r + 1) * sb],
+                o,
+            )
+        })
+        .map_err(|e| anyhow!(e))?;
+    Ok((dtype, out))
+}
+
+impl WeightSource for MlxWeights {
+    fn config(&self) -> &Qwen3MoeConfig {
+        &self.config
+    }
+
+    fn weight(&self, key: TensorKey) -> Result<Weight<'_>> {
+        let key = match key {
+            TensorKey::Output if self.config.tie_word_embeddings => TensorKey::TokenEmbd,
+            k => k,
+        };
+        let want = key.shape(&self.config);
+        let name = format!("{}.weight", mlx_module(key));
+        if let Some((dtype, bytes)) = self.packed.get(&key) {
+            let shape: Vec<u64> = want.iter().map(|&d| d as u64).collect();
+            check_view(key, &name, *dtype, &shape, &want)?;
+            return Ok(Weight {
+                dtype: *dtype,
+                shape: want,
+                parts: vec![bytes],
+            });
+        }
+        let view = self
+            .model
+            .tensor(&name)?
+            .ok_or_else(|| anyhow!("missing tensor `{name}`"))?;
+        check_view(key, &name, view.dtype, &view.shape, &want)?;
+        Ok(Weight {
+            dtype: view.dtype,
+            shape: want,
+            parts: vec![view.data],
+        })
+    }
+}
