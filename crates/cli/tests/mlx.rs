@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 fn nibble() -> Command {
     Command::new(env!("CARGO_BIN_EXE_nibble"))
