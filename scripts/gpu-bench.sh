@@ -192,13 +192,12 @@ if has ksplitab; then
 fi
 if has dbufab; then
   # The matrix-unit GEMM's 32-token tiles (the MoE expert GEMMs, short dense chunks) with two
-  # staging buffers, one barrier per block (--tune prefill_dbuf=1; off by default until
-  # measured: check it with PARITY_SETS="--prefill-gemm-min 2 --tune prefill_dbuf=1" and the
-  # gputests step, whose GEMM and MoE tests run both forms) against one buffer, at DB_LENS
+  # staging buffers, one barrier per block (the default since run 133) against one buffer
+  # (--tune prefill_dbuf=0; the gputests step's GEMM and MoE tests run both forms), at DB_LENS
   # (pp128: the short chunk's split dense GEMMs and the experts on 32-token tiles; pp512: the
   # experts only; from about 1024 tokens every tile is 64 tokens tall, so the flag does nothing).
   for p in ${DB_LENS:-128 512}; do
-    flag_ab dbufab "one staging buffer pp$p" "two staging buffers pp$p" "--tune prefill_dbuf=1" -p $p -n 4 --reps 3 --ctx $((p + 64))
+    flag_ab dbufab "two staging buffers pp$p" "one staging buffer pp$p" "--tune prefill_dbuf=0" -p $p -n 4 --reps 3 --ctx $((p + 64))
   done
 fi
 if has lone; then

@@ -61,8 +61,8 @@ pub struct BackendArgs {
     /// 1024), attn_tile_loads (1..=16, default 2), attn_fused_max (chunks per kv head the fused
     /// combine serves, default 16), prefill_splits (most key splits of the prefill's query-tile
     /// attention, 1..=16, default 16; 1: none), prefill_ksplits (K splits of a short chunk's
-    /// qkv and o-proj GEMMs, default 8; 1: unsplit), prefill_dbuf (1: the matrix-unit
-    /// prefill GEMM's 32-token tiles with two staging buffers; off by default until measured),
+    /// qkv and o-proj GEMMs, default 8; 1: unsplit), prefill_dbuf (0: the matrix-unit
+    /// prefill GEMM's 32-token tiles with one staging buffer instead of the default two),
     /// qkv_attn (N: the qkv dispatch also attends
     /// below position N, 4 dispatches per layer; off by default, slower on the H200). Unset
     /// keys keep the measured defaults.

@@ -83,7 +83,7 @@ impl GemmPrefill {
                     matrix_units: opts.prefill_matrix_units,
                     max_splits: opts.tune.prefill_splits,
                     k_splits: opts.tune.prefill_ksplits,
-                    double_buffer: opts.tune.prefill_dbuf.unwrap_or(0) != 0,
+                    double_buffer: opts.tune.prefill_dbuf.map(|v| v != 0),
                 },
                 merge,
             }
@@ -108,7 +108,12 @@ impl GpuBackend {
             (GemmPrefill::Pending { shape, .. }, _) => format!(
                 "GEMM prefill ({}; {}), chunks of up to {} tokens per command buffer (built at \
                  the first prompt, shorter if its buffers would pass {} MiB){short}",
-                gemm::describe(gemm::on_matrix_units(&self.plan.ctx, shape.matrix_units)),
+                gemm::describe(
+                    gemm::on_matrix_units(&self.plan.ctx, shape.matrix_units),
+                    shape
+                        .double_buffer
+                        .unwrap_or_else(|| gemm::double_buffer_fits(&self.plan.ctx))
+                ),
                 if shape.query_tiles {
                     "query-tile attention where the shapes allow"
                 } else {

@@ -169,8 +169,10 @@ pub struct PrefillShape {
     /// K splits of a short chunk's qkv and o-proj GEMMs (`Tune::prefill_ksplits`; None:
     /// [`SHORT_K_SPLITS`]).
     pub k_splits: Option<u32>,
-    /// The matrix-unit GEMM's 32-token tiles double-buffered (`Tune::prefill_dbuf`).
-    pub double_buffer: bool,
+    /// The matrix-unit GEMM's 32-token tiles double-buffered (`Tune::prefill_dbuf`): None, the
+    /// default, where the workgroup memory holds them; Some(on) as asked (an error where it
+    /// does not fit).
+    pub double_buffer: Option<bool>,
 }
 
 impl PrefillPlan {
@@ -281,8 +283,13 @@ impl PrefillPlan {
             Some(tk) => (None, Some(tk.scratch(ctx, chunk)?)),
             None => (Some(attn_k.scratch_cols(ctx, chunk)?), None),
         };
-        let gemm =
-            GemmKernel::with_coop(ctx, matrix_units)?.with_double_buffer(ctx, double_buffer)?;
+        let gemm = GemmKernel::with_coop(ctx, matrix_units)?;
+        let gemm = match double_buffer {
+            Some(on) => gemm.with_double_buffer(ctx, on)?,
+            // The default (runs 133: pp128 +6-10%, pp512 +11% on the H200): two buffers where
+            // they fit, one elsewhere.
+            None => gemm.with_double_buffer(ctx, crate::kernels::gemm::double_buffer_fits(ctx))?,
+        };
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
         let embed_k = EmbedKernel::new(ctx)?;
         let matmul = MatmulKernel::new(ctx)?;
@@ -510,8 +517,8 @@ impl PrefillPlan {
     }
 
     /// Which GEMM kernel the int4 projections run on, in words.
-    pub fn gemm_kind(&self) -> &'static str {
-        crate::kernels::gemm::describe(self.gemm.coop())
+    pub fn gemm_kind(&self) -> String {
+        crate::kernels::gemm::describe(self.gemm.coop(), self.gemm.double_buffered())
     }
 
     /// The `dims` uniform of a chunk of `n` tokens whose last position is `bound`: `[n, S, 0,

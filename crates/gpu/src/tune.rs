@@ -55,9 +55,10 @@ pub struct Tune {
     /// rows; gemm.rs `bind_split`, the partials summed by gemm_reduce.rs); 1: unsplit. Unset:
     /// [`crate::prefill::SHORT_K_SPLITS`] (8).
     pub prefill_ksplits: Option<u32>,
-    /// 1: the matrix-unit prefill GEMM's 32-token tiles with two staging buffers (one barrier
-    /// per block of K instead of two; kernels/gemm_coop.rs `LOOP_DOUBLE`). Unset or 0: one
-    /// buffer (the double form is not measured on a GPU yet).
+    /// The matrix-unit prefill GEMM's 32-token tiles with two staging buffers (one barrier
+    /// per block of K instead of two; kernels/gemm_coop.rs `LOOP_DOUBLE`). Unset: two where
+    /// the workgroup memory holds them (run 133: pp128 +6-10%, pp512 +11%); 0: one buffer;
+    /// 1: two, an error where they do not fit.
     pub prefill_dbuf: Option<u32>,
     /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
     /// dispatches per layer instead of 5; 256 is the bound measured). Unset or 0 (the

@@ -37,13 +37,23 @@ pub fn on_matrix_units(ctx: &Context, wanted: bool) -> bool {
     wanted && super::gemm_coop::supported(ctx)
 }
 
-/// The int4 GEMM kernel in words: on matrix units or on f32 fmas.
-pub fn describe(matrix_units: bool) -> &'static str {
-    if matrix_units {
-        super::gemm_coop::DESCRIPTION
-    } else {
-        DESCRIPTION
+/// The int4 GEMM kernel in words: on matrix units (and whether its 32-token tiles are
+/// double-buffered) or on f32 fmas.
+pub fn describe(matrix_units: bool, double_buffer: bool) -> String {
+    match (matrix_units, double_buffer) {
+        (true, true) => format!(
+            "{}, 32-token tiles double-buffered",
+            super::gemm_coop::DESCRIPTION
+        ),
+        (true, false) => super::gemm_coop::DESCRIPTION.to_string(),
+        (false, _) => DESCRIPTION.to_string(),
     }
+}
+
+/// Whether this device's workgroup memory holds the matrix-unit kernel's double-buffered tiles.
+pub fn double_buffer_fits(ctx: &Context) -> bool {
+    super::gemm_coop::workgroup_bytes(2, true)
+        <= ctx.limits.max_compute_workgroup_storage_size as u64
 }
 /// Threads per workgroup (16 x 16).
 const WG: u32 = 256;
@@ -423,7 +433,7 @@ pub struct GemmKernel {
     /// Whether the int4 forms run on matrix units (gemm_coop.rs) rather than f32 fmas.
     coop: bool,
     /// The matrix-unit kernel's 32-token tiles with two staging buffers (gemm_coop.rs
-    /// `LOOP_DOUBLE`; `--tune prefill_dbuf=1`).
+    /// `LOOP_DOUBLE`; the prefill's default, `--tune prefill_dbuf=0` turns it off).
     dbuf: bool,
     /// `[Dense, DenseAcc, DenseF32][tm 2, 4]`.
     dense: [[OnceLock<wgpu::ComputePipeline>; 2]; 3],
@@ -462,8 +472,8 @@ impl GemmKernel {
         })
     }
 
-    /// The matrix-unit kernel's 32-token tiles with two staging buffers (`--tune
-    /// prefill_dbuf=1`; not measured on a GPU yet, so off by default). An error where the
+    /// The matrix-unit kernel's 32-token tiles with two staging buffers (the prefill's default
+    /// where they fit, run 133; `--tune prefill_dbuf=0` gives one). An error where the
     /// device's workgroup memory cannot hold them; nothing changes without matrix units.
     pub fn with_double_buffer(mut self, ctx: &Context, on: bool) -> Result<GemmKernel> {
         let need = super::gemm_coop::workgroup_bytes(2, true);
@@ -477,6 +487,11 @@ impl GemmKernel {
         }
         self.dbuf = on;
         Ok(self)
+    }
+
+    /// Whether the matrix-unit form's 32-token tiles are double-buffered.
+    pub fn double_buffered(&self) -> bool {
+        self.coop && self.dbuf
     }
 
     /// Whether the int4 forms run on matrix units.
@@ -778,7 +793,7 @@ fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<()> {
 }
 
 /// The kernels the tests run: the default, and where the int4 forms run on matrix units the
-/// double-buffered one too (`--tune prefill_dbuf=1`, until measured not the default).
+/// double-buffered one too (the prefill's default; `GemmKernel::new` alone is single-buffered).
 #[cfg(test)]
 pub(crate) fn test_kernels(ctx: &Context) -> Vec<GemmKernel> {
     let mut ks = vec![GemmKernel::new(ctx).unwrap()];
