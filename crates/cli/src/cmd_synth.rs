@@ -11,7 +11,7 @@ pub enum Preset {
     /// hidden 64, 4 layers, 16 experts (top 4), head_dim 32, real vocab: milliseconds per token on CPU.
     Tiny,
     /// hidden 256, 8 layers, 16 experts (top 4), head_dim 64, real vocab: every matrix row whole
-    /// 256-weight super-blocks, for `--quant q4-k-m`.
+    /// 256-weight super-blocks, for `--quant q4_k_m`.
     Small,
     /// The real Qwen3-30B-A3B shapes (~17 GB in Q4_0).
     #[value(name = "qwen3-30b-a3b")]

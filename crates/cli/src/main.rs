@@ -41,15 +41,17 @@ enum Command {
     Inspect(cmd_inspect::Args),
 }
 
-/// A report (`inspect`, `bench`, `parity`, `synth`) piped into `head` and the like ends
-/// quietly when the reader goes away, as Unix tools do: Rust starts with SIGPIPE ignored,
-/// which turns the closed pipe into a panic inside `println!`. `generate` and `chat` see the
-/// write error themselves (they stop decoding and print their summary), and the server keeps
-/// SIGPIPE ignored, since a client closing its connection must not end the process.
+/// A report (`inspect`, `bench`, `parity`) piped into `head` and the like ends quietly when
+/// the reader goes away, as Unix tools do: Rust starts with SIGPIPE ignored, which turns the
+/// closed pipe into a panic inside `println!`. `generate` and `chat` see the write error
+/// themselves (they stop decoding and print their summary); `synth` writes only progress to
+/// stderr, and a closed stderr must not cut a model file short; the server keeps SIGPIPE
+/// ignored, since a client closing its connection must not end the process.
 #[cfg(unix)]
 fn default_sigpipe() {
-    // SAFETY: called first thing in `main`, before any other thread exists; SIG_DFL is a valid
-    // disposition for SIGPIPE and no handler of ours is replaced.
+    // SAFETY: called in `main` right after argument parsing, before any other thread exists
+    // (the backends and rayon start later); SIG_DFL is a valid disposition for SIGPIPE and no
+    // handler of ours is replaced.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
@@ -60,7 +62,7 @@ fn main() -> std::process::ExitCode {
     #[cfg(unix)]
     if matches!(
         cli.command,
-        Command::Inspect(_) | Command::Bench(_) | Command::Parity(_) | Command::Synth(_)
+        Command::Inspect(_) | Command::Bench(_) | Command::Parity(_)
     ) {
         default_sigpipe();
     }

@@ -203,7 +203,8 @@ impl Block for Q6K {
         let shift = 4 * (k / 2);
         std::array::from_fn(|l| {
             let q = ((ql[l] >> shift) & 15) | (((qh[l] >> (2 * k)) & 3) << 4);
-            // d·scale·(q − 32): exact at every step (11 + 8 + 6 significant bits).
+            // d·scale·(q − 32): exact at every step (11 + 7 + 5 significant bits: |scale| <= 128,
+            // |q − 32| <= 32).
             d * (scales[l / 16] as i8) as f32 * (q as i32 - 32) as f32
         })
     }

@@ -6,13 +6,13 @@
 //! any number of jobs as ONE parallel loop over chunks of rows, so the three attention
 //! projections, or the gate and up products of every chosen expert, cost one fork-join.
 //!
-//! Numerics: each 32-element block is decoded to the exact f32 weights the oracle sees
-//! (`(q - 8)·d` is exact in f32), and multiplied into 16 f32 lane sums per token, element `j` of
+//! Numerics: each run of 32 elements is decoded to the f32 weights the oracle sees, bit for bit
+//! (`blocks.rs`; e.g. `(q - 8)·d` is exact in f32), and multiplied into 16 f32 lane sums per token, element `j` of
 //! a block into lane `j mod 16` (`j` before `j + 16`), blocks in order, each step one fused
 //! multiply-add; the lanes are summed pairwise at the end. A token's result does not depend on
 //! how many tokens share the call or on the thread count, so a prompt's batched prefill and
-//! token-by-token decode give the same bits, and the AVX2 kernel (Q4_0, four tokens per pass
-//! over a row) the same bits as the portable one.
+//! token-by-token decode give the same bits, and the AVX2 kernels (Q4_0 and the K-quants, four
+//! tokens per pass over a row; `avx2.rs`) the same bits as the portable one.
 
 use crate::blocks::{Bf16, Block, MlxA4, MlxA8, F16, F32, Q4, Q4K, Q5K, Q6K, Q8};
 use anyhow::{bail, ensure, Result};
@@ -198,7 +198,7 @@ fn scales_finite<B: Block>(row: &[u8], out: &[f32]) -> Result<()> {
 /// lane `j mod 16`: `j` first, then `j + 16`), each step a fused multiply-add, lanes summed by
 /// [`lane_sum`]. Compiled per instruction set (hardware FMA on AVX2+FMA and NEON; elsewhere
 /// `mul_add` is a slower library call with the same result), so every version gives the same
-/// bits as [`avx2::q4_dots`].
+/// bits as `avx2::dots`.
 #[multiversion::multiversion(targets("x86_64+avx2+fma", "aarch64+neon"))]
 fn generic<B: Block>(row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) {
     // Up to four tokens per pass over the row, so each run of 32 weights is decoded once for

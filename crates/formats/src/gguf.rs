@@ -245,7 +245,7 @@ pub(crate) fn checked_tensor_size(dtype: DType, shape: &[u64]) -> Result<u64, St
 }
 
 /// Name of a ggml type id per the spec's table (§3.3), so that an unsupported but real type
-/// (say Q4_K) is reported by name rather than as a bare number.
+/// (say Q3_K) is reported by name rather than as a bare number.
 pub(crate) fn ggml_type_name(id: u32) -> Option<&'static str> {
     Some(match id {
         0 => "F32",

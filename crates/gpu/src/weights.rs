@@ -1,8 +1,8 @@
 //! Upload every tensor of a model from a [`WeightSource`] to the GPU once.
 //!
 //! Q4_0 matrices stay Q4_0 (repacked, see `tensor.rs`); any other matrix dtype (F32/F16/BF16/
-//! Q8_0) is decoded to f32 with the reference decoder, which is exact: nibble never
-//! re-quantises weights. Norm weights become f32 vectors. The embedding and the expert tensors
+//! Q8_0, the K-quants, e.g. the Q6_K `output.weight` of llama.cpp's Q4_0 files) is decoded to
+//! f32 with the reference decoder, which is exact: nibble never re-quantises weights. Norm weights become f32 vectors. The embedding and the expert tensors
 //! must be Q4_0 (their kernels read only that layout); anything else is a clear error.
 //! q, k and v are fused into one `[Hq*D + 2*Hkv*D, H]` matrix so one matvec produces the
 //! attention kernel's `qkv` buffer.

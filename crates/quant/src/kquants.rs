@@ -124,7 +124,9 @@ fn nearest(v: f32, lo: i32, hi: i32) -> i32 {
 
 /// Quantise `src` (whole super-blocks) to Q4_K (`levels` 15) or Q5_K (31): per sub-block of 32
 /// an affine range `[min, max]` (min <= 0 <= max), its step and offset as 6-bit multiples of
-/// the super-block's f16 `d` and `dmin`. Simpler than llama.cpp's search, and within one step.
+/// the super-block's f16 `d` and `dmin`. Simpler than llama.cpp's search, for synthetic weights:
+/// approximate, with no error bound (a sub-block whose range is small beside the super-block's
+/// largest can be off by several of its steps).
 pub(crate) fn quantize_q45_k(dtype: DType, src: &[f32]) -> Vec<u8> {
     assert!(
         src.len().is_multiple_of(QK_K),
