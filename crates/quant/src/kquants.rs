@@ -401,4 +401,77 @@ mod tests {
             ));
         }
     }
+
+    /// Blocks encoded from per-weight levels that never repeat within a sub-block's pattern
+    /// (so a swapped nibble, a wrong `qh` bit or a wrong sub-block scale changes some value),
+    /// packed by the spec's byte-level description (§3.4, written here in the encoding
+    /// direction), then decoded: every weight is `d·sc·q − dmin·m` rounded once (Q6_K:
+    /// `d·S·(q − 32)` exactly).
+    #[test]
+    fn non_repeating_levels_decode_to_the_spec_values() {
+        let (d, dmin) = (0.0625f32, 0.03125f32);
+        let sc: Vec<u8> = (0..8).map(|j| (j * 9 + 5) % 64).collect();
+        let m: Vec<u8> = (0..8).map(|j| (j * 23 + 3) % 64).collect();
+        let mut scales = [0u8; 12];
+        for j in 0..4 {
+            // Bytes 0-3: scales 0-3 and bits 4-5 of scales 4-7 on top; bytes 4-7 the same for
+            // the mins; bytes 8-11: bits 0-3 of scale 4+j low, of min 4+j high.
+            scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            scales[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+            scales[j + 8] = (sc[j + 4] & 15) | ((m[j + 4] & 15) << 4);
+        }
+        for dtype in [DType::Q4_K, DType::Q5_K] {
+            let five = dtype == DType::Q5_K;
+            let q: Vec<u8> = (0..256)
+                .map(|i| if five { (i * 11 + i / 32) % 32 } else { (i * 7 + i / 64) % 16 } as u8)
+                .collect();
+            let (mut qh, mut qs) = ([0u8; 32], [0u8; 128]);
+            for (e, &v) in q.iter().enumerate() {
+                let (c, w) = (e / 64, e % 64);
+                let (l, high) = (w % 32, w >= 32);
+                qs[32 * c + l] |= (v & 15) << if high { 4 } else { 0 };
+                qh[l] |= (v >> 4) << (2 * c + high as usize);
+            }
+            let mut blk = half::f16::from_f32(d).to_le_bytes().to_vec();
+            blk.extend(half::f16::from_f32(dmin).to_le_bytes());
+            blk.extend(scales);
+            if five {
+                blk.extend(qh);
+            }
+            blk.extend(qs);
+            let mut out = [0f32; 256];
+            dequantize(dtype, &blk, &mut out).unwrap();
+            for (e, y) in out.iter().enumerate() {
+                let j = e / 32;
+                let want =
+                    (d as f64 * sc[j] as f64 * q[e] as f64 - dmin as f64 * m[j] as f64) as f32;
+                assert_eq!(
+                    y.to_bits(),
+                    want.to_bits(),
+                    "{dtype:?} weight {e}: {y} vs {want}"
+                );
+            }
+        }
+        // Q6_K: halves of 128; quadrant k of a half takes ql[l] (k even) or ql[l + 32] (k odd),
+        // low nibble for k < 2, and qh[l] bits 2k..2k+2; int8 scale per 16 weights; d last.
+        let q: Vec<u8> = (0..256).map(|i| ((i * 13 + i / 16) % 64) as u8).collect();
+        let sc6: Vec<i8> = (0..16).map(|s| ((s * 29) % 127) as i8 - 63).collect();
+        let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+        for (e, &v) in q.iter().enumerate() {
+            let (h, w) = (e / 128, e % 128);
+            let (k, l) = (w / 32, w % 32);
+            ql[64 * h + l + 32 * (k % 2)] |= (v & 15) << if k >= 2 { 4 } else { 0 };
+            qh[32 * h + l] |= (v >> 4) << (2 * k);
+        }
+        let mut blk = ql.to_vec();
+        blk.extend(qh);
+        blk.extend(sc6.iter().map(|&v| v as u8));
+        blk.extend(half::f16::from_f32(d).to_le_bytes());
+        let mut out = [0f32; 256];
+        dequantize(DType::Q6_K, &blk, &mut out).unwrap();
+        for (e, y) in out.iter().enumerate() {
+            let want = d * sc6[e / 16] as f32 * (q[e] as i32 - 32) as f32;
+            assert_eq!(*y, want, "Q6_K weight {e}");
+        }
+    }
 }
