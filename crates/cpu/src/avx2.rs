@@ -1,12 +1,12 @@
-//! The quantised products in AVX2 + FMA (chosen at run time by `matmul::row_dots`): Q4_0 and
-//! the K-quants, four tokens per pass over a row (each run of 32 weights decoded once for all
+//! The quantised products in AVX2 + FMA (chosen at run time by `matmul::row_dots`): Q4_0, the
+//! K-quants and MLX's affine groups, four tokens per pass over a row (each run of 32 weights decoded once for all
 //! four; 8 accumulators and 4 weight vectors fit the 16 registers). The same lanes, roundings
 //! and order as `matmul::generic`, so the same bits: every decoded weight is the exact value
 //! (or, for Q4_K / Q5_K, the one rounding of the exact `d·sc·q − dmin·m`, as a fused
 //! multiply-add gives it), and element `j` of a run goes into lane `j mod 16`, `j` before
 //! `j + 16`.
 
-use crate::blocks::{k4_scale_min, scale};
+use crate::blocks::{bf16_bits, k4_scale_min, scale};
 use crate::matmul::{lane_sum, BLOCK};
 use std::arch::x86_64::*;
 
@@ -138,6 +138,57 @@ impl Decode for Q6K {
             _mm256_mul_ps(w[2], s1),
             _mm256_mul_ps(w[3], s1),
         ]
+    }
+}
+
+/// MLX's affine 4-bit groups of 64 (`MLX_A4`): run `r` is payload bytes `16r..16r + 16`, whose
+/// low and high nibbles are weights `2b` and `2b + 1`; weight = `q·scale + bias`. `q·scale` is
+/// exact in f32 (4 bits times bf16's 8), so the fused multiply-add rounds once where the
+/// portable product then sum does: the same bits.
+pub(crate) struct MlxA4;
+impl Decode for MlxA4 {
+    const BYTES: usize = 36;
+    const RUNS: usize = 2;
+    #[inline(always)]
+    unsafe fn decode(block: &[u8], run: usize) -> [__m256; 4] {
+        let (s, b) = (
+            _mm256_set1_ps(bf16_bits(block, 0)),
+            _mm256_set1_ps(bf16_bits(block, 2)),
+        );
+        // SAFETY: `4 + 16·run + 16 <= 36` for `run < 2`.
+        let q = unsafe { _mm_loadu_si128(block.as_ptr().add(4 + 16 * run) as *const __m128i) };
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(q, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        // Interleaved back into weight order: weights 0..16, then 16..32.
+        let (first, second) = (_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi));
+        let f = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), s, b);
+        [
+            f(first),
+            f(_mm_srli_si128(first, 8)),
+            f(second),
+            f(_mm_srli_si128(second, 8)),
+        ]
+    }
+}
+
+/// MLX's affine 8-bit groups of 64 (`MLX_A8`): run `r` is payload bytes `32r..32r + 32`;
+/// weight = `q·scale + bias`, one rounding (as [`MlxA4`]).
+pub(crate) struct MlxA8;
+impl Decode for MlxA8 {
+    const BYTES: usize = 68;
+    const RUNS: usize = 2;
+    #[inline(always)]
+    unsafe fn decode(block: &[u8], run: usize) -> [__m256; 4] {
+        let (s, b) = (
+            _mm256_set1_ps(bf16_bits(block, 0)),
+            _mm256_set1_ps(bf16_bits(block, 2)),
+        );
+        // SAFETY: `4 + 32·run + 32 <= 68` for `run < 2`; AVX2 and FMA are enabled in the caller.
+        unsafe {
+            let q = load32(block.as_ptr().add(4 + 32 * run));
+            widen(q, |v| _mm256_fmadd_ps(v, s, b))
+        }
     }
 }
 

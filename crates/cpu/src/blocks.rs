@@ -213,7 +213,7 @@ impl Block for Q6K {
 /// A bf16 as f32: its bits moved up (exact for every value; a non-finite one stays
 /// non-finite and so carries to the products' results, see [`Block::finite`]).
 #[inline(always)]
-fn bf16_bits(bytes: &[u8], at: usize) -> f32 {
+pub(crate) fn bf16_bits(bytes: &[u8], at: usize) -> f32 {
     f32::from_bits((u16::from_le_bytes([bytes[at], bytes[at + 1]]) as u32) << 16)
 }
 

@@ -132,6 +132,10 @@ fn row_dots(dtype: DType, row: &[u8], x: &[f32], cols: usize, out: &mut [f32]) -
         DType::Q4_K => portable_dots::<Q4K>(row, x, cols, out),
         DType::Q5_K => portable_dots::<Q5K>(row, x, cols, out),
         DType::Q6_K => portable_dots::<Q6K>(row, x, cols, out),
+        #[cfg(target_arch = "x86_64")]
+        DType::MLX_A4 if has_avx2() => avx2_dots::<MlxA4, crate::avx2::MlxA4>(row, x, cols, out),
+        #[cfg(target_arch = "x86_64")]
+        DType::MLX_A8 if has_avx2() => avx2_dots::<MlxA8, crate::avx2::MlxA8>(row, x, cols, out),
         DType::MLX_A4 => portable_dots::<MlxA4>(row, x, cols, out),
         DType::MLX_A8 => portable_dots::<MlxA8>(row, x, cols, out),
     }
@@ -315,8 +319,8 @@ mod tests {
     use half::f16;
 
     /// The AVX2 kernels and the portable ones give the same bits (so a model decodes the same
-    /// on any x86 CPU), for Q4_0 and every K-quant, on random block bytes (every bit pattern of
-    /// the packed scales and quants; finite f16 scales), including odd token counts (the
+    /// on any x86 CPU), for Q4_0, every K-quant and MLX's types, on random block bytes (every
+    /// bit pattern of the packed scales and quants; finite f16 or bf16 scales), including odd token counts (the
     /// four-token tiles' remainder).
     #[test]
     fn avx2_and_portable_products_agree_bit_for_bit() {
@@ -324,7 +328,11 @@ mod tests {
         if has_avx2() {
             use crate::avx2::{Decode, K45};
             use crate::blocks::{Q4K, Q5K, Q6K};
-            fn check<B: Block, D: Decode>(scales: &[usize], cols: usize) {
+            // The scales' encoding: f16 (ggml's types) or bf16 (MLX's).
+            type Enc = fn(f32) -> [u8; 2];
+            let f16s: Enc = |v| f16::from_f32(v).to_le_bytes();
+            let bf16s: Enc = |v| half::bf16::from_f32(v).to_le_bytes();
+            fn check<B: Block, D: Decode>(scales: &[usize], cols: usize, enc: Enc) {
                 let mut seed = 0x2545_f491_4f6c_dd1du64;
                 let mut next = move || {
                     seed ^= seed << 13;
@@ -338,7 +346,7 @@ mod tests {
                 for blk in row.chunks_exact_mut(B::BYTES) {
                     for &at in scales {
                         let v = (next() % 2000) as f32 / 1000.0 - 1.0;
-                        blk[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                        blk[at..at + 2].copy_from_slice(&enc(v));
                     }
                 }
                 for n in [1usize, 2, 3, 4, 5, 9] {
@@ -359,10 +367,12 @@ mod tests {
                     assert_eq!(bits(&a), bits(&b), "{}: {n} tokens", B::NAME);
                 }
             }
-            check::<Q4, crate::avx2::Q4>(&[0], 96);
-            check::<Q4K, K45<false>>(&[0, 2], 512);
-            check::<Q5K, K45<true>>(&[0, 2], 512);
-            check::<Q6K, crate::avx2::Q6K>(&[208], 512);
+            check::<Q4, crate::avx2::Q4>(&[0], 96, f16s);
+            check::<Q4K, K45<false>>(&[0, 2], 512, f16s);
+            check::<Q5K, K45<true>>(&[0, 2], 512, f16s);
+            check::<Q6K, crate::avx2::Q6K>(&[208], 512, f16s);
+            check::<MlxA4, crate::avx2::MlxA4>(&[0, 2], 192, bf16s);
+            check::<MlxA8, crate::avx2::MlxA8>(&[0, 2], 192, bf16s);
         }
     }
 
