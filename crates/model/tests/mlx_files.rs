@@ -206,3 +206,23 @@ fn configs_that_lie_about_the_quantisation_are_refused_by_name() {
         "{e}"
     );
 }
+
+#[test]
+fn a_sharded_checkpoint_serves_the_same_weights() {
+    let cfg = cfg();
+    let (one, many) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let p = write(one.path());
+    let files = synth::write_mlx_sharded(&cfg, &p, many.path(), true, 64 << 10).unwrap();
+    assert!(files.len() > 3, "{files:?}");
+    assert!(many.path().join("model.safetensors.index.json").is_file());
+    let (a, b) = (
+        loader::open(one.path()).unwrap(),
+        loader::open(many.path()).unwrap(),
+    );
+    assert_eq!(b.format, "mlx");
+    for k in TensorKey::all(&cfg) {
+        let (wa, wb) = (a.weights.weight(k).unwrap(), b.weights.weight(k).unwrap());
+        assert_eq!(wa.dtype, wb.dtype, "{k:?}");
+        assert_eq!(wa.parts.concat(), wb.parts.concat(), "{k:?}");
+    }
+}

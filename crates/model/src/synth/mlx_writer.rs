@@ -38,13 +38,25 @@ fn mlx_config(cfg: &Qwen3MoeConfig) -> serde_json::Value {
     v
 }
 
-/// Write an MLX checkpoint directory (config.json + safetensors, sharded at 4 GiB). Tokenizer
-/// files are copied beside it by the caller.
+/// Write an MLX checkpoint directory (config.json + safetensors, sharded at 4 GiB as mlx-lm's
+/// 5 GiB shards are). Tokenizer files are copied beside it by the caller.
 pub fn write_mlx(
     cfg: &Qwen3MoeConfig,
     p: &SynthParams,
     dir: &Path,
     quiet: bool,
+) -> anyhow::Result<Vec<PathBuf>> {
+    write_mlx_sharded(cfg, p, dir, quiet, 4 << 30)
+}
+
+/// [`write_mlx`] with shards of at most `max_shard_bytes` of tensor data (tests shard a tiny
+/// model this way).
+pub fn write_mlx_sharded(
+    cfg: &Qwen3MoeConfig,
+    p: &SynthParams,
+    dir: &Path,
+    quiet: bool,
+    max_shard_bytes: u64,
 ) -> anyhow::Result<Vec<PathBuf>> {
     cfg.validate()?;
     anyhow::ensure!(
@@ -113,7 +125,7 @@ pub fn write_mlx(
         pb.inc(out.len() as u64);
         out
     };
-    let files = write_model_as(dir, "mlx", &specs, 4 << 30, &mut data)?;
+    let files = write_model_as(dir, "mlx", &specs, max_shard_bytes, &mut data)?;
     pb.finish_and_clear();
     Ok(files)
 }
