@@ -141,6 +141,18 @@ impl Decode for Q6K {
     }
 }
 
+/// An MLX block's bf16 scale and bias, broadcast.
+///
+/// # Safety
+/// AVX must be available (as in every `Decode::decode`).
+#[inline(always)]
+unsafe fn mlx_scale_bias(block: &[u8]) -> (__m256, __m256) {
+    (
+        _mm256_set1_ps(bf16_bits(block, 0)),
+        _mm256_set1_ps(bf16_bits(block, 2)),
+    )
+}
+
 /// MLX's affine 4-bit groups of 64 (`MLX_A4`): run `r` is payload bytes `16r..16r + 16`, whose
 /// low and high nibbles are weights `2b` and `2b + 1`; weight = `q·scale + bias`. `q·scale` is
 /// exact in f32 (4 bits times bf16's 8), so the fused multiply-add rounds once where the
@@ -151,10 +163,8 @@ impl Decode for MlxA4 {
     const RUNS: usize = 2;
     #[inline(always)]
     unsafe fn decode(block: &[u8], run: usize) -> [__m256; 4] {
-        let (s, b) = (
-            _mm256_set1_ps(bf16_bits(block, 0)),
-            _mm256_set1_ps(bf16_bits(block, 2)),
-        );
+        // SAFETY: AVX2 is enabled in the caller.
+        let (s, b) = unsafe { mlx_scale_bias(block) };
         // SAFETY: `4 + 16·run + 16 <= 36` for `run < 2`.
         let q = unsafe { _mm_loadu_si128(block.as_ptr().add(4 + 16 * run) as *const __m128i) };
         let mask = _mm_set1_epi8(0x0f);
@@ -180,10 +190,8 @@ impl Decode for MlxA8 {
     const RUNS: usize = 2;
     #[inline(always)]
     unsafe fn decode(block: &[u8], run: usize) -> [__m256; 4] {
-        let (s, b) = (
-            _mm256_set1_ps(bf16_bits(block, 0)),
-            _mm256_set1_ps(bf16_bits(block, 2)),
-        );
+        // SAFETY: AVX2 is enabled in the caller.
+        let (s, b) = unsafe { mlx_scale_bias(block) };
         // SAFETY: `4 + 32·run + 32 <= 68` for `run < 2`; AVX2 and FMA are enabled in the caller.
         unsafe {
             let q = load32(block.as_ptr().add(4 + 32 * run));

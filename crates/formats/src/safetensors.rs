@@ -149,19 +149,7 @@ impl SafetensorsFile {
                 ),
             )
         })?;
-        let (begin, end) = info.data_offsets;
-        // Validated at open; re-checked without panicking so a logic slip cannot read out of bounds.
-        let data = self
-            .data_start
-            .checked_add(begin)
-            .zip(self.data_start.checked_add(end))
-            .and_then(|(b, e)| self.bytes.get(b..e))
-            .ok_or_else(|| {
-                FormatError::new(
-                    &self.path,
-                    format!("tensor `{name}`: data_offsets [{begin}, {end}] outside the file"),
-                )
-            })?;
+        let data = self.data(name, info)?;
         Ok(Some(TensorView {
             name,
             dtype,
@@ -177,10 +165,19 @@ impl SafetensorsFile {
             return Ok(None);
         };
         let info = &self.infos[i];
+        let data = self.data(name, info)?;
+        Ok(Some(RawView {
+            dtype: dtype_name(info.dtype),
+            shape: info.shape.iter().map(|&d| d as u64).collect(),
+            data,
+        }))
+    }
+
+    /// The bytes of tensor `name` (its header entry `info`). Validated at open; re-checked
+    /// without panicking so a logic slip cannot read out of bounds.
+    fn data(&self, name: &str, info: &TensorInfo) -> Result<&[u8]> {
         let (begin, end) = info.data_offsets;
-        // Validated at open; re-checked without panicking so a logic slip cannot read out of bounds.
-        let data = self
-            .data_start
+        self.data_start
             .checked_add(begin)
             .zip(self.data_start.checked_add(end))
             .and_then(|(b, e)| self.bytes.get(b..e))
@@ -189,12 +186,7 @@ impl SafetensorsFile {
                     &self.path,
                     format!("tensor `{name}`: data_offsets [{begin}, {end}] outside the file"),
                 )
-            })?;
-        Ok(Some(RawView {
-            dtype: dtype_name(info.dtype),
-            shape: info.shape.iter().map(|&d| d as u64).collect(),
-            data,
-        }))
+            })
     }
 
     /// The header's `__metadata__` map, if present (HF PyTorch files: `{"format": "pt"}`).
