@@ -12,8 +12,8 @@
 //!
 //! Which modules are quantised, and how, follows mlx-lm's loader (spec §4.3): a module named in
 //! `quantization` takes that entry (an object, or `false` for "not quantised"); any other module
-//! is quantised with the global parameters iff its `.scales` exist. The bits are also inferred
-//! from the shapes, and a file whose shapes disagree with its config is refused.
+//! is quantised with the global parameters iff its `.scales` exist. The bits come from the config and
+//! are checked against the shapes: a file whose shapes disagree with its config is refused.
 
 use crate::config::Qwen3MoeConfig;
 use crate::qwen3_moe::{check_view, mlx_module};

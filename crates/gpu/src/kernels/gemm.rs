@@ -792,22 +792,6 @@ fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The kernels the tests run: the default, and where the int4 forms run on matrix units the
-/// double-buffered one too (the prefill's default; `GemmKernel::new` alone is single-buffered).
-#[cfg(test)]
-pub(crate) fn test_kernels(ctx: &Context) -> Vec<GemmKernel> {
-    let mut ks = vec![GemmKernel::new(ctx).unwrap()];
-    if ks[0].coop() {
-        ks.push(
-            GemmKernel::new(ctx)
-                .unwrap()
-                .with_double_buffer(ctx, true)
-                .unwrap(),
-        );
-    }
-    ks
-}
-
 #[cfg(test)]
 #[path = "gemm_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -516,3 +516,18 @@ fn gemm_onehot_probe() {
     }
     assert_eq!(bad, 0);
 }
+
+/// The kernels the tests run: the default, and where the int4 forms run on matrix units the
+/// double-buffered one too (the prefill's default; `GemmKernel::new` alone is single-buffered).
+pub(crate) fn test_kernels(ctx: &Context) -> Vec<GemmKernel> {
+    let mut ks = vec![GemmKernel::new(ctx).unwrap()];
+    if ks[0].coop() {
+        ks.push(
+            GemmKernel::new(ctx)
+                .unwrap()
+                .with_double_buffer(ctx, true)
+                .unwrap(),
+        );
+    }
+    ks
+}

@@ -140,7 +140,7 @@ fn run_case(
         ctx.with_max_binding_bytes(ctx.max_binding_bytes())
     };
     // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists.
-    let gemms = crate::kernels::gemm::test_kernels(ctx);
+    let gemms = crate::kernels::gemm::tests::test_kernels(ctx);
     let bufs = MoePrefillBuffers {
         logits: &logits,
         logit_splits: rs as u32,
