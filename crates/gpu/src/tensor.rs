@@ -10,6 +10,18 @@
 //!   low half; an odd count is padded with a zero half.
 //! - Expert tensors `[E, out, in]` are the same with `rows = E * out`.
 //!
+//! The affine form ([`Q4Matrix::affine`], from MLX's `MLX_A4` groups of 64: weight = `s·q + b`,
+//! `q` unsigned) keeps the same two buffers and sizes, so every binding and index is the same:
+//! - `qs`: each group of 64 becomes two blocks of 32 with their nibbles moved into the Q4_0
+//!   order above (block `2g` = the group's elements 0-31, `2g + 1` = 32-63);
+//! - `scales`: word `g` (the word of blocks `2g`, `2g + 1`) = the group's bf16 scale bits in the
+//!   low half and its bf16 bias bits in the high half: `bitcast<f32>(v << 16)` and
+//!   `bitcast<f32>(v & 0xFFFF0000)` are exact.
+//!
+//! A kernel computes a block's dot as `c0 · Σ (q - 8) x + c1 · Σ x` with `(c0, c1)` from
+//! [`Q4_COEF`]: `(d, 0)` for Q4_0, `(s, b + 8 s)` for the affine form (its `Σ x` term is skipped
+//! where `Q4_AFFINE` is false).
+//!
 //! Activations feeding an int4 matvec, `x[n]` (`n % 32 == 0`), quantised per block of 32:
 //! - `q`: `array<u32>` `[n/4]`, word `i` = `i8` values of elements `4i..4i+3` (byte k = element 4i+k);
 //! - `s`: `array<vec2<f32>>` `[n/32]` = `(d, d * Σ q)` with `d = amax / 127`, `q = round(x / d)`;
@@ -39,7 +51,43 @@ pub struct Q4Part {
 pub struct Q4Matrix {
     pub rows: u32,
     pub cols: u32,
+    /// The affine (MLX) form of the scale words (module docs); `false` for Q4_0.
+    pub affine: bool,
     pub parts: Vec<Q4Part>,
+}
+
+/// WGSL, prepended by the host to every kernel that reads a [`Q4Matrix`] (the includer defines
+/// `const Q4_AFFINE: bool` through [`q4_form_wgsl`]): `q4_coef(v, i)`, the two coefficients of
+/// block `i` whose scale word is `v` (module docs), and `q4_xsum(x)`, the sum of one block's
+/// 32 activations.
+pub const Q4_COEF: &str = "
+fn q4_coef(v: u32, i: u32) -> vec2<f32> {
+    if (Q4_AFFINE) {
+        let s = bitcast<f32>(v << 16u);
+        return vec2<f32>(s, fma(8.0, s, bitcast<f32>(v & 0xFFFF0000u)));
+    }
+    let d = unpack2x16float(v);
+    return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
+}
+fn q4_xsum(x: array<vec4<f32>, 8>) -> f32 {
+    let a = (x[0] + x[1]) + (x[2] + x[3]);
+    let b = (x[4] + x[5]) + (x[6] + x[7]);
+    return dot(a + b, vec4<f32>(1.0));
+}
+";
+
+/// The name of a block form in errors (`affine` as in [`Q4Matrix::affine`]).
+pub fn q4_form_name(affine: bool) -> &'static str {
+    if affine {
+        "affine (MLX_A4)"
+    } else {
+        "Q4_0"
+    }
+}
+
+/// WGSL: `const Q4_AFFINE` and [`Q4_COEF`] for matrices of the given form.
+pub fn q4_form_wgsl(affine: bool) -> String {
+    format!("const Q4_AFFINE: bool = {affine};\n{Q4_COEF}")
 }
 
 impl Q4Matrix {
@@ -86,6 +134,83 @@ impl Q4Matrix {
         Ok(Q4Matrix {
             rows: rows as u32,
             cols: cols as u32,
+            affine: false,
+            parts,
+        })
+    }
+
+    /// Upload a matrix of int4 blocks in `dtype`: Q4_0 ([`Self::upload`]) or MLX's affine
+    /// `MLX_A4` ([`Self::upload_mlx`]); any other dtype is an error.
+    pub fn upload_dtype(
+        ctx: &Context,
+        label: &str,
+        dtype: nibble_quant::DType,
+        rows: usize,
+        cols: usize,
+        row_multiple: usize,
+        src: &[&[u8]],
+    ) -> Result<Q4Matrix> {
+        match dtype {
+            nibble_quant::DType::Q4_0 => Self::upload(ctx, label, rows, cols, row_multiple, src),
+            nibble_quant::DType::MLX_A4 => {
+                Self::upload_mlx(ctx, label, rows, cols, row_multiple, src)
+            }
+            other => Err(GpuError::Shape(format!(
+                "{label}: {} is not an int4 block type the GPU kernels read (Q4_0, MLX_A4)",
+                other.name()
+            ))),
+        }
+    }
+
+    /// Repack and upload an `MLX_A4` matrix (36-byte groups of 64, `nibble_quant::mlx`) into the
+    /// affine form (module docs). `cols % 64 == 0`; a non-finite scale or bias is an error.
+    pub fn upload_mlx(
+        ctx: &Context,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        row_multiple: usize,
+        src: &[&[u8]],
+    ) -> Result<Q4Matrix> {
+        const GB: usize = 36;
+        if cols % 64 != 0 {
+            return Err(GpuError::Shape(format!(
+                "{label}: MLX_A4 [{rows}, {cols}] needs cols % 64 == 0"
+            )));
+        }
+        let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, 16)?;
+        let gpr = cols / 64;
+        let total: usize = src.iter().map(|p| p.len()).sum();
+        if src.iter().any(|p| p.len() % GB != 0) || total != rows * gpr * GB {
+            return Err(GpuError::Shape(format!(
+                "{label}: MLX_A4 [{rows}, {cols}] needs {} bytes in whole 36-byte groups, got {total}",
+                rows * gpr * GB
+            )));
+        }
+        let mut groups = src.iter().flat_map(|p| p.chunks_exact(GB));
+        let mut parts = Vec::new();
+        let mut row_start = 0usize;
+        while row_start < rows {
+            let n = rows_per_part.min(rows - row_start);
+            let (qs, words) = repack_mlx_a4(groups.by_ref().take(n * gpr)).map_err(|g| {
+                GpuError::Shape(format!(
+                    "{label}: group {} has a non-finite scale or bias",
+                    row_start * gpr + g
+                ))
+            })?;
+            parts.push(Q4Part {
+                row_start: row_start as u32,
+                rows: n as u32,
+                qs: ctx.storage_init(&format!("{label}.qs"), bytemuck::cast_slice(&qs))?,
+                scales: ctx
+                    .storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&words))?,
+            });
+            row_start += n;
+        }
+        Ok(Q4Matrix {
+            rows: rows as u32,
+            cols: cols as u32,
+            affine: true,
             parts,
         })
     }
@@ -100,6 +225,12 @@ impl Q4Matrix {
         if self.cols % BLOCK as u32 != 0 {
             return Err(GpuError::Shape(format!(
                 "{what}: Q4 matrix [{}, {}] needs cols % 32 == 0",
+                self.rows, self.cols
+            )));
+        }
+        if self.affine && self.cols % 64 != 0 {
+            return Err(GpuError::Shape(format!(
+                "{what}: affine Q4 matrix [{}, {}] needs cols % 64 == 0",
                 self.rows, self.cols
             )));
         }
@@ -175,6 +306,38 @@ pub fn repack_q4_0<'a>(
         scales.push(0);
     }
     Ok((qs, scales))
+}
+
+/// Repack `MLX_A4` groups (bf16 scale, bf16 bias, byte `b` = elements `2b` low and `2b + 1`
+/// high) into the affine form's (`qs` words, scale words): per group two Q4_0-ordered blocks
+/// and one word `scale | bias << 16`. Errors with the index of the first group whose scale or
+/// bias is not finite.
+pub fn repack_mlx_a4<'a>(
+    groups: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
+    let mut qs = Vec::new();
+    let mut words = Vec::new();
+    for (i, g) in groups.enumerate() {
+        let s = u16::from_le_bytes([g[0], g[1]]);
+        let b = u16::from_le_bytes([g[2], g[3]]);
+        if !half::bf16::from_bits(s).is_finite() || !half::bf16::from_bits(b).is_finite() {
+            return Err(i);
+        }
+        words.push(s as u32 | (b as u32) << 16);
+        let nib = |e: usize| (g[4 + e / 2] >> (4 * (e % 2))) & 0xF;
+        for blk in 0..2 {
+            let e0 = 32 * blk;
+            let bytes: Vec<u8> = (0..16)
+                .map(|j| nib(e0 + j) | nib(e0 + j + 16) << 4)
+                .collect();
+            qs.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            );
+        }
+    }
+    Ok((qs, words))
 }
 
 /// int8-quantised activations on the GPU (see module docs for the layout; the precise

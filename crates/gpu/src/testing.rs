@@ -97,6 +97,34 @@ pub fn dequant_q4_0(bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// Random MLX `MLX_A4` bytes for `[rows, cols]` (`nibble_quant::mlx`'s interleaved groups of
+/// 64): random nibbles, bf16 scales in `[0.002, 0.02)` of either sign (MLX anchors a group on
+/// its larger end, so both occur) and biases of either sign up to `16 |scale|`.
+pub fn rand_mlx_a4(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let groups = rows * cols / 64;
+    let mut out = Vec::with_capacity(groups * 36);
+    for _ in 0..groups {
+        let mut s: f32 = rng.random_range(0.002..0.02);
+        if rng.random::<bool>() {
+            s = -s;
+        }
+        let b: f32 = rng.random_range(-16.0..16.0) * s.abs();
+        out.extend_from_slice(&half::bf16::from_f32(s).to_le_bytes());
+        out.extend_from_slice(&half::bf16::from_f32(b).to_le_bytes());
+        for _ in 0..32 {
+            out.push(rng.random::<u8>());
+        }
+    }
+    out
+}
+
+/// Dequantize `[rows, cols]` of `dtype` with the reference decoder of `nibble_quant`.
+pub fn dequant(dtype: nibble_quant::DType, bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    nibble_quant::dequantize(dtype, bytes, &mut out).expect("test bytes are well formed");
+    out
+}
+
 /// Cosine similarity in f64.
 pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len(), "cosine of different lengths");

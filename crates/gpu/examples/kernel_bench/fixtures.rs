@@ -61,6 +61,7 @@ pub fn q4_copies(
         .map(|_| Q4Matrix {
             rows: m.rows,
             cols: m.cols,
+            affine: m.affine,
             parts: per_part
                 .iter_mut()
                 .map(|(row_start, rows, bufs)| {
@@ -119,6 +120,7 @@ pub fn no_parts(rows: u32, cols: u32) -> Q4Matrix {
     Q4Matrix {
         rows,
         cols,
+        affine: false,
         parts: Vec::new(),
     }
 }

@@ -9,13 +9,19 @@
 //!   `h [nb, H]` (column `c` at `c * H`), grid `(H/32/64, nb)` ([`EmbedKernel::bind_cols`]).
 //!
 //! A token id outside the table is skipped (nothing read, nothing written).
+//!
+//! A kernel is compiled for one block form ([`EmbedKernel::new_for`]): Q4_0, or the affine
+//! form of MLX checkpoints (`tensor.rs`), which it dequantises as the reference does
+//! (`s·q + b`); binding a table of the other form is an error.
 
 use crate::columns::{Col, COLUMNS_WGSL, MAX_COLUMNS};
 use crate::context::{Context, GpuError, Result};
 use crate::state::with_state;
-use crate::tensor::{Q4Matrix, BLOCK};
+use crate::tensor::{q4_form_name, Q4Matrix, BLOCK};
 
 pub struct EmbedKernel {
+    /// The block form of the tables it reads (`Q4Matrix::affine`).
+    affine: bool,
     /// One token from the run state.
     pipeline: wgpu::ComputePipeline,
     /// One token per column.
@@ -39,13 +45,20 @@ impl EmbedBinding {
 }
 
 impl EmbedKernel {
+    /// The kernel for Q4_0 tables.
     pub fn new(ctx: &Context) -> Result<EmbedKernel> {
+        Self::new_for(ctx, false)
+    }
+
+    /// The kernel for tables of the given form (`affine`: MLX's scale and bias per group).
+    pub fn new_for(ctx: &Context, affine: bool) -> Result<EmbedKernel> {
         let src = with_state(&format!(
-            "{COLUMNS_WGSL}\n{}",
+            "{COLUMNS_WGSL}\nconst Q4_AFFINE: bool = {affine};\n{}",
             include_str!("../shaders/embed.wgsl")
         ));
         let m = ctx.module("embed", &src)?;
         Ok(EmbedKernel {
+            affine,
             pipeline: ctx.pipeline("embed", &m, "main")?,
             cols: ctx.pipeline("embed.cols", &m, "main_cols")?,
         })
@@ -86,6 +99,13 @@ impl EmbedKernel {
         nb: u32,
         columns: bool,
     ) -> Result<EmbedBinding> {
+        if table.affine != self.affine {
+            return Err(GpuError::Shape(format!(
+                "embed: the kernel reads {} tables, this one is {}",
+                q4_form_name(self.affine),
+                q4_form_name(table.affine)
+            )));
+        }
         if h.size() < nb as u64 * table.cols as u64 * 4 {
             return Err(GpuError::Shape(format!(
                 "embed: h holds {} bytes for {nb} x {} values",

@@ -21,7 +21,7 @@ use super::warm;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, BfpActs, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
-use crate::tensor::{F32Matrix, Q4Matrix, Q4Part, BLOCK};
+use crate::tensor::{q4_form_name, F32Matrix, Q4Matrix, Q4Part, BLOCK};
 
 /// The norm-on-load WGSL, which the multi-stream router (router_cols.rs) adapts.
 pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
@@ -167,6 +167,9 @@ pub struct MatvecKernel {
     /// `(rows, rows per team)`: the int4 x f32 split for matrices of that many rows instead of
     /// [`f32_rows_per_team`] (comparisons: [`crate::tune::Tune`]).
     rows_override: Vec<(u32, u32)>,
+    /// The block form of the Q4 matrices the int4 x f32 forms read (`Q4Matrix::affine`); the
+    /// quantised-activation forms (`q4`) read Q4_0 only.
+    affine: bool,
 }
 
 fn q4_index(n: Numerics) -> usize {
@@ -202,7 +205,23 @@ impl MatvecKernel {
         numerics: Numerics,
         late_norm: bool,
     ) -> Result<MatvecKernel> {
+        Self::with_form(ctx, numerics, late_norm, false)
+    }
+
+    /// [`Self::with_options`] whose int4 x f32 forms read Q4 matrices of the given block form
+    /// (`affine`: MLX's scale and bias per group of 64, tensor.rs); bfp24 reads Q4_0 only.
+    pub fn with_form(
+        ctx: &Context,
+        numerics: Numerics,
+        late_norm: bool,
+        affine: bool,
+    ) -> Result<MatvecKernel> {
         let bfp = numerics == Numerics::Bfp24;
+        if bfp && affine {
+            return Err(GpuError::Shape(
+                "matvec: the bfp24 numerics read Q4_0 matrices only, not the affine form".into(),
+            ));
+        }
         let src = |s: &str| with_state(s);
         let body = include_str!("../shaders/matvec_q4.wgsl");
         let q4 = Numerics::ALL
@@ -246,7 +265,7 @@ impl MatvecKernel {
                         bfp,
                         late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
                     ),
-                    q4f_body(r)
+                    q4f_body(r, affine)
                 ));
                 // Compiled without naga's runtime bounds checks: with them the whole decode
                 // step (qkv, o-proj + folded router, lm_head) ran 6.8% slower on the H200
@@ -257,7 +276,8 @@ impl MatvecKernel {
                 // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
                 //   each part's qs >= part rows * bpr vec4s and scales >= ceil(that / 2) words,
                 //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
-                //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both;
+                //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both (the affine
+                //   form reads the same scale word, blk >> 1, as Q4_0's `scale(blk)`);
                 // - `y` holds m.rows floats (`check_out`) and stores go to row_start + row with
                 //   row < part rows, row_start + part rows <= m.rows;
                 // - the staged input has bpr * 8 = cols / 4 vec4s, cols <= NORM_ON_LOAD_MAX (so
@@ -282,7 +302,24 @@ impl MatvecKernel {
             q4f,
             f32,
             rows_override: Vec::new(),
+            affine,
         })
+    }
+
+    /// Error unless `m`'s block form is the one this kernel's `which` pipeline reads.
+    fn check_form(&self, m: &Q4Matrix, which: Which, what: &str) -> Result<()> {
+        let reads = match which {
+            Which::Q4F(..) => self.affine,
+            _ => false,
+        };
+        if m.affine != reads {
+            return Err(GpuError::Shape(format!(
+                "{what}: this pipeline reads {} matrices, the matrix is {}",
+                q4_form_name(reads),
+                q4_form_name(m.affine)
+            )));
+        }
+        Ok(())
     }
 
     /// This kernel with matrices of `rows` rows bound at `rows_per_team` (int4 x f32 forms;
@@ -412,6 +449,7 @@ impl MatvecKernel {
         }
         let rpt = self.rows_per_team(m.rows);
         let which = Which::Q4F(rows_index(rpt)?, Fused::Router);
+        self.check_form(m, which, "matvec_q4 (router)")?;
         let n_rows = m.rows.div_ceil(8 * rpt);
         let grid = ctx.grid(n_rows + experts);
         let words = [
@@ -489,6 +527,7 @@ impl MatvecKernel {
         };
         let rpt = self.rows_per_team(m.rows);
         let which = Which::Q4F(rows_index(rpt)?, Fused::NormWarm);
+        self.check_form(m, which, "matvec_q4 (norm, warm)")?;
         let n_rows = m.rows.div_ceil(8 * rpt);
         let grid = ctx.grid(n_rows + warm::workgroups(warm_part));
         let words = [
@@ -533,6 +572,7 @@ impl MatvecKernel {
         eps: f32,
     ) -> Result<MatvecBinding> {
         m.check_layout("matvec_q4")?;
+        self.check_form(m, which, "matvec_q4")?;
         check_out(y, m.rows, "matvec_q4")?;
         let rows_per_wg = match which {
             Which::Q4F(..) => 8 * rows_per_team,

@@ -213,24 +213,44 @@ fn bfp_nol_stage(pre: &str, value: &str) -> String {
 /// `nol_inv`, so the same `h * inv * w` values.
 const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
 
-/// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team.
-pub(super) fn q4f_body(r: u32) -> String {
+/// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team, for Q4_0 or
+/// (`affine`) the affine form: each block adds `c1 · Σ x` (tensor.rs `Q4_COEF`), the block's
+/// sum computed once per lane and block for all the team's rows.
+pub(super) fn q4f_body(r: u32, affine: bool) -> String {
     let (mut pre, mut decl, mut first) = (String::new(), String::new(), String::new());
     let (mut body, mut store) = (String::new(), String::new());
+    if affine {
+        first += "let xs = q4_xsum(x);\n        ";
+        body += "let xs = q4_xsum(x);\n        ";
+    }
     for i in 0..r {
+        decl += &format!("var acc{i} = 0.0;\n    ");
+        store += &format!("red[(team * R + {i}u) * TP + lane] = acc{i};\n    ");
+        if affine {
+            pre += &format!(
+                "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
+                 let pq{i} = qs[r{i} * p.bpr + b0]; \
+                 let ps{i} = q4_coef(sc[(r{i} * p.bpr + b0) >> 1u], 0u);\n    "
+            );
+            first += &format!("acc{i} = fma(ps{i}.x, dq_block(pq{i}, x), ps{i}.y * xs);\n        ");
+            body += &format!(
+                "{{ let blk = r{i} * p.bpr + b; let cf = q4_coef(sc[blk >> 1u], blk); \
+                 acc{i} = fma(cf.x, dq_block(qs[blk], x), fma(cf.y, xs, acc{i})); }}\n        "
+            );
+            continue;
+        }
         pre += &format!(
             "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
              let pq{i} = qs[r{i} * p.bpr + b0]; let ps{i} = scale(r{i} * p.bpr + b0);\n    "
         );
-        decl += &format!("var acc{i} = 0.0;\n    ");
         first += &format!("acc{i} = ps{i} * dq_block(pq{i}, x);\n        ");
         body += &format!(
             "{{ let blk = r{i} * p.bpr + b; \
              acc{i} = fma(scale(blk), dq_block(qs[blk], x), acc{i}); }}\n        "
         );
-        store += &format!("red[(team * R + {i}u) * TP + lane] = acc{i};\n    ");
     }
-    include_str!("../shaders/matvec_q4f.wgsl")
+    let form = crate::tensor::q4_form_wgsl(affine);
+    form + &include_str!("../shaders/matvec_q4f.wgsl")
         .replace("//ROWS_PREFETCH", &pre)
         .replace("//ROWS_DECL", &decl)
         .replace("//ROWS_FIRST", &first)

@@ -2,6 +2,8 @@
 //! its lavapipe tests; the WGSL sources live in `src/shaders/`.
 
 pub mod advance;
+#[cfg(test)]
+mod affine_tests;
 pub mod argmax;
 pub mod attention;
 pub mod attention_prefill;

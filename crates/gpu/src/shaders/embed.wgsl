@@ -1,6 +1,8 @@
 // Embedding lookup from one part of a Q4_0 matrix [V, H] (tensor.rs layout): writes the
 // dequantised row of a token into h. One dispatch per matrix part; only the part holding the
-// token writes. One thread per block of 32. Prepended: state.wgsl, columns.wgsl.
+// token writes. One thread per block of 32. Prepended: state.wgsl, columns.wgsl, `const
+// Q4_AFFINE` (the affine form of tensor.rs: weight = s·q + b with the group's bf16 scale and bias
+// in the two halves of the scale word, as the reference computes it).
 //   main:      token state.token -> h[H]; grid x = blocks / 64.
 //   main_cols: token cols[c].token -> h[c * H ..][H] for each column c that is not done;
 //              grid (blocks / 64, nb): y is the column.
@@ -15,23 +17,38 @@ struct Params { rows: u32, bpr: u32, row_start: u32, pad: u32 };
 fn lo4(v: u32) -> vec4<f32> { return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)); }
 fn hi4(v: u32) -> vec4<f32> { return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u)); }
 
+// Four weights from their nibbles q: Q4_0's (q - 8) d, or the affine s q + b.
+fn lvl(q: vec4<f32>, d: f32, off: f32) -> vec4<f32> {
+    if (Q4_AFFINE) { return q * d + off; }
+    return (q - 8.0) * d;
+}
+
 // Block b of `token`'s row into h[o4 .. o4 + 8] (vec4 units), if this part holds the token.
 fn embed_block(token: u32, b: u32, o4: u32) {
     // The host validates token ids, but a stray id must not read out of bounds: it is skipped.
     if (b >= p.bpr || token < p.row_start || token - p.row_start >= p.rows) { return; }
     let blk = (token - p.row_start) * p.bpr + b;
     let w = qs[blk];
-    let s = unpack2x16float(sc[blk >> 1u]);
-    let d = select(s.x, s.y, (blk & 1u) == 1u);
+    let v = sc[blk >> 1u];
+    var d: f32;
+    var off: f32;
+    if (Q4_AFFINE) {
+        d = bitcast<f32>(v << 16u);
+        off = bitcast<f32>(v & 0xFFFF0000u);
+    } else {
+        let s = unpack2x16float(v);
+        d = select(s.x, s.y, (blk & 1u) == 1u);
+        off = 0.0;
+    }
     let o = o4 + b * 8u;
-    h[o] = (lo4(w.x) - 8.0) * d;
-    h[o + 1u] = (lo4(w.y) - 8.0) * d;
-    h[o + 2u] = (lo4(w.z) - 8.0) * d;
-    h[o + 3u] = (lo4(w.w) - 8.0) * d;
-    h[o + 4u] = (hi4(w.x) - 8.0) * d;
-    h[o + 5u] = (hi4(w.y) - 8.0) * d;
-    h[o + 6u] = (hi4(w.z) - 8.0) * d;
-    h[o + 7u] = (hi4(w.w) - 8.0) * d;
+    h[o] = lvl(lo4(w.x), d, off);
+    h[o + 1u] = lvl(lo4(w.y), d, off);
+    h[o + 2u] = lvl(lo4(w.z), d, off);
+    h[o + 3u] = lvl(lo4(w.w), d, off);
+    h[o + 4u] = lvl(hi4(w.x), d, off);
+    h[o + 5u] = lvl(hi4(w.y), d, off);
+    h[o + 6u] = lvl(hi4(w.z), d, off);
+    h[o + 7u] = lvl(hi4(w.w), d, off);
 }
 
 @compute @workgroup_size(64)
