@@ -1,7 +1,8 @@
 //! MLX 4-bit checkpoints end to end: synth writes one in mlx-lm's layout, `inspect` reads it,
 //! the CPU backend decodes it with greedy parity against the oracle, the GPU backend refuses it
 //! with a message that names the way out (and `--backend auto` takes that way), and a NaN
-//! scale in the file is a clear error on every backend, never a panic or garbage.
+//! scale in the file is a clear error on the CPU backend and the oracle, never a panic or
+//! garbage.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

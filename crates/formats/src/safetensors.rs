@@ -11,8 +11,10 @@
 //!   `product(shape) × element size`, computed with overflow checks.
 //! - The last tensor ends exactly at the end of the file (checked here with checked arithmetic;
 //!   see `parse_header` for why this check is not left to the crate).
-//! - Only F32, F16 and BF16 tensors can be viewed. Other dtypes (I64, U32, F8, ...) do not stop
-//!   a file from opening; asking for such a tensor returns an error naming its dtype.
+//! - Only F32, F16 and BF16 tensors can be viewed as floats (`tensor`); `raw` gives any tensor's
+//!   bytes with its dtype name and shape (MLX's U32 words). Other dtypes (I64, F8, ...) do not
+//!   stop a file from opening; asking for such a tensor as floats returns an error naming its
+//!   dtype.
 //!   An unknown dtype *string* is a malformed header and fails at open.
 //! - Views borrow the memory map: no tensor byte is copied.
 

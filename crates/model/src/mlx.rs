@@ -56,12 +56,18 @@ struct Quant {
     group: u64,
 }
 
-/// The `{group_size, bits}` of a quantisation object, refused unless affine.
-fn quant_of(v: &Value, what: &str) -> Result<Quant> {
-    let field = |k: &str| {
-        v.get(k)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| anyhow!("{what}: `{k}` is missing or not a whole number"))
+/// What mlx's `to_quantized` takes for a field a per-module entry leaves out.
+const MODULE_DEFAULT: Quant = Quant { bits: 4, group: 64 };
+
+/// The `{group_size, bits}` of a quantisation object, refused unless affine. `defaults` (a
+/// per-module entry) fills a missing field as mlx's `to_quantized` does (group 64, 4 bits);
+/// the global object must name both.
+fn quant_of(v: &Value, what: &str, defaults: Option<Quant>) -> Result<Quant> {
+    let field = |k: &str, default: Option<u64>| match v.get(k) {
+        None => default.ok_or_else(|| anyhow!("{what}: `{k}` is missing")),
+        Some(f) => f
+            .as_u64()
+            .ok_or_else(|| anyhow!("{what}: `{k}` is not a whole number")),
     };
     if let Some(mode) = v.get("mode").and_then(Value::as_str) {
         ensure!(
@@ -70,8 +76,8 @@ fn quant_of(v: &Value, what: &str) -> Result<Quant> {
         );
     }
     Ok(Quant {
-        bits: field("bits")?,
-        group: field("group_size")?,
+        bits: field("bits", defaults.map(|d| d.bits))?,
+        group: field("group_size", defaults.map(|d| d.group))?,
     })
 }
 
@@ -86,7 +92,7 @@ impl MlxWeights {
         let json: Value = serde_json::from_str(&text)?;
         let qcfg = json.get("quantization");
         let global = qcfg
-            .map(|q| quant_of(q, "config.json quantization"))
+            .map(|q| quant_of(q, "config.json quantization", None))
             .transpose()
             .with_context(|| format!("{}", cfg_path.display()))?;
         let model = SafetensorsModel::open(dir)?;
@@ -98,9 +104,14 @@ impl MlxWeights {
             let m = mlx_module(key);
             let entry = qcfg.and_then(|q| q.get(&m));
             let quant = match entry {
-                Some(Value::Bool(false)) => None,
+                // `null` is falsy in mlx-lm's class predicate: not quantised, like `false`.
+                Some(Value::Bool(false) | Value::Null) => None,
                 Some(Value::Bool(true)) => global,
-                Some(v) => Some(quant_of(v, &format!("config.json quantization.{m}"))?),
+                Some(v) => Some(quant_of(
+                    v,
+                    &format!("config.json quantization.{m}"),
+                    Some(MODULE_DEFAULT),
+                )?),
                 None if model.contains(&format!("{m}.scales")) => {
                     Some(global.ok_or_else(|| {
                         anyhow!("`{m}` has scales but config.json has no `quantization` object")

@@ -176,8 +176,27 @@ fn configs_that_lie_about_the_quantisation_are_refused_by_name() {
             "mode \"mxfp4\" is not supported",
         ),
         (
-            Box::new(move |v| v["quantization"][&router] = serde_json::json!({"bits": 4})),
+            Box::new(|v| {
+                v["quantization"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("group_size");
+            }),
             "`group_size` is missing",
+        ),
+        (
+            // A per-module entry's missing group size defaults to 64 (mlx's `to_quantized`),
+            // so this 8-bit router read as 4-bit groups of 64 disagrees with its shapes.
+            Box::new(move |v| v["quantization"][&router] = serde_json::json!({"bits": 4})),
+            "4-bit groups",
+        ),
+        (
+            // `null` means "not quantised", as `false` does.
+            Box::new(move |v| {
+                let r = mlx_module(TensorKey::Layer(0, LayerTensor::Router));
+                v["quantization"][&r] = Value::Null;
+            }),
+            "model.layers.0.mlp.gate.weight` has dtype U32",
         ),
         (
             Box::new(move |v| {
@@ -194,6 +213,14 @@ fn configs_that_lie_about_the_quantisation_are_refused_by_name() {
         let e = format!("{:#}", loader::open(dir.path()).err().expect("refused"));
         assert!(e.contains(want), "want {want:?} in: {e}");
     }
+    // An empty per-module entry is 4-bit groups of 64: what the experts are, so it opens.
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let gate = mlx_module(TensorKey::Layer(1, LayerTensor::ExpGate));
+    edit_config(dir.path(), |v| {
+        v["quantization"][&gate] = serde_json::json!({})
+    });
+    loader::open(dir.path()).expect("an empty per-module entry takes mlx's defaults");
     // Scales without a quantisation object: the file, not the config, says MLX.
     let dir = tempfile::tempdir().unwrap();
     write(dir.path());

@@ -113,8 +113,11 @@ pub fn repack_row(
     Ok(())
 }
 
-/// Quantise `src` (a multiple of 64 long) as mlx's affine quantiser does (spec §4.1: anchor on
-/// the larger-magnitude extreme, scale nudged so the anchor is exact), in `dtype`'s blocks.
+/// Quantise `src` (a multiple of 64 long) with mlx's affine rule (spec §4.1: anchor on the
+/// larger-magnitude extreme, scale nudged so the anchor is exact), in `dtype`'s blocks. Not
+/// bit-identical to mlx-lm's output for the same floats: this rounds half away from zero and
+/// picks levels against the bf16-rounded scale and bias, where MLX rounds half to even against
+/// its f32 ones; a level may differ by one where a value sits on a rounding boundary.
 pub fn quantize(dtype: DType, src: &[f32]) -> Vec<u8> {
     let bits = bits(dtype).expect("an MLX type");
     assert!(src.len().is_multiple_of(GROUP), "MLX needs whole groups");
@@ -237,10 +240,15 @@ mod tests {
             let bytes = quantize(dtype, &src);
             let mut out = vec![0f32; src.len()];
             deq(dtype, &bytes, &mut out).unwrap();
-            for (gs, go) in src.chunks(64).zip(out.chunks(64)) {
+            let bb = dtype.layout().block_bytes as usize;
+            for ((gs, go), blk) in src.chunks(64).zip(out.chunks(64)).zip(bytes.chunks(bb)) {
                 let (mn, mx) = gs
                     .iter()
                     .fold((9f32, -9f32), |(a, b), &v| (a.min(v), b.max(v)));
+                // The anchor (the larger-magnitude extreme) is the stored bias.
+                let anchor = if mn.abs() > mx.abs() { mn } else { mx };
+                let bias = bf16::from_le_bytes([blk[2], blk[3]]);
+                assert_eq!(bias, bf16::from_f32(anchor), "{dtype:?} anchor");
                 let step = (mx - mn) / n;
                 for (a, b) in gs.iter().zip(go) {
                     // Half a step, plus bf16's rounding of scale (x up to n) and bias.
