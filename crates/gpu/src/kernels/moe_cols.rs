@@ -297,6 +297,13 @@ impl MoeKernel {
                 self.numerics, self.staged
             )));
         };
+        if self.affine && (form.down == ColsRead::Union || form.gate_up == ColsRead::Union) {
+            return Err(GpuError::Shape(
+                "MoE over columns: the union forms read Q4_0 experts only, not the affine \
+                 (MLX) form; use the per-column forms"
+                    .into(),
+            ));
+        }
         let down_union = match (form.down, &pipes.down_union) {
             (ColsRead::PerColumn, _) => None,
             (ColsRead::Union, Some((pipe, _))) => Some(pipe),

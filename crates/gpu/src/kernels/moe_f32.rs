@@ -131,7 +131,9 @@ pub(super) fn down_scratch_bytes(p: &MoeParams, ds: u32, nrb: u32) -> (u64, u64)
 /// loop may be placed in slow local memory): item j of a lane is `it = lane + j * t`,
 /// ceil(K / ds * NB / t) of them (3 at the real shape with 16 lanes and 4 groups). The weight and scale loads come first (in flight
 /// during the staging), the dots after; each staged block is read once for the team's rows.
-pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32) -> String {
+/// `affine`: the affine form's blocks (tensor.rs): each item adds `w c1 Σ x` with the staged
+/// block's sum computed once for the team's rows.
+pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, affine: bool) -> String {
     let items = (p.top_k / ds * p.inter / BLOCK as u32).div_ceil(t);
     let (mut load, mut dot, mut store) = (String::new(), String::new(), String::new());
     for r in 0..rt {
@@ -146,7 +148,21 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32) -> String {
             "{{ let x = xs_block(min(it{j}, KSNB - 1u)); let w = wts[item_k(it{j})]; \
              let on = item_on(it{j});\n        "
         );
+        if affine {
+            dot += "let xsum = q4_xsum(x);\n        ";
+        }
         for r in 0..rt {
+            if affine {
+                load += &format!(
+                    "let b{j}_{r} = item_blk(it{j}, crow{r}); let q{j}_{r} = qs[b{j}_{r}]; \
+                     let s{j}_{r} = q4_coef(sc[b{j}_{r} >> 1u], b{j}_{r});\n    "
+                );
+                dot += &format!(
+                    "acc{r} = select(acc{r}, fma(w * s{j}_{r}.x, dq_block(q{j}_{r}, x), \
+                     fma(w * s{j}_{r}.y, xsum, acc{r})), on);\n        "
+                );
+                continue;
+            }
             load += &format!(
                 "let b{j}_{r} = item_blk(it{j}, crow{r}); let q{j}_{r} = qs[b{j}_{r}]; \
                  let s{j}_{r} = scale(b{j}_{r});\n    "
@@ -158,7 +174,8 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32) -> String {
         dot += "}\n    ";
     }
     let (wq, ws, wsink) = super::DOWN_WARM_BINDINGS;
-    super::super::warm::wgsl(wq, ws, wsink)
+    crate::tensor::q4_form_wgsl(affine)
+        + &super::super::warm::wgsl(wq, ws, wsink)
         + &include_str!("../shaders/moe_down_f32.wgsl")
             .replace("//ITEMS_LOAD", &load)
             .replace("//ITEMS_DOT", &dot)

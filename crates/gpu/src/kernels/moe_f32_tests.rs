@@ -43,7 +43,7 @@ fn run_f32(
         p.hidden as usize,
         p.inter as usize,
     );
-    let kern = MoeKernel::with_f32_tuning(kern_ctx, p, Numerics::F32, tune).expect("kernel");
+    let kern = MoeKernel::with_form(kern_ctx, p, Numerics::F32, tune, c.affine).expect("kernel");
     assert_eq!(
         kern.down_split(),
         tune.split_for(p.top_k),
@@ -57,9 +57,10 @@ fn run_f32(
         .unwrap();
     let route = ctx.storage("route", 8 * k as u64).unwrap();
     let x = ctx.storage_init("x", bytemuck::cast_slice(&c.x)).unwrap();
-    let gate = Q4Matrix::upload(&ctx, "gate", e * i, h, i, &[&c.gate]).unwrap();
-    let up = Q4Matrix::upload(&ctx, "up", e * i, h, i, &[&c.up]).unwrap();
-    let down = Q4Matrix::upload(&ctx, "down", e * h, i, h, &[&c.down]).unwrap();
+    let dt = c.dtype();
+    let gate = Q4Matrix::upload_dtype(&ctx, "gate", dt, e * i, h, i, &[&c.gate]).unwrap();
+    let up = Q4Matrix::upload_dtype(&ctx, "up", dt, e * i, h, i, &[&c.up]).unwrap();
+    let down = Q4Matrix::upload_dtype(&ctx, "down", dt, e * h, i, h, &[&c.down]).unwrap();
     if max_binding.is_some() {
         assert!(
             gate.parts.len() > 1 && down.parts.len() > 1,
@@ -164,8 +165,8 @@ pub(super) fn check_token(
     // gate/up: per row g, u and their error scales.
     let mut worst_h = 0f64;
     for (s, &e) in ids.iter().enumerate() {
-        let wg = Case::expert(&c.gate, e, p.inter, p.hidden);
-        let wu = Case::expert(&c.up, e, p.inter, p.hidden);
+        let wg = c.expert_w(&c.gate, e, p.inter, p.hidden);
+        let wu = c.expert_w(&c.up, e, p.inter, p.hidden);
         for r in 0..i {
             let (g, sg) = dot_and_scale(&wg[r * h..(r + 1) * h], t.x);
             let (u, su) = dot_and_scale(&wu[r * h..(r + 1) * h], t.x);
@@ -191,7 +192,7 @@ pub(super) fn check_token(
     };
     let wd: Vec<Vec<f32>> = ids
         .iter()
-        .map(|&e| Case::expert(&c.down, e, p.hidden, p.inter))
+        .map(|&e| c.expert_w(&c.down, e, p.hidden, p.inter))
         .collect();
     let mut worst_y = 0f64;
     for r in 0..h {
@@ -297,6 +298,37 @@ fn moe_f32_real_shape() {
         let staged = check_f32(&ctx, &c, t, routing, residual, None);
         assert_eq!(staged, (true, true), "real shape, {t:?}: not staged");
     }
+}
+
+/// The affine (MLX) form through every staged form of the single-token path, at the real shape
+/// and at an odd one, weights split across bindings too.
+#[test]
+fn moe_f32_affine_experts() {
+    let Some(ctx) = gpu("moe_f32_affine_experts") else {
+        return;
+    };
+    let c = Case::new_affine(params(128, 8, 2048, 768, true), 77);
+    for (t, routing, residual) in [
+        (F32Tuning::DEFAULT, Routing::Fused, true),
+        (split(tuning(8, 32, 2), 8), Routing::Separate, false),
+        (split(F32Tuning::DEFAULT, 1), Routing::Fused, false),
+        (rows2(F32Tuning::DEFAULT), Routing::Fused, true),
+    ] {
+        let staged = check_f32(&ctx, &c, t, routing, residual, None);
+        assert_eq!(staged, (true, true), "affine, {t:?}: not staged");
+    }
+    let odd = Case::new_affine(params(6, 3, 192, 128, false), 78);
+    check_f32(&ctx, &odd, F32Tuning::DEFAULT, Routing::Fused, true, None);
+    check_f32(
+        &ctx,
+        &odd,
+        tuning(8, 16, 1),
+        Routing::Separate,
+        false,
+        Some(64 * 1024),
+    );
+    // The quantised numerics read Q4_0 only: no affine kernel for them.
+    assert!(MoeKernel::with_form(&ctx, odd.p, Numerics::Int8, F32Tuning::DEFAULT, true).is_err());
 }
 
 #[test]

@@ -18,6 +18,8 @@ pub(super) struct Case {
     pub(super) gate: Vec<u8>,
     pub(super) up: Vec<u8>,
     pub(super) down: Vec<u8>,
+    /// The expert bytes are MLX_A4 groups (tensor.rs's affine form), not Q4_0.
+    pub(super) affine: bool,
 }
 
 impl Case {
@@ -32,7 +34,40 @@ impl Case {
             gate: rand_q4_0(&mut r, e * i, h),
             up: rand_q4_0(&mut r, e * i, h),
             down: rand_q4_0(&mut r, e * h, i),
+            affine: false,
         }
+    }
+
+    /// [`Self::new`] with MLX_A4 expert bytes (the affine form).
+    pub(super) fn new_affine(p: MoeParams, seed: u64) -> Case {
+        let mut c = Case::new(p, seed);
+        let mut r = rng(seed ^ 0xA5);
+        let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
+        c.gate = crate::testing::rand_mlx_a4(&mut r, e * i, h);
+        c.up = crate::testing::rand_mlx_a4(&mut r, e * i, h);
+        c.down = crate::testing::rand_mlx_a4(&mut r, e * h, i);
+        c.affine = true;
+        c
+    }
+
+    /// The block type of the expert bytes.
+    pub(super) fn dtype(&self) -> nibble_quant::DType {
+        match self.affine {
+            true => nibble_quant::DType::MLX_A4,
+            false => nibble_quant::DType::Q4_0,
+        }
+    }
+
+    /// Dequantised `[out, in]` slice of expert `e` of one of this case's stacked tensors.
+    pub(super) fn expert_w(&self, bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
+        // Both forms take 18 bytes per 32 weights.
+        let n = (out * inp / 32) as usize * 18;
+        crate::testing::dequant(
+            self.dtype(),
+            &bytes[e as usize * n..(e as usize + 1) * n],
+            out as usize,
+            inp as usize,
+        )
     }
 
     /// Dequantised `[out, in]` slice of expert `e` of a stacked Q4_0 tensor.

@@ -92,6 +92,14 @@ fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
     let g = gate_qs[blk];
     let u = up_qs[blk];
     let x = xs_block(b);
+    if (Q4_AFFINE) {
+        // tensor.rs's affine form: c0 Σ (q - 8) x + c1 Σ x per block.
+        let xsum = q4_xsum(x);
+        let cg = q4_coef(gate_sc[blk >> 1u], blk);
+        let cu = q4_coef(up_sc[blk >> 1u], blk);
+        return vec2<f32>(fma(cg.x, dq_block(g, x), cg.y * xsum),
+                         fma(cu.x, dq_block(u, x), cu.y * xsum));
+    }
     return vec2<f32>(gscale(blk) * dq_block(g, x), uscale(blk) * dq_block(u, x));
 }
 
@@ -104,6 +112,17 @@ fn gu_block2(wrow: u32, b: u32) -> vec4<f32> {
     let g1 = gate_qs[blk + NB];
     let u1 = up_qs[blk + NB];
     let x = xs_block(b);
+    if (Q4_AFFINE) {
+        let xsum = q4_xsum(x);
+        let cg0 = q4_coef(gate_sc[blk >> 1u], blk);
+        let cu0 = q4_coef(up_sc[blk >> 1u], blk);
+        let cg1 = q4_coef(gate_sc[(blk + NB) >> 1u], blk + NB);
+        let cu1 = q4_coef(up_sc[(blk + NB) >> 1u], blk + NB);
+        return vec4<f32>(fma(cg0.x, dq_block(g0, x), cg0.y * xsum),
+                         fma(cu0.x, dq_block(u0, x), cu0.y * xsum),
+                         fma(cg1.x, dq_block(g1, x), cg1.y * xsum),
+                         fma(cu1.x, dq_block(u1, x), cu1.y * xsum));
+    }
     return vec4<f32>(gscale(blk) * dq_block(g0, x), uscale(blk) * dq_block(u0, x),
                      gscale(blk + NB) * dq_block(g1, x), uscale(blk + NB) * dq_block(u1, x));
 }
