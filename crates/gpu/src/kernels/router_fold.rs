@@ -79,7 +79,11 @@ impl RouterFoldKernel {
                 out.size()
             )));
         }
-        let p = ctx.uniform("router_fold.params", bytemuck::cast_slice(&[e, q, h, 0]))?;
+        // The form is a run-time switch: the fold runs once per layer at plan creation.
+        let p = ctx.uniform(
+            "router_fold.params",
+            bytemuck::cast_slice(&[e, q, h, o.affine as u32]),
+        )?;
         let bg = ctx.bind_group(
             "router_fold",
             &self.pipe,
@@ -147,6 +151,26 @@ mod tests {
             let got = ctx.read_f32(&got_b, e * (q + h)).unwrap();
             let want = router_fold_ref(&dequant_q4_0(&wo_b, h, q), &wr, &w, e, h, q);
             assert_close(&got, &want, 1e-4, 1e-5, &format!("fold E{e} H{h} Q{q}"));
+        }
+        // The affine (MLX) form of the o-proj.
+        for &(e, h, q) in &[(3, 32, 64), (7, 160, 320)] {
+            let wo_b = crate::testing::rand_mlx_a4(&mut r, h, q);
+            let wr = rand_f32(&mut r, e * h, -1.0, 1.0);
+            let w = rand_f32(&mut r, h, 0.5, 1.5);
+            let o = Q4Matrix::upload_mlx(&ctx, "o", h, q, 1, &[&wo_b]).unwrap();
+            let router = F32Matrix::upload(&ctx, "router", e, h, &wr).unwrap();
+            let wb = ctx.storage_init("w", bytemuck::cast_slice(&w)).unwrap();
+            let got_b = k.fold(&ctx, &o, &router, &wb).unwrap();
+            let got = ctx.read_f32(&got_b, e * (q + h)).unwrap();
+            let deq = crate::testing::dequant(nibble_quant::DType::MLX_A4, &wo_b, h, q);
+            let want = router_fold_ref(&deq, &wr, &w, e, h, q);
+            assert_close(
+                &got,
+                &want,
+                1e-4,
+                1e-5,
+                &format!("affine fold E{e} H{h} Q{q}"),
+            );
         }
     }
 

@@ -8,12 +8,12 @@
 // Grid: (ceil((Q + H) / 256), E); thread j of workgroup (_, e) computes fold[e, j], an f32
 // accumulation over r in order.
 //
-// qs, sc   Wo [H, Q] repacked Q4_0 (tensor.rs layout), one part
+// qs, sc   Wo [H, Q] repacked Q4_0, or the affine form when p.affine (tensor.rs), one part
 // wr       [E, H] f32 router
 // wn       [H] f32 post-attention RMSNorm weight
 // fold     [E, Q + H] f32 (written)
 
-struct Params { e: u32, q: u32, hdim: u32, pad: u32 };
+struct Params { e: u32, q: u32, hdim: u32, affine: u32 };
 
 @group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> sc: array<u32>;
@@ -50,8 +50,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var acc = 0.0;
     for (var r = 0u; r < p.hdim; r++) {
         let blk = r * bpr + b;
-        let q = f32((qs[blk][word] >> shift) & 15u) - 8.0;
-        acc = fma(wr[e * p.hdim + r] * wn[r], scale(blk) * q, acc);
+        let nib = f32((qs[blk][word] >> shift) & 15u);
+        var wv: f32;
+        if (p.affine != 0u) {
+            // s q + b, as the reference decodes it (s q is exact: 8 + 4 significant bits).
+            let v = sc[blk >> 1u];
+            wv = bitcast<f32>(v << 16u) * nib + bitcast<f32>(v & 0xFFFF0000u);
+        } else {
+            wv = scale(blk) * (nib - 8.0);
+        }
+        acc = fma(wr[e * p.hdim + r] * wn[r], wv, acc);
     }
     fold[e * n + j] = acc;
 }
