@@ -261,6 +261,12 @@ const ACC: bool = false;
 /// The full WGSL of `form` (0 plain, 1 acc, 2 norm) and tile `t`: the tile constants, the input
 /// snippet and matmul_q4f.wgsl with its per-(row, column) lines written out.
 pub fn shader(form: usize, t: Tile) -> String {
+    shader_for(form, t, false)
+}
+
+/// [`shader`] for Q4 matrices of the given block form (`affine`: tensor.rs's affine form, each
+/// block adding `c1 · Σ x` per column).
+pub fn shader_for(form: usize, t: Tile, affine: bool) -> String {
     let (c, r, l) = (t.cols, t.rows_per_team, t.lanes);
     let consts = format!(
         "const C: u32 = {c}u;\nconst R: u32 = {r}u;\nconst L: u32 = {l}u;\nconst WL: u32 = {}u;\n\
@@ -279,11 +285,12 @@ pub fn shader(form: usize, t: Tile) -> String {
         _ => NORM_INPUT.to_string(),
     };
     let body = include_str!("../shaders/matmul_q4f.wgsl")
-        .replace("//MM_SETUP", &setup_lines(r, c))
-        .replace("//MM_NEXT", &next_lines(r))
-        .replace("//MM_BODY", &body_lines(r, c))
+        .replace("//MM_SETUP", &setup_lines(r, c, affine))
+        .replace("//MM_NEXT", &next_lines(r, affine))
+        .replace("//MM_BODY", &body_lines(r, c, affine))
         .replace("//MM_REDUCE", &reduce_lines(t));
-    with_state(&format!("{F32_DEQ}{consts}{input}{body}"))
+    let form = crate::tensor::q4_form_wgsl(affine);
+    with_state(&format!("{F32_DEQ}{form}{consts}{input}{body}"))
 }
 
 /// Columns per reduction round (`CG`): as many as `red` holds next to the `R` rows.
@@ -293,14 +300,15 @@ fn reduce_cols(t: Tile) -> u32 {
 
 /// Per row: its base block `rb{r}`, the first block's weights `nw{r}`/`ns{r}` and the
 /// accumulators `a{r}_{c}`.
-fn setup_lines(r: u32, c: u32) -> String {
+fn setup_lines(r: u32, c: u32, affine: bool) -> String {
     let mut s = String::new();
     for i in 0..r {
         s += &format!(
             "let rb{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows) * p.bpr;
     var nw{i} = qs[rb{i} + first];
-    var ns{i} = scale(rb{i} + first);
-    "
+    var ns{i} = {};
+    ",
+            coef(&format!("rb{i} + first"), affine)
         );
         for j in 0..c {
             s += &format!("var a{i}_{j} = 0.0;\n    ");
@@ -310,24 +318,34 @@ fn setup_lines(r: u32, c: u32) -> String {
 }
 
 /// Per row: take the prefetched block and issue the load of block `bn`.
-fn next_lines(r: u32) -> String {
+fn next_lines(r: u32, affine: bool) -> String {
     (0..r)
         .map(|i| {
             format!(
                 "let w{i} = nw{i};
             let s{i} = ns{i};
             nw{i} = qs[rb{i} + bn];
-            ns{i} = scale(rb{i} + bn);
-            "
+            ns{i} = {};
+            ",
+                coef(&format!("rb{i} + bn"), affine)
             )
         })
         .collect()
 }
 
+/// WGSL: the scale of block `blk` (an expression): Q4_0's f16, or the affine form's
+/// `(c0, c1)` (tensor.rs `Q4_COEF`).
+fn coef(blk: &str, affine: bool) -> String {
+    match affine {
+        true => format!("q4_coef(sc[({blk}) >> 1u], {blk})"),
+        false => format!("scale({blk})"),
+    }
+}
+
 /// One block for every (row, column): each row's 4 words dequantised once (`q{r}_{k}l/h`,
 /// `dq_lo`/`dq_hi`), then per column its 8 staged vec4s (`x0..x7`, swizzled slots) and per row
 /// `dq_block`'s exact sequence of products, then `a = fma(scale, dot, a)` as the matvec.
-fn body_lines(r: u32, c: u32) -> String {
+fn body_lines(r: u32, c: u32, affine: bool) -> String {
     let mut s = String::new();
     for i in 0..r {
         for (k, comp) in ["x", "y", "z", "w"].iter().enumerate() {
@@ -348,6 +366,16 @@ fn body_lines(r: u32, c: u32) -> String {
         for k in 0..8 {
             s += &format!("                    let x{k} = xs[xb + ((sw + {k}u) & 7u)];\n");
         }
+        if affine {
+            s += "                    let xsum = dot(((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), vec4<f32>(1.0));\n";
+        }
+        let acc = if affine {
+            format!(
+                "fma(s{{i}}.x, dot(lo, DQ_SLO) + dot(hi, DQ_SHI), fma(s{{i}}.y, xsum, a{{i}}_{j}))"
+            )
+        } else {
+            format!("fma(s{{i}}, dot(lo, DQ_SLO) + dot(hi, DQ_SHI), a{{i}}_{j})")
+        };
         for i in 0..r {
             s += &format!(
                 "                    {{
@@ -359,9 +387,10 @@ fn body_lines(r: u32, c: u32) -> String {
                         hi = fma(q{i}_2h, vec4<f32>(x2.z, x6.z, x2.w, x6.w), hi);
                         lo = fma(q{i}_3l, vec4<f32>(x3.x, x7.x, x3.y, x7.y), lo);
                         hi = fma(q{i}_3h, vec4<f32>(x3.z, x7.z, x3.w, x7.w), hi);
-                        a{i}_{j} = fma(s{i}, dot(lo, DQ_SLO) + dot(hi, DQ_SHI), a{i}_{j});
+                        a{i}_{j} = {};
                     }}
-"
+",
+                acc.replace("{i}", &i.to_string())
             );
         }
         s += "                }\n                ";
@@ -421,7 +450,7 @@ impl MatmulKernel {
                 limit,
             });
         }
-        let pipes = (0..3 * Tile::all().count())
+        let pipes = (0..2 * 3 * Tile::all().count())
             .map(|_| OnceLock::new())
             .collect();
         Ok(MatmulKernel { pipes })
@@ -434,8 +463,10 @@ impl MatmulKernel {
         ctx: &Context,
         form: usize,
         tile_index: usize,
+        affine: bool,
     ) -> Result<wgpu::ComputePipeline> {
-        let slot = &self.pipes[form * Tile::all().count() + tile_index];
+        let n = Tile::all().count();
+        let slot = &self.pipes[(affine as usize * 3 + form) * n + tile_index];
         if let Some(p) = slot.get() {
             return Ok(p.clone());
         }
@@ -443,8 +474,11 @@ impl MatmulKernel {
             .nth(tile_index)
             .ok_or_else(|| GpuError::Shape(format!("matmul: no tile {tile_index}")))?;
         let label = format!(
-            "matmul_q4f.f{form}.c{}.r{}.l{}",
-            t.cols, t.rows_per_team, t.lanes
+            "matmul_q4f.f{form}.c{}.r{}.l{}{}",
+            t.cols,
+            t.rows_per_team,
+            t.lanes,
+            if affine { ".affine" } else { "" }
         );
         // Compiled without naga's runtime bounds checks (multi-stream decode and the batched
         // prefill's projections; docs/BENCHMARKS.md run 115: +15% aggregate with every module
@@ -454,7 +488,8 @@ impl MatmulKernel {
         // host:
         // - `Q4Matrix::check_layout`: cols % 32 == 0 (so bpr >= 1 and `bpr - 1` does not wrap),
         //   parts tiling the rows, each part's qs >= part rows * bpr vec4s and scales >=
-        //   ceil(that / 2) words; a block index is rb + b with rb = row * bpr for a row below
+        //   ceil(that / 2) words (the affine form reads the same word, blk >> 1); a block
+        //   index is rb + b with rb = row * bpr for a row below
         //   the part's rows (rows past the end select row 0) and b = min(.., bpr - 1);
         // - Y: stores only for row < part rows and c < nb, at c y_stride + row_start + row <
         //   (nb - 1) y_stride + m.rows, which `check_out` makes fit Y (y_stride >= m.rows, and
@@ -471,7 +506,7 @@ impl MatmulKernel {
         //   (so team R + i < RW), g < L, below CG RW LP <= RED (`red_floats`), read back at
         //   it LP + k for it < CG RW, k < L;
         // - loops run to bpr, cols4, C, L or constants, and every divisor is a constant.
-        let p = unsafe { ctx.compute_unchecked(&label, &shader(form, t), "main")? };
+        let p = unsafe { ctx.compute_unchecked(&label, &shader_for(form, t, affine), "main")? };
         Ok(slot.get_or_init(|| p).clone())
     }
 
@@ -518,7 +553,8 @@ impl MatmulKernel {
                 )
             }
         };
-        let pipeline = self.pipeline(ctx, a.input.form(), tile_index)?;
+        // Both block forms: the matrix says which (the affine pipelines compiled on first use).
+        let pipeline = self.pipeline(ctx, a.input.form(), tile_index, a.m.affine)?;
         let bpr = a.m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(a.m.parts.len());
         for part in &a.m.parts {
