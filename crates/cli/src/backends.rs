@@ -160,7 +160,7 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
     let kind = match args.backend {
         BackendKind::Auto => match Context::new(&AdapterChoice::Auto) {
             Ok(c) if !c.is_cpu() => match nibble_gpu::weights::check_supported(weights.as_ref()) {
-                Ok(()) => BackendKind::Gpu,
+                Ok(_) => BackendKind::Gpu,
                 Err(e) => {
                     eprintln!("note: {e}; using the CPU backend");
                     BackendKind::Cpu

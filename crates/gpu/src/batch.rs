@@ -190,8 +190,13 @@ impl BatchPlan {
         let f32s = |label: &str, n: usize| ctx.storage(label, (bs * n) as u64 * 4);
         let ap = AttentionParams::from_config(cfg, context_len)?;
         let attn_k = tune.attention(ctx, ap, merge)?;
-        let moe_k =
-            MoeKernel::with_f32_tuning(ctx, MoeParams::from_config(cfg)?, numerics, tune.moe(ctx))?;
+        let moe_k = MoeKernel::with_form(
+            ctx,
+            MoeParams::from_config(cfg)?,
+            numerics,
+            tune.moe(ctx),
+            w.affine,
+        )?;
         let state = RunState::default().buffer(ctx)?;
         let cols = columns::buffer(ctx, &[])?;
         let hb = f32s("b.h", h)?;
@@ -229,7 +234,7 @@ impl BatchPlan {
         let scratch = attn_k.scratch_cols(ctx, b)?;
         let matmul = MatmulKernel::new(ctx)?;
         let router_k = RouterColsKernel::new(ctx)?;
-        let embed_k = EmbedKernel::new(ctx)?;
+        let embed_k = EmbedKernel::new_for(ctx, w.affine)?;
         let argmax_k = ArgmaxKernel::new(ctx)?;
         let sample_k = SampleKernel::new(ctx)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);

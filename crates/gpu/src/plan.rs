@@ -252,16 +252,23 @@ impl DecodePlan {
         }
         // Unset: 4 (run 104: tg128 337.0 / 336.4 against head=3's 336.1 / 335.1; run 67 chose 3
         // over the matmul, 323.5 / 323.4 against 322.4 / 322.3).
-        let head_form = opts.tune.head.unwrap_or(crate::tune::DEFAULT_HEAD);
+        // An affine (MLX) head takes the f32 norm-on-load matvec unless a form is asked for:
+        // the bfp24 forms read Q4_0 only (asked for, they fail at binding with the reason).
+        let affine = weights.affine;
+        let head_form = match (opts.tune.head, affine) {
+            (None, true) => 1,
+            (h, _) => h.unwrap_or(crate::tune::DEFAULT_HEAD),
+        };
         anyhow::ensure!(
             head_form <= 4,
             "tune head must be 0, 1, 2, 3 or 4, not {head_form}"
         );
         let mut k = Kernels {
-            matvec: MatvecKernel::with_options(
+            matvec: MatvecKernel::with_form(
                 ctx,
                 opts.numerics,
                 opts.tune.late_norm.unwrap_or(1) != 0,
+                affine,
             )?
             .with_rows_per_team(
                 cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
@@ -269,7 +276,7 @@ impl DecodePlan {
             )
             .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows),
             norm: RmsNormKernel::new(ctx)?,
-            embed: EmbedKernel::new(ctx)?,
+            embed: EmbedKernel::new_for(ctx, affine)?,
             argmax: ArgmaxKernel::new(ctx)?,
             sample: SampleKernel::new(ctx)?,
             attn: opts.tune.attention(
@@ -277,7 +284,7 @@ impl DecodePlan {
                 ap,
                 opts.attention_combine.unwrap_or(Combine::for_context(ctx)),
             )?,
-            moe: MoeKernel::with_f32_tuning(ctx, mp, opts.numerics, opts.tune.moe(ctx))?,
+            moe: MoeKernel::with_form(ctx, mp, opts.numerics, opts.tune.moe(ctx), affine)?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,
             head_bfp: match head_form {

@@ -195,6 +195,11 @@ impl PrefillPlan {
     ) -> Result<PrefillPlan> {
         let cfg = &w.cfg;
         ensure!(
+            !w.affine,
+            "the GEMM prefill reads Q4_0 weights only, not the affine (MLX) form; such models \
+             prefill through the columns (--prefill-chunk 0)"
+        );
+        ensure!(
             (1..=65535).contains(&chunk),
             "prefill chunk of {chunk} tokens (1..=65535)"
         );

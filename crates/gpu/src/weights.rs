@@ -1,9 +1,10 @@
 //! Upload every tensor of a model from a [`WeightSource`] to the GPU once.
 //!
-//! Q4_0 matrices stay Q4_0 (repacked, see `tensor.rs`); any other matrix dtype (F32/F16/BF16/
+//! Q4_0 matrices stay Q4_0 (repacked, see `tensor.rs`), and an MLX checkpoint's `MLX_A4` ones
+//! take the affine form (one int4 type per model, the embedding's); any other matrix dtype (F32/F16/BF16/
 //! Q8_0, the K-quants, e.g. the Q6_K `output.weight` of llama.cpp's Q4_0 files) is decoded to
 //! f32 with the reference decoder, which is exact: nibble never re-quantises weights. Norm weights become f32 vectors. The embedding and the expert tensors
-//! must be Q4_0 (their kernels read only that layout); anything else is a clear error.
+//! must be in that int4 type; anything else is a clear error.
 //! q, k and v are fused into one `[Hq*D + 2*Hkv*D, H]` matrix so one matvec produces the
 //! attention kernel's `qkv` buffer.
 
@@ -56,6 +57,8 @@ pub struct LayerWeights {
 #[derive(Debug)]
 pub struct GpuWeights {
     pub cfg: Qwen3MoeConfig,
+    /// Every Q4 matrix is in the affine form (an MLX checkpoint; `tensor.rs`), else Q4_0.
+    pub affine: bool,
     /// `[V, H]`.
     pub embed: Q4Matrix,
     pub layers: Vec<LayerWeights>,
@@ -83,18 +86,19 @@ fn rows_cols(w: &Weight<'_>) -> (usize, usize) {
     (w.elements() / cols.max(1), cols)
 }
 
-/// Upload several weights with the same column count as one row-stacked matrix.
-fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>]) -> Result<Matrix> {
+/// Upload several weights with the same column count as one row-stacked matrix: int4 blocks
+/// (in the model's int4 type `int4`, Q4_0 or MLX_A4) stay packed, anything else is widened.
+fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>], int4: DType) -> Result<Matrix> {
     let cols = rows_cols(&ws[0]).1;
     ensure!(
         ws.iter().all(|w| rows_cols(w).1 == cols),
         "{label}: stacked tensors differ in width"
     );
     let rows: usize = ws.iter().map(|w| rows_cols(w).0).sum();
-    if ws.iter().all(|w| w.dtype == DType::Q4_0) {
+    if ws.iter().all(|w| w.dtype == int4) {
         let parts: Vec<&[u8]> = ws.iter().flat_map(|w| w.parts.iter().copied()).collect();
-        return Ok(Matrix::Q4(Q4Matrix::upload(
-            ctx, label, rows, cols, 1, &parts,
+        return Ok(Matrix::Q4(Q4Matrix::upload_dtype(
+            ctx, label, int4, rows, cols, 1, &parts,
         )?));
     }
     let mut vals = Vec::with_capacity(rows * cols);
@@ -106,17 +110,25 @@ fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>]) -> Result<Matrix> {
     )?))
 }
 
-fn q4(ctx: &Context, label: &str, w: &Weight<'_>, row_multiple: usize) -> Result<Q4Matrix> {
-    if w.dtype != DType::Q4_0 {
+fn q4(
+    ctx: &Context,
+    label: &str,
+    w: &Weight<'_>,
+    row_multiple: usize,
+    int4: DType,
+) -> Result<Q4Matrix> {
+    if w.dtype != int4 {
         bail!(
-            "{label} is {}: the GPU backend needs Q4_0 here",
-            w.dtype.name()
+            "{label} is {}: the GPU backend needs {} here (the model's int4 type)",
+            w.dtype.name(),
+            int4.name()
         );
     }
     let (rows, cols) = rows_cols(w);
-    Ok(Q4Matrix::upload(
+    Ok(Q4Matrix::upload_dtype(
         ctx,
         label,
+        int4,
         rows,
         cols,
         row_multiple,
@@ -129,10 +141,11 @@ fn vector(ctx: &Context, label: &str, w: &Weight<'_>) -> Result<wgpu::Buffer> {
     Ok(ctx.storage_init(label, bytemuck::cast_slice(&v))?)
 }
 
-/// Whether the GPU backend can hold `src`: its embedding and expert kernels read Q4_0 only
-/// (llama.cpp's K-quant files, `Q4_K_M` and the like, are refused here, before any upload;
-/// the CPU backend runs them). The error names the first such tensor and counts the others.
-pub fn check_supported(src: &dyn WeightSource) -> Result<()> {
+/// Whether the GPU backend can hold `src`, and in which int4 type: its embedding and expert
+/// kernels read Q4_0 or MLX's affine `MLX_A4`, one type for all of them (llama.cpp's K-quant
+/// files, `Q4_K_M` and the like, are refused here, before any upload; the CPU backend runs
+/// them). The error names the first other tensor and counts the others.
+pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
     let cfg = src.config();
     let mut keys = vec![TensorKey::TokenEmbd];
     for l in 0..cfg.num_layers {
@@ -144,26 +157,36 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<()> {
             keys.push(TensorKey::Layer(l, t));
         }
     }
-    let mut bad = Vec::new();
-    for k in keys {
-        let dtype = src
+    let dtype_of = |k: TensorKey| -> Result<DType> {
+        Ok(src
             .weight(k)
             .with_context(|| format!("loading {k:?}"))?
-            .dtype;
-        if dtype != DType::Q4_0 {
+            .dtype)
+    };
+    // The embedding's type decides; MLX files are all MLX_A4 where they are 4-bit.
+    let int4 = match dtype_of(TensorKey::TokenEmbd)? {
+        DType::MLX_A4 => DType::MLX_A4,
+        _ => DType::Q4_0,
+    };
+    let mut bad = Vec::new();
+    for k in keys {
+        let dtype = dtype_of(k)?;
+        if dtype != int4 {
             bad.push((k, dtype));
         }
     }
     if let Some((k, dtype)) = bad.first() {
         bail!(
-            "the GPU backend reads the token embedding and the expert tensors as Q4_0 only, and \
-             {} of them are not ({} is {}); the CPU backend (--backend cpu) runs this model",
+            "the GPU backend reads the token embedding and the expert tensors in one int4 type \
+             only (Q4_0 or MLX_A4), and {} of them are not {} ({} is {}); the CPU backend \
+             (--backend cpu) runs this model",
             bad.len(),
+            int4.name(),
             nibble_model::qwen3_moe::gguf_name(*k),
             dtype.name()
         );
     }
-    Ok(())
+    Ok(int4)
 }
 
 impl GpuWeights {
@@ -171,9 +194,9 @@ impl GpuWeights {
     pub fn upload(ctx: &Context, src: &dyn WeightSource) -> Result<GpuWeights> {
         let cfg = src.config().clone();
         cfg.validate()?;
-        check_supported(src)?;
+        let int4 = check_supported(src)?;
         let get = |k: TensorKey| src.weight(k).with_context(|| format!("loading {k:?}"));
-        let embed = q4(ctx, "token_embd", &get(TensorKey::TokenEmbd)?, 1)?;
+        let embed = q4(ctx, "token_embd", &get(TensorKey::TokenEmbd)?, 1, int4)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let lw = |t: LayerTensor| get(TensorKey::Layer(l, t));
@@ -185,29 +208,33 @@ impl GpuWeights {
                     ctx,
                     &name("attn_qkv"),
                     &[lw(T::AttnQ)?, lw(T::AttnK)?, lw(T::AttnV)?],
+                    int4,
                 )?,
-                o: matrix(ctx, &name("attn_output"), &[lw(T::AttnOut)?])?,
+                o: matrix(ctx, &name("attn_output"), &[lw(T::AttnOut)?], int4)?,
                 q_norm: vector(ctx, &name("attn_q_norm"), &lw(T::QNorm)?)?,
                 k_norm: vector(ctx, &name("attn_k_norm"), &lw(T::KNorm)?)?,
                 ffn_norm: vector(ctx, &name("ffn_norm"), &lw(T::FfnNorm)?)?,
-                router: matrix(ctx, &name("ffn_gate_inp"), &[lw(T::Router)?])?,
+                router: matrix(ctx, &name("ffn_gate_inp"), &[lw(T::Router)?], int4)?,
                 gate: q4(
                     ctx,
                     &name("ffn_gate_exps"),
                     &lw(T::ExpGate)?,
                     cfg.moe_intermediate_size,
+                    int4,
                 )?,
                 up: q4(
                     ctx,
                     &name("ffn_up_exps"),
                     &lw(T::ExpUp)?,
                     cfg.moe_intermediate_size,
+                    int4,
                 )?,
                 down: q4(
                     ctx,
                     &name("ffn_down_exps"),
                     &lw(T::ExpDown)?,
                     cfg.hidden_size,
+                    int4,
                 )?,
             });
         }
@@ -215,7 +242,7 @@ impl GpuWeights {
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(matrix(ctx, "output", &[get(TensorKey::Output)?])?)
+            Some(matrix(ctx, "output", &[get(TensorKey::Output)?], int4)?)
         };
         let vec_bytes = |b: &wgpu::Buffer| b.size();
         let mut resident =
@@ -230,6 +257,7 @@ impl GpuWeights {
         }
         Ok(GpuWeights {
             cfg,
+            affine: int4 == DType::MLX_A4,
             embed,
             layers,
             out_norm,
