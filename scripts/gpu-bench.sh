@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load
+# cpu,fold,numerics,numab,depth16k,load,mlx
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -300,6 +300,28 @@ if has gputests; then
     say "gpu crate diagnostics on the NVIDIA adapter: '$CT_DIAG'"
     NIBBLE_TEST_ADAPTER=nvidia timeout 200 target/release/gpu-tests $CT_DIAG --ignored --nocapture --test-threads 1 2>&1 | grep -vE "XDG_RUNTIME|^$" | tail -20 | tee -a "$S"
   fi
+fi
+if has mlx; then
+  # The same seed as an MLX checkpoint (mlx-lm's affine 4-bit groups of 64, 8-bit routers),
+  # written here: open time and peak memory (the interleave at open), greedy parity of the GPU
+  # backend against the oracle on it, and decode against the Q4_0 GGUF of the same seed, two
+  # rounds interleaved (prompts: the column prefill for MLX, whose GEMM prefill reads Q4_0 only).
+  MLX=/tmp/q30-mlx
+  say "synth qwen3-30b-a3b --format mlx"
+  [ -s $MLX/config.json ] || /usr/bin/time -f "synth mlx wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --format mlx --seed 0 --tokenizer "$TOK" -o $MLX --quiet 2>&1 | tee -a "$S"
+  du -sh $MLX | tee -a "$S"
+  for m in $MODEL $MLX; do
+    say "open + 1 token on the GPU: $m"
+    /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $m --backend gpu -n 1 -p Hi --ctx 512 2>&1 | grep -E "wall|error" | tee -a "$S"
+  done
+  say "parity gpu vs oracle on the MLX checkpoint (3 built-in prompts x 32 tokens)"
+  timeout 400 $N parity -m $MLX --backend gpu -n 32 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  for round in 1 2; do
+    for m in $MODEL $MLX; do
+      say "mlx round $round: $m"
+      timeout 200 $N bench -m $m --backend gpu -p 128 -n 128 --reps 3 --ctx 512 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+    done
+  done
 fi
 if has cpu; then
   # The CPU backend on this machine's cores (no GPU involved), beside the oracle's step rate.
