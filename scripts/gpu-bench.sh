@@ -316,7 +316,7 @@ if has mlx; then
   done
   say "parity gpu vs oracle on the MLX checkpoint (3 built-in prompts x 32 tokens)"
   timeout 400 $N parity -m $MLX --backend gpu -n 32 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
-  for round in 1 2; do
+  for round in $(seq ${MLX_ROUNDS:-2}); do
     for m in $MODEL $MLX; do
       say "mlx round $round: $m"
       timeout 200 $N bench -m $m --backend gpu -p 128 -n 128 --reps 3 --ctx 512 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"

@@ -135,21 +135,30 @@ pub fn write_mlx_sharded(
 fn module_parts(cfg: &Qwen3MoeConfig, p: &SynthParams, k: TensorKey) -> [Vec<u8>; 3] {
     let shape = k.shape(cfg);
     let cols = *shape.last().expect("non-empty shape");
-    let n: usize = shape.iter().product();
-    let mut vals = vec![0f32; n];
-    nibble_quant::dequantize(gguf_dtype(k), &tensor_bytes(cfg, p, k), &mut vals)
-        .expect("synth writes valid blocks");
+    let src = gguf_dtype(k);
+    let bytes = tensor_bytes(cfg, p, k);
+    let row_bytes = bytes.len() / (shape.iter().product::<usize>() / cols);
+    // Rows in parallel (a serial pass over the full-size model's 30 B weights took minutes).
+    let row = |b: &[u8]| {
+        let mut vals = vec![0f32; cols];
+        nibble_quant::dequantize(src, b, &mut vals).expect("synth writes valid blocks");
+        vals
+    };
     let Some(d) = mlx_dtype(k) else {
-        let bf16: Vec<u8> = vals
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        let bf16: Vec<u8> = bytes
+            .par_chunks(row_bytes)
+            .flat_map_iter(|b| {
+                row(b)
+                    .into_iter()
+                    .flat_map(|v| half::bf16::from_f32(v).to_le_bytes())
+            })
             .collect();
         return [bf16, vec![], vec![]];
     };
-    // Rows in parallel; each row's blocks split back into MLX's three arrays.
-    let rows: Vec<_> = vals
-        .par_chunks(cols)
-        .map(|r| mlx::unpack_row(d, &mlx::quantize(d, r)))
+    // Each row's blocks split back into MLX's three arrays.
+    let rows: Vec<_> = bytes
+        .par_chunks(row_bytes)
+        .map(|b| mlx::unpack_row(d, &mlx::quantize(d, &row(b))))
         .collect();
     let mut parts: [Vec<u8>; 3] = Default::default();
     for (w, s, b) in rows {
