@@ -50,7 +50,7 @@ use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics, F32_DEQ};
 use crate::state::STATE_WGSL;
-use crate::tensor::{q4_form_name, q4_form_wgsl, Q4Matrix, QuantActs, BLOCK};
+use crate::tensor::{q4_form_wgsl, Q4Matrix, QuantActs, BLOCK};
 
 /// WGSL: the swizzled staging helpers of the f32 kernels.
 const STAGE: &str = include_str!("../shaders/moe_stage_f32.wgsl");
@@ -682,40 +682,6 @@ impl MoeKernel {
         self.params.hidden.div_ceil(self.down_rows_per_wg) * self.down_split
     }
 
-    /// Check the stacked expert weights' shapes and that gate and up are split alike.
-    fn check_weights(&self, gate: &Q4Matrix, up: &Q4Matrix, down: &Q4Matrix) -> Result<()> {
-        let p = &self.params;
-        let (e, h, i) = (p.experts, p.hidden, p.inter);
-        let shape = |what: &str, m: &Q4Matrix, rows: u32, cols: u32| {
-            if m.rows != rows || m.cols != cols {
-                return Err(GpuError::Shape(format!(
-                    "MoE {what}: [{}, {}], need [{rows}, {cols}]",
-                    m.rows, m.cols
-                )));
-            }
-            Ok(())
-        };
-        for (what, m) in [("MoE gate", gate), ("MoE up", up), ("MoE down", down)] {
-            m.check_layout(what)?;
-            if m.affine != self.affine {
-                return Err(GpuError::Shape(format!(
-                    "{what}: the kernels read {} matrices, this one is {}",
-                    q4_form_name(self.affine),
-                    q4_form_name(m.affine)
-                )));
-            }
-        }
-        shape("gate", gate, e * i, h)?;
-        shape("up", up, e * i, h)?;
-        shape("down", down, e * h, i)?;
-        if gate.parts.len() != up.parts.len() {
-            return Err(GpuError::Shape(
-                "MoE gate and up are split differently".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Whether (gate/up, down) run the staged f32 kernels (false for the quantised numerics and
     /// for f32 past [`STAGE_BUDGET`]).
     pub fn f32_staged(&self) -> (bool, bool) {
@@ -791,6 +757,9 @@ fn down_params(
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
     buf.as_entire_binding()
 }
+
+#[path = "moe_checks.rs"]
+mod checks;
 
 #[path = "moe_ref.rs"]
 mod reference;
