@@ -157,12 +157,8 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
             keys.push(TensorKey::Layer(l, t));
         }
     }
-    let dtype_of = |k: TensorKey| -> Result<DType> {
-        Ok(src
-            .weight(k)
-            .with_context(|| format!("loading {k:?}"))?
-            .dtype)
-    };
+    let dtype_of =
+        |k: TensorKey| -> Result<DType> { src.dtype(k).with_context(|| format!("loading {k:?}")) };
     // The embedding's type decides; MLX files are all MLX_A4 where they are 4-bit.
     let int4 = match dtype_of(TensorKey::TokenEmbd)? {
         DType::MLX_A4 => DType::MLX_A4,
@@ -189,60 +185,84 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
     Ok(int4)
 }
 
+/// `f` of `key`'s tensor, lent by the source for this one use ([`WeightSource::with_weight`]:
+/// an MLX checkpoint's blocks are built for the upload and freed after it).
+fn lend<T>(
+    src: &dyn WeightSource,
+    key: TensorKey,
+    f: impl FnOnce(&Weight<'_>) -> Result<T>,
+) -> Result<T> {
+    let mut f = Some(f);
+    let mut out = None;
+    src.with_weight(key, &mut |w| {
+        if let Some(f) = f.take() {
+            out = Some(f(w)?);
+        }
+        Ok(())
+    })
+    .with_context(|| format!("loading {key:?}"))?;
+    out.with_context(|| format!("the weight source lent no tensor for {key:?}"))
+}
+
 impl GpuWeights {
     /// Upload every tensor of `src` (shapes were checked by the source against its config).
     pub fn upload(ctx: &Context, src: &dyn WeightSource) -> Result<GpuWeights> {
         let cfg = src.config().clone();
         cfg.validate()?;
         let int4 = check_supported(src)?;
-        let get = |k: TensorKey| src.weight(k).with_context(|| format!("loading {k:?}"));
-        let embed = q4(ctx, "token_embd", &get(TensorKey::TokenEmbd)?, 1, int4)?;
+        // Every tensor is lent for its upload only (`lend`).
+        let embed = lend(src, TensorKey::TokenEmbd, |w| {
+            q4(ctx, "token_embd", w, 1, int4)
+        })?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
-            let lw = |t: LayerTensor| get(TensorKey::Layer(l, t));
+            let key = |t: LayerTensor| TensorKey::Layer(l, t);
             let name = |s: &str| format!("blk.{l}.{s}");
+            let vec = |t: LayerTensor, s: &str| lend(src, key(t), |w| vector(ctx, &name(s), w));
+            let mat = |t: LayerTensor, s: &str| {
+                lend(src, key(t), |w| {
+                    matrix(ctx, &name(s), std::slice::from_ref(w), int4)
+                })
+            };
+            let experts = |t: LayerTensor, s: &str, row_multiple: usize| {
+                lend(src, key(t), |w| q4(ctx, &name(s), w, row_multiple, int4))
+            };
             use LayerTensor as T;
+            // q, k and v stack into one matrix, so all three are lent at once.
+            let qkv = lend(src, key(T::AttnQ), |q| {
+                lend(src, key(T::AttnK), |k| {
+                    lend(src, key(T::AttnV), |v| {
+                        matrix(
+                            ctx,
+                            &name("attn_qkv"),
+                            &[q.clone(), k.clone(), v.clone()],
+                            int4,
+                        )
+                    })
+                })
+            })?;
             layers.push(LayerWeights {
-                attn_norm: vector(ctx, &name("attn_norm"), &lw(T::AttnNorm)?)?,
-                qkv: matrix(
-                    ctx,
-                    &name("attn_qkv"),
-                    &[lw(T::AttnQ)?, lw(T::AttnK)?, lw(T::AttnV)?],
-                    int4,
-                )?,
-                o: matrix(ctx, &name("attn_output"), &[lw(T::AttnOut)?], int4)?,
-                q_norm: vector(ctx, &name("attn_q_norm"), &lw(T::QNorm)?)?,
-                k_norm: vector(ctx, &name("attn_k_norm"), &lw(T::KNorm)?)?,
-                ffn_norm: vector(ctx, &name("ffn_norm"), &lw(T::FfnNorm)?)?,
-                router: matrix(ctx, &name("ffn_gate_inp"), &[lw(T::Router)?], int4)?,
-                gate: q4(
-                    ctx,
-                    &name("ffn_gate_exps"),
-                    &lw(T::ExpGate)?,
-                    cfg.moe_intermediate_size,
-                    int4,
-                )?,
-                up: q4(
-                    ctx,
-                    &name("ffn_up_exps"),
-                    &lw(T::ExpUp)?,
-                    cfg.moe_intermediate_size,
-                    int4,
-                )?,
-                down: q4(
-                    ctx,
-                    &name("ffn_down_exps"),
-                    &lw(T::ExpDown)?,
-                    cfg.hidden_size,
-                    int4,
-                )?,
+                attn_norm: vec(T::AttnNorm, "attn_norm")?,
+                qkv,
+                o: mat(T::AttnOut, "attn_output")?,
+                q_norm: vec(T::QNorm, "attn_q_norm")?,
+                k_norm: vec(T::KNorm, "attn_k_norm")?,
+                ffn_norm: vec(T::FfnNorm, "ffn_norm")?,
+                router: mat(T::Router, "ffn_gate_inp")?,
+                gate: experts(T::ExpGate, "ffn_gate_exps", cfg.moe_intermediate_size)?,
+                up: experts(T::ExpUp, "ffn_up_exps", cfg.moe_intermediate_size)?,
+                down: experts(T::ExpDown, "ffn_down_exps", cfg.hidden_size)?,
             });
         }
-        let out_norm = vector(ctx, "output_norm", &get(TensorKey::OutputNorm)?)?;
+        let out_norm = lend(src, TensorKey::OutputNorm, |w| {
+            vector(ctx, "output_norm", w)
+        })?;
         let lm_head = if cfg.tie_word_embeddings {
             None
         } else {
-            Some(matrix(ctx, "output", &[get(TensorKey::Output)?], int4)?)
+            Some(lend(src, TensorKey::Output, |w| {
+                matrix(ctx, "output", std::slice::from_ref(w), int4)
+            })?)
         };
         let vec_bytes = |b: &wgpu::Buffer| b.size();
         let mut resident =

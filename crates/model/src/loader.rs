@@ -214,8 +214,9 @@ impl LoadedModel {
         }
         let mut active = 0u64;
         for k in TensorKey::all(&cfg) {
-            let w = self.weights.weight(k)?;
-            let bytes = w.byte_len() as u64;
+            // From the type and shape: an MLX tensor is not interleaved just to be counted.
+            let elements: usize = k.shape(&cfg).iter().product();
+            let bytes = self.weights.dtype(k)?.byte_size(elements as u64)?;
             active += match k {
                 // Embedding: one row per token.
                 TensorKey::TokenEmbd => bytes / cfg.vocab_size as u64,

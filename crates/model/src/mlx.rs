@@ -4,11 +4,13 @@
 //! `{module}.biases` (bf16, one per group of 64 inputs), experts stacked under
 //! `mlp.switch_mlp`.
 //!
-//! The three arrays are interleaved once, at open, into nibble's MLX blocks
-//! (`nibble_quant::mlx`: 36 bytes per 64 weights at 4 bits), so the model code and the backends
-//! see one dtype per tensor as for GGUF. That copy is the price of MLX's split layout: the
-//! resident size stays the file's (4.5 bits per weight), but it is read from disk once at
-//! open rather than mapped. Norms (and any module left unquantised) are served zero-copy.
+//! The three arrays are interleaved into nibble's MLX blocks (`nibble_quant::mlx`: 36 bytes per
+//! 64 weights at 4 bits), so the model code and the backends see one dtype per tensor as for
+//! GGUF. Open only checks the arrays; a tensor is interleaved when a backend first asks for it.
+//! [`WeightSource::weight`] keeps that copy (the CPU backends read their weights at every
+//! step), [`WeightSource::with_weight`] frees it after its one use (the GPU's upload, so the
+//! host never holds the model twice). Norms (and any module left unquantised) are served
+//! zero-copy.
 //!
 //! Which modules are quantised, and how, follows mlx-lm's loader (spec §4.3): a module named in
 //! `quantization` takes that entry (an object, or `false` for "not quantised"); any other module
@@ -25,6 +27,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Whether `dir` holds an MLX checkpoint: its config has a `quantization` object, or its
 /// safetensors say `"format": "mlx"`.
@@ -44,9 +47,20 @@ pub struct MlxWeights {
     dir: PathBuf,
     model: SafetensorsModel,
     config: Qwen3MoeConfig,
-    /// The quantised tensors in nibble's MLX blocks, `[rows, cols/64 blocks]` in canonical
-    /// row order (experts stacked expert-major, as in the file).
-    packed: HashMap<TensorKey, (DType, Vec<u8>)>,
+    /// The quantised tensors (checked at open; interleaved on first use).
+    packed: HashMap<TensorKey, Packed>,
+}
+
+/// One quantised module, its three arrays checked against the config at open.
+struct Packed {
+    /// The module's name in the file (`model.layers.0.self_attn.q_proj`).
+    module: String,
+    quant: Quant,
+    /// `MLX_A4` or `MLX_A8`.
+    dtype: DType,
+    /// Its blocks `[rows, cols/64 blocks]` in canonical row order (experts stacked
+    /// expert-major, as in the file), once [`WeightSource::weight`] has built them.
+    blocks: OnceLock<Vec<u8>>,
 }
 
 /// How one module is quantised.
@@ -82,7 +96,8 @@ fn quant_of(v: &Value, what: &str, defaults: Option<Quant>) -> Result<Quant> {
 }
 
 impl MlxWeights {
-    /// Open `dir`, interleave every quantised tensor and check every tensor against the config.
+    /// Open `dir` and check every tensor (each quantised module's three arrays) against the
+    /// config; nothing is interleaved yet (module docs).
     pub fn open(dir: &Path) -> Result<Self> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path)
@@ -119,11 +134,19 @@ impl MlxWeights {
                 }
                 None => None,
             };
-            if let Some(q) = quant {
+            if let Some(quant) = quant {
                 let want = key.shape(&config);
-                let blocks = interleave(&model, &m, q, &want)
+                let dtype = check_module(&model, &m, quant, &want)
                     .with_context(|| format!("{}: `{m}`", dir.display()))?;
-                packed.insert(key, blocks);
+                packed.insert(
+                    key,
+                    Packed {
+                        module: m,
+                        quant,
+                        dtype,
+                        blocks: OnceLock::new(),
+                    },
+                );
             }
         }
         let w = MlxWeights {
@@ -133,8 +156,7 @@ impl MlxWeights {
             packed,
         };
         for key in TensorKey::all(&w.config) {
-            w.weight(key)
-                .with_context(|| format!("{}", dir.display()))?;
+            w.dtype(key).with_context(|| format!("{}", dir.display()))?;
         }
         Ok(w)
     }
@@ -148,16 +170,33 @@ impl MlxWeights {
     pub fn model(&self) -> &SafetensorsModel {
         &self.model
     }
+
+    /// Bytes of interleaved blocks held (those [`WeightSource::weight`] built and keeps).
+    pub fn interleaved_bytes(&self) -> usize {
+        self.packed
+            .values()
+            .filter_map(|p| p.blocks.get())
+            .map(Vec::len)
+            .sum()
+    }
 }
 
-/// Module `m`'s three tensors interleaved into blocks, after checking them against the canonical
-/// shape `want` (`[.., out, in]`) and the quantisation `q`.
-fn interleave(
-    model: &SafetensorsModel,
+/// The three arrays of module `m` (`weight`, `scales`, `biases`).
+fn arrays<'a>(
+    model: &'a SafetensorsModel,
     m: &str,
-    q: Quant,
-    want: &[usize],
-) -> Result<(DType, Vec<u8>)> {
+) -> Result<[nibble_formats::safetensors::RawView<'a>; 3]> {
+    let get = |suffix: &str| {
+        model
+            .raw(&format!("{m}.{suffix}"))?
+            .ok_or_else(|| anyhow!("missing tensor `{m}.{suffix}`"))
+    };
+    Ok([get("weight")?, get("scales")?, get("biases")?])
+}
+
+/// Check module `m`'s three arrays against the canonical shape `want` (`[.., out, in]`) and
+/// the quantisation `q`; its blocks' dtype.
+fn check_module(model: &SafetensorsModel, m: &str, q: Quant, want: &[usize]) -> Result<DType> {
     let dtype = match q.bits {
         4 => DType::MLX_A4,
         8 => DType::MLX_A8,
@@ -169,12 +208,7 @@ fn interleave(
         q.group,
         mlx::GROUP
     );
-    let get = |suffix: &str| {
-        model
-            .raw(&format!("{m}.{suffix}"))?
-            .ok_or_else(|| anyhow!("missing tensor `{m}.{suffix}`"))
-    };
-    let (w, s, b) = (get("weight")?, get("scales")?, get("biases")?);
+    let [w, s, b] = arrays(model, m)?;
     let (lead, cols) = want.split_at(want.len() - 1);
     let cols = cols[0] as u64;
     ensure!(
@@ -203,44 +237,54 @@ fn interleave(
             with(groups)
         );
     }
-    let rows: usize = lead.iter().product();
-    let cols = cols as usize;
-    let (pb, sb) = (cols * q.bits as usize / 8, cols / mlx::GROUP * 2);
-    let rb = dtype.byte_size(cols as u64)? as usize;
+    Ok(dtype)
+}
+
+/// Module `p`'s three arrays (checked at open) interleaved into `[rows, cols/64 blocks]` of
+/// `p.dtype`'s blocks, `want` being its canonical shape.
+fn interleave(model: &SafetensorsModel, p: &Packed, want: &[usize]) -> Result<Vec<u8>> {
+    let [w, s, b] = arrays(model, &p.module)?;
+    let cols = want[want.len() - 1];
+    let rows: usize = want[..want.len() - 1].iter().product();
+    let (pb, sb) = (cols * p.quant.bits as usize / 8, cols / mlx::GROUP * 2);
+    let rb = p.dtype.byte_size(cols as u64)? as usize;
     let mut out = vec![0u8; rows * rb];
     // Row by row in parallel: the model's ~17 GB of experts take seconds, not minutes.
     out.par_chunks_mut(rb)
         .enumerate()
         .try_for_each(|(r, o)| {
             mlx::repack_row(
-                dtype,
+                p.dtype,
                 &w.data[r * pb..(r + 1) * pb],
                 &s.data[r * sb..(r + 1) * sb],
                 &b.data[r * sb..(r + 1) * sb],
                 o,
             )
         })
-        .map_err(|e| anyhow!(e))?;
-    Ok((dtype, out))
+        .map_err(|e| anyhow!(e))
+        .with_context(|| format!("`{}`", p.module))?;
+    Ok(out)
 }
 
-impl WeightSource for MlxWeights {
-    fn config(&self) -> &Qwen3MoeConfig {
-        &self.config
-    }
-
-    fn weight(&self, key: TensorKey) -> Result<Weight<'_>> {
-        let key = match key {
+impl MlxWeights {
+    /// The tied lm_head is the embedding.
+    fn canonical(&self, key: TensorKey) -> TensorKey {
+        match key {
             TensorKey::Output if self.config.tie_word_embeddings => TensorKey::TokenEmbd,
             k => k,
-        };
+        }
+    }
+
+    /// `key`'s tensor over `bytes` (its interleaved blocks when it is quantised), or the mapped
+    /// tensor as stored when `bytes` is `None`.
+    fn view<'a>(&'a self, key: TensorKey, bytes: Option<&'a [u8]>) -> Result<Weight<'a>> {
         let want = key.shape(&self.config);
         let name = format!("{}.weight", mlx_module(key));
-        if let Some((dtype, bytes)) = self.packed.get(&key) {
+        if let (Some(p), Some(bytes)) = (self.packed.get(&key), bytes) {
             let shape: Vec<u64> = want.iter().map(|&d| d as u64).collect();
-            check_view(key, &name, *dtype, &shape, &want)?;
+            check_view(key, &name, p.dtype, &shape, &want)?;
             return Ok(Weight {
-                dtype: *dtype,
+                dtype: p.dtype,
                 shape: want,
                 parts: vec![bytes],
             });
@@ -255,5 +299,50 @@ impl WeightSource for MlxWeights {
             shape: want,
             parts: vec![view.data],
         })
+    }
+}
+
+impl WeightSource for MlxWeights {
+    fn config(&self) -> &Qwen3MoeConfig {
+        &self.config
+    }
+
+    fn weight(&self, key: TensorKey) -> Result<Weight<'_>> {
+        let key = self.canonical(key);
+        let Some(p) = self.packed.get(&key) else {
+            return self.view(key, None);
+        };
+        let blocks = match p.blocks.get() {
+            Some(b) => b,
+            None => {
+                let built = interleave(&self.model, p, &key.shape(&self.config))?;
+                // Two threads may both build it; the first one stored is kept.
+                p.blocks.get_or_init(|| built)
+            }
+        };
+        self.view(key, Some(blocks))
+    }
+
+    fn dtype(&self, key: TensorKey) -> Result<DType> {
+        let key = self.canonical(key);
+        match self.packed.get(&key) {
+            Some(p) => Ok(p.dtype),
+            None => Ok(self.view(key, None)?.dtype),
+        }
+    }
+
+    fn with_weight(
+        &self,
+        key: TensorKey,
+        f: &mut dyn FnMut(&Weight<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let key = self.canonical(key);
+        match self.packed.get(&key) {
+            Some(p) if p.blocks.get().is_none() => {
+                let built = interleave(&self.model, p, &key.shape(&self.config))?;
+                f(&self.view(key, Some(&built))?)
+            }
+            _ => f(&self.weight(key)?),
+        }
     }
 }

@@ -161,6 +161,24 @@ impl<'a> Weight<'a> {
 pub trait WeightSource: Send + Sync {
     /// The validated config of the model.
     fn config(&self) -> &Qwen3MoeConfig;
-    /// The tensor for `key`, in canonical layout, shape checked against the config.
+    /// The tensor for `key`, in canonical layout, shape checked against the config. A source
+    /// that has to build a tensor (an MLX checkpoint interleaves three arrays) keeps what it
+    /// builds here, for backends that read their weights at every step.
     fn weight(&self, key: TensorKey) -> anyhow::Result<Weight<'_>>;
+
+    /// The storage type of `key`'s tensor, without building it.
+    fn dtype(&self, key: TensorKey) -> anyhow::Result<DType> {
+        Ok(self.weight(key)?.dtype)
+    }
+
+    /// Lend `key`'s tensor to `f` for one use (an upload that copies it): a source that has to
+    /// build the tensor builds it for this call and frees it after, so a backend that copies
+    /// every tensor once (the GPU's upload) never has the host hold a second copy of the model.
+    fn with_weight(
+        &self,
+        key: TensorKey,
+        f: &mut dyn FnMut(&Weight<'_>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        f(&self.weight(key)?)
+    }
 }

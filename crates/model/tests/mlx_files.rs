@@ -7,9 +7,10 @@ use half::bf16;
 use nibble_formats::safetensors::SafetensorsModel;
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::loader;
+use nibble_model::mlx::MlxWeights;
 use nibble_model::qwen3_moe::mlx_module;
 use nibble_model::synth::{self, SynthParams};
-use nibble_model::weights::{LayerTensor, TensorKey};
+use nibble_model::weights::{LayerTensor, TensorKey, WeightSource};
 use nibble_quant::DType;
 use serde_json::Value;
 use std::path::Path;
@@ -252,4 +253,51 @@ fn a_sharded_checkpoint_serves_the_same_weights() {
         assert_eq!(wa.dtype, wb.dtype, "{k:?}");
         assert_eq!(wa.parts.concat(), wb.parts.concat(), "{k:?}");
     }
+}
+
+#[test]
+fn lent_tensors_are_built_for_their_use_and_only_weight_keeps_them() {
+    let cfg = cfg();
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let w = MlxWeights::open(dir.path()).unwrap();
+    assert_eq!(w.interleaved_bytes(), 0, "open interleaves nothing");
+    let mut lent = Vec::new();
+    for k in TensorKey::all(&cfg) {
+        w.with_weight(k, &mut |t| {
+            lent.push((t.dtype, t.shape.clone(), t.parts.concat()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(w.dtype(k).unwrap(), lent.last().unwrap().0, "{k:?}");
+    }
+    assert_eq!(
+        w.interleaved_bytes(),
+        0,
+        "a lent tensor is freed after its use"
+    );
+    let mut quantised = 0;
+    for (k, (dtype, shape, bytes)) in TensorKey::all(&cfg).into_iter().zip(&lent) {
+        let t = w.weight(k).unwrap();
+        assert_eq!((&t.dtype, &t.shape), (dtype, shape), "{k:?}");
+        assert_eq!(&t.parts.concat(), bytes, "{k:?}");
+        let tied = k == TensorKey::Output && cfg.tie_word_embeddings;
+        if matches!(t.dtype, DType::MLX_A4 | DType::MLX_A8) && !tied {
+            quantised += bytes.len();
+        }
+    }
+    assert!(quantised > 0);
+    assert_eq!(
+        w.interleaved_bytes(),
+        quantised,
+        "weight keeps each tensor once"
+    );
+    // Kept now, so a lent tensor is the kept one.
+    let k = TensorKey::Layer(0, LayerTensor::ExpGate);
+    w.with_weight(k, &mut |t| {
+        assert_eq!(t.parts[0].as_ptr(), w.weight(k).unwrap().parts[0].as_ptr());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(w.interleaved_bytes(), quantised);
 }
