@@ -94,8 +94,8 @@ fn mlx_checkpoint_decodes_on_the_cpu_and_the_gpu_with_oracle_parity() {
     if !have_gpu() {
         return;
     }
-    // The GPU backend reads the affine (MLX) form in every kernel the decode and the column
-    // prefill use: greedy parity with the oracle.
+    // The GPU backend reads the affine (MLX) form in every kernel the decode and both prefills
+    // use: greedy parity with the oracle.
     let out = nibble()
         .args(["parity", "--backend", "gpu", "--json", "-n", "24", "-m"])
         .arg(&path)
@@ -107,6 +107,23 @@ fn mlx_checkpoint_decodes_on_the_cpu_and_the_gpu_with_oracle_parity() {
     for p in j["prompts"].as_array().unwrap() {
         let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
         assert_eq!((o.len(), &o), (24, &f), "{p:#}");
+        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
+    }
+    // Every prompt through the GEMM prefill (its f32 kernel reads the affine form): parity too.
+    let out = nibble()
+        .args(["parity", "--backend", "gpu", "--json", "-n", "8", "-v"])
+        .args(["--prefill-gemm-min", "2", "-m"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(err.contains("GEMM prefill (int4 GEMM, f32 fmas"), "{err}");
+    let j: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON ({e}): {err}"));
+    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
+    for p in j["prompts"].as_array().unwrap() {
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!((o.len(), &o), (8, &f), "{p:#}");
         assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
     }
     // Multi-stream decode on the column kernels: every stream's ids equal its single-stream ids.

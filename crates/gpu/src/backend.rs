@@ -243,11 +243,7 @@ impl GpuBackend {
             _ => false,
         };
         let prefill = ColumnPrefill::new(&opts, merge);
-        // The prefill GEMMs read Q4_0 only: an affine (MLX) model prefills through the columns.
-        let gemm_prefill = match plan.weights.affine {
-            true => GemmPrefill::Off,
-            false => GemmPrefill::new(&opts, merge),
-        };
+        let gemm_prefill = GemmPrefill::new(&opts, merge);
         Ok(GpuBackend {
             plan,
             per_token: opts.per_token,

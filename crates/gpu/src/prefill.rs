@@ -195,11 +195,6 @@ impl PrefillPlan {
     ) -> Result<PrefillPlan> {
         let cfg = &w.cfg;
         ensure!(
-            !w.affine,
-            "the GEMM prefill reads Q4_0 weights only, not the affine (MLX) form; such models \
-             prefill through the columns (--prefill-chunk 0)"
-        );
-        ensure!(
             (1..=65535).contains(&chunk),
             "prefill chunk of {chunk} tokens (1..=65535)"
         );
@@ -288,7 +283,8 @@ impl PrefillPlan {
             Some(tk) => (None, Some(tk.scratch(ctx, chunk)?)),
             None => (Some(attn_k.scratch_cols(ctx, chunk)?), None),
         };
-        let gemm = GemmKernel::with_coop(ctx, matrix_units)?;
+        // Affine (MLX) weights take the f32 kernel (gemm.rs `with_form`).
+        let gemm = GemmKernel::with_form(ctx, matrix_units, w.affine)?;
         let gemm = match double_buffer {
             Some(on) => gemm.with_double_buffer(ctx, on)?,
             // The default (runs 133: pp128 +6-10%, pp512 +11% on the H200): two buffers where
@@ -296,7 +292,7 @@ impl PrefillPlan {
             None => gemm.with_double_buffer(ctx, crate::kernels::gemm::double_buffer_fits(ctx))?,
         };
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
-        let embed_k = EmbedKernel::new(ctx)?;
+        let embed_k = EmbedKernel::new_for(ctx, w.affine)?;
         let matmul = MatmulKernel::new(ctx)?;
         let moe = MoePrefill::new(
             ctx,

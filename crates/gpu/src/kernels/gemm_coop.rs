@@ -288,7 +288,7 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, dbuf: bool) -> 
         if double { 512 } else { 8 * 512 }
     );
     let cs0 = if double { "0u" } else { "sg * 512u" };
-    s += &prelude(form, tm, plan, WSTORE_COOP);
+    s += &prelude(form, tm, plan, WSTORE_COOP, false);
     // (gate-or-first, up-or-second) column tiles of each accumulator pair.
     let pairs: Vec<(&str, &str)> = if mt == 4 {
         vec![("2u * g", "2u * g + 4u"), ("2u * g + 1u", "2u * g + 5u")]

@@ -4,7 +4,8 @@
 //! (moe_prefill_tests.rs).
 
 use super::*;
-use crate::testing::{dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
+use crate::testing::{dequant, dequant_q4_0, gpu, rand_f32, rand_mlx_a4, rand_q4_0, rng};
+use nibble_quant::DType;
 
 /// `(tokens, rows, cols)`: one token and one row; rows not a multiple of the 128-row tile;
 /// tokens not a multiple of either tile height; the 2048-input rows of the real qkv; many tiles.
@@ -187,6 +188,65 @@ fn gemm_dense_matches_reference() {
                 &format!("dense+= m {m} [{rows}, {cols}] tm {tm} kernel {ki}"),
             );
         }
+    }
+}
+
+/// The affine (MLX) form's weights (`fma(s, q, b)`, tensor.rs) against the same reference: `=`
+/// and `+=`, both tile heights, odd token and row counts, a split matrix; each kernel refuses a
+/// matrix of the other form by name.
+#[test]
+fn gemm_affine_dense_matches_reference() {
+    let Some(ctx) = gpu("gemm_affine_dense_matches_reference") else {
+        return;
+    };
+    let k = GemmKernel::with_form(&ctx, true, true).unwrap();
+    assert!(!k.coop(), "affine weights take the f32 kernel");
+    let small = ctx.with_max_binding_bytes(20 * 2 * 16);
+    let mut r = rng(75);
+    let whole: &Context = &ctx;
+    for (m, rows, cols, c) in [
+        (1, 1, 64, whole),
+        (37, 200, 192, whole),
+        (64, 130, 2048, whole),
+        (45, 300, 128, &small),
+    ] {
+        let wb = rand_mlx_a4(&mut r, rows, cols);
+        let deq = dequant(DType::MLX_A4, &wb, rows, cols);
+        let w = Q4Matrix::upload_mlx(c, "w", rows, cols, 1, &[&wb]).unwrap();
+        assert!(c.max_binding_bytes() == whole.max_binding_bytes() || w.parts.len() > 1);
+        let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+        let want = reference(&deq, rows, cols, &x, m);
+        let stride = rows + PAD_COLS;
+        for tm in [2, 4] {
+            let what = format!(
+                "affine m {m} [{rows}, {cols}] tm {tm} parts {}",
+                w.parts.len()
+            );
+            let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
+            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, false, &init);
+            check(&got, &init, &want, false, rows, m, &what);
+            let init = rand_f32(&mut r, (m + PAD_ROWS) * stride, -2.0, 2.0);
+            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, true, &init);
+            check(&got, &init, &want, true, rows, m, &format!("+= {what}"));
+        }
+    }
+    // Each form's kernel refuses the other form's matrix.
+    let wa = Q4Matrix::upload_mlx(&ctx, "wa", 4, 64, 1, &[&rand_mlx_a4(&mut r, 4, 64)]).unwrap();
+    let w0 = Q4Matrix::upload(&ctx, "w0", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
+    let (x, y, d) = (
+        ctx.storage("x", 64 * 4 * 4).unwrap(),
+        ctx.storage("y", 64 * 4 * 4).unwrap(),
+        dims(&ctx, 1),
+    );
+    let q4_0 = GemmKernel::new(&ctx).unwrap();
+    for (kern, w, name) in [(&k, &w0, "Q4_0"), (&q4_0, &wa, "affine")] {
+        let a = dense_args(GemmForm::Dense, GemmWeights::Q4(w), (&x, &y), 4, 4, &d);
+        let e = kern
+            .bind(&ctx, &a, 2)
+            .err()
+            .expect("the other form")
+            .to_string();
+        assert!(e.contains(&format!("bound to a {name}")), "{e}");
     }
 }
 

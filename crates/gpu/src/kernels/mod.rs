@@ -13,6 +13,7 @@ pub mod embed;
 pub mod gemm;
 pub mod gemm_coop;
 pub mod gemm_reduce;
+mod gemm_wgsl;
 pub mod matmul;
 #[cfg(test)]
 mod matmul_tests;

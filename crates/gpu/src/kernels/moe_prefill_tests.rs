@@ -6,7 +6,8 @@
 
 use super::*;
 use crate::kernels::moe::{down_ref, gate_up_ref, router_ref};
-use crate::testing::{dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
+use crate::testing::{dequant, dequant_q4_0, gpu, rand_f32, rand_mlx_a4, rand_q4_0, rng};
+use nibble_quant::DType;
 use rand::Rng;
 
 struct Layer {
@@ -18,18 +19,30 @@ struct Layer {
     dd: Vec<f32>,
 }
 
-fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims) -> Layer {
+/// A random layer's experts in Q4_0, or in the affine (MLX) form when `affine`.
+fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims, affine: bool) -> Layer {
     let (e, h, i) = (d.experts as usize, d.hidden as usize, d.inter as usize);
-    let g = rand_q4_0(r, e * i, h);
-    let u = rand_q4_0(r, e * i, h);
-    let dn = rand_q4_0(r, e * h, i);
+    let mat = |r: &mut _, rows: usize, cols: usize, per: usize, name: &str| {
+        if affine {
+            let b = rand_mlx_a4(r, rows, cols);
+            let m = Q4Matrix::upload_mlx(ctx, name, rows, cols, per, &[&b]).unwrap();
+            (m, dequant(DType::MLX_A4, &b, rows, cols))
+        } else {
+            let b = rand_q4_0(r, rows, cols);
+            let m = Q4Matrix::upload(ctx, name, rows, cols, per, &[&b]).unwrap();
+            (m, dequant_q4_0(&b, rows, cols))
+        }
+    };
+    let (gate, dg) = mat(r, e * i, h, i, "gate");
+    let (up, du) = mat(r, e * i, h, i, "up");
+    let (down, dd) = mat(r, e * h, i, h, "down");
     Layer {
-        gate: Q4Matrix::upload(ctx, "gate", e * i, h, i, &[&g]).unwrap(),
-        up: Q4Matrix::upload(ctx, "up", e * i, h, i, &[&u]).unwrap(),
-        down: Q4Matrix::upload(ctx, "down", e * h, i, h, &[&dn]).unwrap(),
-        dg: dequant_q4_0(&g, e * i, h),
-        du: dequant_q4_0(&u, e * i, h),
-        dd: dequant_q4_0(&dn, e * h, i),
+        gate,
+        up,
+        down,
+        dg,
+        du,
+        dd,
     }
 }
 
@@ -123,6 +136,7 @@ fn run_case(
     seed: u64,
     split: bool,
     rs: usize,
+    affine: bool,
 ) {
     let mut r = rng(seed);
     let (e, hd) = (d.experts as usize, d.hidden as usize);
@@ -139,8 +153,12 @@ fn run_case(
     } else {
         ctx.with_max_binding_bytes(ctx.max_binding_bytes())
     };
-    // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists.
-    let gemms = crate::kernels::gemm::tests::test_kernels(ctx);
+    // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists; the
+    // f32 kernel for affine weights.
+    let gemms = match affine {
+        true => vec![GemmKernel::with_form(ctx, true, true).unwrap()],
+        false => crate::kernels::gemm::tests::test_kernels(ctx),
+    };
     let bufs = MoePrefillBuffers {
         logits: &logits,
         logit_splits: rs as u32,
@@ -152,7 +170,7 @@ fn run_case(
     ctx.write(&h, 0, bytemuck::cast_slice(&hv));
     for li in 0..2 {
         let gemm = &gemms[li % gemms.len()];
-        let l = layer(&wctx, &mut r, &d);
+        let l = layer(&wctx, &mut r, &d, affine);
         if split {
             assert!(l.gate.parts.len() > 1 && l.down.parts.len() > 1);
         }
@@ -176,7 +194,7 @@ fn run_case(
         let want = reference(&d, &l, &lg, &x, &hv, t);
         let got = ctx.read_f32(&h, tm * hd).unwrap();
         let what = format!(
-            "E {} K {} H {hd} I {} t {t} layer {li}",
+            "E {} K {} H {hd} I {} t {t} layer {li} affine {affine}",
             e, d.top_k, d.inter
         );
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -208,11 +226,11 @@ fn moe_prefill_matches_reference() {
         norm_topk: true,
     };
     // One token; a chunk shorter than the buffers; lists long enough for several tiles.
-    run_case(&ctx, tiny, (8, 1), 81, false, 1);
-    run_case(&ctx, tiny, (64, 37), 82, false, 1);
-    run_case(&ctx, tiny, (300, 300), 83, false, 1);
+    run_case(&ctx, tiny, (8, 1), 81, false, 1, false);
+    run_case(&ctx, tiny, (64, 37), 82, false, 1, false);
+    run_case(&ctx, tiny, (300, 300), 83, false, 1, false);
     // Logits in 3 partial sums (the router GEMM's K splits): a chunk shorter than the buffers.
-    run_case(&ctx, tiny, (64, 37), 87, false, 3);
+    run_case(&ctx, tiny, (64, 37), 87, false, 3, false);
     // Odd widths (I not a multiple of the 64-column gate/up tile, H of the 128-row down tile),
     // no renormalisation, 64-row tiles (300 x 2 / 8 >= 64 tokens per expert).
     let odd = MoeDims {
@@ -222,8 +240,8 @@ fn moe_prefill_matches_reference() {
         top_k: 2,
         norm_topk: false,
     };
-    run_case(&ctx, odd, (300, 257), 84, false, 1);
-    run_case(&ctx, odd, (40, 33), 85, false, 2);
+    run_case(&ctx, odd, (300, 257), 84, false, 1, false);
+    run_case(&ctx, odd, (40, 33), 85, false, 2, false);
 }
 
 #[test]
@@ -238,5 +256,32 @@ fn moe_prefill_split_experts_match_reference() {
         top_k: 4,
         norm_topk: true,
     };
-    run_case(&ctx, d, (50, 50), 86, true, 1);
+    run_case(&ctx, d, (50, 50), 86, true, 1, false);
+}
+
+/// The expert GEMMs on affine (MLX) weights: one token, several tiles, split expert tensors,
+/// and H not a multiple of the down form's 128-row tile (I stays whole groups of 64).
+#[test]
+fn moe_prefill_affine_experts_match_reference() {
+    let Some(ctx) = gpu("moe_prefill_affine_experts_match_reference") else {
+        return;
+    };
+    let tiny = MoeDims {
+        hidden: 64,
+        inter: 64,
+        experts: 16,
+        top_k: 4,
+        norm_topk: true,
+    };
+    run_case(&ctx, tiny, (8, 1), 91, false, 1, true);
+    run_case(&ctx, tiny, (300, 300), 92, false, 1, true);
+    run_case(&ctx, tiny, (50, 50), 93, true, 1, true);
+    let odd = MoeDims {
+        hidden: 192,
+        inter: 128,
+        experts: 8,
+        top_k: 2,
+        norm_topk: false,
+    };
+    run_case(&ctx, odd, (300, 257), 94, false, 2, true);
 }
