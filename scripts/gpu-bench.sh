@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -305,7 +305,7 @@ if has mlx; then
   # The same seed as an MLX checkpoint (mlx-lm's affine 4-bit groups of 64, 8-bit routers),
   # written here: open time and peak memory (the interleave at open), greedy parity of the GPU
   # backend against the oracle on it, and decode against the Q4_0 GGUF of the same seed, two
-  # rounds interleaved (prompts: the column prefill for MLX, whose GEMM prefill reads Q4_0 only).
+  # rounds interleaved.
   MLX=/tmp/q30-mlx
   say "synth qwen3-30b-a3b --format mlx"
   [ -s $MLX/config.json ] || /usr/bin/time -f "synth mlx wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --format mlx --seed 0 --tokenizer "$TOK" -o $MLX --quiet 2>&1 | tee -a "$S"
@@ -320,6 +320,25 @@ if has mlx; then
     for m in $MODEL $MLX; do
       say "mlx round $round: $m"
       timeout 200 $N bench -m $m --backend gpu -p 128 -n 128 --reps 3 --ctx 512 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+    done
+  done
+fi
+if has mlxpre; then
+  # MLX prompts through the GEMM prefill (session 31): the MLX checkpoint alone (no Q4_0 file),
+  # open time and peak memory, greedy parity with every prompt through the GEMM prefill (the
+  # matrix units where present), then pp${MLX_P:-512} on the matrix units, on f32 fmas and
+  # through the columns, MLX_ROUNDS rounds interleaved.
+  MLX=/tmp/q30-mlx
+  say "synth qwen3-30b-a3b --format mlx"
+  [ -s $MLX/config.json ] || /usr/bin/time -f "synth mlx wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --format mlx --seed 0 --tokenizer "$TOK" -o $MLX --quiet 2>&1 | tee -a "$S"
+  say "open + 1 token on the GPU: $MLX"
+  /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $MLX --backend gpu -n 1 -p Hi --ctx 512 2>&1 | grep -E "wall|error" | tee -a "$S"
+  say "parity gpu vs oracle on the MLX checkpoint, GEMM prefill (3 built-in prompts x 32 tokens)"
+  timeout 300 $N parity -m $MLX --backend gpu -n 32 --ctx 1024 -v --prefill-gemm-min 2 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  for round in $(seq ${MLX_ROUNDS:-1}); do
+    for fs in "" "--prefill-f32-gemm" "--prefill-chunk 0"; do
+      say "mlx prefill round $round: [${fs:-default}]"
+      timeout 150 $N bench -m $MLX --backend gpu $fs -p ${MLX_P:-512} -n 32 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
 fi

@@ -17,8 +17,7 @@
 //! plan, so one recording serves any chunk length up to the bound buffers' rows.
 //!
 //! Int4 weights are Q4_0 or, for a kernel built [`GemmKernel::with_form`] affine, MLX's affine
-//! groups (tensor.rs); the matrix-unit kernel reads Q4_0 only, so affine weights take f32 fmas.
-//! The WGSL is generated in gemm_wgsl.rs.
+//! groups (tensor.rs), on either kernel. The f32 kernel's WGSL is generated in gemm_wgsl.rs.
 //!
 //! Numerics: per (token, output) the sum runs over the inputs in order with one f32 fma each,
 //! on exactly dequantised weights: the oracle's dot up to f32 rounding (tested against an f64
@@ -258,11 +257,10 @@ impl GemmKernel {
         Self::with_form(ctx, coop, false)
     }
 
-    /// [`GemmKernel::with_coop`] for int4 weights in the affine (MLX) form when `affine`; those
-    /// take f32 fmas (the matrix-unit kernel's exact split of a weight into two f16 parts holds
-    /// for `d (q - 8)`, not for `s q + b`).
+    /// [`GemmKernel::with_coop`] for int4 weights in the affine (MLX) form when `affine`
+    /// (gemm_wgsl.rs and gemm_coop.rs's `WSTORE_COOP_AFFINE`).
     pub fn with_form(ctx: &Context, coop: bool, affine: bool) -> Result<GemmKernel> {
-        let coop = on_matrix_units(ctx, coop && !affine);
+        let coop = on_matrix_units(ctx, coop);
         let need = if coop {
             super::gemm_coop::workgroup_bytes(4, false)
         } else {
@@ -315,7 +313,7 @@ impl GemmKernel {
     /// The WGSL of one pipeline: the matrix-unit kernel for int4 forms where chosen.
     fn source(&self, form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
         if self.coop && form != GemmForm::DenseF32 {
-            super::gemm_coop::shader(form, tm, plan, self.dbuf)
+            super::gemm_coop::shader(form, tm, plan, self.dbuf, self.affine)
         } else {
             shader(form, tm, plan, self.affine)
         }

@@ -6,7 +6,8 @@
 //!
 //! Numerics: f32-class, not f16-class. Each staged value is split into two f16s, `v = hi + lo`
 //! (an activation: `hi` = `v` cut to 11 significant bits by masking, `lo = f16(v - hi)`; a
-//! weight: [`WSTORE_COOP`]'s exact split of its scale), and a product is
+//! Q4_0 weight: [`WSTORE_COOP`]'s exact split of its scale; an affine (MLX) one: split as an
+//! activation is, [`WSTORE_COOP_AFFINE`]), and a product is
 //! `xh·wh + xl·wh + xh·wl`, accumulated in f32 by the matrix unit: what is dropped is `xl·wl`
 //! (`xl` below 2^-10 of x, `wl` below 2^-7 of w: below 2^-17 of the term, always shrinking it)
 //! and the rounding of `xl` (2^-21). A weight's split is exact whenever its parts are normal
@@ -68,6 +69,39 @@ const WSTORE_COOP: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32, wo: u32) {
             let qv = vec2<f16>(vec2<f32>(qe, qf));
             let a = qv * dh16;
             let b = qv * dl16;
+            wh[wo + e * SW + nn] = a.x;
+            wh[wo + (e + 2u) * SW + nn] = a.y;
+            wl[wo + e * SW + nn] = b.x;
+            wl[wo + (e + 2u) * SW + nn] = b.y;
+        }
+    }
+}
+";
+
+/// [`WSTORE_COOP`] for the affine form (tensor.rs): the weight `w = fma(s, q, b)` (the
+/// oracle's weight exactly; times `WS`, exact) is split as an activation is, `hi` = `w` cut to
+/// 11 significant bits by masking and `lo = f16(w - hi)`: `lo` is below 2^-10 of `w` and off by
+/// at most 2^-11 of itself (2^-21 of `w`, as `xl` is of x), so the dropped `xl·wl` stays below
+/// 2^-20 of a term. An MLX weight `s q + b` may need ~24 significant bits, so no split of
+/// the scale alone is exact here. A weight below 2^-22 in magnitude (2^-14 after `WS`) gets an
+/// f16 subnormal `hi`: at most 2^-32 off in absolute terms.
+const WSTORE_COOP_AFFINE: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32, wo: u32) {
+    let s = r.d * WS;
+    let o = r.b * WS;
+    for (var j = 0u; j < 2u; j++) {
+        let w = r.q[j];
+        let k = 8u * h + 4u * j;
+        for (var t = 0u; t < 4u; t++) {
+            // As in WSTORE_COOP: nibbles at bits 4t and 4t + 16 are elements e and e + 2.
+            let e = k + (t >> 1u) + 16u * (t & 1u);
+            let sh = 4u * t;
+            let v = vec2<f32>(
+                fma(s, f32((w >> sh) & 0xFu), o),
+                fma(s, f32((w >> (sh + 16u)) & 0xFu), o),
+            );
+            let hi = bitcast<vec2<f32>>(bitcast<vec2<u32>>(v) & vec2<u32>(0xFFFFE000u));
+            let a = vec2<f16>(hi);
+            let b = vec2<f16>(v - hi);
             wh[wo + e * SW + nn] = a.x;
             wh[wo + (e + 2u) * SW + nn] = a.y;
             wl[wo + e * SW + nn] = b.x;
@@ -276,8 +310,15 @@ pub fn double_buffered(tm: u32, dbuf: bool) -> bool {
 
 /// The WGSL of `form` (an int4 form: `DenseF32` stays on the f32 kernel) with `tm` tokens per
 /// thread of the f32 kernel's tiling (tile height `16 tm`: 2 or 4 token tiles); `dbuf`: two
-/// staging buffers where [`double_buffered`] allows (`--tune prefill_dbuf=1`).
-pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, dbuf: bool) -> String {
+/// staging buffers where [`double_buffered`] allows (`--tune prefill_dbuf=1`); `affine`: int4
+/// weights in the affine (MLX) form ([`WSTORE_COOP_AFFINE`]), else Q4_0.
+pub fn shader(
+    form: GemmForm,
+    tm: u32,
+    plan: Option<PlanLayout>,
+    dbuf: bool,
+    affine: bool,
+) -> String {
     debug_assert!(form != GemmForm::DenseF32 && (tm == 2 || tm == 4));
     let mt = tm;
     let double = double_buffered(tm, dbuf);
@@ -288,7 +329,12 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, dbuf: bool) -> 
         if double { 512 } else { 8 * 512 }
     );
     let cs0 = if double { "0u" } else { "sg * 512u" };
-    s += &prelude(form, tm, plan, WSTORE_COOP, false);
+    let wstore = if affine {
+        WSTORE_COOP_AFFINE
+    } else {
+        WSTORE_COOP
+    };
+    s += &prelude(form, tm, plan, wstore, affine);
     // (gate-or-first, up-or-second) column tiles of each accumulator pair.
     let pairs: Vec<(&str, &str)> = if mt == 4 {
         vec![("2u * g", "2u * g + 4u"), ("2u * g + 1u", "2u * g + 5u")]
@@ -461,6 +507,46 @@ mod tests {
         }
         // 17 binades of 1024 scales each (2^-12 .. 2^5), both signs, and the two zeros.
         assert_eq!(checked, 2 * 17 * 1024 + 2);
+    }
+
+    /// [`WSTORE_COOP_AFFINE`]'s split, replayed on the CPU over MLX-like groups (bf16 scales
+    /// 2^-12 .. 2^-1 and biases 2^-10 .. 2^1 of either sign, every level): the high part is an
+    /// exact f16, the two parts give the scaled weight to 2^-21 of it (2^-32 absolute below
+    /// f16's normal range), and the low part is below 2^-10 of the weight.
+    #[test]
+    fn affine_weight_split_keeps_f32_class() {
+        use half::{bf16, f16};
+        use rand::Rng;
+        assert!(WSTORE_COOP_AFFINE.contains("& vec2<u32>(0xFFFFE000u)"));
+        let mut r = crate::testing::rng(41);
+        let mut draw = |lo: i32, hi: i32| {
+            let v = 2f32.powf(r.gen_range(lo as f32..hi as f32));
+            let sign = if r.gen_bool(0.5) { -1.0 } else { 1.0 };
+            bf16::from_f32(sign * v).to_f32()
+        };
+        for _ in 0..20_000 {
+            let (s, b) = (draw(-12, -1), draw(-10, 1));
+            for q in 0..16u32 {
+                // The oracle's weight (one rounding of an exact product), then the shader's.
+                let w = q as f32 * s + b;
+                let v = (s * 256.0).mul_add(q as f32, b * 256.0);
+                assert_eq!(v, w * 256.0, "s {s} b {b} q {q}");
+                let hi = f32::from_bits(v.to_bits() & 0xFFFF_E000);
+                let (h16, l16) = (f16::from_f32(hi), f16::from_f32(v - hi));
+                let err = (h16.to_f32() as f64 + l16.to_f32() as f64 - v as f64).abs();
+                let normal = v.abs() >= 2f32.powi(-14);
+                if normal {
+                    assert_eq!(h16.to_f32(), hi, "s {s} b {b} q {q}: hi not exact");
+                }
+                let bound = if normal {
+                    v.abs() as f64 * 2f64.powi(-21)
+                } else {
+                    2f64.powi(-24)
+                };
+                assert!(err <= bound, "s {s} b {b} q {q}: off by {err}");
+                assert!(l16.to_f32().abs() <= v.abs() / 1024.0, "s {s} b {b} q {q}");
+            }
+        }
     }
 
     /// Diagnostic (ignored: needs a device with cooperative matrices, e.g. the H200 through
@@ -698,11 +784,17 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgb: u32
             GemmForm::GateUp,
             GemmForm::Down,
         ] {
-            for (tm, dbuf) in [(2, false), (4, false), (2, true)] {
+            for (tm, dbuf, affine) in [(2, false), (4, false), (2, true)]
+                .into_iter()
+                .flat_map(|(tm, d)| [(tm, d, false), (tm, d, true)])
+            {
                 let plan = matches!(form, GemmForm::GateUp | GemmForm::Down).then_some(pl);
-                let src = shader(form, tm, plan, dbuf);
+                let src = shader(form, tm, plan, dbuf, affine);
                 let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
-                    panic!("{form:?} tm{tm} dbuf {dbuf}: {}", e.emit_to_string(&src))
+                    panic!(
+                        "{form:?} tm{tm} dbuf {dbuf} affine {affine}: {}",
+                        e.emit_to_string(&src)
+                    )
                 });
                 let info = naga::valid::Validator::new(
                     naga::valid::ValidationFlags::all(),
@@ -710,7 +802,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgb: u32
                 )
                 .validate(&module)
                 .unwrap_or_else(|e| {
-                    panic!("{form:?} tm{tm} dbuf {dbuf}: {}", e.emit_to_string(&src))
+                    panic!(
+                        "{form:?} tm{tm} dbuf {dbuf} affine {affine}: {}",
+                        e.emit_to_string(&src)
+                    )
                 });
                 // The Vulkan backend's translation (what the device's compiler will see).
                 let opts = naga::back::spv::Options {
@@ -726,12 +821,12 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sgb: u32
                 );
                 if let Ok(dir) = std::env::var("NIBBLE_DUMP_SPV") {
                     std::fs::write(
-                        format!("{dir}/gemm_coop_{form:?}_tm{tm}_db{dbuf}.wgsl"),
+                        format!("{dir}/gemm_coop_{form:?}_tm{tm}_db{dbuf}_a{affine}.wgsl"),
                         &src,
                     )
                     .expect("write WGSL dump");
                     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                    let path = format!("{dir}/gemm_coop_{form:?}_tm{tm}_db{dbuf}.spv");
+                    let path = format!("{dir}/gemm_coop_{form:?}_tm{tm}_db{dbuf}_a{affine}.spv");
                     std::fs::write(&path, bytes).expect("write SPIR-V dump");
                 }
             }

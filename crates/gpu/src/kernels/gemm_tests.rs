@@ -192,15 +192,14 @@ fn gemm_dense_matches_reference() {
 }
 
 /// The affine (MLX) form's weights (`fma(s, q, b)`, tensor.rs) against the same reference: `=`
-/// and `+=`, both tile heights, odd token and row counts, a split matrix; each kernel refuses a
-/// matrix of the other form by name.
+/// and `+=`, both tile heights, odd token and row counts, a split matrix, on every kernel the
+/// device has ([`test_kernels_for`]); each kernel refuses a matrix of the other form by name.
 #[test]
 fn gemm_affine_dense_matches_reference() {
     let Some(ctx) = gpu("gemm_affine_dense_matches_reference") else {
         return;
     };
-    let k = GemmKernel::with_form(&ctx, true, true).unwrap();
-    assert!(!k.coop(), "affine weights take the f32 kernel");
+    let ks = test_kernels_for(&ctx, true);
     let small = ctx.with_max_binding_bytes(20 * 2 * 16);
     let mut r = rng(75);
     let whole: &Context = &ctx;
@@ -217,16 +216,19 @@ fn gemm_affine_dense_matches_reference() {
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
         let stride = rows + PAD_COLS;
-        for tm in [2, 4] {
+        for (tm, (ki, k)) in [2, 4]
+            .into_iter()
+            .flat_map(|tm| ks.iter().enumerate().map(move |k| (tm, k)))
+        {
             let what = format!(
-                "affine m {m} [{rows}, {cols}] tm {tm} parts {}",
+                "affine m {m} [{rows}, {cols}] tm {tm} parts {} kernel {ki}",
                 w.parts.len()
             );
             let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
-            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, false, &init);
+            let got = run_dense(&ctx, k, GemmWeights::Q4(&w), &x, m, tm, false, &init);
             check(&got, &init, &want, false, rows, m, &what);
             let init = rand_f32(&mut r, (m + PAD_ROWS) * stride, -2.0, 2.0);
-            let got = run_dense(&ctx, &k, GemmWeights::Q4(&w), &x, m, tm, true, &init);
+            let got = run_dense(&ctx, k, GemmWeights::Q4(&w), &x, m, tm, true, &init);
             check(&got, &init, &want, true, rows, m, &format!("+= {what}"));
         }
     }
@@ -239,7 +241,7 @@ fn gemm_affine_dense_matches_reference() {
         dims(&ctx, 1),
     );
     let q4_0 = GemmKernel::new(&ctx).unwrap();
-    for (kern, w, name) in [(&k, &w0, "Q4_0"), (&q4_0, &wa, "affine")] {
+    for (kern, w, name) in [(&ks[0], &w0, "Q4_0"), (&q4_0, &wa, "affine")] {
         let a = dense_args(GemmForm::Dense, GemmWeights::Q4(w), (&x, &y), 4, 4, &d);
         let e = kern
             .bind(&ctx, &a, 2)
@@ -579,6 +581,19 @@ fn gemm_onehot_probe() {
 
 /// The kernels the tests run: the default, and where the int4 forms run on matrix units the
 /// double-buffered one too (the prefill's default; `GemmKernel::new` alone is single-buffered).
+/// The kernels for int4 weights in the affine (MLX) form when `affine`, else Q4_0: the
+/// default, and where the device has matrix units also their double-buffered form and the
+/// f32 kernel.
+pub(crate) fn test_kernels_for(ctx: &Context, affine: bool) -> Vec<GemmKernel> {
+    let mut ks = vec![GemmKernel::with_form(ctx, true, affine).unwrap()];
+    if ks[0].coop() {
+        let k = GemmKernel::with_form(ctx, true, affine).unwrap();
+        ks.push(k.with_double_buffer(ctx, true).unwrap());
+        ks.push(GemmKernel::with_form(ctx, false, affine).unwrap());
+    }
+    ks
+}
+
 pub(crate) fn test_kernels(ctx: &Context) -> Vec<GemmKernel> {
     let mut ks = vec![GemmKernel::new(ctx).unwrap()];
     if ks[0].coop() {

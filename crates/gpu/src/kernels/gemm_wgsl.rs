@@ -6,7 +6,7 @@
 //! form's as `fma(s, q, b)` with the group's bf16 scale and bias. Both are the oracle's weights
 //! exactly (`d (q - 8)` has at most 15 significant bits, `s q` at most 12, so one rounding of
 //! `s q + b` is the oracle's own), so the f32 kernel's sums stay the oracle's dot up to f32
-//! rounding in either form. The matrix-unit kernel (gemm_coop.rs) reads Q4_0 only.
+//! rounding in either form. The matrix-unit kernel (gemm_coop.rs) has its own staging.
 
 use super::gemm::{GemmForm, PlanLayout, WG};
 /// WGSL of the f32 kernel's `gm_wstore` for int4 weights: thread (nn, h)'s share of one block

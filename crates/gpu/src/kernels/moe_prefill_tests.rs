@@ -153,12 +153,8 @@ fn run_case(
     } else {
         ctx.with_max_binding_bytes(ctx.max_binding_bytes())
     };
-    // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists; the
-    // f32 kernel for affine weights.
-    let gemms = match affine {
-        true => vec![GemmKernel::with_form(ctx, true, true).unwrap()],
-        false => crate::kernels::gemm::tests::test_kernels(ctx),
-    };
+    // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists.
+    let gemms = crate::kernels::gemm::tests::test_kernels_for(ctx, affine);
     let bufs = MoePrefillBuffers {
         logits: &logits,
         logit_splits: rs as u32,
