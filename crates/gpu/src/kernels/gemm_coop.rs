@@ -520,8 +520,8 @@ mod tests {
         assert!(WSTORE_COOP_AFFINE.contains("& vec2<u32>(0xFFFFE000u)"));
         let mut r = crate::testing::rng(41);
         let mut draw = |lo: i32, hi: i32| {
-            let v = 2f32.powf(r.gen_range(lo as f32..hi as f32));
-            let sign = if r.gen_bool(0.5) { -1.0 } else { 1.0 };
+            let v = 2f32.powf(r.random_range(lo as f32..hi as f32));
+            let sign = if r.random_bool(0.5) { -1.0 } else { 1.0 };
             bf16::from_f32(sign * v).to_f32()
         };
         for _ in 0..20_000 {
