@@ -333,10 +333,17 @@ if has mlxpre; then
   [ -s $MLX/config.json ] || /usr/bin/time -f "synth mlx wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --format mlx --seed 0 --tokenizer "$TOK" -o $MLX --quiet 2>&1 | tee -a "$S"
   say "open + 1 token on the GPU: $MLX"
   /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $MLX --backend gpu -n 1 -p Hi --ctx 512 2>&1 | grep -E "wall|error" | tee -a "$S"
-  say "parity gpu vs oracle on the MLX checkpoint, GEMM prefill (3 built-in prompts x 32 tokens)"
-  timeout 300 $N parity -m $MLX --backend gpu -n 32 --ctx 1024 -v --prefill-gemm-min 2 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  # MLX_PARITY_SETS: ';'-separated flag sets (default: every prompt through the GEMM prefill),
+  # MLX_PN tokens each (default 32); MLX_SETS: the prefill forms to time (default: matrix units,
+  # f32 fmas, columns).
+  IFS=';' read -ra MPS <<< "${MLX_PARITY_SETS---prefill-gemm-min 2}"
+  for ps in "${MPS[@]}"; do
+    say "parity gpu vs oracle on the MLX checkpoint [$ps] (3 built-in prompts x ${MLX_PN:-32} tokens)"
+    timeout 300 $N parity -m $MLX --backend gpu -n ${MLX_PN:-32} --ctx 1024 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
+  IFS=';' read -ra MSETS <<< "${MLX_SETS-;--prefill-f32-gemm;--prefill-chunk 0}"
   for round in $(seq ${MLX_ROUNDS:-1}); do
-    for fs in "" "--prefill-f32-gemm" "--prefill-chunk 0"; do
+    for fs in "${MSETS[@]}"; do
       say "mlx prefill round $round: [${fs:-default}]"
       timeout 150 $N bench -m $MLX --backend gpu $fs -p ${MLX_P:-512} -n 32 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done

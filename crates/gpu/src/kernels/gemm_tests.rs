@@ -419,16 +419,28 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
         return;
     };
     use crate::kernels::gemm_reduce::{GemmReduceArgs, GemmReduceKernel};
-    let ks = test_kernels(&ctx);
     let red = GemmReduceKernel::new(&ctx).unwrap();
     let mut r = rng(75);
-    for (m, rows, cols, want_splits) in [(37usize, 300usize, 256usize, 8u32), (3, 130, 2048, 4)] {
+    for (m, rows, cols, want_splits, affine) in [
+        (37usize, 300usize, 256usize, 8u32, false),
+        (3, 130, 2048, 4, false),
+        (37, 300, 256, 8, true),
+        (25, 5120, 2048, 8, true),
+    ] {
+        // Q4_0, or the affine (MLX) form (at the real qkv's shape too).
+        let ks = test_kernels_for(&ctx, affine);
         let bpr = (cols / 32) as u32;
         let splits = k_splits(bpr, want_splits);
         assert!(splits > 1);
-        let wb = rand_q4_0(&mut r, rows, cols);
-        let deq = dequant_q4_0(&wb, rows, cols);
-        let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        let (w, deq) = if affine {
+            let wb = rand_mlx_a4(&mut r, rows, cols);
+            let w = Q4Matrix::upload_mlx(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+            (w, dequant(DType::MLX_A4, &wb, rows, cols))
+        } else {
+            let wb = rand_q4_0(&mut r, rows, cols);
+            let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+            (w, dequant_q4_0(&wb, rows, cols))
+        };
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
         let (yr, stride) = (m + PAD_ROWS, rows + PAD_COLS);
@@ -481,7 +493,7 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
             .unwrap();
             let got = ctx.read_f32(&y, yr * stride).unwrap();
             let what =
-                format!("q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}, kernel {ki}");
+                format!("q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}, kernel {ki}, affine {affine}");
             check(&got, &init, &want, acc, rows, m, &what);
         }
         // The reduce refuses a part buffer without room for its splits.
