@@ -102,41 +102,21 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, 16)?;
-        let bpr = cols / BLOCK;
-        let total: usize = src.iter().map(|p| p.len()).sum();
-        if src.iter().any(|p| p.len() % 18 != 0) || total != rows * bpr * 18 {
-            return Err(GpuError::Shape(format!(
-                "{label}: Q4_0 [{rows}, {cols}] needs {} bytes in whole 18-byte blocks, got {total}",
-                rows * bpr * 18
-            )));
-        }
-        let mut blocks = src.iter().flat_map(|p| p.chunks_exact(18));
-        let mut parts = Vec::new();
-        let mut row_start = 0usize;
-        while row_start < rows {
-            let n = rows_per_part.min(rows - row_start);
-            let (qs, scales) = repack_q4_0(blocks.by_ref().take(n * bpr)).map_err(|b| {
-                GpuError::Shape(format!(
-                    "{label}: block {} has a non-finite scale",
-                    row_start * bpr + b
-                ))
-            })?;
-            parts.push(Q4Part {
-                row_start: row_start as u32,
-                rows: n as u32,
-                qs: ctx.storage_init(&format!("{label}.qs"), bytemuck::cast_slice(&qs))?,
-                scales: ctx
-                    .storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&scales))?,
-            });
-            row_start += n;
-        }
-        Ok(Q4Matrix {
-            rows: rows as u32,
-            cols: cols as u32,
+        let form = Form {
+            name: "Q4_0",
+            unit_bytes: 18,
+            unit_cols: BLOCK,
             affine: false,
-            parts,
-        })
+            bad: "block {} has a non-finite scale",
+        };
+        upload_parts(
+            ctx,
+            label,
+            (rows, cols, row_multiple),
+            src,
+            &form,
+            |units| repack_q4_0(units.iter().copied()),
+        )
     }
 
     /// Upload a matrix of int4 blocks in `dtype`: Q4_0 ([`Self::upload`]) or MLX's affine
@@ -172,47 +152,26 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        const GB: usize = 36;
         if cols % 64 != 0 {
             return Err(GpuError::Shape(format!(
                 "{label}: MLX_A4 [{rows}, {cols}] needs cols % 64 == 0"
             )));
         }
-        let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, 16)?;
-        let gpr = cols / 64;
-        let total: usize = src.iter().map(|p| p.len()).sum();
-        if src.iter().any(|p| p.len() % GB != 0) || total != rows * gpr * GB {
-            return Err(GpuError::Shape(format!(
-                "{label}: MLX_A4 [{rows}, {cols}] needs {} bytes in whole 36-byte groups, got {total}",
-                rows * gpr * GB
-            )));
-        }
-        let mut groups = src.iter().flat_map(|p| p.chunks_exact(GB));
-        let mut parts = Vec::new();
-        let mut row_start = 0usize;
-        while row_start < rows {
-            let n = rows_per_part.min(rows - row_start);
-            let (qs, words) = repack_mlx_a4(groups.by_ref().take(n * gpr)).map_err(|g| {
-                GpuError::Shape(format!(
-                    "{label}: group {} has a non-finite scale or bias",
-                    row_start * gpr + g
-                ))
-            })?;
-            parts.push(Q4Part {
-                row_start: row_start as u32,
-                rows: n as u32,
-                qs: ctx.storage_init(&format!("{label}.qs"), bytemuck::cast_slice(&qs))?,
-                scales: ctx
-                    .storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&words))?,
-            });
-            row_start += n;
-        }
-        Ok(Q4Matrix {
-            rows: rows as u32,
-            cols: cols as u32,
+        let form = Form {
+            name: "MLX_A4",
+            unit_bytes: 36,
+            unit_cols: 64,
             affine: true,
-            parts,
-        })
+            bad: "group {} has a non-finite scale or bias",
+        };
+        upload_parts(
+            ctx,
+            label,
+            (rows, cols, row_multiple),
+            src,
+            &form,
+            |units| repack_mlx_a4(units.iter().copied()),
+        )
     }
 
     /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
@@ -281,6 +240,68 @@ pub fn plan_rows(
         });
     }
     Ok(fit.min(rows))
+}
+
+/// What [`upload_parts`] needs of a file's int4 type.
+struct Form {
+    /// The dtype's name in errors.
+    name: &'static str,
+    /// Bytes and columns of one stored unit (a Q4_0 block, an MLX group).
+    unit_bytes: usize,
+    unit_cols: usize,
+    /// Whether the repacked matrix is in the affine form.
+    affine: bool,
+    /// The error for a non-finite unit, `{}` being its index in the matrix.
+    bad: &'static str,
+}
+
+/// Split `[rows, cols]` (shape `(rows, cols, row_multiple)`, as for [`Q4Matrix::upload`]) into
+/// parts that each fit a binding, repack each part's units (`src` concatenated) with `repack`
+/// into (`qs` words, scale words) and upload them. `repack` errors with the index of the part's
+/// first non-finite unit.
+fn upload_parts<'a, S: bytemuck::Pod>(
+    ctx: &Context,
+    label: &str,
+    (rows, cols, row_multiple): (usize, usize, usize),
+    src: &[&'a [u8]],
+    form: &Form,
+    repack: impl Fn(&[&'a [u8]]) -> std::result::Result<(Vec<u32>, Vec<S>), usize>,
+) -> Result<Q4Matrix> {
+    let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, 16)?;
+    let (ub, upr) = (form.unit_bytes, cols / form.unit_cols);
+    let total: usize = src.iter().map(|p| p.len()).sum();
+    if src.iter().any(|p| p.len() % ub != 0) || total != rows * upr * ub {
+        return Err(GpuError::Shape(format!(
+            "{label}: {} [{rows}, {cols}] needs {} bytes in whole {ub}-byte {}, got {total}",
+            form.name,
+            rows * upr * ub,
+            if form.affine { "groups" } else { "blocks" }
+        )));
+    }
+    let mut units = src.iter().flat_map(|p| p.chunks_exact(ub));
+    let mut parts = Vec::new();
+    let mut row_start = 0usize;
+    while row_start < rows {
+        let n = rows_per_part.min(rows - row_start);
+        let part: Vec<&[u8]> = units.by_ref().take(n * upr).collect();
+        let (qs, scales) = repack(&part).map_err(|u| {
+            let at = (row_start * upr + u).to_string();
+            GpuError::Shape(format!("{label}: {}", form.bad.replacen("{}", &at, 1)))
+        })?;
+        parts.push(Q4Part {
+            row_start: row_start as u32,
+            rows: n as u32,
+            qs: ctx.storage_init(&format!("{label}.qs"), bytemuck::cast_slice(&qs))?,
+            scales: ctx.storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&scales))?,
+        });
+        row_start += n;
+    }
+    Ok(Q4Matrix {
+        rows: rows as u32,
+        cols: cols as u32,
+        affine: form.affine,
+        parts,
+    })
 }
 
 /// Repack ggml Q4_0 blocks into (`qs` words, f16 scale bits padded to an even count).
