@@ -71,8 +71,9 @@ pub(super) enum GemmPrefill {
 
 impl GemmPrefill {
     /// The GEMM prefill `opts` allow, not built yet (off with the int8 numerics, `--per-token`
-    /// and `--prefill-chunk 0`).
-    pub(super) fn new(opts: &GpuOptions, merge: Combine) -> GemmPrefill {
+    /// and `--prefill-chunk 0`); for an `affine` (MLX) model on f32 fmas unless
+    /// `--tune prefill_coop_affine=1` (tune.rs says why).
+    pub(super) fn new(opts: &GpuOptions, merge: Combine, affine: bool) -> GemmPrefill {
         if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk == 0 {
             GemmPrefill::Off
         } else {
@@ -80,7 +81,8 @@ impl GemmPrefill {
                 shape: PrefillShape {
                     chunk: opts.prefill_chunk,
                     query_tiles: opts.prefill_query_tiles,
-                    matrix_units: opts.prefill_matrix_units,
+                    matrix_units: opts.prefill_matrix_units
+                        && (!affine || opts.tune.prefill_coop_affine == Some(1)),
                     max_splits: opts.tune.prefill_splits,
                     k_splits: opts.tune.prefill_ksplits,
                     double_buffer: opts.tune.prefill_dbuf.map(|v| v != 0),
@@ -289,5 +291,32 @@ impl GpuBackend {
         let ops = g.profile(tokens, 0)?;
         self.pos = tokens.len();
         Ok(ops)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the GEMM prefill `new` would ask for matrix units.
+    fn units(opts: &GpuOptions, affine: bool) -> bool {
+        match GemmPrefill::new(opts, Combine::Fused, affine) {
+            GemmPrefill::Pending { shape, .. } => shape.matrix_units,
+            _ => panic!("the GEMM prefill is on by default"),
+        }
+    }
+
+    /// An affine (MLX) model's prefill asks for f32 fmas unless `prefill_coop_affine=1`; a
+    /// Q4_0 model's asks for the matrix units unless `--prefill-f32-gemm`.
+    #[test]
+    fn affine_models_prefill_on_f32_fmas_by_default() {
+        let mut opts = GpuOptions::default();
+        assert!(opts.prefill_matrix_units);
+        assert!(units(&opts, false));
+        assert!(!units(&opts, true));
+        opts.tune.prefill_coop_affine = Some(1);
+        assert!(units(&opts, true));
+        opts.prefill_matrix_units = false;
+        assert!(!units(&opts, true) && !units(&opts, false));
     }
 }

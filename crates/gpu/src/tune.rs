@@ -60,6 +60,12 @@ pub struct Tune {
     /// the workgroup memory holds them (run 133: pp128 +6-10%, pp512 +11%); 0: one buffer;
     /// 1: two, an error where they do not fit.
     pub prefill_dbuf: Option<u32>,
+    /// An affine (MLX) model's prefill GEMMs on the matrix units (kernels/gemm_coop.rs
+    /// `WSTORE_COOP_AFFINE`): 1 on. Unset or 0 (the default): f32 fmas, because on the
+    /// full-size MLX model the matrix units' f32-class sums flipped a near-tied route and so
+    /// one greedy token of three prompts' 32 (BENCHMARKS run 135), where they run pp512 at
+    /// 4112 tok/s on the H200.
+    pub prefill_coop_affine: Option<u32>,
     /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
     /// dispatches per layer instead of 5; 256 is the bound measured). Unset or 0 (the
     /// default): the qkv matvec and the attention in dispatches of their own, faster on the
@@ -83,7 +89,7 @@ pub const DEFAULT_HEAD: u32 = 4;
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 18] = [
+pub const KEYS: [&str; 19] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -100,6 +106,7 @@ pub const KEYS: [&str; 18] = [
     "prefill_splits",
     "prefill_ksplits",
     "prefill_dbuf",
+    "prefill_coop_affine",
     "qkv_attn",
     "warm",
 ];
@@ -123,6 +130,7 @@ impl Tune {
             "prefill_splits" => &mut self.prefill_splits,
             "prefill_ksplits" => &mut self.prefill_ksplits,
             "prefill_dbuf" => &mut self.prefill_dbuf,
+            "prefill_coop_affine" => &mut self.prefill_coop_affine,
             "qkv_attn" => &mut self.qkv_attn,
             "warm" => &mut self.warm,
             _ => return None,
@@ -215,6 +223,7 @@ impl std::fmt::Display for Tune {
             self.prefill_splits,
             self.prefill_ksplits,
             self.prefill_dbuf,
+            self.prefill_coop_affine,
             self.qkv_attn,
             self.warm,
         ];
