@@ -63,8 +63,8 @@ pub struct Tune {
     /// An affine (MLX) model's prefill GEMMs on the matrix units (kernels/gemm_coop.rs
     /// `WSTORE_COOP_AFFINE`): 1 on. Unset or 0 (the default): f32 fmas, because on the
     /// full-size MLX model the matrix units' f32-class sums flipped a near-tied route and so
-    /// one greedy token of three prompts' 32 (BENCHMARKS run 135), where they run pp512 at
-    /// 4112 tok/s on the H200.
+    /// one greedy token of three prompts' 32 (BENCHMARKS run 135, pp512 4112 tok/s on the
+    /// H200), where f32 fmas pass (run 136).
     pub prefill_coop_affine: Option<u32>,
     /// Positions below which the qkv dispatch also attends (kernels/qkv_attention.rs: 4
     /// dispatches per layer instead of 5; 256 is the bound measured). Unset or 0 (the
