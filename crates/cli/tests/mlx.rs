@@ -44,6 +44,28 @@ fn synth(dir: &Path) -> PathBuf {
     path
 }
 
+/// `nibble parity --json -n N` with `args` on `path`: asserts it passes with every prompt's N
+/// ids equal to the oracle's and min cos >= 0.99999; returns stderr.
+fn parity_passes(path: &Path, n: usize, args: &[&str]) -> String {
+    let out = nibble()
+        .args(["parity", "--json", "-n", &n.to_string()])
+        .args(args)
+        .arg("-m")
+        .arg(path)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    let j: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON ({e}): {err}"));
+    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
+    for p in j["prompts"].as_array().unwrap() {
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!((o.len(), &o), (n, &f), "{p:#}");
+        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
+    }
+    err
+}
+
 /// Whether a wgpu adapter exists (lavapipe counts); in CI one must.
 fn have_gpu() -> bool {
     let have = nibble_gpu::Context::new(&nibble_gpu::AdapterChoice::Auto).is_ok();
@@ -71,19 +93,7 @@ fn mlx_checkpoint_decodes_on_the_cpu_and_the_gpu_with_oracle_parity() {
             "{info:#}"
         );
     }
-    let out = nibble()
-        .args(["parity", "--backend", "cpu", "--json", "-n", "24", "-m"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let j: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", text(&out.stderr)));
-    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
-    for p in j["prompts"].as_array().unwrap() {
-        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
-        assert_eq!((o.len(), &o), (24, &f), "{p:#}");
-        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
-    }
+    parity_passes(&path, 24, &["--backend", "cpu"]);
     // auto: without a hardware GPU (lavapipe does not count) the CPU backend decodes.
     let out = nibble()
         .args(["generate", "-n", "6", "--prompt", "Hello", "-m"])
@@ -96,36 +106,14 @@ fn mlx_checkpoint_decodes_on_the_cpu_and_the_gpu_with_oracle_parity() {
     }
     // The GPU backend reads the affine (MLX) form in every kernel the decode and both prefills
     // use: greedy parity with the oracle.
-    let out = nibble()
-        .args(["parity", "--backend", "gpu", "--json", "-n", "24", "-m"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let j: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", text(&out.stderr)));
-    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
-    for p in j["prompts"].as_array().unwrap() {
-        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
-        assert_eq!((o.len(), &o), (24, &f), "{p:#}");
-        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
-    }
+    parity_passes(&path, 24, &["--backend", "gpu"]);
     // Every prompt through the GEMM prefill (its f32 kernel reads the affine form): parity too.
-    let out = nibble()
-        .args(["parity", "--backend", "gpu", "--json", "-n", "8", "-v"])
-        .args(["--prefill-gemm-min", "2", "-m"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let err = text(&out.stderr);
+    let err = parity_passes(
+        &path,
+        8,
+        &["--backend", "gpu", "-v", "--prefill-gemm-min", "2"],
+    );
     assert!(err.contains("GEMM prefill (int4 GEMM, f32 fmas"), "{err}");
-    let j: Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON ({e}): {err}"));
-    assert_eq!(j["pass"], Value::Bool(true), "{j:#}");
-    for p in j["prompts"].as_array().unwrap() {
-        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
-        assert_eq!((o.len(), &o), (8, &f), "{p:#}");
-        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
-    }
     // Multi-stream decode on the column kernels: every stream's ids equal its single-stream ids.
     let out = nibble()
         .args([
