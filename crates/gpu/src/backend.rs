@@ -243,7 +243,7 @@ impl GpuBackend {
             _ => false,
         };
         let prefill = ColumnPrefill::new(&opts, merge);
-        let gemm_prefill = GemmPrefill::new(&opts, merge, plan.weights.affine);
+        let gemm_prefill = GemmPrefill::new(&opts, merge, plan.weights.form);
         Ok(GpuBackend {
             plan,
             per_token: opts.per_token,

@@ -10,10 +10,11 @@
 use super::{GpuBackend, GpuOptions};
 use crate::batch::{BatchMode, BatchPlan};
 use crate::kernels::attention::Combine;
-use crate::kernels::gemm;
+use crate::kernels::gemm::{self, GemmKernel};
 use crate::numerics::Numerics;
 use crate::plan::PREFILL_CHUNK;
 use crate::prefill::{PrefillPlan, PrefillShape, Target};
+use crate::tensor::QForm;
 use crate::tune::Tune;
 use anyhow::{ensure, Result};
 use nibble_backend::{Backend, OpTime};
@@ -71,10 +72,15 @@ pub(super) enum GemmPrefill {
 
 impl GemmPrefill {
     /// The GEMM prefill `opts` allow, not built yet (off with the int8 numerics, `--per-token`
-    /// and `--prefill-chunk 0`); for an `affine` (MLX) model on f32 fmas unless
-    /// `--tune prefill_coop_affine=1` (tune.rs says why).
-    pub(super) fn new(opts: &GpuOptions, merge: Combine, affine: bool) -> GemmPrefill {
-        if opts.numerics.quantized() || opts.per_token || opts.prefill_chunk == 0 {
+    /// and `--prefill-chunk 0`, and for weights of a `form` the GEMMs do not read); for an
+    /// affine (MLX) model on f32 fmas unless `--tune prefill_coop_affine=1` (tune.rs says why).
+    pub(super) fn new(opts: &GpuOptions, merge: Combine, form: QForm) -> GemmPrefill {
+        let affine = form.affine();
+        if opts.numerics.quantized()
+            || opts.per_token
+            || opts.prefill_chunk == 0
+            || !GemmKernel::reads(form)
+        {
             GemmPrefill::Off
         } else {
             GemmPrefill::Pending {
@@ -300,7 +306,8 @@ mod tests {
 
     /// Whether the GEMM prefill `new` would ask for matrix units.
     fn units(opts: &GpuOptions, affine: bool) -> bool {
-        match GemmPrefill::new(opts, Combine::Fused, affine) {
+        let form = if affine { QForm::Affine4 } else { QForm::Q4_0 };
+        match GemmPrefill::new(opts, Combine::Fused, form) {
             GemmPrefill::Pending { shape, .. } => shape.matrix_units,
             _ => panic!("the GEMM prefill is on by default"),
         }

@@ -195,7 +195,7 @@ impl BatchPlan {
             MoeParams::from_config(cfg)?,
             numerics,
             tune.moe(ctx),
-            w.affine,
+            w.form,
         )?;
         let state = RunState::default().buffer(ctx)?;
         let cols = columns::buffer(ctx, &[])?;
@@ -234,7 +234,7 @@ impl BatchPlan {
         let scratch = attn_k.scratch_cols(ctx, b)?;
         let matmul = MatmulKernel::new(ctx)?;
         let router_k = RouterColsKernel::new(ctx)?;
-        let embed_k = EmbedKernel::new_for(ctx, w.affine)?;
+        let embed_k = EmbedKernel::new_for(ctx, w.form)?;
         let argmax_k = ArgmaxKernel::new(ctx)?;
         let sample_k = SampleKernel::new(ctx)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);

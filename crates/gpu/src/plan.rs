@@ -52,7 +52,7 @@ use crate::kernels::router_fold::RouterFoldKernel;
 use crate::kernels::sample::{SampleArgs, SampleBinding, SampleKernel};
 use crate::numerics::{BfpActs, Numerics};
 use crate::state::RunState;
-use crate::tensor::{Q4Matrix, QuantActs};
+use crate::tensor::{Q4Matrix, QForm, QuantActs};
 use crate::tune::Tune;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use nibble_backend::DeviceSampling;
@@ -252,11 +252,11 @@ impl DecodePlan {
         }
         // Unset: 4 (run 104: tg128 337.0 / 336.4 against head=3's 336.1 / 335.1; run 67 chose 3
         // over the matmul, 323.5 / 323.4 against 322.4 / 322.3).
-        // An affine (MLX) head takes the f32 norm-on-load matvec unless a form is asked for:
+        // A head of another form than Q4_0 (MLX's affine one) takes the f32 norm-on-load matvec unless a form is asked for:
         // the bfp24 forms read Q4_0 only (asked for, they fail at binding with the reason).
-        let affine = weights.affine;
-        let head_form = match (opts.tune.head, affine) {
-            (None, true) => 1,
+        let form = weights.form;
+        let head_form = match (opts.tune.head, form) {
+            (None, f) if f != QForm::Q4_0 => 1,
             (h, _) => h.unwrap_or(crate::tune::DEFAULT_HEAD),
         };
         anyhow::ensure!(
@@ -268,7 +268,7 @@ impl DecodePlan {
                 ctx,
                 opts.numerics,
                 opts.tune.late_norm.unwrap_or(1) != 0,
-                affine,
+                form,
             )?
             .with_rows_per_team(
                 cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
@@ -276,7 +276,7 @@ impl DecodePlan {
             )
             .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows),
             norm: RmsNormKernel::new(ctx)?,
-            embed: EmbedKernel::new_for(ctx, affine)?,
+            embed: EmbedKernel::new_for(ctx, form)?,
             argmax: ArgmaxKernel::new(ctx)?,
             sample: SampleKernel::new(ctx)?,
             attn: opts.tune.attention(
@@ -284,7 +284,7 @@ impl DecodePlan {
                 ap,
                 opts.attention_combine.unwrap_or(Combine::for_context(ctx)),
             )?,
-            moe: MoeKernel::with_form(ctx, mp, opts.numerics, opts.tune.moe(ctx), affine)?,
+            moe: MoeKernel::with_form(ctx, mp, opts.numerics, opts.tune.moe(ctx), form)?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,
             head_bfp: match head_form {

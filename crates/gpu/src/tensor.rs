@@ -10,7 +10,7 @@
 //!   low half; an odd count is padded with a zero half.
 //! - Expert tensors `[E, out, in]` are the same with `rows = E * out`.
 //!
-//! The affine form ([`Q4Matrix::affine`], from MLX's `MLX_A4` groups of 64: weight = `s·q + b`,
+//! The affine form ([`QForm::Affine4`], from MLX's `MLX_A4` groups of 64: weight = `s·q + b`,
 //! `q` unsigned) keeps the same two buffers and sizes, so every binding and index is the same:
 //! - `qs`: each group of 64 becomes two blocks of 32 with their nibbles moved into the Q4_0
 //!   order above (block `2g` = the group's elements 0-31, `2g + 1` = 32-63);
@@ -46,14 +46,57 @@ pub struct Q4Part {
     pub scales: wgpu::Buffer,
 }
 
-/// A repacked Q4_0 matrix `[rows, cols]` on the GPU (see module docs for the layout).
+/// A repacked block matrix `[rows, cols]` on the GPU: Q4_0, or one of the other [`QForm`]s
+/// (see module docs for the layouts).
 #[derive(Debug)]
 pub struct Q4Matrix {
     pub rows: u32,
     pub cols: u32,
-    /// The affine (MLX) form of the scale words (module docs); `false` for Q4_0.
-    pub affine: bool,
+    /// How the kernels read its blocks and scale words (module docs).
+    pub form: QForm,
     pub parts: Vec<Q4Part>,
+}
+
+/// The block form of a [`Q4Matrix`]: what a block's payload words and its scale word hold.
+/// Every kernel that reads block matrices is compiled for one form ([`QForm::wgsl`]) and
+/// refuses a matrix of another by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum QForm {
+    /// ggml's Q4_0: 16 nibble bytes per block, f16 scale `d`, weight `(q - 8) d`.
+    #[default]
+    Q4_0,
+    /// MLX's `MLX_A4` groups of 64 (module docs): nibbles as Q4_0's, one word per group with
+    /// the bf16 scale and bias, weight `s q + b`.
+    Affine4,
+}
+
+impl QForm {
+    /// Every form, in [`Self::index`] order.
+    pub const ALL: [QForm; 2] = [QForm::Q4_0, QForm::Affine4];
+
+    /// Position in [`Self::ALL`] (pipeline tables keyed by form).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether a block's dot needs the `c1 · Σ x` term (a scale word with a bias).
+    pub fn affine(self) -> bool {
+        matches!(self, QForm::Affine4)
+    }
+
+    /// The form's name in errors and labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            QForm::Q4_0 => "Q4_0",
+            QForm::Affine4 => "affine (MLX_A4)",
+        }
+    }
+
+    /// WGSL prepended to a kernel reading matrices of this form: `const Q4_AFFINE` and
+    /// [`Q4_COEF`].
+    pub fn wgsl(self) -> String {
+        format!("const Q4_AFFINE: bool = {};\n{Q4_COEF}", self.affine())
+    }
 }
 
 /// WGSL, prepended by the host to every kernel that reads a [`Q4Matrix`] (the includer defines
@@ -76,20 +119,6 @@ fn q4_xsum(x: array<vec4<f32>, 8>) -> f32 {
 }
 ";
 
-/// The name of a block form in errors (`affine` as in [`Q4Matrix::affine`]).
-pub fn q4_form_name(affine: bool) -> &'static str {
-    if affine {
-        "affine (MLX_A4)"
-    } else {
-        "Q4_0"
-    }
-}
-
-/// WGSL: `const Q4_AFFINE` and [`Q4_COEF`] for matrices of the given form.
-pub fn q4_form_wgsl(affine: bool) -> String {
-    format!("const Q4_AFFINE: bool = {affine};\n{Q4_COEF}")
-}
-
 impl Q4Matrix {
     /// Repack and upload a Q4_0 matrix whose blocks are `src` concatenated (ggml order).
     /// Parts hold a multiple of `row_multiple` rows (e.g. one expert's `out` rows, so that an
@@ -106,7 +135,7 @@ impl Q4Matrix {
             name: "Q4_0",
             unit_bytes: 18,
             unit_cols: BLOCK,
-            affine: false,
+            form: QForm::Q4_0,
             bad: "block {} has a non-finite scale",
         };
         upload_parts(
@@ -161,7 +190,7 @@ impl Q4Matrix {
             name: "MLX_A4",
             unit_bytes: 36,
             unit_cols: 64,
-            affine: true,
+            form: QForm::Affine4,
             bad: "group {} has a non-finite scale or bias",
         };
         upload_parts(
@@ -187,7 +216,7 @@ impl Q4Matrix {
                 self.rows, self.cols
             )));
         }
-        if self.affine && self.cols % 64 != 0 {
+        if self.form == QForm::Affine4 && self.cols % 64 != 0 {
             return Err(GpuError::Shape(format!(
                 "{what}: affine Q4 matrix [{}, {}] needs cols % 64 == 0",
                 self.rows, self.cols
@@ -249,8 +278,8 @@ struct Form {
     /// Bytes and columns of one stored unit (a Q4_0 block, an MLX group).
     unit_bytes: usize,
     unit_cols: usize,
-    /// Whether the repacked matrix is in the affine form.
-    affine: bool,
+    /// The repacked matrix's form.
+    form: QForm,
     /// The error for a non-finite unit, `{}` being its index in the matrix.
     bad: &'static str,
 }
@@ -275,7 +304,11 @@ fn upload_parts<'a, S: bytemuck::Pod>(
             "{label}: {} [{rows}, {cols}] needs {} bytes in whole {ub}-byte {}, got {total}",
             form.name,
             rows * upr * ub,
-            if form.affine { "groups" } else { "blocks" }
+            if form.form.affine() {
+                "groups"
+            } else {
+                "blocks"
+            }
         )));
     }
     let mut units = src.iter().flat_map(|p| p.chunks_exact(ub));
@@ -299,7 +332,7 @@ fn upload_parts<'a, S: bytemuck::Pod>(
     Ok(Q4Matrix {
         rows: rows as u32,
         cols: cols as u32,
-        affine: form.affine,
+        form: form.form,
         parts,
     })
 }

@@ -148,3 +148,12 @@ pub fn assert_close(got: &[f32], want: &[f32], abs: f32, rel: f32, what: &str) {
         );
     }
 }
+
+/// The block form tests name by a flag: the affine (MLX) one, else Q4_0.
+pub fn form(affine: bool) -> crate::tensor::QForm {
+    if affine {
+        crate::tensor::QForm::Affine4
+    } else {
+        crate::tensor::QForm::Q4_0
+    }
+}

@@ -9,7 +9,7 @@
 //! attention kernel's `qkv` buffer.
 
 use crate::context::Context;
-use crate::tensor::{F32Matrix, Q4Matrix};
+use crate::tensor::{F32Matrix, Q4Matrix, QForm};
 use anyhow::{bail, ensure, Context as _, Result};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
@@ -57,8 +57,8 @@ pub struct LayerWeights {
 #[derive(Debug)]
 pub struct GpuWeights {
     pub cfg: Qwen3MoeConfig,
-    /// Every Q4 matrix is in the affine form (an MLX checkpoint; `tensor.rs`), else Q4_0.
-    pub affine: bool,
+    /// The block form of every int matrix (`tensor.rs`): the embedding's type decides it.
+    pub form: QForm,
     /// `[V, H]`.
     pub embed: Q4Matrix,
     pub layers: Vec<LayerWeights>,
@@ -277,7 +277,11 @@ impl GpuWeights {
         }
         Ok(GpuWeights {
             cfg,
-            affine: int4 == DType::MLX_A4,
+            form: if int4 == DType::MLX_A4 {
+                QForm::Affine4
+            } else {
+                QForm::Q4_0
+            },
             embed,
             layers,
             out_norm,

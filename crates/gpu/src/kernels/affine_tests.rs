@@ -7,7 +7,7 @@ use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile};
 use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
 use crate::numerics::Numerics;
 use crate::state::RunState;
-use crate::tensor::{repack_mlx_a4, Q4Matrix};
+use crate::tensor::{repack_mlx_a4, Q4Matrix, QForm};
 use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a4, rand_q4_0, rng};
 use nibble_quant::DType;
 
@@ -67,7 +67,7 @@ fn mlx_upload_refuses_bad_shapes_and_lying_sizes() {
     let mut r = rng(73);
     let bytes = rand_mlx_a4(&mut r, 4, 128);
     let ok = Q4Matrix::upload_dtype(&ctx, "w", DType::MLX_A4, 4, 128, 1, &[&bytes]).unwrap();
-    assert!(ok.affine);
+    assert_eq!(ok.form, QForm::Affine4);
     ok.check_layout("w").unwrap();
     let err = |e: crate::context::GpuError| e.to_string();
     let short = Q4Matrix::upload_mlx(&ctx, "w", 4, 128, 1, &[&bytes[..bytes.len() - 36]]);
@@ -88,7 +88,7 @@ fn embedding_reads_affine_tables_exactly_across_parts() {
         return;
     };
     let mut r = rng(74);
-    let k = EmbedKernel::new_for(&ctx, true).unwrap();
+    let k = EmbedKernel::new_for(&ctx, QForm::Affine4).unwrap();
     for (vocab, hidden, limit) in [(50usize, 64usize, None), (301, 2048, Some(7 * 64 * 16))] {
         let c = match limit {
             Some(l) => ctx.with_max_binding_bytes(l),
@@ -169,8 +169,8 @@ fn affine_matvec_forms_match_the_reference() {
         return;
     };
     let mut r = rng(75);
-    let k = MatvecKernel::with_form(&ctx, Numerics::F32, false, true).unwrap();
-    let late = MatvecKernel::with_form(&ctx, Numerics::F32, true, true).unwrap();
+    let k = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Affine4).unwrap();
+    let late = MatvecKernel::with_form(&ctx, Numerics::F32, true, QForm::Affine4).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
     for &(rows, cols) in &[
         (1usize, 64usize),
@@ -248,7 +248,7 @@ fn affine_matvec_forms_match_the_reference() {
     let aff = Q4Matrix::upload_mlx(&ctx, "a", 4, 64, 1, &[&rand_mlx_a4(&mut r, 4, 64)]).unwrap();
     let plain = MatvecKernel::new(&ctx).unwrap();
     assert!(plain.bind_q4(&ctx, &aff, Act::F32(&x), &y, &state).is_err());
-    assert!(MatvecKernel::with_form(&ctx, Numerics::Bfp24, false, true).is_err());
+    assert!(MatvecKernel::with_form(&ctx, Numerics::Bfp24, false, QForm::Affine4).is_err());
 }
 
 /// The multi-column matmul (multi-stream decode, the column prefill) on affine matrices: every

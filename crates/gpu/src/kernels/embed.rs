@@ -17,11 +17,11 @@
 use crate::columns::{Col, COLUMNS_WGSL, MAX_COLUMNS};
 use crate::context::{Context, GpuError, Result};
 use crate::state::with_state;
-use crate::tensor::{q4_form_name, Q4Matrix, BLOCK};
+use crate::tensor::{Q4Matrix, QForm, BLOCK};
 
 pub struct EmbedKernel {
-    /// The block form of the tables it reads (`Q4Matrix::affine`).
-    affine: bool,
+    /// The block form of the tables it reads.
+    form: QForm,
     /// One token from the run state.
     pipeline: wgpu::ComputePipeline,
     /// One token per column.
@@ -47,18 +47,19 @@ impl EmbedBinding {
 impl EmbedKernel {
     /// The kernel for Q4_0 tables.
     pub fn new(ctx: &Context) -> Result<EmbedKernel> {
-        Self::new_for(ctx, false)
+        Self::new_for(ctx, QForm::Q4_0)
     }
 
-    /// The kernel for tables of the given form (`affine`: MLX's scale and bias per group).
-    pub fn new_for(ctx: &Context, affine: bool) -> Result<EmbedKernel> {
+    /// The kernel for tables of the given form.
+    pub fn new_for(ctx: &Context, form: QForm) -> Result<EmbedKernel> {
         let src = with_state(&format!(
-            "{COLUMNS_WGSL}\nconst Q4_AFFINE: bool = {affine};\n{}",
+            "{COLUMNS_WGSL}\nconst Q4_AFFINE: bool = {};\n{}",
+            form.affine(),
             include_str!("../shaders/embed.wgsl")
         ));
         let m = ctx.module("embed", &src)?;
         Ok(EmbedKernel {
-            affine,
+            form,
             pipeline: ctx.pipeline("embed", &m, "main")?,
             cols: ctx.pipeline("embed.cols", &m, "main_cols")?,
         })
@@ -99,11 +100,11 @@ impl EmbedKernel {
         nb: u32,
         columns: bool,
     ) -> Result<EmbedBinding> {
-        if table.affine != self.affine {
+        if table.form != self.form {
             return Err(GpuError::Shape(format!(
                 "embed: the kernel reads {} tables, this one is {}",
-                q4_form_name(self.affine),
-                q4_form_name(table.affine)
+                self.form.name(),
+                table.form.name()
             )));
         }
         if h.size() < nb as u64 * table.cols as u64 * 4 {

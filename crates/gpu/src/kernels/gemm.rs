@@ -28,7 +28,7 @@ use std::sync::OnceLock;
 
 pub(crate) use super::gemm_wgsl::{prelude, shader};
 use crate::context::{Context, GpuError, Result};
-use crate::tensor::{q4_form_name, F32Matrix, Q4Matrix, BLOCK};
+use crate::tensor::{F32Matrix, Q4Matrix, QForm, BLOCK};
 
 /// Weight rows (tile columns) of one workgroup; `GateUp` uses 64 gate + the same 64 up rows.
 pub const TILE_ROWS: u32 = 128;
@@ -234,8 +234,8 @@ impl GemmBinding {
 pub struct GemmKernel {
     /// Whether the int4 forms run on matrix units (gemm_coop.rs) rather than f32 fmas.
     coop: bool,
-    /// Whether its int4 weights are in the affine (MLX) form (tensor.rs) rather than Q4_0.
-    affine: bool,
+    /// The block form of its int4 weights (tensor.rs): Q4_0 or the affine (MLX) one.
+    form: QForm,
     /// The matrix-unit kernel's 32-token tiles with two staging buffers (gemm_coop.rs
     /// `LOOP_DOUBLE`; the prefill's default, `--tune prefill_dbuf=0` turns it off).
     dbuf: bool,
@@ -250,16 +250,28 @@ impl GemmKernel {
         Self::with_coop(ctx, true)
     }
 
+    /// Whether the GEMMs read matrices of `form` (the prefill takes the columns otherwise).
+    pub fn reads(form: QForm) -> bool {
+        matches!(form, QForm::Q4_0 | QForm::Affine4)
+    }
+
     /// Check the shared memory fits (24 KiB at 4 tokens per thread for the f32 kernel, 42 KiB
     /// for the matrix-unit one); `coop`: run the int4 forms on matrix units where
     /// [`super::gemm_coop::supported`] (the f32 router GEMM always takes f32 fmas).
     pub fn with_coop(ctx: &Context, coop: bool) -> Result<GemmKernel> {
-        Self::with_form(ctx, coop, false)
+        Self::with_form(ctx, coop, QForm::Q4_0)
     }
 
-    /// [`GemmKernel::with_coop`] for int4 weights in the affine (MLX) form when `affine`
-    /// (gemm_wgsl.rs and gemm_coop.rs's `WSTORE_COOP_AFFINE`).
-    pub fn with_form(ctx: &Context, coop: bool, affine: bool) -> Result<GemmKernel> {
+    /// [`GemmKernel::with_coop`] for int4 weights of the given block form: Q4_0 or the affine
+    /// (MLX) one (gemm_wgsl.rs and gemm_coop.rs's `WSTORE_COOP_AFFINE`); any other is an error
+    /// ([`Self::reads`]).
+    pub fn with_form(ctx: &Context, coop: bool, form: QForm) -> Result<GemmKernel> {
+        if !Self::reads(form) {
+            return Err(GpuError::Shape(format!(
+                "gemm: no kernel reads {} weights",
+                form.name()
+            )));
+        }
         let coop = on_matrix_units(ctx, coop);
         let need = if coop {
             super::gemm_coop::workgroup_bytes(4, false)
@@ -276,7 +288,7 @@ impl GemmKernel {
         }
         Ok(GemmKernel {
             coop,
-            affine,
+            form,
             dbuf: false,
             dense: Default::default(),
             expert: Default::default(),
@@ -313,9 +325,9 @@ impl GemmKernel {
     /// The WGSL of one pipeline: the matrix-unit kernel for int4 forms where chosen.
     fn source(&self, form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
         if self.coop && form != GemmForm::DenseF32 {
-            super::gemm_coop::shader(form, tm, plan, self.dbuf, self.affine)
+            super::gemm_coop::shader(form, tm, plan, self.dbuf, self.form.affine())
         } else {
-            shader(form, tm, plan, self.affine)
+            shader(form, tm, plan, self.form.affine())
         }
     }
 
@@ -336,7 +348,7 @@ impl GemmKernel {
         } else {
             ""
         };
-        let aff = if self.affine { ".affine" } else { "" };
+        let aff = if self.form.affine() { ".affine" } else { "" };
         let label = format!("{kind}.{form:?}.tm{tm}{db}{aff}");
         // Every form is compiled without naga's runtime bounds checks (pp512 +71% for the
         // whole prefill with every module unchecked, docs/BENCHMARKS.md run 115). SAFETY (of
@@ -503,13 +515,13 @@ impl GemmKernel {
         }
         need(a.y, y_need, "Y")?;
         let form_of = |m: &Q4Matrix| {
-            if m.affine == self.affine {
+            if m.form == self.form {
                 Ok(())
             } else {
                 Err(GpuError::Shape(format!(
                     "gemm: a kernel for {} weights bound to a {} matrix",
-                    q4_form_name(self.affine),
-                    q4_form_name(m.affine)
+                    self.form.name(),
+                    m.form.name()
                 )))
             }
         };

@@ -597,11 +597,11 @@ fn gemm_onehot_probe() {
 /// default, and where the device has matrix units also their double-buffered form and the
 /// f32 kernel.
 pub(crate) fn test_kernels_for(ctx: &Context, affine: bool) -> Vec<GemmKernel> {
-    let mut ks = vec![GemmKernel::with_form(ctx, true, affine).unwrap()];
+    let mut ks = vec![GemmKernel::with_form(ctx, true, crate::testing::form(affine)).unwrap()];
     if ks[0].coop() {
-        let k = GemmKernel::with_form(ctx, true, affine).unwrap();
+        let k = GemmKernel::with_form(ctx, true, crate::testing::form(affine)).unwrap();
         ks.push(k.with_double_buffer(ctx, true).unwrap());
-        ks.push(GemmKernel::with_form(ctx, false, affine).unwrap());
+        ks.push(GemmKernel::with_form(ctx, false, crate::testing::form(affine)).unwrap());
     }
     ks
 }

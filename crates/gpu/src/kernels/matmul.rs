@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::F32_DEQ;
 use crate::state::with_state;
-use crate::tensor::{Q4Matrix, BLOCK};
+use crate::tensor::{Q4Matrix, QForm, BLOCK};
 
 use super::matvec::{NormInput, NORM_ON_LOAD_MAX};
 
@@ -261,12 +261,13 @@ const ACC: bool = false;
 /// The full WGSL of `form` (0 plain, 1 acc, 2 norm) and tile `t`: the tile constants, the input
 /// snippet and matmul_q4f.wgsl with its per-(row, column) lines written out.
 pub fn shader(form: usize, t: Tile) -> String {
-    shader_for(form, t, false)
+    shader_for(form, t, QForm::Q4_0)
 }
 
-/// [`shader`] for Q4 matrices of the given block form (`affine`: tensor.rs's affine form, each
-/// block adding `c1 · Σ x` per column).
-pub fn shader_for(form: usize, t: Tile, affine: bool) -> String {
+/// [`shader`] for matrices of the given block form (`qform`; the affine form's blocks add
+/// `c1 · Σ x` per column).
+pub fn shader_for(form: usize, t: Tile, qform: QForm) -> String {
+    let affine = qform.affine();
     let (c, r, l) = (t.cols, t.rows_per_team, t.lanes);
     let consts = format!(
         "const C: u32 = {c}u;\nconst R: u32 = {r}u;\nconst L: u32 = {l}u;\nconst WL: u32 = {}u;\n\
@@ -289,7 +290,7 @@ pub fn shader_for(form: usize, t: Tile, affine: bool) -> String {
         .replace("//MM_NEXT", &next_lines(r, affine))
         .replace("//MM_BODY", &body_lines(r, c, affine))
         .replace("//MM_REDUCE", &reduce_lines(t));
-    let form = crate::tensor::q4_form_wgsl(affine);
+    let form = qform.wgsl();
     with_state(&format!("{F32_DEQ}{form}{consts}{input}{body}"))
 }
 
@@ -450,7 +451,7 @@ impl MatmulKernel {
                 limit,
             });
         }
-        let pipes = (0..2 * 3 * Tile::all().count())
+        let pipes = (0..QForm::ALL.len() * 3 * Tile::all().count())
             .map(|_| OnceLock::new())
             .collect();
         Ok(MatmulKernel { pipes })
@@ -463,10 +464,10 @@ impl MatmulKernel {
         ctx: &Context,
         form: usize,
         tile_index: usize,
-        affine: bool,
+        qform: QForm,
     ) -> Result<wgpu::ComputePipeline> {
         let n = Tile::all().count();
-        let slot = &self.pipes[(affine as usize * 3 + form) * n + tile_index];
+        let slot = &self.pipes[(qform.index() * 3 + form) * n + tile_index];
         if let Some(p) = slot.get() {
             return Ok(p.clone());
         }
@@ -478,7 +479,10 @@ impl MatmulKernel {
             t.cols,
             t.rows_per_team,
             t.lanes,
-            if affine { ".affine" } else { "" }
+            match qform {
+                QForm::Q4_0 => String::new(),
+                f => format!(".{f:?}"),
+            }
         );
         // Compiled without naga's runtime bounds checks (multi-stream decode and the batched
         // prefill's projections; docs/BENCHMARKS.md run 115: +15% aggregate with every module
@@ -506,7 +510,7 @@ impl MatmulKernel {
         //   (so team R + i < RW), g < L, below CG RW LP <= RED (`red_floats`), read back at
         //   it LP + k for it < CG RW, k < L;
         // - loops run to bpr, cols4, C, L or constants, and every divisor is a constant.
-        let p = unsafe { ctx.compute_unchecked(&label, &shader_for(form, t, affine), "main")? };
+        let p = unsafe { ctx.compute_unchecked(&label, &shader_for(form, t, qform), "main")? };
         Ok(slot.get_or_init(|| p).clone())
     }
 
@@ -553,8 +557,8 @@ impl MatmulKernel {
                 )
             }
         };
-        // Both block forms: the matrix says which (the affine pipelines compiled on first use).
-        let pipeline = self.pipeline(ctx, a.input.form(), tile_index, a.m.affine)?;
+        // Every block form: the matrix says which (pipelines compiled on first use).
+        let pipeline = self.pipeline(ctx, a.input.form(), tile_index, a.m.form)?;
         let bpr = a.m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(a.m.parts.len());
         for part in &a.m.parts {

@@ -21,7 +21,7 @@ use super::warm;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, BfpActs, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
-use crate::tensor::{q4_form_name, F32Matrix, Q4Matrix, Q4Part, BLOCK};
+use crate::tensor::{F32Matrix, Q4Matrix, Q4Part, QForm, BLOCK};
 
 /// The norm-on-load WGSL, which the multi-stream router (router_cols.rs) adapts.
 pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
@@ -167,9 +167,9 @@ pub struct MatvecKernel {
     /// `(rows, rows per team)`: the int4 x f32 split for matrices of that many rows instead of
     /// [`f32_rows_per_team`] (comparisons: [`crate::tune::Tune`]).
     rows_override: Vec<(u32, u32)>,
-    /// The block form of the Q4 matrices the int4 x f32 forms read (`Q4Matrix::affine`); the
-    /// quantised-activation forms (`q4`) read Q4_0 only.
-    affine: bool,
+    /// The block form of the matrices the int4 x f32 forms read; the quantised-activation
+    /// forms (`q4`) read Q4_0 only.
+    form: QForm,
 }
 
 fn q4_index(n: Numerics) -> usize {
@@ -205,22 +205,23 @@ impl MatvecKernel {
         numerics: Numerics,
         late_norm: bool,
     ) -> Result<MatvecKernel> {
-        Self::with_form(ctx, numerics, late_norm, false)
+        Self::with_form(ctx, numerics, late_norm, QForm::Q4_0)
     }
 
-    /// [`Self::with_options`] whose int4 x f32 forms read Q4 matrices of the given block form
-    /// (`affine`: MLX's scale and bias per group of 64, tensor.rs); bfp24 reads Q4_0 only.
+    /// [`Self::with_options`] whose int4 x f32 forms read matrices of the given block form
+    /// (tensor.rs); bfp24 reads Q4_0 only.
     pub fn with_form(
         ctx: &Context,
         numerics: Numerics,
         late_norm: bool,
-        affine: bool,
+        form: QForm,
     ) -> Result<MatvecKernel> {
         let bfp = numerics == Numerics::Bfp24;
-        if bfp && affine {
-            return Err(GpuError::Shape(
-                "matvec: the bfp24 numerics read Q4_0 matrices only, not the affine form".into(),
-            ));
+        if bfp && form != QForm::Q4_0 {
+            return Err(GpuError::Shape(format!(
+                "matvec: the bfp24 numerics read Q4_0 matrices only, not {}",
+                form.name()
+            )));
         }
         let src = |s: &str| with_state(s);
         let body = include_str!("../shaders/matvec_q4.wgsl");
@@ -265,7 +266,7 @@ impl MatvecKernel {
                         bfp,
                         late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
                     ),
-                    q4f_body(r, affine)
+                    q4f_body(r, form)
                 ));
                 // Compiled without naga's runtime bounds checks: with them the whole decode
                 // step (qkv, o-proj + folded router, lm_head) ran 6.8% slower on the H200
@@ -302,21 +303,21 @@ impl MatvecKernel {
             q4f,
             f32,
             rows_override: Vec::new(),
-            affine,
+            form,
         })
     }
 
     /// Error unless `m`'s block form is the one this kernel's `which` pipeline reads.
     fn check_form(&self, m: &Q4Matrix, which: Which, what: &str) -> Result<()> {
         let reads = match which {
-            Which::Q4F(..) => self.affine,
-            _ => false,
+            Which::Q4F(..) => self.form,
+            _ => QForm::Q4_0,
         };
-        if m.affine != reads {
+        if m.form != reads {
             return Err(GpuError::Shape(format!(
                 "{what}: this pipeline reads {} matrices, the matrix is {}",
-                q4_form_name(reads),
-                q4_form_name(m.affine)
+                reads.name(),
+                m.form.name()
             )));
         }
         Ok(())

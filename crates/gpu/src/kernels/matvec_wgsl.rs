@@ -216,7 +216,8 @@ const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
 /// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team, for Q4_0 or
 /// (`affine`) the affine form: each block adds `c1 · Σ x` (tensor.rs `Q4_COEF`), the block's
 /// sum computed once per lane and block for all the team's rows.
-pub(super) fn q4f_body(r: u32, affine: bool) -> String {
+pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
+    let affine = form.affine();
     let (mut pre, mut decl, mut first) = (String::new(), String::new(), String::new());
     let (mut body, mut store) = (String::new(), String::new());
     if affine {
@@ -249,13 +250,13 @@ pub(super) fn q4f_body(r: u32, affine: bool) -> String {
              acc{i} = fma(scale(blk), dq_block(qs[blk], x), acc{i}); }}\n        "
         );
     }
-    let form = crate::tensor::q4_form_wgsl(affine);
-    form + &include_str!("../shaders/matvec_q4f.wgsl")
-        .replace("//ROWS_PREFETCH", &pre)
-        .replace("//ROWS_DECL", &decl)
-        .replace("//ROWS_FIRST", &first)
-        .replace("//ROWS_BODY", &body)
-        .replace("//ROWS_STORE", &store)
+    form.wgsl()
+        + &include_str!("../shaders/matvec_q4f.wgsl")
+            .replace("//ROWS_PREFETCH", &pre)
+            .replace("//ROWS_DECL", &decl)
+            .replace("//ROWS_FIRST", &first)
+            .replace("//ROWS_BODY", &body)
+            .replace("//ROWS_STORE", &store)
 }
 
 /// WGSL: `extra_rows` of every matvec_q4f form but the folded router's.

@@ -50,7 +50,7 @@ use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, act_out_wgsl, act_store8_wgsl, Act, Numerics, F32_DEQ};
 use crate::state::STATE_WGSL;
-use crate::tensor::{q4_form_wgsl, Q4Matrix, QuantActs, BLOCK};
+use crate::tensor::{Q4Matrix, QForm, QuantActs, BLOCK};
 
 /// WGSL: the swizzled staging helpers of the f32 kernels.
 const STAGE: &str = include_str!("../shaders/moe_stage_f32.wgsl");
@@ -135,8 +135,8 @@ pub struct MoeKernel {
     /// compiled constants (`unchecked_staged`).
     params: MoeParams,
     numerics: Numerics,
-    /// The block form of the expert matrices the kernels read (`Q4Matrix::affine`).
-    affine: bool,
+    /// The block form of the expert matrices the kernels read.
+    form: QForm,
     /// Lanes per row of the compiled gate/up and down, and down's rows per workgroup (the grids
     /// follow from them).
     gate_up_t: u32,
@@ -322,19 +322,18 @@ impl MoeKernel {
         numerics: Numerics,
         tune: F32Tuning,
     ) -> Result<Self> {
-        Self::with_form(ctx, params, numerics, tune, false)
+        Self::with_form(ctx, params, numerics, tune, QForm::Q4_0)
     }
 
-    /// As [`Self::with_f32_tuning`] for expert matrices of the given block form (`affine`:
-    /// MLX's scale and bias per group of 64, tensor.rs). Only the staged f32 kernels read the
-    /// affine form (not the quantised numerics, not the unstaged f32 kernels, not the union
+    /// As [`Self::with_f32_tuning`] for expert matrices of the given block form (tensor.rs).
+    /// Only the staged f32 kernels read a form other than Q4_0, e.g. the affine one (not the quantised numerics, not the unstaged f32 kernels, not the union
     /// forms over columns): anything else is an error here or at binding.
     pub fn with_form(
         ctx: &Context,
         params: MoeParams,
         numerics: Numerics,
         tune: F32Tuning,
-        affine: bool,
+        form: QForm,
     ) -> Result<Self> {
         params.validate()?;
         tune.validate()?;
@@ -369,10 +368,11 @@ impl MoeKernel {
             f32 && gate_up_f32_shared(p, gu_rows) <= budget,
             f32 && down_f32_shared(p, tune.down_lanes, tune.down_rows, want) <= budget,
         );
-        if affine && staged != (true, true) {
+        if form != QForm::Q4_0 && staged != (true, true) {
             return Err(GpuError::Shape(format!(
-                "MoE at {params:?} with {numerics} activations: the affine (MLX) form is read \
-                 by the staged f32 kernels only (staged {staged:?})"
+                "MoE at {params:?} with {numerics} activations: the {} form is read by the \
+                 staged f32 kernels only (staged {staged:?})",
+                form.name()
             )));
         }
         let route = include_str!("../shaders/moe_route.wgsl");
@@ -395,7 +395,7 @@ impl MoeKernel {
                 consts_rows(p, gate_up_t, gate_up_rows, p.hidden),
                 tune.late_norm,
                 down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows)),
-                q4_form_wgsl(affine),
+                form.wgsl(),
                 include_str!("../shaders/moe_gate_up_f32.wgsl")
             )
         } else {
@@ -436,7 +436,7 @@ impl MoeKernel {
                 c("KS", p.top_k / ds),
                 c("KSNB", p.top_k / ds * p.inter / BLOCK as u32),
                 c("NRB", nrb),
-                down_f32_body(p, down_t, down_rows, ds, affine)
+                down_f32_body(p, down_t, down_rows, ds, form)
             )
         } else {
             format!(
@@ -475,7 +475,7 @@ impl MoeKernel {
         Ok(MoeKernel {
             params,
             numerics,
-            affine,
+            form,
             gate_up_t,
             gate_up_rows,
             down_rows_per_wg,

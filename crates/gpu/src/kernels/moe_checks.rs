@@ -3,7 +3,7 @@
 
 use super::MoeKernel;
 use crate::context::{GpuError, Result};
-use crate::tensor::{q4_form_name, Q4Matrix};
+use crate::tensor::Q4Matrix;
 
 impl MoeKernel {
     /// Check the stacked expert weights' shapes and that gate and up are split alike.
@@ -26,11 +26,11 @@ impl MoeKernel {
         };
         for (what, m) in [("MoE gate", gate), ("MoE up", up), ("MoE down", down)] {
             m.check_layout(what)?;
-            if m.affine != self.affine {
+            if m.form != self.form {
                 return Err(GpuError::Shape(format!(
                     "{what}: the kernels read {} matrices, this one is {}",
-                    q4_form_name(self.affine),
-                    q4_form_name(m.affine)
+                    self.form.name(),
+                    m.form.name()
                 )));
             }
         }

@@ -38,7 +38,7 @@ use crate::columns::{COLUMNS_WGSL, MAX_COLUMNS};
 use crate::context::{Context, GpuError, Result};
 use crate::kernels::embed::check_cols;
 use crate::numerics::F32_DEQ;
-use crate::tensor::{Q4Matrix, BLOCK};
+use crate::tensor::{Q4Matrix, QForm, BLOCK};
 
 /// The buffers of one layer's MoE block over `nb` columns.
 #[derive(Debug, Clone, Copy)]
@@ -297,12 +297,13 @@ impl MoeKernel {
                 self.numerics, self.staged
             )));
         };
-        if self.affine && (form.down == ColsRead::Union || form.gate_up == ColsRead::Union) {
-            return Err(GpuError::Shape(
-                "MoE over columns: the union forms read Q4_0 experts only, not the affine \
-                 (MLX) form; use the per-column forms"
-                    .into(),
-            ));
+        let union = form.down == ColsRead::Union || form.gate_up == ColsRead::Union;
+        if self.form != QForm::Q4_0 && union {
+            return Err(GpuError::Shape(format!(
+                "MoE over columns: the union forms read Q4_0 experts only, not {}; use the \
+                 per-column forms",
+                self.form.name()
+            )));
         }
         let down_union = match (form.down, &pipes.down_union) {
             (ColsRead::PerColumn, _) => None,

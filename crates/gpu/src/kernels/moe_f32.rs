@@ -4,7 +4,7 @@
 
 use super::{MoeParams, WG};
 use crate::context::{Context, GpuError, Result};
-use crate::tensor::BLOCK;
+use crate::tensor::{QForm, BLOCK};
 
 /// Work split of the staged f32 kernels: tuning knobs for a GPU (the tests cover every value).
 /// Fewer lanes per row, or more rows per team, means fewer, longer-running workgroups with more
@@ -131,9 +131,10 @@ pub(super) fn down_scratch_bytes(p: &MoeParams, ds: u32, nrb: u32) -> (u64, u64)
 /// loop may be placed in slow local memory): item j of a lane is `it = lane + j * t`,
 /// ceil(K / ds * NB / t) of them (3 at the real shape with 16 lanes and 4 groups). The weight and scale loads come first (in flight
 /// during the staging), the dots after; each staged block is read once for the team's rows.
-/// `affine`: the affine form's blocks (tensor.rs): each item adds `w c1 Σ x` with the staged
+/// `form`: the blocks' form; the affine one's (tensor.rs): each item adds `w c1 Σ x` with the staged
 /// block's sum computed once for the team's rows.
-pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, affine: bool) -> String {
+pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm) -> String {
+    let affine = form.affine();
     let items = (p.top_k / ds * p.inter / BLOCK as u32).div_ceil(t);
     let (mut load, mut dot, mut store) = (String::new(), String::new(), String::new());
     for r in 0..rt {
@@ -174,7 +175,7 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, affine: boo
         dot += "}\n    ";
     }
     let (wq, ws, wsink) = super::DOWN_WARM_BINDINGS;
-    crate::tensor::q4_form_wgsl(affine)
+    form.wgsl()
         + &super::super::warm::wgsl(wq, ws, wsink)
         + &include_str!("../shaders/moe_down_f32.wgsl")
             .replace("//ITEMS_LOAD", &load)

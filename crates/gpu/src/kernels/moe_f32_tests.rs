@@ -43,7 +43,14 @@ fn run_f32(
         p.hidden as usize,
         p.inter as usize,
     );
-    let kern = MoeKernel::with_form(kern_ctx, p, Numerics::F32, tune, c.affine).expect("kernel");
+    let kern = MoeKernel::with_form(
+        kern_ctx,
+        p,
+        Numerics::F32,
+        tune,
+        crate::testing::form(c.affine),
+    )
+    .expect("kernel");
     assert_eq!(
         kern.down_split(),
         tune.split_for(p.top_k),
@@ -328,7 +335,14 @@ fn moe_f32_affine_experts() {
         Some(64 * 1024),
     );
     // The quantised numerics read Q4_0 only: no affine kernel for them.
-    assert!(MoeKernel::with_form(&ctx, odd.p, Numerics::Int8, F32Tuning::DEFAULT, true).is_err());
+    assert!(MoeKernel::with_form(
+        &ctx,
+        odd.p,
+        Numerics::Int8,
+        F32Tuning::DEFAULT,
+        QForm::Affine4
+    )
+    .is_err());
 }
 
 #[test]

@@ -215,8 +215,8 @@ impl QkvAttentionKernel {
         let (d, g) = (p.head_dim as u64, p.group() as u64);
         let rows = (p.heads + 2 * p.kv_heads) * p.head_dim;
         let bad = |m: String| Err(GpuError::Shape(format!("qkv attention: {m}")));
-        if b.m.affine {
-            return bad("reads Q4_0 matrices only, not the affine (MLX) form".into());
+        if b.m.form != crate::tensor::QForm::Q4_0 {
+            return bad(format!("reads Q4_0 matrices only, not {}", b.m.form.name()));
         }
         if b.m.rows != rows || b.m.parts.len() != 1 {
             return bad(format!(
@@ -290,7 +290,7 @@ impl QkvAttentionKernel {
 /// matvec_q4f.wgsl for `r` rows per team with `y` coherent (the last arriver reads the rows of
 /// other workgroups) and the tail called after the row stores.
 fn matvec_part(r: u32) -> String {
-    let body = q4f_body(r, false);
+    let body = q4f_body(r, crate::tensor::QForm::Q4_0);
     let decl = "@group(0) @binding(4) var<storage, read_write> y";
     let tail = "    // TAIL:";
     debug_assert!(body.contains(decl) && body.contains(tail));

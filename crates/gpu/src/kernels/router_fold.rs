@@ -82,7 +82,7 @@ impl RouterFoldKernel {
         // The form is a run-time switch: the fold runs once per layer at plan creation.
         let p = ctx.uniform(
             "router_fold.params",
-            bytemuck::cast_slice(&[e, q, h, o.affine as u32]),
+            bytemuck::cast_slice(&[e, q, h, o.form.affine() as u32]),
         )?;
         let bg = ctx.bind_group(
             "router_fold",
