@@ -46,6 +46,47 @@ pub struct Q4Part {
     pub scales: wgpu::Buffer,
 }
 
+/// WGSL payload of the nibble forms (Q4_0, affine): `QB` is one vec4 of nibble words, whose
+/// block dot is numerics.rs's `dq_block` (Σ (q - 8) x; [`QForm::dot_fn`]);
+/// `qb_levels(w, k)` = the unsigned levels of elements 4k .. 4k + 3 (k < 8).
+pub const Q4_PAYLOAD: &str = "
+alias QB = vec4<u32>;
+fn qb_levels(w: QB, k: u32) -> vec4<f32> {
+    let v = w[k & 3u] >> (4u * (k >> 2u));
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+}
+";
+
+/// WGSL payload of the byte form (Q8_0): `QB` is two vec4s, byte `j` of the block = element
+/// `j` stored as `q + 128` (module docs). `qb_dot(w, x)` = Σ q x: each word's bytes become
+/// exact floats by the mantissa trick of numerics.rs `F32_DEQ` (`2^23 + u` from one OR; lanes
+/// 1 and 3 carry `256 u`, scaled back by an exact 1/256 at the end), four products per word in
+/// two chains. `qb_levels(w, k)` = the stored levels `u` of elements 4k .. 4k + 3.
+pub const Q8_PAYLOAD: &str = "
+struct QB { lo: vec4<u32>, hi: vec4<u32> };
+fn dq8(w: u32) -> vec4<f32> {
+    let s = w >> 16u;
+    return bitcast<vec4<f32>>((vec4<u32>(w, w, s, s) & vec4<u32>(0xFFu, 0xFF00u, 0xFFu, 0xFF00u))
+        | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0, 8421376.0, 8388736.0, 8421376.0);
+}
+fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
+    var a = dq8(w.lo.x) * x[0];
+    var b = dq8(w.hi.x) * x[4];
+    a = fma(dq8(w.lo.y), x[1], a);
+    b = fma(dq8(w.hi.y), x[5], b);
+    a = fma(dq8(w.lo.z), x[2], a);
+    b = fma(dq8(w.hi.z), x[6], b);
+    a = fma(dq8(w.lo.w), x[3], a);
+    b = fma(dq8(w.hi.w), x[7], b);
+    let s = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+    return dot(a, s) + dot(b, s);
+}
+fn qb_levels(w: QB, k: u32) -> vec4<f32> {
+    let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+}
+";
+
 /// A repacked block matrix `[rows, cols]` on the GPU: Q4_0, or one of the other [`QForm`]s
 /// (see module docs for the layouts).
 #[derive(Debug)]
@@ -68,11 +109,14 @@ pub enum QForm {
     /// MLX's `MLX_A4` groups of 64 (module docs): nibbles as Q4_0's, one word per group with
     /// the bf16 scale and bias, weight `s q + b`.
     Affine4,
+    /// ggml's Q8_0: 32 bytes per block (two vec4s, module docs), f16 scale `d` as Q4_0's,
+    /// weight `q d` with `q` the signed byte.
+    Q8_0,
 }
 
 impl QForm {
     /// Every form, in [`Self::index`] order.
-    pub const ALL: [QForm; 2] = [QForm::Q4_0, QForm::Affine4];
+    pub const ALL: [QForm; 3] = [QForm::Q4_0, QForm::Affine4, QForm::Q8_0];
 
     /// Position in [`Self::ALL`] (pipeline tables keyed by form).
     pub fn index(self) -> usize {
@@ -84,18 +128,54 @@ impl QForm {
         matches!(self, QForm::Affine4)
     }
 
+    /// Whether a block's payload is 8-bit (two vec4s) rather than nibbles (one).
+    pub fn wide(self) -> bool {
+        matches!(self, QForm::Q8_0)
+    }
+
+    /// The WGSL function of a block's dot with 32 staged activations, `(w: QB, x) -> f32` =
+    /// Σ (level - offset) x: numerics.rs's `dq_block` for nibbles (whose bfp24 variant takes
+    /// other activations), [`Q8_PAYLOAD`]'s `qb_dot` for bytes.
+    pub fn dot_fn(self) -> &'static str {
+        if self.wide() {
+            "qb_dot"
+        } else {
+            "dq_block"
+        }
+    }
+
+    /// Bytes of one 32-weight block's payload in `qs`.
+    pub fn block_bytes(self) -> u64 {
+        if self.wide() {
+            32
+        } else {
+            16
+        }
+    }
+
     /// The form's name in errors and labels.
     pub fn name(self) -> &'static str {
         match self {
             QForm::Q4_0 => "Q4_0",
             QForm::Affine4 => "affine (MLX_A4)",
+            QForm::Q8_0 => "Q8_0",
         }
     }
 
-    /// WGSL prepended to a kernel reading matrices of this form: `const Q4_AFFINE` and
-    /// [`Q4_COEF`].
+    /// WGSL prepended to a kernel reading matrices of this form: `const Q4_AFFINE`, `const
+    /// Q_OFF` (the offset the stored levels carry: 8 for nibbles, 128 for bytes), [`Q4_COEF`]
+    /// and the payload ([`Q4_PAYLOAD`] or [`Q8_PAYLOAD`]: the block type `QB`, `qb_dot`,
+    /// `qb_levels`). Kernels declare their weight bindings `array<QB>`.
     pub fn wgsl(self) -> String {
-        format!("const Q4_AFFINE: bool = {};\n{Q4_COEF}", self.affine())
+        let (off, payload) = if self.wide() {
+            ("128.0", Q8_PAYLOAD)
+        } else {
+            ("8.0", Q4_PAYLOAD)
+        };
+        format!(
+            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{Q4_COEF}{payload}",
+            self.affine()
+        )
     }
 }
 
@@ -107,7 +187,7 @@ pub const Q4_COEF: &str = "
 fn q4_coef(v: u32, i: u32) -> vec2<f32> {
     if (Q4_AFFINE) {
         let s = bitcast<f32>(v << 16u);
-        return vec2<f32>(s, fma(8.0, s, bitcast<f32>(v & 0xFFFF0000u)));
+        return vec2<f32>(s, fma(Q_OFF, s, bitcast<f32>(v & 0xFFFF0000u)));
     }
     let d = unpack2x16float(v);
     return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
@@ -148,8 +228,8 @@ impl Q4Matrix {
         )
     }
 
-    /// Upload a matrix of int4 blocks in `dtype`: Q4_0 ([`Self::upload`]) or MLX's affine
-    /// `MLX_A4` ([`Self::upload_mlx`]); any other dtype is an error.
+    /// Upload a matrix of blocks in `dtype`: Q4_0 ([`Self::upload`]), MLX's affine `MLX_A4`
+    /// ([`Self::upload_mlx`]) or Q8_0 ([`Self::upload_q8_0`]); any other dtype is an error.
     pub fn upload_dtype(
         ctx: &Context,
         label: &str,
@@ -164,8 +244,11 @@ impl Q4Matrix {
             nibble_quant::DType::MLX_A4 => {
                 Self::upload_mlx(ctx, label, rows, cols, row_multiple, src)
             }
+            nibble_quant::DType::Q8_0 => {
+                Self::upload_q8_0(ctx, label, rows, cols, row_multiple, src)
+            }
             other => Err(GpuError::Shape(format!(
-                "{label}: {} is not an int4 block type the GPU kernels read (Q4_0, MLX_A4)",
+                "{label}: {} is not a block type the GPU kernels read (Q4_0, MLX_A4, Q8_0)",
                 other.name()
             ))),
         }
@@ -203,6 +286,33 @@ impl Q4Matrix {
         )
     }
 
+    /// Repack and upload a Q8_0 matrix (34-byte ggml blocks) into the [`QForm::Q8_0`] form
+    /// (module docs); a non-finite scale is an error.
+    pub fn upload_q8_0(
+        ctx: &Context,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        row_multiple: usize,
+        src: &[&[u8]],
+    ) -> Result<Q4Matrix> {
+        let form = Form {
+            name: "Q8_0",
+            unit_bytes: 34,
+            unit_cols: BLOCK,
+            form: QForm::Q8_0,
+            bad: "block {} has a non-finite scale",
+        };
+        upload_parts(
+            ctx,
+            label,
+            (rows, cols, row_multiple),
+            src,
+            &form,
+            |units| repack_q8_0(units.iter().copied()),
+        )
+    }
+
     /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
     /// blocks and scales: the kernels compiled without runtime bounds checks (matvec's int4 x
     /// f32 forms, the MoE's staged f32 kernels, the prefill's int4 GEMMs) index `qs` and
@@ -225,8 +335,8 @@ impl Q4Matrix {
         let bpr = (self.cols / BLOCK as u32) as u64;
         let parts = self.parts.iter().map(|part| {
             let blocks = part.rows as u64 * bpr;
-            let holds =
-                part.qs.size() >= blocks * 16 && part.scales.size() >= blocks.div_ceil(2) * 4;
+            let holds = part.qs.size() >= blocks * self.form.block_bytes()
+                && part.scales.size() >= blocks.div_ceil(2) * 4;
             (part.row_start, part.rows, holds)
         });
         check_parts(what, "Q4", self.rows, self.cols, parts)
@@ -296,7 +406,7 @@ fn upload_parts<'a, S: bytemuck::Pod>(
     form: &Form,
     repack: impl Fn(&[&'a [u8]]) -> std::result::Result<(Vec<u32>, Vec<S>), usize>,
 ) -> Result<Q4Matrix> {
-    let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, 16)?;
+    let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, form.form.block_bytes())?;
     let (ub, upr) = (form.unit_bytes, cols / form.unit_cols);
     let total: usize = src.iter().map(|p| p.len()).sum();
     if src.iter().any(|p| p.len() % ub != 0) || total != rows * upr * ub {
@@ -354,6 +464,33 @@ pub fn repack_q4_0<'a>(
             b[2..18]
                 .chunks_exact(4)
                 .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+        );
+    }
+    if scales.len() % 2 == 1 {
+        scales.push(0);
+    }
+    Ok((qs, scales))
+}
+
+/// Repack ggml Q8_0 blocks into (`qs` words: 8 per block, each byte `q + 128`; f16 scale bits
+/// padded to an even count). Errors with the index of the first block whose scale is not
+/// finite.
+pub fn repack_q8_0<'a>(
+    blocks: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
+    let mut qs = Vec::new();
+    let mut scales = Vec::new();
+    for (i, b) in blocks.enumerate() {
+        let d = f16::from_le_bytes([b[0], b[1]]);
+        if !d.is_finite() {
+            return Err(i);
+        }
+        scales.push(d.to_bits());
+        // XOR 0x80 turns each two's-complement byte q into q + 128 (offset binary).
+        qs.extend(
+            b[2..34]
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) ^ 0x8080_8080),
         );
     }
     if scales.len() % 2 == 1 {

@@ -157,3 +157,21 @@ pub fn form(affine: bool) -> crate::tensor::QForm {
         crate::tensor::QForm::Q4_0
     }
 }
+
+/// Random Q8_0 bytes for `[rows, cols]` (ggml blocks of 34 bytes): f16 scales in `[0.0002,
+/// 0.002)` of either sign and random bytes, so levels -128 and 127 both occur.
+pub fn rand_q8_0(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let blocks = rows * cols / 32;
+    let mut out = Vec::with_capacity(blocks * 34);
+    for _ in 0..blocks {
+        let mut d: f32 = rng.random_range(0.0002..0.002);
+        if rng.random::<bool>() {
+            d = -d;
+        }
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for _ in 0..32 {
+            out.push(rng.random::<u8>());
+        }
+    }
+    out
+}

@@ -218,6 +218,7 @@ const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
 /// sum computed once per lane and block for all the team's rows.
 pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
     let affine = form.affine();
+    let dot = form.dot_fn();
     let (mut pre, mut decl, mut first) = (String::new(), String::new(), String::new());
     let (mut body, mut store) = (String::new(), String::new());
     if affine {
@@ -233,10 +234,10 @@ pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
                  let pq{i} = qs[r{i} * p.bpr + b0]; \
                  let ps{i} = q4_coef(sc[(r{i} * p.bpr + b0) >> 1u], 0u);\n    "
             );
-            first += &format!("acc{i} = fma(ps{i}.x, dq_block(pq{i}, x), ps{i}.y * xs);\n        ");
+            first += &format!("acc{i} = fma(ps{i}.x, {dot}(pq{i}, x), ps{i}.y * xs);\n        ");
             body += &format!(
                 "{{ let blk = r{i} * p.bpr + b; let cf = q4_coef(sc[blk >> 1u], blk); \
-                 acc{i} = fma(cf.x, dq_block(qs[blk], x), fma(cf.y, xs, acc{i})); }}\n        "
+                 acc{i} = fma(cf.x, {dot}(qs[blk], x), fma(cf.y, xs, acc{i})); }}\n        "
             );
             continue;
         }
@@ -244,10 +245,10 @@ pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
             "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
              let pq{i} = qs[r{i} * p.bpr + b0]; let ps{i} = scale(r{i} * p.bpr + b0);\n    "
         );
-        first += &format!("acc{i} = ps{i} * dq_block(pq{i}, x);\n        ");
+        first += &format!("acc{i} = ps{i} * {dot}(pq{i}, x);\n        ");
         body += &format!(
             "{{ let blk = r{i} * p.bpr + b; \
-             acc{i} = fma(scale(blk), dq_block(qs[blk], x), acc{i}); }}\n        "
+             acc{i} = fma(scale(blk), {dot}(qs[blk], x), acc{i}); }}\n        "
         );
     }
     form.wgsl()

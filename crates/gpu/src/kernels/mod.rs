@@ -4,6 +4,8 @@
 pub mod advance;
 #[cfg(test)]
 mod affine_tests;
+#[cfg(test)]
+mod q8_tests;
 pub mod argmax;
 pub mod attention;
 pub mod attention_prefill;

@@ -23,7 +23,7 @@
 // in the form `dq_block` takes: 8 vec4<f32> (f32 numerics), or a `BfpBlock` (bfp24: the staging
 // turned the input into block floating point, numerics.rs BFP_DOT).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
-@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;      // [rows * bpr] nibble blocks
+@group(0) @binding(0) var<storage, read> qs: array<QB>;             // [rows * bpr] blocks (tensor.rs QForm)
 @group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;       // [row_start + rows ..]
 @group(0) @binding(5) var<uniform> p: Params;

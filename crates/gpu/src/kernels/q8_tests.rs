@@ -1,0 +1,165 @@
+//! Tests of the byte form ([`QForm::Q8_0`], ggml's Q8_0 blocks; `tensor.rs` module docs): the
+//! repacking against the reference decoder, the upload's refusals, and every kernel that reads
+//! the form, each against the reference on random blocks (levels -128..127, scales of either
+//! sign) at the real and odd shapes.
+
+use super::embed::EmbedKernel;
+use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile};
+use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
+use crate::numerics::Numerics;
+use crate::state::RunState;
+use crate::tensor::{repack_q8_0, Q4Matrix, QForm};
+use crate::testing::{dequant, gpu, rand_f32, rand_q4_0, rand_q8_0, rng};
+use nibble_quant::DType;
+
+/// The weights the byte form holds, decoded on the host from the repacked words as the
+/// kernels read them: byte `j` of a block's 8 words is element `j`, stored as `q + 128`.
+fn decode_q8(qs: &[u32], scales: &[u16]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(qs.len() * 4);
+    for (blk, w) in qs.chunks_exact(8).enumerate() {
+        let d = half::f16::from_bits(scales[blk]).to_f32();
+        for byte in w.iter().flat_map(|x| x.to_le_bytes()) {
+            out.push((byte as i32 - 128) as f32 * d);
+        }
+    }
+    out
+}
+
+/// Per row, `Σ |w x|`: the scale of the rounding of any order of summation.
+pub(super) fn mag(deq: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
+    (0..rows)
+        .map(|r| {
+            let row = &deq[r * cols..(r + 1) * cols];
+            row.iter().zip(x).map(|(w, v)| (w * v).abs()).sum()
+        })
+        .collect()
+}
+
+pub(super) fn assert_within(got: &[f32], want: &[f32], mag: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * m + 1e-30,
+            "{what}: row {i}: got {g}, want {w}, bound {}",
+            tol * m
+        );
+    }
+}
+
+#[test]
+fn q8_repack_decodes_to_the_reference_weights() {
+    let mut r = rng(81);
+    for (rows, cols) in [(1usize, 32usize), (3, 96), (17, 2048)] {
+        let bytes = rand_q8_0(&mut r, rows, cols);
+        let (qs, scales) = repack_q8_0(bytes.chunks_exact(34)).unwrap();
+        assert_eq!(qs.len(), rows * cols / 4, "eight words per block of 32");
+        let got = decode_q8(&qs, &scales);
+        let want = dequant(DType::Q8_0, &bytes, rows, cols);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "[{rows}, {cols}]"
+        );
+    }
+    // The first non-finite scale is named.
+    let mut bytes = rand_q8_0(&mut r, 2, 64);
+    bytes[3 * 34..3 * 34 + 2].copy_from_slice(&0x7E00u16.to_le_bytes());
+    assert_eq!(repack_q8_0(bytes.chunks_exact(34)).err(), Some(3));
+}
+
+#[test]
+fn q8_upload_refuses_lying_sizes_and_nan_scales() {
+    let Some(ctx) = gpu("q8_upload_refuses_lying_sizes_and_nan_scales") else {
+        return;
+    };
+    let mut r = rng(82);
+    let bytes = rand_q8_0(&mut r, 4, 128);
+    let ok = Q4Matrix::upload_dtype(&ctx, "w", DType::Q8_0, 4, 128, 1, &[&bytes]).unwrap();
+    assert_eq!(ok.form, QForm::Q8_0);
+    ok.check_layout("w").unwrap();
+    assert_eq!(ok.bytes(), 4 * 4 * 32 + 4 * 4 * 2, "32 payload bytes and an f16 per block");
+    let err = |e: crate::context::GpuError| e.to_string();
+    let short = Q4Matrix::upload_q8_0(&ctx, "w", 4, 128, 1, &[&bytes[..bytes.len() - 34]]);
+    assert!(err(short.unwrap_err()).contains("34-byte blocks"));
+    let mut nan = bytes.clone();
+    nan[5 * 34..5 * 34 + 2].copy_from_slice(&0x7E00u16.to_le_bytes());
+    let bad = Q4Matrix::upload_q8_0(&ctx, "w", 4, 128, 1, &[&nan]);
+    assert!(err(bad.unwrap_err()).contains("block 5"));
+    // Parts split at the binding limit hold twice the bytes per row of Q4_0's.
+    let small = ctx.with_max_binding_bytes(3 * 4 * 32);
+    let split = Q4Matrix::upload_q8_0(&small, "w", 4, 128, 1, &[&bytes]).unwrap();
+    assert_eq!(split.parts.len(), 2);
+    split.check_layout("split").unwrap();
+}
+
+#[test]
+fn q8_matvec_forms_match_the_reference() {
+    let Some(ctx) = gpu("q8_matvec_forms_match_the_reference") else {
+        return;
+    };
+    let mut r = rng(83);
+    let k = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Q8_0).unwrap();
+    let late = MatvecKernel::with_form(&ctx, Numerics::F32, true, QForm::Q8_0).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    for &(rows, cols) in &[(1usize, 32usize), (13, 96), (300, 2048), (9000, 64), (5, 4096)] {
+        let wb = rand_q8_0(&mut r, rows, cols);
+        let deq = dequant(DType::Q8_0, &wb, rows, cols);
+        let w = Q4Matrix::upload_q8_0(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        let x = rand_f32(&mut r, cols, -2.0, 2.0);
+        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+        let want = matvec_f32_ref(&deq, rows, cols, &x);
+        let m = mag(&deq, rows, cols, &x);
+        let y = ctx.storage("y", rows as u64 * 4).unwrap();
+        for rpt in F32_ROWS_PER_TEAM {
+            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+            let b = k
+                .bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt)
+                .unwrap();
+            ctx.run_pass(|p| k.record(p, &b)).unwrap();
+            let got = ctx.read_f32(&y, rows).unwrap();
+            assert_within(&got, &want, &m, 2e-6, &format!("[{rows}, {cols}] r{rpt}"));
+        }
+        // y += m · x.
+        let y0 = rand_f32(&mut r, rows, -1.0, 1.0);
+        ctx.write(&y, 0, bytemuck::cast_slice(&y0));
+        let b = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
+        let mag_acc: Vec<f32> = m.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
+        assert_within(&got, &want_acc, &mag_acc, 2e-6, &format!("acc [{rows}, {cols}]"));
+        // The norm-on-load forms, plain and late-scaled.
+        let h = rand_f32(&mut r, cols, -30.0, 30.0);
+        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
+        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
+        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+        let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+        let input = NormInput {
+            h: &hb,
+            weight: &wbuf,
+            eps: 1e-6,
+        };
+        let want = matvec_f32_ref(&deq, rows, cols, &xn);
+        let m = mag(&deq, rows, cols, &xn);
+        for (kern, what) in [(&k, "norm"), (&late, "late norm")] {
+            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+            let b = kern.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
+            ctx.run_pass(|p| kern.record(p, &b)).unwrap();
+            let got = ctx.read_f32(&y, rows).unwrap();
+            assert_within(&got, &want, &m, 4e-6, &format!("{what} [{rows}, {cols}]"));
+        }
+    }
+    // Forms are never mixed: a Q4_0 matrix in the byte kernel, a byte one in the Q4_0 kernel,
+    // and the bfp24 numerics with the byte form are clear errors.
+    let y = ctx.storage("y", 4 * 4).unwrap();
+    let x = ctx
+        .storage_init("x", bytemuck::cast_slice(&[0.5f32; 64]))
+        .unwrap();
+    let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
+    let e = k.bind_q4(&ctx, &q4, Act::F32(&x), &y, &state).err().unwrap();
+    assert!(e.to_string().contains("reads Q8_0"), "{e}");
+    let q8 = Q4Matrix::upload_q8_0(&ctx, "b", 4, 64, 1, &[&rand_q8_0(&mut r, 4, 64)]).unwrap();
+    let plain = MatvecKernel::new(&ctx).unwrap();
+    assert!(plain.bind_q4(&ctx, &q8, Act::F32(&x), &y, &state).is_err());
+    assert!(MatvecKernel::with_form(&ctx, Numerics::Bfp24, false, QForm::Q8_0).is_err());
+}
