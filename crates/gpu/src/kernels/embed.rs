@@ -53,8 +53,8 @@ impl EmbedKernel {
     /// The kernel for tables of the given form.
     pub fn new_for(ctx: &Context, form: QForm) -> Result<EmbedKernel> {
         let src = with_state(&format!(
-            "{COLUMNS_WGSL}\nconst Q4_AFFINE: bool = {};\n{}",
-            form.affine(),
+            "{COLUMNS_WGSL}\n{}{}",
+            form.wgsl(),
             include_str!("../shaders/embed.wgsl")
         ));
         let m = ctx.module("embed", &src)?;

@@ -163,3 +163,48 @@ fn q8_matvec_forms_match_the_reference() {
     assert!(plain.bind_q4(&ctx, &q8, Act::F32(&x), &y, &state).is_err());
     assert!(MatvecKernel::with_form(&ctx, Numerics::Bfp24, false, QForm::Q8_0).is_err());
 }
+
+#[test]
+fn embedding_reads_q8_tables_exactly_across_parts() {
+    let Some(ctx) = gpu("embedding_reads_q8_tables_exactly_across_parts") else {
+        return;
+    };
+    let mut r = rng(84);
+    let k = EmbedKernel::new_for(&ctx, QForm::Q8_0).unwrap();
+    for (vocab, hidden, limit) in [(50usize, 96usize, None), (301, 2048, Some(7 * 64 * 32))] {
+        let c = match limit {
+            Some(l) => ctx.with_max_binding_bytes(l),
+            None => (*ctx).clone(),
+        };
+        let table = rand_q8_0(&mut r, vocab, hidden);
+        let m = Q4Matrix::upload_q8_0(&c, "embd", vocab, hidden, 1, &[&table]).unwrap();
+        if limit.is_some() {
+            assert_eq!(m.parts.len(), vocab.div_ceil(7));
+        }
+        let full = dequant(DType::Q8_0, &table, vocab, hidden);
+        let h = ctx.storage("h", hidden as u64 * 4).unwrap();
+        for token in [0, vocab as u32 / 3, vocab as u32 - 1] {
+            let state = RunState {
+                token,
+                ..Default::default()
+            }
+            .buffer(&c)
+            .unwrap();
+            c.write(&h, 0, &vec![0xFF; hidden * 4]);
+            let b = k.bind(&c, &m, &h, &state).unwrap();
+            c.run_pass(|p| k.record(p, &b)).unwrap();
+            let want = &full[token as usize * hidden..(token as usize + 1) * hidden];
+            // q d is one rounding on both sides: the bits must match.
+            let got = c.read_f32(&h, hidden).unwrap();
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "V={vocab} token {token}"
+            );
+        }
+    }
+    let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
+    let h = ctx.storage("h", 64 * 4).unwrap();
+    let state = RunState::default().buffer(&ctx).unwrap();
+    assert!(k.bind(&ctx, &q4, &h, &state).is_err());
+}

@@ -1,26 +1,25 @@
-// Embedding lookup from one part of a Q4_0 matrix [V, H] (tensor.rs layout): writes the
+// Embedding lookup from one part of a block matrix [V, H] (tensor.rs layout): writes the
 // dequantised row of a token into h. One dispatch per matrix part; only the part holding the
-// token writes. One thread per block of 32. Prepended: state.wgsl, columns.wgsl, `const
-// Q4_AFFINE` (the affine form of tensor.rs: weight = s·q + b with the group's bf16 scale and bias
-// in the two halves of the scale word, as the reference computes it).
+// token writes. One thread per block of 32. Prepended: state.wgsl, columns.wgsl and the form
+// (tensor.rs `QForm::wgsl`: `Q4_AFFINE`, `Q_OFF`, `QB`, `qb_levels`; the affine form's weight
+// = s·q + b with the group's bf16 scale and bias in the two halves of the scale word, as the
+// reference computes it).
 //   main:      token state.token -> h[H]; grid x = blocks / 64.
 //   main_cols: token cols[c].token -> h[c * H ..][H] for each column c that is not done;
 //              grid (blocks / 64, nb): y is the column.
 struct Params { rows: u32, bpr: u32, row_start: u32, pad: u32 };
-@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;   // [rows * bpr]
+@group(0) @binding(0) var<storage, read> qs: array<QB>;         // [rows * bpr] blocks (tensor.rs QForm)
 @group(0) @binding(1) var<storage, read> sc: array<u32>;         // [rows * bpr] f16, 2 per word
 @group(0) @binding(2) var<storage, read_write> h: array<vec4<f32>>; // [nb, bpr * 8]
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<storage, read> state: State;           // main only
 @group(0) @binding(5) var<storage, read> cols: array<Col>;    // main_cols only
 
-fn lo4(v: u32) -> vec4<f32> { return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)); }
-fn hi4(v: u32) -> vec4<f32> { return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u)); }
-
-// Four weights from their nibbles q: Q4_0's (q - 8) d, or the affine s q + b.
+// Four weights from their stored levels q: Q4_0's (q - 8) d, Q8_0's (q - 128) d, or the
+// affine s q + b.
 fn lvl(q: vec4<f32>, d: f32, off: f32) -> vec4<f32> {
     if (Q4_AFFINE) { return q * d + off; }
-    return (q - 8.0) * d;
+    return (q - Q_OFF) * d;
 }
 
 // Block b of `token`'s row into h[o4 .. o4 + 8] (vec4 units), if this part holds the token.
@@ -41,14 +40,9 @@ fn embed_block(token: u32, b: u32, o4: u32) {
         off = 0.0;
     }
     let o = o4 + b * 8u;
-    h[o] = lvl(lo4(w.x), d, off);
-    h[o + 1u] = lvl(lo4(w.y), d, off);
-    h[o + 2u] = lvl(lo4(w.z), d, off);
-    h[o + 3u] = lvl(lo4(w.w), d, off);
-    h[o + 4u] = lvl(hi4(w.x), d, off);
-    h[o + 5u] = lvl(hi4(w.y), d, off);
-    h[o + 6u] = lvl(hi4(w.z), d, off);
-    h[o + 7u] = lvl(hi4(w.w), d, off);
+    for (var k = 0u; k < 8u; k++) {
+        h[o + k] = lvl(qb_levels(w, k), d, off);
+    }
 }
 
 @compute @workgroup_size(64)
