@@ -144,6 +144,16 @@ impl QForm {
         }
     }
 
+    /// A WGSL source written for the nibble forms (`dq_block` as each block's dot) made to read
+    /// this form: for the byte form every `dq_block(` becomes `qb_dot(`.
+    pub fn with_dot(self, wgsl: &str) -> String {
+        if self.wide() {
+            wgsl.replace("dq_block(", "qb_dot(")
+        } else {
+            wgsl.to_string()
+        }
+    }
+
     /// Bytes of one 32-weight block's payload in `qs`.
     pub fn block_bytes(self) -> u64 {
         if self.wide() {

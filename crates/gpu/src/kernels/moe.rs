@@ -396,7 +396,7 @@ impl MoeKernel {
                 tune.late_norm,
                 down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows)),
                 form.wgsl(),
-                include_str!("../shaders/moe_gate_up_f32.wgsl")
+                form.with_dot(include_str!("../shaders/moe_gate_up_f32.wgsl"))
             )
         } else {
             format!(

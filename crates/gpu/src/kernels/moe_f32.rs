@@ -135,6 +135,7 @@ pub(super) fn down_scratch_bytes(p: &MoeParams, ds: u32, nrb: u32) -> (u64, u64)
 /// block's sum computed once for the team's rows.
 pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm) -> String {
     let affine = form.affine();
+    let dotf = form.dot_fn();
     let items = (p.top_k / ds * p.inter / BLOCK as u32).div_ceil(t);
     let (mut load, mut dot, mut store) = (String::new(), String::new(), String::new());
     for r in 0..rt {
@@ -159,7 +160,7 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm
                      let s{j}_{r} = q4_coef(sc[b{j}_{r} >> 1u], b{j}_{r});\n    "
                 );
                 dot += &format!(
-                    "acc{r} = select(acc{r}, fma(w * s{j}_{r}.x, dq_block(q{j}_{r}, x), \
+                    "acc{r} = select(acc{r}, fma(w * s{j}_{r}.x, {dotf}(q{j}_{r}, x), \
                      fma(w * s{j}_{r}.y, xsum, acc{r})), on);\n        "
                 );
                 continue;
@@ -169,7 +170,7 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm
                  let s{j}_{r} = scale(b{j}_{r});\n    "
             );
             dot += &format!(
-                "acc{r} = select(acc{r}, fma(w * s{j}_{r}, dq_block(q{j}_{r}, x), acc{r}), on);\n        "
+                "acc{r} = select(acc{r}, fma(w * s{j}_{r}, {dotf}(q{j}_{r}, x), acc{r}), on);\n        "
             );
         }
         dot += "}\n    ";

@@ -48,7 +48,7 @@ fn run_f32(
         p,
         Numerics::F32,
         tune,
-        crate::testing::form(c.affine),
+        c.form,
     )
     .expect("kernel");
     assert_eq!(
@@ -443,4 +443,36 @@ fn moe_f32_done_flag_and_bad_lanes() {
             .expect_err("bad tuning accepted");
         assert!(e.to_string().contains("rows per team"), "{bad:?}: {e}");
     }
+}
+
+/// The byte form (Q8_0) through every staged form of the single-token path, at the real shape
+/// and at an odd one, weights split across bindings too; the quantised numerics refuse it.
+#[test]
+fn moe_f32_q8_experts() {
+    let Some(ctx) = gpu("moe_f32_q8_experts") else {
+        return;
+    };
+    let c = Case::new_q8(params(128, 8, 2048, 768, true), 79);
+    for (t, routing, residual) in [
+        (F32Tuning::DEFAULT, Routing::Fused, true),
+        (split(tuning(8, 32, 2), 8), Routing::Separate, false),
+        (rows2(F32Tuning::DEFAULT), Routing::Fused, true),
+    ] {
+        let staged = check_f32(&ctx, &c, t, routing, residual, None);
+        assert_eq!(staged, (true, true), "Q8_0, {t:?}: not staged");
+    }
+    let odd = Case::new_q8(params(6, 3, 192, 128, false), 80);
+    check_f32(&ctx, &odd, F32Tuning::DEFAULT, Routing::Fused, true, None);
+    check_f32(
+        &ctx,
+        &odd,
+        tuning(8, 16, 1),
+        Routing::Separate,
+        false,
+        Some(96 * 1024),
+    );
+    assert!(
+        MoeKernel::with_form(&ctx, odd.p, Numerics::Int8, F32Tuning::DEFAULT, QForm::Q8_0)
+            .is_err()
+    );
 }

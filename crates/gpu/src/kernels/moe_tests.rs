@@ -6,7 +6,7 @@
 //! add ~4e-3 relative error per stage; that error is printed and bounded at 3e-2 (L2, relative).
 
 use super::*;
-use crate::tensor::{pack_i8, quantize_acts_ref};
+use crate::tensor::{pack_i8, quantize_acts_ref, QForm};
 use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
 use rand::Rng;
 
@@ -18,8 +18,8 @@ pub(super) struct Case {
     pub(super) gate: Vec<u8>,
     pub(super) up: Vec<u8>,
     pub(super) down: Vec<u8>,
-    /// The expert bytes are MLX_A4 groups (tensor.rs's affine form), not Q4_0.
-    pub(super) affine: bool,
+    /// The form of the expert bytes: Q4_0, MLX_A4 groups (tensor.rs's affine form) or Q8_0.
+    pub(super) form: QForm,
 }
 
 impl Case {
@@ -34,7 +34,7 @@ impl Case {
             gate: rand_q4_0(&mut r, e * i, h),
             up: rand_q4_0(&mut r, e * i, h),
             down: rand_q4_0(&mut r, e * h, i),
-            affine: false,
+            form: QForm::Q4_0,
         }
     }
 
@@ -46,22 +46,36 @@ impl Case {
         c.gate = crate::testing::rand_mlx_a4(&mut r, e * i, h);
         c.up = crate::testing::rand_mlx_a4(&mut r, e * i, h);
         c.down = crate::testing::rand_mlx_a4(&mut r, e * h, i);
-        c.affine = true;
+        c.form = QForm::Affine4;
+        c
+    }
+
+    /// [`Self::new`] with Q8_0 expert bytes (the byte form).
+    pub(super) fn new_q8(p: MoeParams, seed: u64) -> Case {
+        let mut c = Case::new(p, seed);
+        let mut r = rng(seed ^ 0x5A);
+        let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
+        c.gate = crate::testing::rand_q8_0(&mut r, e * i, h);
+        c.up = crate::testing::rand_q8_0(&mut r, e * i, h);
+        c.down = crate::testing::rand_q8_0(&mut r, e * h, i);
+        c.form = QForm::Q8_0;
         c
     }
 
     /// The block type of the expert bytes.
     pub(super) fn dtype(&self) -> nibble_quant::DType {
-        match self.affine {
-            true => nibble_quant::DType::MLX_A4,
-            false => nibble_quant::DType::Q4_0,
+        match self.form {
+            QForm::Q4_0 => nibble_quant::DType::Q4_0,
+            QForm::Affine4 => nibble_quant::DType::MLX_A4,
+            QForm::Q8_0 => nibble_quant::DType::Q8_0,
         }
     }
 
     /// Dequantised `[out, in]` slice of expert `e` of one of this case's stacked tensors.
     pub(super) fn expert_w(&self, bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
-        // Both forms take 18 bytes per 32 weights.
-        let n = (out * inp / 32) as usize * 18;
+        // The nibble forms take 18 bytes per 32 weights, Q8_0 34.
+        let per = if self.form == QForm::Q8_0 { 34 } else { 18 };
+        let n = (out * inp / 32) as usize * per;
         crate::testing::dequant(
             self.dtype(),
             &bytes[e as usize * n..(e as usize + 1) * n],

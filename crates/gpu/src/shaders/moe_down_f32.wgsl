@@ -45,7 +45,7 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> route: array<u32>;
 @group(0) @binding(3) var<storage, read> h: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> qs: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> qs: array<QB>;
 @group(0) @binding(6) var<storage, read> sc: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
 @group(0) @binding(8) var<storage, read> cols: array<Col, 8>;

@@ -30,7 +30,8 @@
 //
 // logits [E] f32 (column form: [nb, E])
 // x      [H] f32 at binding 4 (column form: [nb, H])
-// gate_qs, up_qs   [(e_hi-e_lo)*I*NB] vec4<u32> Q4_0 nibbles, *_sc f16 scale pairs (tensor.rs)
+// gate_qs, up_qs   [(e_hi-e_lo)*I*NB] blocks of the form (tensor.rs QForm: `QB`, and `dq_block`
+//                   read as the form's dot, QForm::with_dot), *_sc scale words
 // route  [2K] u32: ids then f32 weight bits (column form: [nb, 2K])
 // h      [K, I] f32 = silu(gate) * up (column form: [nb, K, I])
 // cols   [8] Col (column form only)
@@ -42,9 +43,9 @@ struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> route: array<u32>;
 @group(0) @binding(4) var<storage, read> act_x: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read> gate_qs: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> gate_qs: array<QB>;
 @group(0) @binding(7) var<storage, read> gate_sc: array<u32>;
-@group(0) @binding(8) var<storage, read> up_qs: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read> up_qs: array<QB>;
 @group(0) @binding(9) var<storage, read> up_sc: array<u32>;
 @group(0) @binding(10) var<storage, read_write> h: array<f32>;
 @group(0) @binding(13) var<storage, read> cols: array<Col, 8>;
@@ -501,8 +502,8 @@ fn union_row(e: u32, row: u32, li: u32, nu: u32) {
     let tail = lane < NB % T;
     // The lane's blocks lane + j T (the last only when `tail`): a constant trip count keeps
     // them in registers and issues the loads together.
-    var gq: array<vec4<u32>, NBT>;
-    var uq: array<vec4<u32>, NBT>;
+    var gq: array<QB, NBT>;
+    var uq: array<QB, NBT>;
     var gs: array<f32, NBT>;
     var us: array<f32, NBT>;
     for (var j = 0u; j < NBT; j++) {
