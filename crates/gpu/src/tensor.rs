@@ -69,6 +69,8 @@ fn dq8(w: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>((vec4<u32>(w, w, s, s) & vec4<u32>(0xFFu, 0xFF00u, 0xFFu, 0xFF00u))
         | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0, 8421376.0, 8388736.0, 8421376.0);
 }
+// Scales lanes (e, 256 e, e, 256 e) of dq8's products back to one.
+const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
 fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
     var a = dq8(w.lo.x) * x[0];
     var b = dq8(w.hi.x) * x[4];
@@ -78,8 +80,7 @@ fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
     b = fma(dq8(w.hi.z), x[6], b);
     a = fma(dq8(w.lo.w), x[3], a);
     b = fma(dq8(w.hi.w), x[7], b);
-    let s = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
-    return dot(a, s) + dot(b, s);
+    return dot(a, DQ8_S) + dot(b, DQ8_S);
 }
 fn qb_levels(w: QB, k: u32) -> vec4<f32> {
     let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);

@@ -288,7 +288,7 @@ pub fn shader_for(form: usize, t: Tile, qform: QForm) -> String {
     let body = include_str!("../shaders/matmul_q4f.wgsl")
         .replace("//MM_SETUP", &setup_lines(r, c, affine))
         .replace("//MM_NEXT", &next_lines(r, affine))
-        .replace("//MM_BODY", &body_lines(r, c, affine))
+        .replace("//MM_BODY", &body_lines(r, c, qform))
         .replace("//MM_REDUCE", &reduce_lines(t));
     let form = qform.wgsl();
     with_state(&format!("{F32_DEQ}{form}{consts}{input}{body}"))
@@ -343,19 +343,32 @@ fn coef(blk: &str, affine: bool) -> String {
     }
 }
 
-/// One block for every (row, column): each row's 4 words dequantised once (`q{r}_{k}l/h`,
-/// `dq_lo`/`dq_hi`), then per column its 8 staged vec4s (`x0..x7`, swizzled slots) and per row
-/// `dq_block`'s exact sequence of products, then `a = fma(scale, dot, a)` as the matvec.
-fn body_lines(r: u32, c: u32, affine: bool) -> String {
+/// One block for every (row, column): each row's words dequantised once (nibbles: 4 words,
+/// `q{r}_{k}l/h` by `dq_lo`/`dq_hi`; bytes: 8 words, `q{r}_{k}` by `dq8`), then per column its 8
+/// staged vec4s (`x0..x7`, swizzled slots) and per row the form's exact sequence of products
+/// (`dq_block`'s or `qb_dot`'s), then `a = fma(scale, dot, a)` as the matvec.
+fn body_lines(r: u32, c: u32, form: QForm) -> String {
+    let affine = form.affine();
     let mut s = String::new();
     for i in 0..r {
         for (k, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-            s += &format!(
-                "let q{i}_{k}l = dq_lo(w{i}.{comp}); let q{i}_{k}h = dq_hi(w{i}.{comp});
+            s += &match form.wide() {
+                true => format!(
+                    "let q{i}_{k} = dq8(w{i}.lo.{comp}); let q{i}_{} = dq8(w{i}.hi.{comp});
+                ",
+                    k + 4
+                ),
+                false => format!(
+                    "let q{i}_{k}l = dq_lo(w{i}.{comp}); let q{i}_{k}h = dq_hi(w{i}.{comp});
                 "
-            );
+                ),
+            };
         }
     }
+    let block_dot = match form.wide() {
+        true => "dot(lo, DQ8_S) + dot(hi, DQ8_S)",
+        false => "dot(lo, DQ_SLO) + dot(hi, DQ_SHI)",
+    };
     for j in 0..c {
         // Column 0 always runs (nb >= 1); the others only below nb (uniform).
         let guard = if j == 0 {
@@ -371,13 +384,29 @@ fn body_lines(r: u32, c: u32, affine: bool) -> String {
             s += "                    let xsum = dot(((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), vec4<f32>(1.0));\n";
         }
         let acc = if affine {
-            format!(
-                "fma(s{{i}}.x, dot(lo, DQ_SLO) + dot(hi, DQ_SHI), fma(s{{i}}.y, xsum, a{{i}}_{j}))"
-            )
+            format!("fma(s{{i}}.x, {block_dot}, fma(s{{i}}.y, xsum, a{{i}}_{j}))")
         } else {
-            format!("fma(s{{i}}, dot(lo, DQ_SLO) + dot(hi, DQ_SHI), a{{i}}_{j})")
+            format!("fma(s{{i}}, {block_dot}, a{{i}}_{j})")
         };
         for i in 0..r {
+            if form.wide() {
+                s += &format!(
+                    "                    {{
+                        var lo = q{i}_0 * x0;
+                        var hi = q{i}_4 * x4;
+                        lo = fma(q{i}_1, x1, lo);
+                        hi = fma(q{i}_5, x5, hi);
+                        lo = fma(q{i}_2, x2, lo);
+                        hi = fma(q{i}_6, x6, hi);
+                        lo = fma(q{i}_3, x3, lo);
+                        hi = fma(q{i}_7, x7, hi);
+                        a{i}_{j} = {};
+                    }}
+",
+                    acc.replace("{i}", &i.to_string())
+                );
+                continue;
+            }
             s += &format!(
                 "                    {{
                         var lo = q{i}_0l * vec4<f32>(x0.x, x4.x, x0.y, x4.y);

@@ -27,7 +27,7 @@
 // 32) and the L partials summed in lane order, so a column agrees with the single-vector matvec to
 // f32 rounding of the row's magnitude.
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, nb: u32, y_stride: u32, cols4: u32 };
-@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;      // [rows * bpr] nibble blocks
+@group(0) @binding(0) var<storage, read> qs: array<QB>;             // [rows * bpr] blocks (tensor.rs QForm)
 @group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;       // [nb, y_stride], rows at row_start
 @group(0) @binding(5) var<uniform> p: Params;
