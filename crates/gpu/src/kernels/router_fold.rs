@@ -12,22 +12,24 @@
 //! oracle's `Wr · rmsnorm(h + Wo · att)`.
 
 use crate::context::{Context, GpuError, Result};
-use crate::tensor::{F32Matrix, Q4Matrix};
+use crate::tensor::{F32Matrix, Q4Matrix, QForm};
 
-/// The fold pipeline (runs once per layer at plan creation).
+/// The fold pipelines, one per block form of the o-proj ([`QForm::ALL`] order; each runs
+/// once per layer at plan creation).
 pub struct RouterFoldKernel {
-    pipe: wgpu::ComputePipeline,
+    pipes: Vec<wgpu::ComputePipeline>,
 }
 
 impl RouterFoldKernel {
     pub fn new(ctx: &Context) -> Result<Self> {
-        Ok(RouterFoldKernel {
-            pipe: ctx.compute(
-                "router_fold",
-                include_str!("../shaders/router_fold.wgsl"),
-                "main",
-            )?,
-        })
+        let pipes = QForm::ALL
+            .into_iter()
+            .map(|f| {
+                let src = f.wgsl() + include_str!("../shaders/router_fold.wgsl");
+                ctx.compute(&format!("router_fold.{f:?}"), &src, "main")
+            })
+            .collect::<Result<_>>()?;
+        Ok(RouterFoldKernel { pipes })
     }
 
     /// `[E, Q + H]` f32 `[Wr · diag(w) · Wo | Wr · diag(w)]` for the o-proj `o [H, Q]`, the
@@ -79,14 +81,11 @@ impl RouterFoldKernel {
                 out.size()
             )));
         }
-        // The form is a run-time switch: the fold runs once per layer at plan creation.
-        let p = ctx.uniform(
-            "router_fold.params",
-            bytemuck::cast_slice(&[e, q, h, o.form.affine() as u32]),
-        )?;
+        let p = ctx.uniform("router_fold.params", bytemuck::cast_slice(&[e, q, h, 0]))?;
+        let pipe = &self.pipes[o.form.index()];
         let bg = ctx.bind_group(
             "router_fold",
-            &self.pipe,
+            pipe,
             &[
                 o.parts[0].qs.as_entire_binding(),
                 o.parts[0].scales.as_entire_binding(),
@@ -97,7 +96,7 @@ impl RouterFoldKernel {
             ],
         )?;
         ctx.run_pass(|pass| {
-            pass.set_pipeline(&self.pipe);
+            pass.set_pipeline(pipe);
             pass.set_bind_group(0, &bg, &[]);
             pass.dispatch_workgroups((n as u32).div_ceil(256), e, 1);
         })
@@ -171,6 +170,20 @@ mod tests {
                 1e-5,
                 &format!("affine fold E{e} H{h} Q{q}"),
             );
+        }
+        // The byte (Q8_0) form of the o-proj.
+        for &(e, h, q) in &[(3, 32, 64), (7, 160, 320)] {
+            let wo_b = crate::testing::rand_q8_0(&mut r, h, q);
+            let wr = rand_f32(&mut r, e * h, -1.0, 1.0);
+            let w = rand_f32(&mut r, h, 0.5, 1.5);
+            let o = Q4Matrix::upload_q8_0(&ctx, "o", h, q, 1, &[&wo_b]).unwrap();
+            let router = F32Matrix::upload(&ctx, "router", e, h, &wr).unwrap();
+            let wb = ctx.storage_init("w", bytemuck::cast_slice(&w)).unwrap();
+            let got_b = k.fold(&ctx, &o, &router, &wb).unwrap();
+            let got = ctx.read_f32(&got_b, e * (q + h)).unwrap();
+            let deq = crate::testing::dequant(nibble_quant::DType::Q8_0, &wo_b, h, q);
+            let want = router_fold_ref(&deq, &wr, &w, e, h, q);
+            assert_close(&got, &want, 1e-4, 1e-5, &format!("Q8_0 fold E{e} H{h} Q{q}"));
         }
     }
 

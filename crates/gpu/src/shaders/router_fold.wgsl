@@ -8,14 +8,14 @@
 // Grid: (ceil((Q + H) / 256), E); thread j of workgroup (_, e) computes fold[e, j], an f32
 // accumulation over r in order.
 //
-// qs, sc   Wo [H, Q] repacked Q4_0, or the affine form when p.affine (tensor.rs), one part
+// qs, sc   Wo [H, Q] blocks of the form prepended (tensor.rs QForm::wgsl), one part
 // wr       [E, H] f32 router
 // wn       [H] f32 post-attention RMSNorm weight
 // fold     [E, Q + H] f32 (written)
 
-struct Params { e: u32, q: u32, hdim: u32, affine: u32 };
+struct Params { e: u32, q: u32, hdim: u32, pad: u32 };
 
-@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>;
+@group(0) @binding(0) var<storage, read> qs: array<QB>;
 @group(0) @binding(1) var<storage, read> sc: array<u32>;
 @group(0) @binding(2) var<storage, read> wr: array<f32>;
 @group(0) @binding(3) var<storage, read> wn: array<f32>;
@@ -40,24 +40,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         fold[e * n + j] = wr[e * p.hdim + r] * wn[r];
         return;
     }
-    // Element t of a block: byte t % 16 (word (t % 16) / 4, bits 8 (t % 4)), high nibble when
-    // t >= 16 (tensor.rs).
+    // Element t of a block: lane t % 4 of the form's levels of elements 4 (t / 4) .. (tensor.rs).
     let bpr = p.q / 32u;
     let b = j / 32u;
     let t = j % 32u;
-    let word = (t % 16u) / 4u;
-    let shift = 8u * (t % 4u) + 4u * (t / 16u);
     var acc = 0.0;
     for (var r = 0u; r < p.hdim; r++) {
         let blk = r * bpr + b;
-        let nib = f32((qs[blk][word] >> shift) & 15u);
+        let nib = qb_levels(qs[blk], t / 4u)[t % 4u];
         var wv: f32;
-        if (p.affine != 0u) {
+        if (Q4_AFFINE) {
             // s q + b, as the reference decodes it (s q is exact: 8 + 4 significant bits).
             let v = sc[blk >> 1u];
             wv = bitcast<f32>(v << 16u) * nib + bitcast<f32>(v & 0xFFFF0000u);
         } else {
-            wv = scale(blk) * (nib - 8.0);
+            wv = scale(blk) * (nib - Q_OFF);
         }
         acc = fma(wr[e * p.hdim + r] * wn[r], wv, acc);
     }
