@@ -27,6 +27,10 @@ pub enum Quant {
     /// (GGUF only; rows that are not whole 256-weight super-blocks stay Q4_0).
     #[value(name = "q4_k_m")]
     Q4KM,
+    /// Q8_0 matrices holding exactly the q4_0 model's values of the same seed (llama.cpp's
+    /// Q8_0 files; GGUF only).
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -78,6 +82,7 @@ pub fn run(a: Args) -> Result<()> {
         mix: match a.quant {
             Quant::Q4_0 => synth::QuantMix::Q4_0,
             Quant::Q4KM => synth::QuantMix::Q4KM,
+            Quant::Q8_0 => synth::QuantMix::Q8_0,
         },
         ..SynthParams::default()
     };

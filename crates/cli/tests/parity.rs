@@ -412,7 +412,7 @@ fn k_quant_file_runs_on_the_cpu_and_the_gpu_refuses_it_clearly() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
-        err.contains("int4 type only")
+        err.contains("block type only")
             && err.contains("token_embd.weight is Q4_K")
             && err.contains("--backend cpu"),
         "{err}"

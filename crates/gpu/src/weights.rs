@@ -1,10 +1,11 @@
 //! Upload every tensor of a model from a [`WeightSource`] to the GPU once.
 //!
-//! Q4_0 matrices stay Q4_0 (repacked, see `tensor.rs`), and an MLX checkpoint's `MLX_A4` ones
-//! take the affine form (one int4 type per model, the embedding's); any other matrix dtype (F32/F16/BF16/
-//! Q8_0, the K-quants, e.g. the Q6_K `output.weight` of llama.cpp's Q4_0 files) is decoded to
-//! f32 with the reference decoder, which is exact: nibble never re-quantises weights. Norm weights become f32 vectors. The embedding and the expert tensors
-//! must be in that int4 type; anything else is a clear error.
+//! Matrices in the model's block type (one per model, the embedding's: Q4_0, MLX's `MLX_A4`
+//! or Q8_0) stay packed in its GPU form (`tensor.rs` `QForm`); any other matrix dtype
+//! (F32/F16/BF16, the K-quants, e.g. the Q6_K `output.weight` of llama.cpp's Q4_0 files, or a
+//! Q8_0 matrix in a Q4_0 model) is decoded to f32 with the reference decoder, which is exact:
+//! nibble never re-quantises weights. Norm weights become f32 vectors. The embedding and the
+//! expert tensors must be in that block type; anything else is a clear error.
 //! q, k and v are fused into one `[Hq*D + 2*Hkv*D, H]` matrix so one matvec produces the
 //! attention kernel's `qkv` buffer.
 
@@ -86,8 +87,8 @@ fn rows_cols(w: &Weight<'_>) -> (usize, usize) {
     (w.elements() / cols.max(1), cols)
 }
 
-/// Upload several weights with the same column count as one row-stacked matrix: int4 blocks
-/// (in the model's int4 type `int4`, Q4_0 or MLX_A4) stay packed, anything else is widened.
+/// Upload several weights with the same column count as one row-stacked matrix: blocks in the
+/// model's block type `int4` (Q4_0, MLX_A4 or Q8_0) stay packed, anything else is widened.
 fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>], int4: DType) -> Result<Matrix> {
     let cols = rows_cols(&ws[0]).1;
     ensure!(
@@ -141,10 +142,10 @@ fn vector(ctx: &Context, label: &str, w: &Weight<'_>) -> Result<wgpu::Buffer> {
     Ok(ctx.storage_init(label, bytemuck::cast_slice(&v))?)
 }
 
-/// Whether the GPU backend can hold `src`, and in which int4 type: its embedding and expert
-/// kernels read Q4_0 or MLX's affine `MLX_A4`, one type for all of them (llama.cpp's K-quant
-/// files, `Q4_K_M` and the like, are refused here, before any upload; the CPU backend runs
-/// them). The error names the first other tensor and counts the others.
+/// Whether the GPU backend can hold `src`, and in which block type: its embedding and expert
+/// kernels read Q4_0, MLX's affine `MLX_A4` or Q8_0, one type for all of them (llama.cpp's
+/// K-quant files, `Q4_K_M` and the like, are refused here, before any upload; the CPU backend
+/// runs them). The error names the first other tensor and counts the others.
 pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
     let cfg = src.config();
     let mut keys = vec![TensorKey::TokenEmbd];
@@ -161,7 +162,7 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
         |k: TensorKey| -> Result<DType> { src.dtype(k).with_context(|| format!("loading {k:?}")) };
     // The embedding's type decides; MLX files are all MLX_A4 where they are 4-bit.
     let int4 = match dtype_of(TensorKey::TokenEmbd)? {
-        DType::MLX_A4 => DType::MLX_A4,
+        t @ (DType::MLX_A4 | DType::Q8_0) => t,
         _ => DType::Q4_0,
     };
     let mut bad = Vec::new();
@@ -173,9 +174,9 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
     }
     if let Some((k, dtype)) = bad.first() {
         bail!(
-            "the GPU backend reads the token embedding and the expert tensors in one int4 type \
-             only (Q4_0 or MLX_A4), and {} of them are not {} ({} is {}); the CPU backend \
-             (--backend cpu) runs this model",
+            "the GPU backend reads the token embedding and the expert tensors in one block \
+             type only (Q4_0, MLX_A4 or Q8_0), and {} of them are not {} ({} is {}); the CPU \
+             backend (--backend cpu) runs this model",
             bad.len(),
             int4.name(),
             nibble_model::qwen3_moe::gguf_name(*k),
@@ -277,10 +278,10 @@ impl GpuWeights {
         }
         Ok(GpuWeights {
             cfg,
-            form: if int4 == DType::MLX_A4 {
-                QForm::Affine4
-            } else {
-                QForm::Q4_0
+            form: match int4 {
+                DType::MLX_A4 => QForm::Affine4,
+                DType::Q8_0 => QForm::Q8_0,
+                _ => QForm::Q4_0,
             },
             embed,
             layers,

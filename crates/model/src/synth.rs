@@ -18,7 +18,7 @@ pub use mlx_writer::{mlx_dtype, write_mlx, write_mlx_sharded};
 
 use crate::config::Qwen3MoeConfig;
 use crate::weights::{LayerTensor, TensorKey, Weight, WeightSource};
-use half::bf16;
+use half::{bf16, f16};
 use nibble_quant::DType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -52,6 +52,10 @@ pub enum QuantMix {
     /// every third between); a matrix whose rows are not whole 256-weight super-blocks falls
     /// back to Q4_0. GGUF only: the weights are quantised from random f32 values.
     Q4KM,
+    /// Q8_0 wherever the default mix has Q4_0, holding exactly the Q4_0 mix's values (each
+    /// block re-encoded: levels `16 (n - 8)` under the scale `d / 16`, both exact, so the
+    /// bytes span the signed range), as llama.cpp's `Q8_0` files store every matrix.
+    Q8_0,
 }
 
 impl Default for SynthParams {
@@ -91,6 +95,9 @@ pub fn storage_dtype(cfg: &Qwen3MoeConfig, mix: QuantMix, key: TensorKey) -> DTy
     let base = gguf_dtype(key);
     if mix == QuantMix::Q4_0 || base != DType::Q4_0 {
         return base;
+    }
+    if mix == QuantMix::Q8_0 {
+        return DType::Q8_0;
     }
     if key.shape(cfg).last().is_none_or(|c| c % 256 != 0) {
         return DType::Q4_0;
@@ -181,6 +188,11 @@ fn gguf_rows(
         q4_rows(&mut rng, rows, cols, std, &mut out);
         return out;
     }
+    if dtype == DType::Q8_0 && p.mix == QuantMix::Q8_0 {
+        let mut q4 = Vec::with_capacity(rows * cols / 32 * 18);
+        q4_rows(&mut rng, rows, cols, std, &mut q4);
+        return q4_0_as_q8_0(&q4);
+    }
     let vals: Vec<f32> = (0..rows * cols)
         .map(|_| {
             let v = if std == 0.0 {
@@ -196,6 +208,25 @@ fn gguf_rows(
         })
         .collect();
     nibble_quant::encode_float(dtype, &vals)
+}
+
+/// Q4_0 blocks re-encoded as Q8_0 blocks of the same values: level `16 (n - 8)` under `d / 16`
+/// where that scale is exact in f16 (synth's scales are powers of two), else `n - 8` under `d`.
+fn q4_0_as_q8_0(q4: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(q4.len() / 18 * 34);
+    for b in q4.chunks_exact(18) {
+        let d = f16::from_le_bytes([b[0], b[1]]);
+        let d16 = f16::from_f32(d.to_f32() / 16.0);
+        let (scale, mul) = match d16.to_f32() * 16.0 == d.to_f32() {
+            true => (d16, 16),
+            false => (d, 1),
+        };
+        out.extend_from_slice(&scale.to_le_bytes());
+        let level = |n: u8| ((n as i32 - 8) * mul) as i8 as u8;
+        out.extend(b[2..18].iter().map(|&x| level(x & 0xF)));
+        out.extend(b[2..18].iter().map(|&x| level(x >> 4)));
+    }
+    out
 }
 
 /// The full GGUF-storage bytes of `key`, generated in parallel chunks of rows. Deterministic.
@@ -390,11 +421,16 @@ pub fn write_gguf(
         })
         .collect();
     let mut meta = crate::qwen3_moe::gguf_metadata(cfg, "nibble synthetic Qwen3-MoE");
-    if p.mix == QuantMix::Q4KM {
-        // 15 = MOSTLY_Q4_K_M in llama.cpp's file-type enum.
+    // llama.cpp's file-type enum: 15 = MOSTLY_Q4_K_M, 7 = MOSTLY_Q8_0.
+    let file_type = match p.mix {
+        QuantMix::Q4_0 => None,
+        QuantMix::Q4KM => Some(15),
+        QuantMix::Q8_0 => Some(7),
+    };
+    if let Some(t) = file_type {
         for (k, v) in meta.iter_mut() {
             if k == "general.file_type" {
-                *v = MetaValue::U32(15);
+                *v = MetaValue::U32(t);
             }
         }
     }

@@ -114,3 +114,44 @@ fn weights_are_random_and_scaled() {
         synth::tensor_bytes(&cfg, &p, TensorKey::Layer(0, LayerTensor::AttnQ))
     );
 }
+
+/// `--quant q8_0` holds exactly the Q4_0 mix's values of the same seed, every matrix in Q8_0
+/// (norms and router stay F32) with levels past the nibble range, so the byte form's high bits
+/// are exercised by whole-model tests.
+#[test]
+fn q8_0_mix_holds_the_q4_0_values() {
+    let cfg = small_cfg();
+    let dir = tempfile::tempdir().unwrap();
+    let (p4, p8) = (dir.path().join("q4.gguf"), dir.path().join("q8.gguf"));
+    let p = |mix| SynthParams {
+        seed: 9,
+        mix,
+        ..Default::default()
+    };
+    synth::write_gguf(&cfg, &p(synth::QuantMix::Q4_0), None, &p4, true).unwrap();
+    synth::write_gguf(&cfg, &p(synth::QuantMix::Q8_0), None, &p8, true).unwrap();
+    let (m4, m8) = (loader::open(&p4).unwrap(), loader::open(&p8).unwrap());
+    let mut big = false;
+    for k in TensorKey::all(&cfg) {
+        let (w4, w8) = (m4.weights.weight(k).unwrap(), m8.weights.weight(k).unwrap());
+        let want = if w4.dtype == nibble_quant::DType::Q4_0 {
+            nibble_quant::DType::Q8_0
+        } else {
+            w4.dtype
+        };
+        assert_eq!(w8.dtype, want, "{k:?}");
+        let (a, b) = (decode(&w4), decode(&w8));
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{k:?}"
+        );
+        if w8.dtype == nibble_quant::DType::Q8_0 {
+            let bytes = w8.parts.concat();
+            big |= bytes
+                .chunks_exact(34)
+                .any(|blk| blk[2..].iter().any(|&q| (q as i8).unsigned_abs() > 15));
+        }
+    }
+    assert!(big, "no level outside the nibble range");
+}
