@@ -117,11 +117,12 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     if args.verbose {
         eprintln!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
-             numerics {}, fold {}, {}, attention combine {:?}, MoE down slot groups {}, \
-             tune {}{}{}",
+             {} weights, numerics {}, fold {}, {}, attention combine {:?}, MoE down slot \
+             groups {}, tune {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
+            g.plan().weights.form.name(),
             args.numerics,
             args.fold,
             match g.plan().qkv_attention_positions() {

@@ -318,7 +318,7 @@ impl GpuBackend {
         };
         format!(
             "gpu adapter: {} ({:?}, {:?})\n\
-             numerics: {} (int4 weights x {} activations)\n\
+             numerics: {} ({} weights x {} activations)\n\
              decode: fold {} ({mode}), {} dispatches per token ({} at the end of the context), \
              routing {:?}, router {}, attention {}, attention combine {}, MoE down slot \
              groups {}, lm_head {}, L2 warming {}, tune {}\n\
@@ -328,6 +328,7 @@ impl GpuBackend {
             info.device_type,
             info.backend,
             o.numerics,
+            self.plan.weights.form.name(),
             o.numerics,
             o.max_run,
             self.dispatches_per_step(),

@@ -131,9 +131,15 @@ impl GpuBackend {
                 crate::prefill::CHUNK_BUDGET >> 20
             ),
             (GemmPrefill::Off, ColumnPrefill::Pending { .. } | ColumnPrefill::Built(_)) => {
+                let form = self.plan.weights.form;
                 format!(
-                    "column prefill, {} tokens per dispatch",
-                    crate::columns::MAX_COLUMNS
+                    "column prefill, {} tokens per dispatch{}",
+                    crate::columns::MAX_COLUMNS,
+                    match GemmKernel::reads(form) {
+                        true => String::new(),
+                        false =>
+                            format!(" (the prefill GEMMs do not read {} weights)", form.name()),
+                    }
                 )
             }
             (GemmPrefill::Off, ColumnPrefill::Off) => {

@@ -4,8 +4,6 @@
 pub mod advance;
 #[cfg(test)]
 mod affine_tests;
-#[cfg(test)]
-mod q8_tests;
 pub mod argmax;
 pub mod attention;
 pub mod attention_prefill;
@@ -30,6 +28,8 @@ pub mod norm;
 mod numerics_tests;
 #[cfg(test)]
 mod ordering_tests;
+#[cfg(test)]
+mod q8_tests;
 pub mod qkv_attention;
 pub mod quantize;
 pub mod router_cols;

@@ -43,14 +43,7 @@ fn run_f32(
         p.hidden as usize,
         p.inter as usize,
     );
-    let kern = MoeKernel::with_form(
-        kern_ctx,
-        p,
-        Numerics::F32,
-        tune,
-        c.form,
-    )
-    .expect("kernel");
+    let kern = MoeKernel::with_form(kern_ctx, p, Numerics::F32, tune, c.form).expect("kernel");
     assert_eq!(
         kern.down_split(),
         tune.split_for(p.top_k),
@@ -472,7 +465,6 @@ fn moe_f32_q8_experts() {
         Some(96 * 1024),
     );
     assert!(
-        MoeKernel::with_form(&ctx, odd.p, Numerics::Int8, F32Tuning::DEFAULT, QForm::Q8_0)
-            .is_err()
+        MoeKernel::with_form(&ctx, odd.p, Numerics::Int8, F32Tuning::DEFAULT, QForm::Q8_0).is_err()
     );
 }

@@ -77,7 +77,11 @@ fn q8_upload_refuses_lying_sizes_and_nan_scales() {
     let ok = Q4Matrix::upload_dtype(&ctx, "w", DType::Q8_0, 4, 128, 1, &[&bytes]).unwrap();
     assert_eq!(ok.form, QForm::Q8_0);
     ok.check_layout("w").unwrap();
-    assert_eq!(ok.bytes(), 4 * 4 * 32 + 4 * 4 * 2, "32 payload bytes and an f16 per block");
+    assert_eq!(
+        ok.bytes(),
+        4 * 4 * 32 + 4 * 4 * 2,
+        "32 payload bytes and an f16 per block"
+    );
     let err = |e: crate::context::GpuError| e.to_string();
     let short = Q4Matrix::upload_q8_0(&ctx, "w", 4, 128, 1, &[&bytes[..bytes.len() - 34]]);
     assert!(err(short.unwrap_err()).contains("34-byte blocks"));
@@ -101,7 +105,13 @@ fn q8_matvec_forms_match_the_reference() {
     let k = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Q8_0).unwrap();
     let late = MatvecKernel::with_form(&ctx, Numerics::F32, true, QForm::Q8_0).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
-    for &(rows, cols) in &[(1usize, 32usize), (13, 96), (300, 2048), (9000, 64), (5, 4096)] {
+    for &(rows, cols) in &[
+        (1usize, 32usize),
+        (13, 96),
+        (300, 2048),
+        (9000, 64),
+        (5, 4096),
+    ] {
         let wb = rand_q8_0(&mut r, rows, cols);
         let deq = dequant(DType::Q8_0, &wb, rows, cols);
         let w = Q4Matrix::upload_q8_0(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
@@ -127,7 +137,13 @@ fn q8_matvec_forms_match_the_reference() {
         let got = ctx.read_f32(&y, rows).unwrap();
         let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
         let mag_acc: Vec<f32> = m.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
-        assert_within(&got, &want_acc, &mag_acc, 2e-6, &format!("acc [{rows}, {cols}]"));
+        assert_within(
+            &got,
+            &want_acc,
+            &mag_acc,
+            2e-6,
+            &format!("acc [{rows}, {cols}]"),
+        );
         // The norm-on-load forms, plain and late-scaled.
         let h = rand_f32(&mut r, cols, -30.0, 30.0);
         let nw = rand_f32(&mut r, cols, 0.5, 1.5);
@@ -156,7 +172,10 @@ fn q8_matvec_forms_match_the_reference() {
         .storage_init("x", bytemuck::cast_slice(&[0.5f32; 64]))
         .unwrap();
     let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
-    let e = k.bind_q4(&ctx, &q4, Act::F32(&x), &y, &state).err().unwrap();
+    let e = k
+        .bind_q4(&ctx, &q4, Act::F32(&x), &y, &state)
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("reads Q8_0"), "{e}");
     let q8 = Q4Matrix::upload_q8_0(&ctx, "b", 4, 64, 1, &[&rand_q8_0(&mut r, 4, 64)]).unwrap();
     let plain = MatvecKernel::new(&ctx).unwrap();

@@ -183,7 +183,13 @@ mod tests {
             let got = ctx.read_f32(&got_b, e * (q + h)).unwrap();
             let deq = crate::testing::dequant(nibble_quant::DType::Q8_0, &wo_b, h, q);
             let want = router_fold_ref(&deq, &wr, &w, e, h, q);
-            assert_close(&got, &want, 1e-4, 1e-5, &format!("Q8_0 fold E{e} H{h} Q{q}"));
+            assert_close(
+                &got,
+                &want,
+                1e-4,
+                1e-5,
+                &format!("Q8_0 fold E{e} H{h} Q{q}"),
+            );
         }
     }
 

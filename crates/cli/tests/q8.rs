@@ -1,0 +1,177 @@
+//! Q8_0 GGUF files (llama.cpp's 8-bit files) end to end on the GPU: synth writes one holding
+//! the Q4_0 model's values, `inspect` counts its types, the GPU backend decodes it on the byte
+//! form (`QForm::Q8_0`) with greedy parity against the oracle, its prompts take the column
+//! prefill (the GEMMs read the nibble forms only), multi-stream ids equal single-stream ones,
+//! and a NaN scale in the file is a clear error on every backend.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn nibble() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nibble"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// A tiny Q8_0 GGUF in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
+fn synth(dir: &Path) -> PathBuf {
+    let path = dir.join("tiny-q8.gguf");
+    let tok =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../vendor/qwen3-tokenizer/tokenizer.json");
+    let mut c = nibble();
+    c.args([
+        "synth", "--preset", "tiny", "--quant", "q8_0", "--seed", "4",
+    ])
+    .args(["--quiet", "-o"])
+    .arg(&path);
+    if tok.is_file() {
+        c.arg("--tokenizer").arg(&tok);
+    } else {
+        assert!(std::env::var_os("CI").is_none(), "CI: tokenizer missing");
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "synth: {}", text(&out.stderr));
+    path
+}
+
+/// `nibble parity --json -n N` with `args` on `path`: asserts it passes with every prompt's N
+/// ids equal to the oracle's and min cos >= 0.99999; returns stderr.
+fn parity_passes(path: &Path, n: usize, args: &[&str]) -> String {
+    let out = nibble()
+        .args(["parity", "--json", "-n", &n.to_string()])
+        .args(args)
+        .arg("-m")
+        .arg(path)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    let j: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON ({e}): {err}"));
+    assert_eq!(j["pass"], Value::Bool(true), "{j:#}\n{err}");
+    for p in j["prompts"].as_array().unwrap() {
+        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
+        assert_eq!((o.len(), &o), (n, &f), "{p:#}");
+        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
+    }
+    err
+}
+
+/// Whether a wgpu adapter exists (lavapipe counts); in CI one must.
+fn have_gpu() -> bool {
+    let have = nibble_gpu::Context::new(&nibble_gpu::AdapterChoice::Auto).is_ok();
+    assert!(
+        have || std::env::var_os("CI").is_none(),
+        "no wgpu adapter and CI is set"
+    );
+    have
+}
+
+#[test]
+fn q8_0_file_decodes_on_the_gpu_with_oracle_parity() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path());
+    let out = nibble()
+        .args(["inspect", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let types = &info["bytes_per_type"];
+    assert!(types["Q8_0"].as_u64().unwrap_or(0) > 0, "{info:#}");
+    assert!(types.get("Q4_0").is_none(), "{info:#}");
+    if !have_gpu() {
+        return;
+    }
+    // The byte form in every kernel the decode and the column prefill use: 128 greedy tokens
+    // equal to the oracle's, as the bar for the tiny model asks.
+    let err = parity_passes(&path, 128, &["--backend", "gpu", "-v"]);
+    assert!(
+        err.contains("Q8_0 weights, numerics f32")
+            && err.contains("the prefill GEMMs do not read Q8_0 weights"),
+        "{err}"
+    );
+    // The per-token path gives the same ids.
+    parity_passes(&path, 16, &["--backend", "gpu", "--per-token"]);
+    // Multi-stream decode on the column kernels: every stream's ids equal its single-stream ids.
+    let out = nibble()
+        .args([
+            "bench",
+            "--backend",
+            "gpu",
+            "-p",
+            "8",
+            "-n",
+            "12",
+            "--batch",
+            "2",
+        ])
+        .args(["--reps", "1", "--json", "-m"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let j: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", text(&out.stderr)));
+    let batch = j["stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["batch"] == 2)
+        .unwrap_or_else(|| panic!("no batch row: {j:#}"));
+    assert_eq!(batch["streams_equal_single"], 2, "{batch:#}");
+}
+
+#[test]
+fn a_nan_scale_in_a_q8_0_file_is_a_clear_error_on_every_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path());
+    let gguf = nibble_formats::gguf::GgufFile::open(&path).unwrap();
+    let info = gguf
+        .tensors()
+        .iter()
+        .find(|t| t.name == "blk.1.ffn_down_exps.weight")
+        .unwrap();
+    let at = (gguf.data_offset() + info.offset) as usize;
+    drop(gguf);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // The third block's f16 scale becomes a NaN.
+    bytes[at + 2 * 34..at + 2 * 34 + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let gpu = have_gpu();
+    for backend in ["cpu", "ref", "gpu"] {
+        if backend == "gpu" && !gpu {
+            continue;
+        }
+        let out = nibble()
+            .args([
+                "generate",
+                "--backend",
+                backend,
+                "-n",
+                "2",
+                "--prompt",
+                "Hi",
+                "-m",
+            ])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{backend}: {err}");
+        assert!(
+            err.contains("non-finite") && !err.contains("panicked"),
+            "{backend}: {err}"
+        );
+    }
+}
