@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -348,6 +348,32 @@ if has mlxpre; then
       timeout 150 $N bench -m $MLX --backend gpu $fs -p ${MLX_P:-512} -n 32 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
+fi
+if has q8; then
+  # Q8_0 GGUF on the GPU (session 32, the byte form): the full-size model written here as Q8_0
+  # (the Q4_0 model's values, ~32 GB), open time and peak memory, decode and prefill (the
+  # column prefill: the GEMMs read the nibble forms only), then greedy parity against the
+  # oracle. Q8_ROUNDS rounds of bench; with Q8_VS_Q4=1 the Q4_0 GGUF of the same seed is
+  # written too and benched beside it in each round.
+  Q8=/tmp/q30-q8.gguf
+  say "synth qwen3-30b-a3b --quant q8_0"
+  [ -s $Q8 ] || /usr/bin/time -f "synth q8_0 wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --quant q8_0 --seed 0 --tokenizer "$TOK" -o $Q8 --quiet 2>&1 | tee -a "$S"
+  ls -l $Q8 | tee -a "$S"
+  Q8M=($Q8)
+  if [[ "${Q8_VS_Q4:-0}" == 1 ]]; then
+    [ -s $MODEL ] || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
+    Q8M=($MODEL $Q8)
+  fi
+  say "open + 1 token on the GPU: $Q8"
+  /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $Q8 --backend gpu -n 1 -p Hi --ctx 512 -v 2>&1 | grep -E "wall|error|resident|prefill" | tee -a "$S"
+  for round in $(seq ${Q8_ROUNDS:-1}); do
+    for m in "${Q8M[@]}"; do
+      say "q8 round $round: $m"
+      timeout 200 $N bench -m $m --backend gpu -p ${Q8_P:-128} -n 128 --reps 3 --ctx 512 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+    done
+  done
+  say "parity gpu vs oracle on the Q8_0 model (3 built-in prompts x ${Q8_PN:-32} tokens)"
+  timeout ${Q8_PT:-300} $N parity -m $Q8 --backend gpu -n ${Q8_PN:-32} --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has cpu; then
   # The CPU backend on this machine's cores (no GPU involved), beside the oracle's step rate.

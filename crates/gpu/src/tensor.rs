@@ -1,5 +1,6 @@
-//! GPU-resident tensor layouts shared by all kernels: the repacked Q4_0 matrix (split by rows
-//! across bindings when it is large) and int8-quantised activations.
+//! GPU-resident tensor layouts shared by all kernels: the repacked block matrix (Q4_0, MLX's
+//! affine groups or Q8_0; split by rows across bindings when it is large) and int8-quantised
+//! activations.
 //!
 //! Q4_0 matrix `[rows, cols]` (`cols % 32 == 0`, block `b` of row `r` is block `r * cols/32 + b`):
 //! - `qs`: `array<vec4<u32>>`, one vec4 per block = the 16 Q4_0 nibble bytes in file order,
@@ -18,9 +19,17 @@
 //!   low half and its bf16 bias bits in the high half: `bitcast<f32>(v << 16)` and
 //!   `bitcast<f32>(v & 0xFFFF0000)` are exact.
 //!
-//! A kernel computes a block's dot as `c0 · Σ (q - 8) x + c1 · Σ x` with `(c0, c1)` from
-//! [`Q4_COEF`]: `(d, 0)` for Q4_0, `(s, b + 8 s)` for the affine form (its `Σ x` term is skipped
-//! where `Q4_AFFINE` is false).
+//! The byte form ([`QForm::Q8_0`], from ggml's Q8_0 blocks: weight = `q·d`, `q` a signed byte)
+//! keeps the scales as Q4_0's and doubles the payload:
+//! - `qs`: two vec4 per block (32 bytes), byte `j` = element `j` stored as `q + 128` (offset
+//!   binary, so the mantissa trick that makes nibbles floats without a conversion works for
+//!   bytes too: [`Q8_PAYLOAD`]); kernels declare the binding `array<QB>` and index it by block.
+//!
+//! A kernel computes a block's dot as `c0 · Σ (q - off) x + c1 · Σ x` with `(c0, c1)` from
+//! [`Q4_COEF`]: `(d, 0)` for Q4_0 and Q8_0, `(s, b + 8 s)` for the affine form (its `Σ x` term is
+//! skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes (`Q_OFF`). Every
+//! kernel that reads block matrices is compiled for one [`QForm`] ([`QForm::wgsl`]) and refuses a
+//! matrix of another by name.
 //!
 //! Activations feeding an int4 matvec, `x[n]` (`n % 32 == 0`), quantised per block of 32:
 //! - `q`: `array<u32>` `[n/4]`, word `i` = `i8` values of elements `4i..4i+3` (byte k = element 4i+k);

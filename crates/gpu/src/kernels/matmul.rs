@@ -520,7 +520,7 @@ impl MatmulKernel {
         // every binding this kernel makes, because its one binder (`bind_tiled`) checks on the
         // host:
         // - `Q4Matrix::check_layout`: cols % 32 == 0 (so bpr >= 1 and `bpr - 1` does not wrap),
-        //   parts tiling the rows, each part's qs >= part rows * bpr vec4s and scales >=
+        //   parts tiling the rows, each part's qs >= part rows * bpr blocks of the form (`QB`s) and scales >=
         //   ceil(that / 2) words (the affine form reads the same word, blk >> 1); a block
         //   index is rb + b with rb = row * bpr for a row below
         //   the part's rows (rows past the end select row 0) and b = min(.., bpr - 1);

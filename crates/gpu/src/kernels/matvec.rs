@@ -275,7 +275,7 @@ impl MatvecKernel {
                 // in bounds for every binding this kernel makes, because its only binders
                 // (`bind_q4_parts`, `bind_q4_router`, `bind_q4_norm_warm`) check on the host:
                 // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
-                //   each part's qs >= part rows * bpr vec4s and scales >= ceil(that / 2) words,
+                //   each part's qs >= part rows * bpr blocks of the form (`QB`s) and scales >= ceil(that / 2) words,
                 //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
                 //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both (the affine
                 //   form reads the same scale word, blk >> 1, as Q4_0's `scale(blk)`);
