@@ -351,10 +351,12 @@ if has mlxpre; then
 fi
 if has q8; then
   # Q8_0 GGUF on the GPU (session 32, the byte form): the full-size model written here as Q8_0
-  # (the Q4_0 model's values, ~32 GB), open time and peak memory, decode and prefill (the
-  # column prefill: the GEMMs read the nibble forms only), then greedy parity against the
-  # oracle. Q8_ROUNDS rounds of bench; with Q8_VS_Q4=1 the Q4_0 GGUF of the same seed is
-  # written too and benched beside it in each round.
+  # (the Q4_0 model's values, ~32 GB), open time and peak memory, decode and prefill, then
+  # greedy parity against the oracle. Q8_ROUNDS rounds of bench; with Q8_VS_Q4=1 the Q4_0 GGUF
+  # of the same seed is written too and benched beside it in each round. Q8_SETS: ';'-separated
+  # extra flag sets benched on the Q8_0 model after the default (e.g. "--prefill-chunk 0", the
+  # column prefill); Q8_PARITY_SETS: flag sets of the parity check (default: the default set,
+  # then every prompt through the GEMM prefill).
   Q8=/tmp/q30-q8.gguf
   say "synth qwen3-30b-a3b --quant q8_0"
   [ -s $Q8 ] || /usr/bin/time -f "synth q8_0 wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --quant q8_0 --seed 0 --tokenizer "$TOK" -o $Q8 --quiet 2>&1 | tee -a "$S"
@@ -369,11 +371,19 @@ if has q8; then
   for round in $(seq ${Q8_ROUNDS:-1}); do
     for m in "${Q8M[@]}"; do
       say "q8 round $round: $m"
-      timeout 200 $N bench -m $m --backend gpu -p ${Q8_P:-128} -n 128 --reps 3 --ctx 512 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+      timeout 200 $N bench -m $m --backend gpu -p ${Q8_P:-128} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+    done
+    IFS=';' read -ra Q8S <<< "${Q8_SETS-}"
+    for fs in "${Q8S[@]}"; do
+      say "q8 round $round: $Q8 [$fs]"
+      timeout 200 $N bench -m $Q8 --backend gpu $fs -p ${Q8_P:-128} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
     done
   done
-  say "parity gpu vs oracle on the Q8_0 model (3 built-in prompts x ${Q8_PN:-32} tokens)"
-  timeout ${Q8_PT:-300} $N parity -m $Q8 --backend gpu -n ${Q8_PN:-32} --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  IFS=';' read -ra Q8PS <<< "${Q8_PARITY_SETS-;--prefill-gemm-min 2}"
+  for ps in "${Q8PS[@]}"; do
+    say "parity gpu vs oracle on the Q8_0 model [${ps:-default}] (3 built-in prompts x ${Q8_PN:-32} tokens)"
+    timeout ${Q8_PT:-300} $N parity -m $Q8 --backend gpu -n ${Q8_PN:-32} --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
 fi
 if has cpu; then
   # The CPU backend on this machine's cores (no GPU involved), beside the oracle's step rate.

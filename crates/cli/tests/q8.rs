@@ -1,7 +1,8 @@
 //! Q8_0 GGUF files (llama.cpp's 8-bit files) end to end on the GPU: synth writes one holding
 //! the Q4_0 model's values, `inspect` counts its types, the GPU backend decodes it on the byte
-//! form (`QForm::Q8_0`) with greedy parity against the oracle, its prompts take the column
-//! prefill (the GEMMs read the nibble forms only), multi-stream ids equal single-stream ones,
+//! form (`QForm::Q8_0`) with greedy parity against the oracle, through both prefills (the
+//! GEMMs on f32 fmas: the matrix units read the nibble forms only), multi-stream ids equal
+//! single-stream ones,
 //! and a NaN scale in the file is a clear error on every backend.
 
 use serde_json::Value;
@@ -97,10 +98,17 @@ fn q8_0_file_decodes_on_the_gpu_with_oracle_parity() {
     // equal to the oracle's, as the bar for the tiny model asks.
     let err = parity_passes(&path, 128, &["--backend", "gpu", "-v"]);
     assert!(
-        err.contains("Q8_0 weights, numerics f32")
-            && err.contains("the prefill GEMMs do not read Q8_0 weights"),
+        err.contains("Q8_0 weights, numerics f32") && err.contains("f32 fmas"),
         "{err}"
     );
+    // Every prompt through the GEMM prefill (its f32 kernel reads the byte form; the matrix
+    // units do not): parity too.
+    let err = parity_passes(
+        &path,
+        16,
+        &["--backend", "gpu", "-v", "--prefill-gemm-min", "2"],
+    );
+    assert!(err.contains("GEMM prefill (int4 GEMM, f32 fmas"), "{err}");
     // The per-token path gives the same ids.
     parity_passes(&path, 16, &["--backend", "gpu", "--per-token"]);
     // Multi-stream decode on the column kernels: every stream's ids equal its single-stream ids.

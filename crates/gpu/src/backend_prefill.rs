@@ -88,6 +88,7 @@ impl GemmPrefill {
                     chunk: opts.prefill_chunk,
                     query_tiles: opts.prefill_query_tiles,
                     matrix_units: opts.prefill_matrix_units
+                        && !form.wide()
                         && (!affine || opts.tune.prefill_coop_affine == Some(1)),
                     max_splits: opts.tune.prefill_splits,
                     k_splits: opts.tune.prefill_ksplits,
@@ -311,19 +312,24 @@ mod tests {
     use super::*;
 
     /// Whether the GEMM prefill `new` would ask for matrix units.
-    fn units(opts: &GpuOptions, affine: bool) -> bool {
-        let form = if affine { QForm::Affine4 } else { QForm::Q4_0 };
+    fn units_for(opts: &GpuOptions, form: QForm) -> bool {
         match GemmPrefill::new(opts, Combine::Fused, form) {
             GemmPrefill::Pending { shape, .. } => shape.matrix_units,
             _ => panic!("the GEMM prefill is on by default"),
         }
     }
 
+    fn units(opts: &GpuOptions, affine: bool) -> bool {
+        units_for(opts, crate::testing::form(affine))
+    }
+
     /// An affine (MLX) model's prefill asks for f32 fmas unless `prefill_coop_affine=1`; a
-    /// Q4_0 model's asks for the matrix units unless `--prefill-f32-gemm`.
+    /// Q4_0 model's asks for the matrix units unless `--prefill-f32-gemm`; a Q8_0 model's
+    /// always for f32 fmas (the matrix units read nibbles only).
     #[test]
     fn affine_models_prefill_on_f32_fmas_by_default() {
         let mut opts = GpuOptions::default();
+        assert!(!units_for(&opts, QForm::Q8_0));
         assert!(opts.prefill_matrix_units);
         assert!(units(&opts, false));
         assert!(!units(&opts, true));

@@ -250,9 +250,11 @@ impl GemmKernel {
         Self::with_coop(ctx, true)
     }
 
-    /// Whether the GEMMs read matrices of `form` (the prefill takes the columns otherwise).
+    /// Whether the GEMMs read matrices of `form` (the prefill takes the columns otherwise):
+    /// every form on f32 fmas; the matrix units read the nibble forms only
+    /// ([`Self::with_form`] keeps the byte form on f32 fmas).
     pub fn reads(form: QForm) -> bool {
-        matches!(form, QForm::Q4_0 | QForm::Affine4)
+        matches!(form, QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0)
     }
 
     /// Check the shared memory fits (24 KiB at 4 tokens per thread for the f32 kernel, 42 KiB
@@ -262,8 +264,9 @@ impl GemmKernel {
         Self::with_form(ctx, coop, QForm::Q4_0)
     }
 
-    /// [`GemmKernel::with_coop`] for int4 weights of the given block form: Q4_0 or the affine
-    /// (MLX) one (gemm_wgsl.rs and gemm_coop.rs's `WSTORE_COOP_AFFINE`); any other is an error
+    /// [`GemmKernel::with_coop`] for weights of the given block form: Q4_0 or the affine (MLX)
+    /// one (gemm_wgsl.rs and gemm_coop.rs's `WSTORE_COOP_AFFINE`), or Q8_0 on f32 fmas only
+    /// (gemm_wgsl.rs `WSTORE_F32_Q8`; `coop` is ignored for it); any other is an error
     /// ([`Self::reads`]).
     pub fn with_form(ctx: &Context, coop: bool, form: QForm) -> Result<GemmKernel> {
         if !Self::reads(form) {
@@ -272,7 +275,7 @@ impl GemmKernel {
                 form.name()
             )));
         }
-        let coop = on_matrix_units(ctx, coop);
+        let coop = on_matrix_units(ctx, coop) && !form.wide();
         let need = if coop {
             super::gemm_coop::workgroup_bytes(4, false)
         } else {
@@ -327,7 +330,7 @@ impl GemmKernel {
         if self.coop && form != GemmForm::DenseF32 {
             super::gemm_coop::shader(form, tm, plan, self.dbuf, self.form.affine())
         } else {
-            shader(form, tm, plan, self.form.affine())
+            shader(form, tm, plan, self.form)
         }
     }
 
@@ -348,7 +351,10 @@ impl GemmKernel {
         } else {
             ""
         };
-        let aff = if self.form.affine() { ".affine" } else { "" };
+        let aff = match self.form {
+            QForm::Q4_0 => String::new(),
+            f => format!(".{f:?}"),
+        };
         let label = format!("{kind}.{form:?}.tm{tm}{db}{aff}");
         // Every form is compiled without naga's runtime bounds checks (pp512 +71% for the
         // whole prefill with every module unchecked, docs/BENCHMARKS.md run 115). SAFETY (of

@@ -334,7 +334,11 @@ pub fn shader(
     } else {
         WSTORE_COOP
     };
-    s += &prelude(form, tm, plan, wstore, affine);
+    let qform = match affine {
+        true => crate::tensor::QForm::Affine4,
+        false => crate::tensor::QForm::Q4_0,
+    };
+    s += &prelude(form, tm, plan, wstore, qform);
     // (gate-or-first, up-or-second) column tiles of each accumulator pair.
     let pairs: Vec<(&str, &str)> = if mt == 4 {
         vec![("2u * g", "2u * g + 4u"), ("2u * g + 1u", "2u * g + 5u")]

@@ -199,7 +199,7 @@ fn gemm_affine_dense_matches_reference() {
     let Some(ctx) = gpu("gemm_affine_dense_matches_reference") else {
         return;
     };
-    let ks = test_kernels_for(&ctx, true);
+    let ks = test_kernels_for(&ctx, QForm::Affine4);
     let small = ctx.with_max_binding_bytes(20 * 2 * 16);
     let mut r = rng(75);
     let whole: &Context = &ctx;
@@ -250,6 +250,72 @@ fn gemm_affine_dense_matches_reference() {
             .to_string();
         assert!(e.contains(&format!("bound to a {name}")), "{e}");
     }
+}
+
+/// The byte form (Q8_0, f32 fmas only: `with_form` keeps it off the matrix units) against the
+/// same reference: `=` and `+=`, both tile heights, odd shapes, a split matrix; a Q4_0 kernel
+/// refuses a Q8_0 matrix by name.
+#[test]
+fn gemm_q8_dense_matches_reference() {
+    let Some(ctx) = gpu("gemm_q8_dense_matches_reference") else {
+        return;
+    };
+    let ks = test_kernels_for(&ctx, QForm::Q8_0);
+    assert!(
+        ks.len() == 1 && !ks[0].coop(),
+        "the byte form runs on f32 fmas"
+    );
+    let small = ctx.with_max_binding_bytes(20 * 3 * 32);
+    let mut r = rng(77);
+    let whole: &Context = &ctx;
+    for (m, rows, cols, c) in [
+        (1, 1, 32, whole),
+        (37, 200, 96, whole),
+        (64, 130, 2048, whole),
+        (45, 300, 96, &small),
+    ] {
+        let wb = crate::testing::rand_q8_0(&mut r, rows, cols);
+        let deq = dequant(DType::Q8_0, &wb, rows, cols);
+        let w = Q4Matrix::upload_q8_0(c, "w", rows, cols, 1, &[&wb]).unwrap();
+        assert!(c.max_binding_bytes() == whole.max_binding_bytes() || w.parts.len() > 1);
+        let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+        let want = reference(&deq, rows, cols, &x, m);
+        let stride = rows + PAD_COLS;
+        for tm in [2, 4] {
+            let what = format!(
+                "Q8_0 m {m} [{rows}, {cols}] tm {tm} parts {}",
+                w.parts.len()
+            );
+            let init = vec![f32::NAN; (m + PAD_ROWS) * stride];
+            let got = run_dense(&ctx, &ks[0], GemmWeights::Q4(&w), &x, m, tm, false, &init);
+            check(&got, &init, &want, false, rows, m, &what);
+            let init = rand_f32(&mut r, (m + PAD_ROWS) * stride, -2.0, 2.0);
+            let got = run_dense(&ctx, &ks[0], GemmWeights::Q4(&w), &x, m, tm, true, &init);
+            check(&got, &init, &want, true, rows, m, &format!("+= {what}"));
+        }
+    }
+    let w8 = Q4Matrix::upload_q8_0(
+        &ctx,
+        "w8",
+        4,
+        64,
+        1,
+        &[&crate::testing::rand_q8_0(&mut r, 4, 64)],
+    )
+    .unwrap();
+    let (x, y, d) = (
+        ctx.storage("x", 64 * 4 * 4).unwrap(),
+        ctx.storage("y", 64 * 4 * 4).unwrap(),
+        dims(&ctx, 1),
+    );
+    let a = dense_args(GemmForm::Dense, GemmWeights::Q4(&w8), (&x, &y), 4, 4, &d);
+    let e = GemmKernel::new(&ctx)
+        .unwrap()
+        .bind(&ctx, &a, 2)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("bound to a Q8_0"), "{e}");
 }
 
 /// A matrix split over 15 bindings gives the same Y as the reference (one dispatch per part,
@@ -421,26 +487,26 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
     use crate::kernels::gemm_reduce::{GemmReduceArgs, GemmReduceKernel};
     let red = GemmReduceKernel::new(&ctx).unwrap();
     let mut r = rng(75);
-    for (m, rows, cols, want_splits, affine) in [
-        (37usize, 300usize, 256usize, 8u32, false),
-        (3, 130, 2048, 4, false),
-        (37, 300, 256, 8, true),
-        (25, 5120, 2048, 8, true),
+    for (m, rows, cols, want_splits, form) in [
+        (37usize, 300usize, 256usize, 8u32, QForm::Q4_0),
+        (3, 130, 2048, 4, QForm::Q4_0),
+        (37, 300, 256, 8, QForm::Affine4),
+        (25, 5120, 2048, 8, QForm::Affine4),
+        (37, 300, 256, 8, QForm::Q8_0),
+        (25, 5120, 2048, 8, QForm::Q8_0),
     ] {
-        // Q4_0, or the affine (MLX) form (at the real qkv's shape too).
-        let ks = test_kernels_for(&ctx, affine);
+        // Every block form (at the real qkv's shape too).
+        let ks = test_kernels_for(&ctx, form);
         let bpr = (cols / 32) as u32;
         let splits = k_splits(bpr, want_splits);
         assert!(splits > 1);
-        let (w, deq) = if affine {
-            let wb = rand_mlx_a4(&mut r, rows, cols);
-            let w = Q4Matrix::upload_mlx(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
-            (w, dequant(DType::MLX_A4, &wb, rows, cols))
-        } else {
-            let wb = rand_q4_0(&mut r, rows, cols);
-            let w = Q4Matrix::upload(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
-            (w, dequant_q4_0(&wb, rows, cols))
+        let (wb, dt) = match form {
+            QForm::Q4_0 => (rand_q4_0(&mut r, rows, cols), DType::Q4_0),
+            QForm::Affine4 => (rand_mlx_a4(&mut r, rows, cols), DType::MLX_A4),
+            QForm::Q8_0 => (crate::testing::rand_q8_0(&mut r, rows, cols), DType::Q8_0),
         };
+        let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
+        let deq = dequant(dt, &wb, rows, cols);
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
         let (yr, stride) = (m + PAD_ROWS, rows + PAD_COLS);
@@ -492,8 +558,9 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
             })
             .unwrap();
             let got = ctx.read_f32(&y, yr * stride).unwrap();
-            let what =
-                format!("q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}, kernel {ki}, affine {affine}");
+            let what = format!(
+                "q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}, kernel {ki}, {form:?}"
+            );
             check(&got, &init, &want, acc, rows, m, &what);
         }
         // The reduce refuses a part buffer without room for its splits.
@@ -593,15 +660,14 @@ fn gemm_onehot_probe() {
 
 /// The kernels the tests run: the default, and where the int4 forms run on matrix units the
 /// double-buffered one too (the prefill's default; `GemmKernel::new` alone is single-buffered).
-/// The kernels for int4 weights in the affine (MLX) form when `affine`, else Q4_0: the
-/// default, and where the device has matrix units also their double-buffered form and the
-/// f32 kernel.
-pub(crate) fn test_kernels_for(ctx: &Context, affine: bool) -> Vec<GemmKernel> {
-    let mut ks = vec![GemmKernel::with_form(ctx, true, crate::testing::form(affine)).unwrap()];
+/// The kernels for weights of the block form `form`: the default, and where the device has
+/// matrix units for the form also their double-buffered form and the f32 kernel.
+pub(crate) fn test_kernels_for(ctx: &Context, form: QForm) -> Vec<GemmKernel> {
+    let mut ks = vec![GemmKernel::with_form(ctx, true, form).unwrap()];
     if ks[0].coop() {
-        let k = GemmKernel::with_form(ctx, true, crate::testing::form(affine)).unwrap();
+        let k = GemmKernel::with_form(ctx, true, form).unwrap();
         ks.push(k.with_double_buffer(ctx, true).unwrap());
-        ks.push(GemmKernel::with_form(ctx, false, crate::testing::form(affine)).unwrap());
+        ks.push(GemmKernel::with_form(ctx, false, form).unwrap());
     }
     ks
 }

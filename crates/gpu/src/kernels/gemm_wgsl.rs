@@ -9,6 +9,7 @@
 //! rounding in either form. The matrix-unit kernel (gemm_coop.rs) has its own staging.
 
 use super::gemm::{GemmForm, PlanLayout, WG};
+use crate::tensor::QForm;
 /// WGSL of the f32 kernel's `gm_wstore` for int4 weights: thread (nn, h)'s share of one block
 /// (`WReg`: words 2h, 2h + 1 of row nn's block and its scale), dequantised into `ws`: elements
 /// 8h .. 8h + 8 (low nibbles) and 16 + 8h .. 16 + 8h + 8 (high nibbles).
@@ -41,29 +42,44 @@ const WSTORE_F32_AFFINE: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
 }
 ";
 
-/// The WGSL of `form` with `tm` tokens per thread (2 or 4), for int4 weights in the affine
-/// form when `affine` (tensor.rs), else Q4_0.
-pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, affine: bool) -> String {
-    let wstore = if affine {
-        WSTORE_F32_AFFINE
-    } else {
-        WSTORE_F32
+/// [`WSTORE_F32`] for the byte form (Q8_0): `WReg.q` holds words 4h .. 4h + 4 of the block,
+/// elements 16h .. 16h + 16 as `q + 128`; each weight is `d q`, one rounding, the oracle's.
+const WSTORE_F32_Q8: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
+    for (var j = 0u; j < 4u; j++) {
+        let w = r.q[j];
+        let k = 16u * h + 4u * j;
+        for (var c = 0u; c < 4u; c++) {
+            let q = f32((w >> (8u * c)) & 0xFFu) - 128.0;
+            ws[(k + c) * 32u + nn / 4u][nn % 4u] = r.d * q;
+        }
+    }
+}
+";
+
+/// The WGSL of `form` with `tm` tokens per thread (2 or 4), for weights of the block form
+/// `qform` (tensor.rs): Q4_0, the affine one or Q8_0.
+pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -> String {
+    let wstore = match qform {
+        QForm::Q4_0 => WSTORE_F32,
+        QForm::Affine4 => WSTORE_F32_AFFINE,
+        QForm::Q8_0 => WSTORE_F32_Q8,
     };
-    let s = prelude(form, tm, plan, wstore, affine);
+    let s = prelude(form, tm, plan, wstore, qform);
     shader_body(form, tm, s)
 }
 
 /// The WGSL both kernels share (this file's and gemm_coop.rs's): the tile constants (`TM`, `BM`,
 /// `XPT`, `XV`), the form's tile functions (`gm_tile`, `gm_xrow`, `gm_yrow`) and its weight
 /// bindings and fetch (`WReg`, `gm_wfetch`), with `wstore` (the kernel's `gm_wstore` for int4
-/// weights) in between; `affine`: the int4 weights are in the affine form (the f32 kernel only).
+/// weights) in between; `qform`: the block form of the weights (tensor.rs).
 pub(crate) fn prelude(
     form: GemmForm,
     tm: u32,
     plan: Option<PlanLayout>,
     wstore: &str,
-    affine: bool,
+    qform: QForm,
 ) -> String {
+    let affine = qform.affine();
     let bm = 16 * tm;
     let xv = if tm == 4 { "vec4<f32>" } else { "vec2<f32>" };
     // vec4s of X each thread stages per block: 8 per row, BM rows, 256 threads.
@@ -148,6 +164,44 @@ fn gm_wstore(r: WReg, nn: u32, h: u32) {
     }
 }
 ";
+    } else if qform.wide() {
+        // Thread (nn, h) stages half h of the byte block of row nn: its vec4 h, elements
+        // 16h .. 16h + 16, dequantised on the store (tensor.rs byte form).
+        s += "struct QB8 { lo: vec4<u32>, hi: vec4<u32> };
+@group(0) @binding(0) var<storage, read> qs: array<QB8>; // [rows * bpr] byte blocks
+@group(0) @binding(1) var<storage, read> sc: array<u32>; // [rows * bpr / 2] f16 scale pairs
+fn f16_at(i: u32) -> f32 {
+    let v = unpack2x16float(sc[i >> 1u]);
+    return select(v.x, v.y, (i & 1u) == 1u);
+}
+struct WReg { q: vec4<u32>, d: f32 };
+";
+        s += wstore;
+        s += "fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
+";
+        s += &row_of;
+        if form == GemmForm::GateUp {
+            s += "    var q: QB8;
+    var d: f32;
+    if (nn < 64u) {
+        q = qs[blk];
+        d = f16_at(blk);
+    } else {
+        q = qs2[blk];
+        let v = unpack2x16float(sc2[blk >> 1u]);
+        d = select(v.x, v.y, (blk & 1u) == 1u);
+    }
+    return WReg(select(q.lo, q.hi, h == 1u), d);
+}
+@group(0) @binding(6) var<storage, read> qs2: array<QB8>; // up bytes
+@group(0) @binding(7) var<storage, read> sc2: array<u32>; // up scale pairs
+";
+        } else {
+            s += "    let q = qs[blk];
+    return WReg(select(q.lo, q.hi, h == 1u), f16_at(blk));
+}
+";
+        }
     } else {
         // Thread (nn, h) stages words 2h, 2h + 1 of the Q4 block of row nn: elements 8h .. 8h+8
         // (low nibbles) and 16 + 8h .. 16 + 8h + 8 (high nibbles), dequantised on the store.

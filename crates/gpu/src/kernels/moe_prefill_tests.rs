@@ -6,7 +6,8 @@
 
 use super::*;
 use crate::kernels::moe::{down_ref, gate_up_ref, router_ref};
-use crate::testing::{dequant, dequant_q4_0, gpu, rand_f32, rand_mlx_a4, rand_q4_0, rng};
+use crate::tensor::QForm;
+use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a4, rand_q4_0, rng};
 use nibble_quant::DType;
 use rand::Rng;
 
@@ -19,19 +20,17 @@ struct Layer {
     dd: Vec<f32>,
 }
 
-/// A random layer's experts in Q4_0, or in the affine (MLX) form when `affine`.
-fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims, affine: bool) -> Layer {
+/// A random layer's experts in the block form `form` (Q4_0, affine or Q8_0).
+fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims, form: QForm) -> Layer {
     let (e, h, i) = (d.experts as usize, d.hidden as usize, d.inter as usize);
     let mat = |r: &mut _, rows: usize, cols: usize, per: usize, name: &str| {
-        if affine {
-            let b = rand_mlx_a4(r, rows, cols);
-            let m = Q4Matrix::upload_mlx(ctx, name, rows, cols, per, &[&b]).unwrap();
-            (m, dequant(DType::MLX_A4, &b, rows, cols))
-        } else {
-            let b = rand_q4_0(r, rows, cols);
-            let m = Q4Matrix::upload(ctx, name, rows, cols, per, &[&b]).unwrap();
-            (m, dequant_q4_0(&b, rows, cols))
-        }
+        let (b, dt) = match form {
+            QForm::Q4_0 => (rand_q4_0(r, rows, cols), DType::Q4_0),
+            QForm::Affine4 => (rand_mlx_a4(r, rows, cols), DType::MLX_A4),
+            QForm::Q8_0 => (crate::testing::rand_q8_0(r, rows, cols), DType::Q8_0),
+        };
+        let m = Q4Matrix::upload_dtype(ctx, name, dt, rows, cols, per, &[&b]).unwrap();
+        (m, dequant(dt, &b, rows, cols))
     };
     let (gate, dg) = mat(r, e * i, h, i, "gate");
     let (up, du) = mat(r, e * i, h, i, "up");
@@ -136,7 +135,7 @@ fn run_case(
     seed: u64,
     split: bool,
     rs: usize,
-    affine: bool,
+    form: QForm,
 ) {
     let mut r = rng(seed);
     let (e, hd) = (d.experts as usize, d.hidden as usize);
@@ -154,7 +153,7 @@ fn run_case(
         ctx.with_max_binding_bytes(ctx.max_binding_bytes())
     };
     // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists.
-    let gemms = crate::kernels::gemm::tests::test_kernels_for(ctx, affine);
+    let gemms = crate::kernels::gemm::tests::test_kernels_for(ctx, form);
     let bufs = MoePrefillBuffers {
         logits: &logits,
         logit_splits: rs as u32,
@@ -166,7 +165,7 @@ fn run_case(
     ctx.write(&h, 0, bytemuck::cast_slice(&hv));
     for li in 0..2 {
         let gemm = &gemms[li % gemms.len()];
-        let l = layer(&wctx, &mut r, &d, affine);
+        let l = layer(&wctx, &mut r, &d, form);
         if split {
             assert!(l.gate.parts.len() > 1 && l.down.parts.len() > 1);
         }
@@ -190,7 +189,7 @@ fn run_case(
         let want = reference(&d, &l, &lg, &x, &hv, t);
         let got = ctx.read_f32(&h, tm * hd).unwrap();
         let what = format!(
-            "E {} K {} H {hd} I {} t {t} layer {li} affine {affine}",
+            "E {} K {} H {hd} I {} t {t} layer {li} {form:?}",
             e, d.top_k, d.inter
         );
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -222,11 +221,11 @@ fn moe_prefill_matches_reference() {
         norm_topk: true,
     };
     // One token; a chunk shorter than the buffers; lists long enough for several tiles.
-    run_case(&ctx, tiny, (8, 1), 81, false, 1, false);
-    run_case(&ctx, tiny, (64, 37), 82, false, 1, false);
-    run_case(&ctx, tiny, (300, 300), 83, false, 1, false);
+    run_case(&ctx, tiny, (8, 1), 81, false, 1, QForm::Q4_0);
+    run_case(&ctx, tiny, (64, 37), 82, false, 1, QForm::Q4_0);
+    run_case(&ctx, tiny, (300, 300), 83, false, 1, QForm::Q4_0);
     // Logits in 3 partial sums (the router GEMM's K splits): a chunk shorter than the buffers.
-    run_case(&ctx, tiny, (64, 37), 87, false, 3, false);
+    run_case(&ctx, tiny, (64, 37), 87, false, 3, QForm::Q4_0);
     // Odd widths (I not a multiple of the 64-column gate/up tile, H of the 128-row down tile),
     // no renormalisation, 64-row tiles (300 x 2 / 8 >= 64 tokens per expert).
     let odd = MoeDims {
@@ -236,8 +235,8 @@ fn moe_prefill_matches_reference() {
         top_k: 2,
         norm_topk: false,
     };
-    run_case(&ctx, odd, (300, 257), 84, false, 1, false);
-    run_case(&ctx, odd, (40, 33), 85, false, 2, false);
+    run_case(&ctx, odd, (300, 257), 84, false, 1, QForm::Q4_0);
+    run_case(&ctx, odd, (40, 33), 85, false, 2, QForm::Q4_0);
 }
 
 #[test]
@@ -252,7 +251,7 @@ fn moe_prefill_split_experts_match_reference() {
         top_k: 4,
         norm_topk: true,
     };
-    run_case(&ctx, d, (50, 50), 86, true, 1, false);
+    run_case(&ctx, d, (50, 50), 86, true, 1, QForm::Q4_0);
 }
 
 /// The expert GEMMs on affine (MLX) weights: one token, several tiles, split expert tensors,
@@ -269,9 +268,9 @@ fn moe_prefill_affine_experts_match_reference() {
         top_k: 4,
         norm_topk: true,
     };
-    run_case(&ctx, tiny, (8, 1), 91, false, 1, true);
-    run_case(&ctx, tiny, (300, 300), 92, false, 1, true);
-    run_case(&ctx, tiny, (50, 50), 93, true, 1, true);
+    run_case(&ctx, tiny, (8, 1), 91, false, 1, QForm::Affine4);
+    run_case(&ctx, tiny, (300, 300), 92, false, 1, QForm::Affine4);
+    run_case(&ctx, tiny, (50, 50), 93, true, 1, QForm::Affine4);
     let odd = MoeDims {
         hidden: 192,
         inter: 128,
@@ -279,5 +278,32 @@ fn moe_prefill_affine_experts_match_reference() {
         top_k: 2,
         norm_topk: false,
     };
-    run_case(&ctx, odd, (300, 257), 94, false, 2, true);
+    run_case(&ctx, odd, (300, 257), 94, false, 2, QForm::Affine4);
+}
+
+/// The expert GEMMs on Q8_0 weights (the byte form, f32 fmas only): one token, several tiles,
+/// split expert tensors, and an odd shape.
+#[test]
+fn moe_prefill_q8_experts_match_reference() {
+    let Some(ctx) = gpu("moe_prefill_q8_experts_match_reference") else {
+        return;
+    };
+    let tiny = MoeDims {
+        hidden: 64,
+        inter: 64,
+        experts: 16,
+        top_k: 4,
+        norm_topk: true,
+    };
+    run_case(&ctx, tiny, (8, 1), 95, false, 1, QForm::Q8_0);
+    run_case(&ctx, tiny, (300, 300), 96, false, 1, QForm::Q8_0);
+    run_case(&ctx, tiny, (50, 50), 97, true, 1, QForm::Q8_0);
+    let odd = MoeDims {
+        hidden: 192,
+        inter: 96,
+        experts: 8,
+        top_k: 2,
+        norm_topk: false,
+    };
+    run_case(&ctx, odd, (300, 257), 98, false, 2, QForm::Q8_0);
 }
