@@ -28,7 +28,7 @@ pub enum Quant {
     #[value(name = "q4_k_m")]
     Q4KM,
     /// Q8_0 matrices holding exactly the q4_0 model's values of the same seed (llama.cpp's
-    /// Q8_0 files; GGUF only).
+    /// Q8_0 files); with `--format mlx`, 8-bit MLX groups of those values.
     #[value(name = "q8_0")]
     Q8_0,
 }
@@ -37,7 +37,8 @@ pub enum Quant {
 pub enum Format {
     Gguf,
     Safetensors,
-    /// An MLX 4-bit checkpoint directory (mlx-lm's layout; the routers at 8 bits).
+    /// An MLX checkpoint directory (mlx-lm's layout): 4-bit groups of 64 (8-bit with `--quant
+    /// q8_0`), the routers at 8 bits.
     Mlx,
 }
 

@@ -194,3 +194,36 @@ fn a_nan_scale_or_bias_in_an_mlx_file_is_a_clear_error_on_every_backend() {
         }
     }
 }
+
+/// An 8-bit MLX checkpoint (`synth --format mlx --quant q8_0`, as `mlx_lm.convert --q-bits 8`):
+/// the GPU reads it in the 8-bit affine form; greedy parity with the oracle through both
+/// prefills, the CPU backend too.
+#[test]
+fn eight_bit_mlx_checkpoint_decodes_on_the_gpu_with_oracle_parity() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-mlx8");
+    let out = nibble()
+        .args([
+            "synth", "--preset", "tiny", "--format", "mlx", "--quant", "q8_0",
+        ])
+        .args(["--seed", "3", "--quiet", "-o"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "synth: {}", text(&out.stderr));
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(path.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"]["bits"], 8, "{config:#}");
+    parity_passes(&path, 16, &["--backend", "cpu"]);
+    if !have_gpu() {
+        return;
+    }
+    let err = parity_passes(&path, 64, &["--backend", "gpu", "-v"]);
+    assert!(err.contains("affine 8-bit (MLX_A8) weights"), "{err}");
+    let err = parity_passes(
+        &path,
+        8,
+        &["--backend", "gpu", "-v", "--prefill-gemm-min", "2"],
+    );
+    assert!(err.contains("GEMM prefill (int4 GEMM, f32 fmas"), "{err}");
+}

@@ -25,6 +25,10 @@
 //!   binary, so the mantissa trick that makes nibbles floats without a conversion works for
 //!   bytes too: [`Q8_PAYLOAD`]); kernels declare the binding `array<QB>` and index it by block.
 //!
+//! The 8-bit affine form ([`QForm::Affine8`], MLX's `MLX_A8` groups of 64: weight = `s·q + b`,
+//! `q` unsigned) is the byte form's payload (each group two blocks, the levels stored as they
+//! are) with the affine form's scale words (one `scale | bias << 16` per group).
+//!
 //! A kernel computes a block's dot as `c0 · Σ (q - off) x + c1 · Σ x` with `(c0, c1)` from
 //! [`Q4_COEF`]: `(d, 0)` for Q4_0 and Q8_0, `(s, b + 8 s)` for the affine form (its `Σ x` term is
 //! skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes (`Q_OFF`). Every
@@ -122,11 +126,15 @@ pub enum QForm {
     /// ggml's Q8_0: 32 bytes per block (two vec4s, module docs), f16 scale `d` as Q4_0's,
     /// weight `q d` with `q` the signed byte.
     Q8_0,
+    /// MLX's `MLX_A8` groups of 64: bytes as Q8_0's (each group two blocks; the unsigned level
+    /// `q` stored as is, so `q - 128` is what the payload's dot sees), one word per group with
+    /// the bf16 scale and bias as [`QForm::Affine4`]'s, weight `s q + b`.
+    Affine8,
 }
 
 impl QForm {
     /// Every form, in [`Self::index`] order.
-    pub const ALL: [QForm; 3] = [QForm::Q4_0, QForm::Affine4, QForm::Q8_0];
+    pub const ALL: [QForm; 4] = [QForm::Q4_0, QForm::Affine4, QForm::Q8_0, QForm::Affine8];
 
     /// Position in [`Self::ALL`] (pipeline tables keyed by form).
     pub fn index(self) -> usize {
@@ -135,12 +143,12 @@ impl QForm {
 
     /// Whether a block's dot needs the `c1 · Σ x` term (a scale word with a bias).
     pub fn affine(self) -> bool {
-        matches!(self, QForm::Affine4)
+        matches!(self, QForm::Affine4 | QForm::Affine8)
     }
 
     /// Whether a block's payload is 8-bit (two vec4s) rather than nibbles (one).
     pub fn wide(self) -> bool {
-        matches!(self, QForm::Q8_0)
+        matches!(self, QForm::Q8_0 | QForm::Affine8)
     }
 
     /// The WGSL function of a block's dot with 32 staged activations, `(w: QB, x) -> f32` =
@@ -179,6 +187,7 @@ impl QForm {
             QForm::Q4_0 => "Q4_0",
             QForm::Affine4 => "affine (MLX_A4)",
             QForm::Q8_0 => "Q8_0",
+            QForm::Affine8 => "affine 8-bit (MLX_A8)",
         }
     }
 
@@ -267,8 +276,12 @@ impl Q4Matrix {
             nibble_quant::DType::Q8_0 => {
                 Self::upload_q8_0(ctx, label, rows, cols, row_multiple, src)
             }
+            nibble_quant::DType::MLX_A8 => {
+                Self::upload_mlx8(ctx, label, rows, cols, row_multiple, src)
+            }
             other => Err(GpuError::Shape(format!(
-                "{label}: {} is not a block type the GPU kernels read (Q4_0, MLX_A4, Q8_0)",
+                "{label}: {} is not a block type the GPU kernels read (Q4_0, MLX_A4, Q8_0, \
+                 MLX_A8)",
                 other.name()
             ))),
         }
@@ -333,6 +346,39 @@ impl Q4Matrix {
         )
     }
 
+    /// Repack and upload an `MLX_A8` matrix (68-byte groups of 64) into the
+    /// [`QForm::Affine8`] form (module docs). `cols % 64 == 0`; a non-finite scale or bias is an
+    /// error.
+    pub fn upload_mlx8(
+        ctx: &Context,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        row_multiple: usize,
+        src: &[&[u8]],
+    ) -> Result<Q4Matrix> {
+        if cols % 64 != 0 {
+            return Err(GpuError::Shape(format!(
+                "{label}: MLX_A8 [{rows}, {cols}] needs cols % 64 == 0"
+            )));
+        }
+        let form = Form {
+            name: "MLX_A8",
+            unit_bytes: 68,
+            unit_cols: 64,
+            form: QForm::Affine8,
+            bad: "group {} has a non-finite scale or bias",
+        };
+        upload_parts(
+            ctx,
+            label,
+            (rows, cols, row_multiple),
+            src,
+            &form,
+            |units| repack_mlx_a8(units.iter().copied()),
+        )
+    }
+
     /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
     /// blocks and scales: the kernels compiled without runtime bounds checks (matvec's int4 x
     /// f32 forms, the MoE's staged f32 kernels, the prefill's int4 GEMMs) index `qs` and
@@ -346,7 +392,7 @@ impl Q4Matrix {
                 self.rows, self.cols
             )));
         }
-        if self.form == QForm::Affine4 && self.cols % 64 != 0 {
+        if self.form.affine() && self.cols % 64 != 0 {
             return Err(GpuError::Shape(format!(
                 "{what}: affine Q4 matrix [{}, {}] needs cols % 64 == 0",
                 self.rows, self.cols
@@ -517,6 +563,41 @@ pub fn repack_q8_0<'a>(
         scales.push(0);
     }
     Ok((qs, scales))
+}
+
+/// Repack `MLX_A8` groups (bf16 scale, bf16 bias, byte `j` = element `j`) into the
+/// [`QForm::Affine8`] form's (`qs` words, scale words): per group its 64 bytes as two blocks of
+/// 8 words (the levels as they are) and one word `scale | bias << 16`. Errors with the index of
+/// the first group whose scale or bias is not finite.
+pub fn repack_mlx_a8<'a>(
+    groups: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
+    use rayon::prelude::*;
+    let groups: Vec<&[u8]> = groups.collect();
+    let mut qs = vec![0u32; groups.len() * 16];
+    let mut words = vec![0u32; groups.len()];
+    let bad = qs
+        .par_chunks_mut(16)
+        .zip(words.par_iter_mut())
+        .zip(groups.par_iter())
+        .enumerate()
+        .filter_map(|(i, ((q, word), g))| {
+            let s = u16::from_le_bytes([g[0], g[1]]);
+            let b = u16::from_le_bytes([g[2], g[3]]);
+            if !half::bf16::from_bits(s).is_finite() || !half::bf16::from_bits(b).is_finite() {
+                return Some(i);
+            }
+            *word = s as u32 | (b as u32) << 16;
+            for (out, w) in q.iter_mut().zip(g[4..68].chunks_exact(4)) {
+                *out = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            }
+            None
+        })
+        .min();
+    match bad {
+        Some(i) => Err(i),
+        None => Ok((qs, words)),
+    }
 }
 
 /// Repack `MLX_A4` groups (bf16 scale, bf16 bias, byte `b` = elements `2b` low and `2b + 1`

@@ -175,3 +175,24 @@ pub fn rand_q8_0(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
     }
     out
 }
+
+/// Random MLX `MLX_A8` bytes for `[rows, cols]` (interleaved groups of 64: bf16 scale and
+/// bias, 64 level bytes): random levels, scales in `[0.0002, 0.002)` of either sign and biases
+/// of either sign up to `256 |scale|`.
+pub fn rand_mlx_a8(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let groups = rows * cols / 64;
+    let mut out = Vec::with_capacity(groups * 68);
+    for _ in 0..groups {
+        let mut s: f32 = rng.random_range(0.0002..0.002);
+        if rng.random::<bool>() {
+            s = -s;
+        }
+        let b: f32 = rng.random_range(-256.0..256.0) * s.abs();
+        out.extend_from_slice(&half::bf16::from_f32(s).to_le_bytes());
+        out.extend_from_slice(&half::bf16::from_f32(b).to_le_bytes());
+        for _ in 0..64 {
+            out.push(rng.random::<u8>());
+        }
+    }
+    out
+}

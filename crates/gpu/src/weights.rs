@@ -88,7 +88,8 @@ fn rows_cols(w: &Weight<'_>) -> (usize, usize) {
 }
 
 /// Upload several weights with the same column count as one row-stacked matrix: blocks in the
-/// model's block type `int4` (Q4_0, MLX_A4 or Q8_0) stay packed, anything else is widened.
+/// model's block type `int4` (Q4_0, MLX_A4, Q8_0 or MLX_A8) stay packed, anything else is
+/// widened ([`widened`]).
 fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>], int4: DType) -> Result<Matrix> {
     let cols = rows_cols(&ws[0]).1;
     ensure!(
@@ -102,6 +103,18 @@ fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>], int4: DType) -> Result<
             ctx, label, int4, rows, cols, 1, &parts,
         )?));
     }
+    widened(ctx, label, ws)
+}
+
+/// Upload several weights with the same column count as one row-stacked f32 matrix, each
+/// decoded with the reference decoder (exact).
+fn widened(ctx: &Context, label: &str, ws: &[Weight<'_>]) -> Result<Matrix> {
+    let cols = rows_cols(&ws[0]).1;
+    ensure!(
+        ws.iter().all(|w| rows_cols(w).1 == cols),
+        "{label}: stacked tensors differ in width"
+    );
+    let rows: usize = ws.iter().map(|w| rows_cols(w).0).sum();
     let mut vals = Vec::with_capacity(rows * cols);
     for w in ws {
         vals.extend(to_f32(w)?);
@@ -162,7 +175,7 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
         |k: TensorKey| -> Result<DType> { src.dtype(k).with_context(|| format!("loading {k:?}")) };
     // The embedding's type decides; MLX files are all MLX_A4 where they are 4-bit.
     let int4 = match dtype_of(TensorKey::TokenEmbd)? {
-        t @ (DType::MLX_A4 | DType::Q8_0) => t,
+        t @ (DType::MLX_A4 | DType::Q8_0 | DType::MLX_A8) => t,
         _ => DType::Q4_0,
     };
     let mut bad = Vec::new();
@@ -175,7 +188,7 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
     if let Some((k, dtype)) = bad.first() {
         bail!(
             "the GPU backend reads the token embedding and the expert tensors in one block \
-             type only (Q4_0, MLX_A4 or Q8_0), and {} of them are not {} ({} is {}); the CPU \
+             type only (Q4_0, MLX_A4, Q8_0 or MLX_A8), and {} of them are not {} ({} is {}); the CPU \
              backend (--backend cpu) runs this model",
             bad.len(),
             int4.name(),
@@ -249,7 +262,12 @@ impl GpuWeights {
                 q_norm: vec(T::QNorm, "attn_q_norm")?,
                 k_norm: vec(T::KNorm, "attn_k_norm")?,
                 ffn_norm: vec(T::FfnNorm, "ffn_norm")?,
-                router: mat(T::Router, "ffn_gate_inp")?,
+                // The router is f32 on the GPU whatever its type (the fold and the routing
+                // kernels read f32; an 8-bit MLX checkpoint's router is MLX_A8 like its
+                // matrices).
+                router: lend(src, key(T::Router), |w| {
+                    widened(ctx, &name("ffn_gate_inp"), std::slice::from_ref(w))
+                })?,
                 gate: experts(T::ExpGate, "ffn_gate_exps", cfg.moe_intermediate_size)?,
                 up: experts(T::ExpUp, "ffn_up_exps", cfg.moe_intermediate_size)?,
                 down: experts(T::ExpDown, "ffn_down_exps", cfg.hidden_size)?,
@@ -281,6 +299,7 @@ impl GpuWeights {
             form: match int4 {
                 DType::MLX_A4 => QForm::Affine4,
                 DType::Q8_0 => QForm::Q8_0,
+                DType::MLX_A8 => QForm::Affine8,
                 _ => QForm::Q4_0,
             },
             embed,

@@ -14,7 +14,7 @@
 //! 17 GB model is written in minutes on two cores and identical whatever the thread count.
 
 mod mlx_writer;
-pub use mlx_writer::{mlx_dtype, write_mlx, write_mlx_sharded};
+pub use mlx_writer::{mlx_bits, mlx_dtype, write_mlx, write_mlx_sharded};
 
 use crate::config::Qwen3MoeConfig;
 use crate::weights::{LayerTensor, TensorKey, Weight, WeightSource};

@@ -72,9 +72,28 @@ fn group_scale_bias(st: &SafetensorsModel, m: &str, g: usize) -> (f32, f32) {
 
 #[test]
 fn weights_follow_the_spec_formula_and_stay_near_the_synthetic_values() {
+    check_weights(synth::QuantMix::Q4_0, 0.12);
+}
+
+/// `--quant q8_0 --format mlx`: 8-bit matrices (as `mlx_lm.convert --q-bits 8`), the same
+/// checks, and an error 16x smaller.
+#[test]
+fn eight_bit_weights_follow_the_spec_formula_and_stay_nearer() {
+    check_weights(synth::QuantMix::Q8_0, 0.0075);
+}
+
+/// Every weight of a checkpoint written from `mix` against the spec formula and the synthetic
+/// values; the whole tensor within relative RMS error `max_rel`.
+fn check_weights(mix: synth::QuantMix, max_rel: f64) {
     let cfg = cfg();
     let dir = tempfile::tempdir().unwrap();
-    let p = write(dir.path());
+    let p = SynthParams {
+        seed: 5,
+        mix,
+        ..Default::default()
+    };
+    synth::write_mlx(&cfg, &p, dir.path(), true).unwrap();
+    let bits = synth::mlx_bits(mix).unwrap();
     let m = loader::open(dir.path()).unwrap();
     assert_eq!(m.format, "mlx");
     let st = SafetensorsModel::open(dir.path()).unwrap();
@@ -87,15 +106,15 @@ fn weights_follow_the_spec_formula_and_stay_near_the_synthetic_values() {
         let shape = k.shape(&cfg);
         let cols = *shape.last().unwrap();
         let rows = got.len() / cols;
-        // The synthetic model's own values (Q4_0 matrices, f32 norms and router).
+        // The synthetic model's own values (Q4_0 or Q8_0 matrices, f32 norms and router).
         let mut want = vec![0f32; got.len()];
         nibble_quant::dequantize(
-            synth::gguf_dtype(k),
+            synth::storage_dtype(&cfg, mix, k),
             &synth::tensor_bytes(&cfg, &p, k),
             &mut want,
         )
         .unwrap();
-        match synth::mlx_dtype(k) {
+        match synth::mlx_dtype(k, bits) {
             None => {
                 assert_eq!(w.dtype, DType::BF16, "{k:?}");
                 assert_eq!(got, want, "{k:?}: norms are exact in bf16");
@@ -127,14 +146,17 @@ fn weights_follow_the_spec_formula_and_stay_near_the_synthetic_values() {
                 }
                 let rel = (err2 / sum2).sqrt();
                 println!("{k:?}: relative RMS error {rel:.4}");
-                assert!(rel < 0.12, "{k:?}: relative RMS error {rel}");
+                assert!(rel < max_rel, "{k:?}: relative RMS error {rel}");
             }
         }
     }
+    let want_kinds = match bits {
+        4 => [DType::MLX_A4, DType::MLX_A8, DType::BF16].into(),
+        _ => [DType::MLX_A8, DType::BF16].into(),
+    };
     assert_eq!(
-        kinds,
-        [DType::MLX_A4, DType::MLX_A8, DType::BF16].into(),
-        "4-bit matrices, 8-bit routers, bf16 norms"
+        kinds, want_kinds,
+        "{bits}-bit matrices, 8-bit routers, bf16 norms"
     );
     // inspect counts packed weights, not words, and the scales as storage only.
     let info = m.info().unwrap();

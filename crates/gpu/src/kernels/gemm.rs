@@ -254,7 +254,10 @@ impl GemmKernel {
     /// every form on f32 fmas; the matrix units read the nibble forms only
     /// ([`Self::with_form`] keeps the byte form on f32 fmas).
     pub fn reads(form: QForm) -> bool {
-        matches!(form, QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0)
+        matches!(
+            form,
+            QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0 | QForm::Affine8
+        )
     }
 
     /// Check the shared memory fits (24 KiB at 4 tokens per thread for the f32 kernel, 42 KiB

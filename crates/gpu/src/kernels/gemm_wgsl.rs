@@ -56,6 +56,21 @@ const WSTORE_F32_Q8: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
 }
 ";
 
+/// [`WSTORE_F32_Q8`] for MLX's 8-bit affine groups: `fma(s, q, b)` with `q` the stored level
+/// (`WReg.d` = s, `WReg.b` = b; `s q` is exact, 8 + 8 significant bits, so this is the
+/// oracle's `s q + b`).
+const WSTORE_F32_A8: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
+    for (var j = 0u; j < 4u; j++) {
+        let w = r.q[j];
+        let k = 16u * h + 4u * j;
+        for (var c = 0u; c < 4u; c++) {
+            let q = f32((w >> (8u * c)) & 0xFFu);
+            ws[(k + c) * 32u + nn / 4u][nn % 4u] = fma(r.d, q, r.b);
+        }
+    }
+}
+";
+
 /// The WGSL of `form` with `tm` tokens per thread (2 or 4), for weights of the block form
 /// `qform` (tensor.rs): Q4_0, the affine one or Q8_0.
 pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -> String {
@@ -63,6 +78,7 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -
         QForm::Q4_0 => WSTORE_F32,
         QForm::Affine4 => WSTORE_F32_AFFINE,
         QForm::Q8_0 => WSTORE_F32_Q8,
+        QForm::Affine8 => WSTORE_F32_A8,
     };
     let s = prelude(form, tm, plan, wstore, qform);
     shader_body(form, tm, s)
@@ -167,38 +183,45 @@ fn gm_wstore(r: WReg, nn: u32, h: u32) {
     } else if qform.wide() {
         // Thread (nn, h) stages half h of the byte block of row nn: its vec4 h, elements
         // 16h .. 16h + 16, dequantised on the store (tensor.rs byte form).
+        // The scale of block i: Q8_0's f16 (two per word), or the MLX group's bf16 scale and
+        // bias (one word per group of two blocks, tensor.rs) as (d, b).
         s += "struct QB8 { lo: vec4<u32>, hi: vec4<u32> };
 @group(0) @binding(0) var<storage, read> qs: array<QB8>; // [rows * bpr] byte blocks
-@group(0) @binding(1) var<storage, read> sc: array<u32>; // [rows * bpr / 2] f16 scale pairs
-fn f16_at(i: u32) -> f32 {
-    let v = unpack2x16float(sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
+@group(0) @binding(1) var<storage, read> sc: array<u32>; // [rows * bpr / 2] scale words
+fn coef_of(v: u32, i: u32) -> vec2<f32> {
+    if (Q8_AFFINE) {
+        return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
+    }
+    let d = unpack2x16float(v);
+    return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
 }
-struct WReg { q: vec4<u32>, d: f32 };
+struct WReg { q: vec4<u32>, d: f32, b: f32 };
 ";
+        s += &format!("const Q8_AFFINE: bool = {affine};\n");
         s += wstore;
         s += "fn gm_wfetch(wid: vec3<u32>, t: Tile, nn: u32, h: u32, b: u32) -> WReg {
 ";
         s += &row_of;
         if form == GemmForm::GateUp {
             s += "    var q: QB8;
-    var d: f32;
+    var v: u32;
     if (nn < 64u) {
         q = qs[blk];
-        d = f16_at(blk);
+        v = sc[blk >> 1u];
     } else {
         q = qs2[blk];
-        let v = unpack2x16float(sc2[blk >> 1u]);
-        d = select(v.x, v.y, (blk & 1u) == 1u);
+        v = sc2[blk >> 1u];
     }
-    return WReg(select(q.lo, q.hi, h == 1u), d);
+    let c = coef_of(v, blk);
+    return WReg(select(q.lo, q.hi, h == 1u), c.x, c.y);
 }
 @group(0) @binding(6) var<storage, read> qs2: array<QB8>; // up bytes
 @group(0) @binding(7) var<storage, read> sc2: array<u32>; // up scale pairs
 ";
         } else {
             s += "    let q = qs[blk];
-    return WReg(select(q.lo, q.hi, h == 1u), f16_at(blk));
+    let c = coef_of(sc[blk >> 1u], blk);
+    return WReg(select(q.lo, q.hi, h == 1u), c.x, c.y);
 }
 ";
         }

@@ -454,6 +454,10 @@ fn moe_f32_q8_experts() {
         let staged = check_f32(&ctx, &c, t, routing, residual, None);
         assert_eq!(staged, (true, true), "Q8_0, {t:?}: not staged");
     }
+    // MLX's 8-bit groups at the real shape.
+    let a8 = Case::new_a8(params(128, 8, 2048, 768, true), 81);
+    let staged = check_f32(&ctx, &a8, F32Tuning::DEFAULT, Routing::Fused, true, None);
+    assert_eq!(staged, (true, true), "MLX_A8: not staged");
     let odd = Case::new_q8(params(6, 3, 192, 128, false), 80);
     check_f32(&ctx, &odd, F32Tuning::DEFAULT, Routing::Fused, true, None);
     check_f32(

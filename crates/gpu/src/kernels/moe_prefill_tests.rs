@@ -28,6 +28,7 @@ fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims, form: QForm) -> Layer {
             QForm::Q4_0 => (rand_q4_0(r, rows, cols), DType::Q4_0),
             QForm::Affine4 => (rand_mlx_a4(r, rows, cols), DType::MLX_A4),
             QForm::Q8_0 => (crate::testing::rand_q8_0(r, rows, cols), DType::Q8_0),
+            QForm::Affine8 => (crate::testing::rand_mlx_a8(r, rows, cols), DType::MLX_A8),
         };
         let m = Q4Matrix::upload_dtype(ctx, name, dt, rows, cols, per, &[&b]).unwrap();
         (m, dequant(dt, &b, rows, cols))
@@ -306,4 +307,7 @@ fn moe_prefill_q8_experts_match_reference() {
         norm_topk: false,
     };
     run_case(&ctx, odd, (300, 257), 98, false, 2, QForm::Q8_0);
+    // MLX's 8-bit groups (I whole groups of 64).
+    run_case(&ctx, tiny, (300, 300), 99, false, 1, QForm::Affine8);
+    run_case(&ctx, tiny, (50, 50), 100, true, 1, QForm::Affine8);
 }

@@ -62,19 +62,32 @@ impl Case {
         c
     }
 
+    /// [`Self::new`] with MLX_A8 expert bytes (the 8-bit affine form).
+    pub(super) fn new_a8(p: MoeParams, seed: u64) -> Case {
+        let mut c = Case::new(p, seed);
+        let mut r = rng(seed ^ 0x3C);
+        let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
+        c.gate = crate::testing::rand_mlx_a8(&mut r, e * i, h);
+        c.up = crate::testing::rand_mlx_a8(&mut r, e * i, h);
+        c.down = crate::testing::rand_mlx_a8(&mut r, e * h, i);
+        c.form = QForm::Affine8;
+        c
+    }
+
     /// The block type of the expert bytes.
     pub(super) fn dtype(&self) -> nibble_quant::DType {
         match self.form {
             QForm::Q4_0 => nibble_quant::DType::Q4_0,
             QForm::Affine4 => nibble_quant::DType::MLX_A4,
             QForm::Q8_0 => nibble_quant::DType::Q8_0,
+            QForm::Affine8 => nibble_quant::DType::MLX_A8,
         }
     }
 
     /// Dequantised `[out, in]` slice of expert `e` of one of this case's stacked tensors.
     pub(super) fn expert_w(&self, bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
-        // The nibble forms take 18 bytes per 32 weights, Q8_0 34.
-        let per = if self.form == QForm::Q8_0 { 34 } else { 18 };
+        // The nibble forms take 18 bytes per 32 weights, the byte forms 34.
+        let per = if self.form.wide() { 34 } else { 18 };
         let n = (out * inp / 32) as usize * per;
         crate::testing::dequant(
             self.dtype(),

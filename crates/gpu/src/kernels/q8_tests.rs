@@ -1,15 +1,15 @@
-//! Tests of the byte form ([`QForm::Q8_0`], ggml's Q8_0 blocks; `tensor.rs` module docs): the
-//! repacking against the reference decoder, the upload's refusals, and every kernel that reads
-//! the form, each against the reference on random blocks (levels -128..127, scales of either
-//! sign) at the real and odd shapes.
+//! Tests of the byte forms ([`QForm::Q8_0`], ggml's Q8_0 blocks, and [`QForm::Affine8`], MLX's
+//! 8-bit groups; `tensor.rs` module docs): the repacking against the reference decoder, the
+//! upload's refusals, and every kernel that reads the forms, each against the reference on
+//! random blocks (every level, scales and biases of either sign) at the real and odd shapes.
 
 use super::embed::EmbedKernel;
 use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile};
 use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
 use crate::numerics::Numerics;
 use crate::state::RunState;
-use crate::tensor::{repack_q8_0, Q4Matrix, QForm};
-use crate::testing::{dequant, gpu, rand_f32, rand_q4_0, rand_q8_0, rng};
+use crate::tensor::{repack_mlx_a8, repack_q8_0, Q4Matrix, QForm};
+use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a8, rand_q4_0, rand_q8_0, rng};
 use nibble_quant::DType;
 
 /// The weights the byte form holds, decoded on the host from the repacked words as the
@@ -25,12 +25,41 @@ fn decode_q8(qs: &[u32], scales: &[u16]) -> Vec<f32> {
     out
 }
 
-/// Per row, `Σ |w x|`: the scale of the rounding of any order of summation.
-pub(super) fn mag(deq: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
+/// The byte forms with their file dtype and random bytes for `[rows, cols]`.
+const FORMS: [(QForm, DType); 2] = [(QForm::Q8_0, DType::Q8_0), (QForm::Affine8, DType::MLX_A8)];
+
+fn rand_bytes(r: &mut impl rand::Rng, dt: DType, rows: usize, cols: usize) -> Vec<u8> {
+    match dt {
+        DType::Q8_0 => rand_q8_0(r, rows, cols),
+        _ => rand_mlx_a8(r, rows, cols),
+    }
+}
+
+/// Per row, the scale of the rounding of the kernels' sums: `Σ |w x|` for Q8_0; for MLX's
+/// groups, whose dot the kernels take as `s Σ (q - 128) x + (b + 128 s) Σ x`, those terms'
+/// magnitudes (`Σ |w x|` may cancel below them).
+pub(super) fn mag_of(dt: DType, bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
+    if dt == DType::Q8_0 {
+        let deq = dequant(dt, bytes, rows, cols);
+        return (0..rows)
+            .map(|r| {
+                let row = &deq[r * cols..(r + 1) * cols];
+                row.iter().zip(x).map(|(w, v)| (w * v).abs()).sum()
+            })
+            .collect();
+    }
+    let gpr = cols / 64;
     (0..rows)
         .map(|r| {
-            let row = &deq[r * cols..(r + 1) * cols];
-            row.iter().zip(x).map(|(w, v)| (w * v).abs()).sum()
+            (0..gpr)
+                .map(|g| {
+                    let o = (r * gpr + g) * 68;
+                    let s = half::bf16::from_le_bytes([bytes[o], bytes[o + 1]]).to_f32();
+                    let b = half::bf16::from_le_bytes([bytes[o + 2], bytes[o + 3]]).to_f32();
+                    let coef = 128.0 * s.abs() + (b + 128.0 * s).abs();
+                    coef * x[g * 64..g * 64 + 64].iter().map(|v| v.abs()).sum::<f32>()
+                })
+                .sum()
         })
         .collect()
 }
@@ -102,67 +131,71 @@ fn q8_matvec_forms_match_the_reference() {
         return;
     };
     let mut r = rng(83);
-    let k = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Q8_0).unwrap();
-    let late = MatvecKernel::with_form(&ctx, Numerics::F32, true, QForm::Q8_0).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
-    for &(rows, cols) in &[
-        (1usize, 32usize),
-        (13, 96),
-        (300, 2048),
-        (9000, 64),
-        (5, 4096),
-    ] {
-        let wb = rand_q8_0(&mut r, rows, cols);
-        let deq = dequant(DType::Q8_0, &wb, rows, cols);
-        let w = Q4Matrix::upload_q8_0(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
-        let x = rand_f32(&mut r, cols, -2.0, 2.0);
-        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
-        let want = matvec_f32_ref(&deq, rows, cols, &x);
-        let m = mag(&deq, rows, cols, &x);
-        let y = ctx.storage("y", rows as u64 * 4).unwrap();
-        for rpt in F32_ROWS_PER_TEAM {
-            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-            let b = k
-                .bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt)
-                .unwrap();
+    for (form, dt) in FORMS {
+        let k = MatvecKernel::with_form(&ctx, Numerics::F32, false, form).unwrap();
+        let late = MatvecKernel::with_form(&ctx, Numerics::F32, true, form).unwrap();
+        for &(rows, cols) in &[
+            (1usize, 64usize),
+            (13, 192),
+            (300, 2048),
+            (9000, 64),
+            (5, 4096),
+        ] {
+            let wb = rand_bytes(&mut r, dt, rows, cols);
+            let deq = dequant(dt, &wb, rows, cols);
+            let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
+            let x = rand_f32(&mut r, cols, -2.0, 2.0);
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+            let want = matvec_f32_ref(&deq, rows, cols, &x);
+            let m = mag_of(dt, &wb, rows, cols, &x);
+            let y = ctx.storage("y", rows as u64 * 4).unwrap();
+            for rpt in F32_ROWS_PER_TEAM {
+                ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+                let b = k
+                    .bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt)
+                    .unwrap();
+                ctx.run_pass(|p| k.record(p, &b)).unwrap();
+                let got = ctx.read_f32(&y, rows).unwrap();
+                let what = format!("{form:?} [{rows}, {cols}] r{rpt}");
+                assert_within(&got, &want, &m, 2e-6, &what);
+            }
+            // y += m · x.
+            let y0 = rand_f32(&mut r, rows, -1.0, 1.0);
+            ctx.write(&y, 0, bytemuck::cast_slice(&y0));
+            let b = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).unwrap();
             ctx.run_pass(|p| k.record(p, &b)).unwrap();
             let got = ctx.read_f32(&y, rows).unwrap();
-            assert_within(&got, &want, &m, 2e-6, &format!("[{rows}, {cols}] r{rpt}"));
-        }
-        // y += m · x.
-        let y0 = rand_f32(&mut r, rows, -1.0, 1.0);
-        ctx.write(&y, 0, bytemuck::cast_slice(&y0));
-        let b = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).unwrap();
-        ctx.run_pass(|p| k.record(p, &b)).unwrap();
-        let got = ctx.read_f32(&y, rows).unwrap();
-        let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
-        let mag_acc: Vec<f32> = m.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
-        assert_within(
-            &got,
-            &want_acc,
-            &mag_acc,
-            2e-6,
-            &format!("acc [{rows}, {cols}]"),
-        );
-        // The norm-on-load forms, plain and late-scaled.
-        let h = rand_f32(&mut r, cols, -30.0, 30.0);
-        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
-        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
-        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
-        let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
-        let input = NormInput {
-            h: &hb,
-            weight: &wbuf,
-            eps: 1e-6,
-        };
-        let want = matvec_f32_ref(&deq, rows, cols, &xn);
-        let m = mag(&deq, rows, cols, &xn);
-        for (kern, what) in [(&k, "norm"), (&late, "late norm")] {
-            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-            let b = kern.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
-            ctx.run_pass(|p| kern.record(p, &b)).unwrap();
-            let got = ctx.read_f32(&y, rows).unwrap();
-            assert_within(&got, &want, &m, 4e-6, &format!("{what} [{rows}, {cols}]"));
+            let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
+            let mag_acc: Vec<f32> = m.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
+            assert_within(
+                &got,
+                &want_acc,
+                &mag_acc,
+                2e-6,
+                &format!("{form:?} acc [{rows}, {cols}]"),
+            );
+            // The norm-on-load forms, plain and late-scaled.
+            let h = rand_f32(&mut r, cols, -30.0, 30.0);
+            let nw = rand_f32(&mut r, cols, 0.5, 1.5);
+            let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
+            let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+            let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+            let input = NormInput {
+                h: &hb,
+                weight: &wbuf,
+                eps: 1e-6,
+            };
+            let want = matvec_f32_ref(&deq, rows, cols, &xn);
+            let m = mag_of(dt, &wb, rows, cols, &xn);
+            for (kern, what) in [(&k, "norm"), (&late, "late norm")] {
+                ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+                let b = kern.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
+                ctx.run_pass(|p| kern.record(p, &b)).unwrap();
+                let got = ctx.read_f32(&y, rows).unwrap();
+                let what = format!("{form:?} {what} [{rows}, {cols}]");
+                assert_within(&got, &want, &m, 4e-6, &what);
+            }
         }
     }
     // Forms are never mixed: a Q4_0 matrix in the byte kernel, a byte one in the Q4_0 kernel,
@@ -172,6 +205,7 @@ fn q8_matvec_forms_match_the_reference() {
         .storage_init("x", bytemuck::cast_slice(&[0.5f32; 64]))
         .unwrap();
     let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
+    let k = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Q8_0).unwrap();
     let e = k
         .bind_q4(&ctx, &q4, Act::F32(&x), &y, &state)
         .err()
@@ -181,6 +215,9 @@ fn q8_matvec_forms_match_the_reference() {
     let plain = MatvecKernel::new(&ctx).unwrap();
     assert!(plain.bind_q4(&ctx, &q8, Act::F32(&x), &y, &state).is_err());
     assert!(MatvecKernel::with_form(&ctx, Numerics::Bfp24, false, QForm::Q8_0).is_err());
+    // The two byte forms are not one: a Q8_0 matrix in the MLX 8-bit kernel is refused.
+    let a8 = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Affine8).unwrap();
+    assert!(a8.bind_q4(&ctx, &q8, Act::F32(&x), &y, &state).is_err());
 }
 
 #[test]
@@ -189,43 +226,45 @@ fn embedding_reads_q8_tables_exactly_across_parts() {
         return;
     };
     let mut r = rng(84);
-    let k = EmbedKernel::new_for(&ctx, QForm::Q8_0).unwrap();
-    for (vocab, hidden, limit) in [(50usize, 96usize, None), (301, 2048, Some(7 * 64 * 32))] {
-        let c = match limit {
-            Some(l) => ctx.with_max_binding_bytes(l),
-            None => (*ctx).clone(),
-        };
-        let table = rand_q8_0(&mut r, vocab, hidden);
-        let m = Q4Matrix::upload_q8_0(&c, "embd", vocab, hidden, 1, &[&table]).unwrap();
-        if limit.is_some() {
-            assert_eq!(m.parts.len(), vocab.div_ceil(7));
-        }
-        let full = dequant(DType::Q8_0, &table, vocab, hidden);
-        let h = ctx.storage("h", hidden as u64 * 4).unwrap();
-        for token in [0, vocab as u32 / 3, vocab as u32 - 1] {
-            let state = RunState {
-                token,
-                ..Default::default()
+    for (form, dt) in FORMS {
+        let k = EmbedKernel::new_for(&ctx, form).unwrap();
+        for (vocab, hidden, limit) in [(50usize, 192usize, None), (301, 2048, Some(7 * 64 * 32))] {
+            let c = match limit {
+                Some(l) => ctx.with_max_binding_bytes(l),
+                None => (*ctx).clone(),
+            };
+            let table = rand_bytes(&mut r, dt, vocab, hidden);
+            let m = Q4Matrix::upload_dtype(&c, "embd", dt, vocab, hidden, 1, &[&table]).unwrap();
+            if limit.is_some() {
+                assert_eq!(m.parts.len(), vocab.div_ceil(7));
             }
-            .buffer(&c)
-            .unwrap();
-            c.write(&h, 0, &vec![0xFF; hidden * 4]);
-            let b = k.bind(&c, &m, &h, &state).unwrap();
-            c.run_pass(|p| k.record(p, &b)).unwrap();
-            let want = &full[token as usize * hidden..(token as usize + 1) * hidden];
-            // q d is one rounding on both sides: the bits must match.
-            let got = c.read_f32(&h, hidden).unwrap();
-            assert_eq!(
-                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "V={vocab} token {token}"
-            );
+            let full = dequant(dt, &table, vocab, hidden);
+            let h = ctx.storage("h", hidden as u64 * 4).unwrap();
+            for token in [0, vocab as u32 / 3, vocab as u32 - 1] {
+                let state = RunState {
+                    token,
+                    ..Default::default()
+                }
+                .buffer(&c)
+                .unwrap();
+                c.write(&h, 0, &vec![0xFF; hidden * 4]);
+                let b = k.bind(&c, &m, &h, &state).unwrap();
+                c.run_pass(|p| k.record(p, &b)).unwrap();
+                let want = &full[token as usize * hidden..(token as usize + 1) * hidden];
+                // q d, and s q + b (s q exact), round as the reference does: the bits must match.
+                let got = c.read_f32(&h, hidden).unwrap();
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{form:?} V={vocab} token {token}"
+                );
+            }
         }
+        let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
+        let h = ctx.storage("h", 64 * 4).unwrap();
+        let state = RunState::default().buffer(&ctx).unwrap();
+        assert!(k.bind(&ctx, &q4, &h, &state).is_err());
     }
-    let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
-    let h = ctx.storage("h", 64 * 4).unwrap();
-    let state = RunState::default().buffer(&ctx).unwrap();
-    assert!(k.bind(&ctx, &q4, &h, &state).is_err());
 }
 
 /// The multi-column matmul (multi-stream decode, the column prefill) on byte-form matrices:
@@ -238,54 +277,87 @@ fn q8_matmul_matches_the_reference_for_every_tile() {
     let mut r = rng(85);
     let k = MatmulKernel::new(&ctx).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
-    for &(rows, cols) in &[(13usize, 96usize), (300, 2048)] {
-        let wb = rand_q8_0(&mut r, rows, cols);
-        let deq = dequant(DType::Q8_0, &wb, rows, cols);
-        let w = Q4Matrix::upload_q8_0(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
-        let nbmax = 8usize;
-        let x = rand_f32(&mut r, nbmax * cols, -2.0, 2.0);
-        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
-        for nb in [1u32, 3, 8] {
-            let n = nb as usize;
-            let y = ctx.storage("y", (n * rows * 4) as u64).unwrap();
-            for tile in Tile::all().filter(|t| t.cols >= nb) {
-                for acc in [false, true] {
-                    let y0 = rand_f32(&mut r, n * rows, -1.0, 1.0);
-                    ctx.write(&y, 0, bytemuck::cast_slice(&y0));
-                    let a = MatmulArgs {
-                        m: &w,
-                        input: match acc {
-                            true => MatmulInput::Acc(&xb),
-                            false => MatmulInput::Plain(&xb),
-                        },
-                        nb,
-                        y: &y,
-                        y_stride: rows as u32,
-                        state: &state,
-                    };
-                    let b = k.bind_tiled(&ctx, &a, tile).unwrap();
-                    ctx.run_pass(|p| k.record(p, &b)).unwrap();
-                    let got = ctx.read_f32(&y, n * rows).unwrap();
-                    for c in 0..n {
-                        let xc = &x[c * cols..(c + 1) * cols];
-                        let mut want = matvec_f32_ref(&deq, rows, cols, xc);
-                        let mut m = mag(&deq, rows, cols, xc);
-                        if acc {
-                            for i in 0..rows {
-                                want[i] += y0[c * rows + i];
-                                m[i] += y0[c * rows + i].abs();
+    for (form, dt) in FORMS {
+        for &(rows, cols) in &[(13usize, 192usize), (300, 2048)] {
+            let wb = rand_bytes(&mut r, dt, rows, cols);
+            let deq = dequant(dt, &wb, rows, cols);
+            let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
+            let nbmax = 8usize;
+            let x = rand_f32(&mut r, nbmax * cols, -2.0, 2.0);
+            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+            for nb in [1u32, 3, 8] {
+                let n = nb as usize;
+                let y = ctx.storage("y", (n * rows * 4) as u64).unwrap();
+                for tile in Tile::all().filter(|t| t.cols >= nb) {
+                    for acc in [false, true] {
+                        let y0 = rand_f32(&mut r, n * rows, -1.0, 1.0);
+                        ctx.write(&y, 0, bytemuck::cast_slice(&y0));
+                        let a = MatmulArgs {
+                            m: &w,
+                            input: match acc {
+                                true => MatmulInput::Acc(&xb),
+                                false => MatmulInput::Plain(&xb),
+                            },
+                            nb,
+                            y: &y,
+                            y_stride: rows as u32,
+                            state: &state,
+                        };
+                        let b = k.bind_tiled(&ctx, &a, tile).unwrap();
+                        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+                        let got = ctx.read_f32(&y, n * rows).unwrap();
+                        for c in 0..n {
+                            let xc = &x[c * cols..(c + 1) * cols];
+                            let mut want = matvec_f32_ref(&deq, rows, cols, xc);
+                            let mut m = mag_of(dt, &wb, rows, cols, xc);
+                            if acc {
+                                for i in 0..rows {
+                                    want[i] += y0[c * rows + i];
+                                    m[i] += y0[c * rows + i].abs();
+                                }
                             }
+                            assert_within(
+                                &got[c * rows..(c + 1) * rows],
+                                &want,
+                                &m,
+                                2e-6,
+                                &format!("{form:?} [{rows}, {cols}] nb {nb} {tile:?} acc {acc} column {c}"),
+                            );
                         }
-                        assert_within(
-                            &got[c * rows..(c + 1) * rows],
-                            &want,
-                            &m,
-                            2e-6,
-                            &format!("[{rows}, {cols}] nb {nb} {tile:?} acc {acc} column {c}"),
-                        );
                     }
                 }
             }
         }
     }
+}
+
+#[test]
+fn mlx8_repack_decodes_to_the_reference_weights() {
+    let mut r = rng(86);
+    for (rows, cols) in [(1usize, 64usize), (3, 192), (17, 2048)] {
+        let bytes = rand_mlx_a8(&mut r, rows, cols);
+        let (qs, words) = repack_mlx_a8(bytes.chunks_exact(68)).unwrap();
+        assert_eq!(qs.len(), rows * cols / 4, "eight words per block of 32");
+        assert_eq!(words.len(), rows * cols / 64, "one scale word per group");
+        let got: Vec<f32> = qs
+            .chunks_exact(16)
+            .zip(&words)
+            .flat_map(|(q, &v)| {
+                let (s, b) = (f32::from_bits(v << 16), f32::from_bits(v & 0xFFFF_0000));
+                q.iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .map(move |u| u as f32 * s + b)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let want = dequant(DType::MLX_A8, &bytes, rows, cols);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "[{rows}, {cols}]"
+        );
+    }
+    let mut bytes = rand_mlx_a8(&mut r, 2, 128);
+    bytes[3 * 68 + 2..3 * 68 + 4].copy_from_slice(&0x7F80u16.to_le_bytes());
+    assert_eq!(repack_mlx_a8(bytes.chunks_exact(68)).err(), Some(3));
 }

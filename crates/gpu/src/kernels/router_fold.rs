@@ -130,6 +130,7 @@ pub fn router_fold_ref(
 mod tests {
     use super::*;
     use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
+    use nibble_quant::DType;
 
     #[test]
     fn fold_matches_reference() {
@@ -171,24 +172,31 @@ mod tests {
                 &format!("affine fold E{e} H{h} Q{q}"),
             );
         }
-        // The byte (Q8_0) form of the o-proj.
-        for &(e, h, q) in &[(3, 32, 64), (7, 160, 320)] {
-            let wo_b = crate::testing::rand_q8_0(&mut r, h, q);
+        // The byte forms of the o-proj: Q8_0 and MLX's 8-bit groups.
+        for &(e, h, q, dt) in &[
+            (3, 32, 64, DType::Q8_0),
+            (7, 160, 320, DType::Q8_0),
+            (5, 96, 192, DType::MLX_A8),
+        ] {
+            let wo_b = match dt {
+                DType::Q8_0 => crate::testing::rand_q8_0(&mut r, h, q),
+                _ => crate::testing::rand_mlx_a8(&mut r, h, q),
+            };
             let wr = rand_f32(&mut r, e * h, -1.0, 1.0);
             let w = rand_f32(&mut r, h, 0.5, 1.5);
-            let o = Q4Matrix::upload_q8_0(&ctx, "o", h, q, 1, &[&wo_b]).unwrap();
+            let o = Q4Matrix::upload_dtype(&ctx, "o", dt, h, q, 1, &[&wo_b]).unwrap();
             let router = F32Matrix::upload(&ctx, "router", e, h, &wr).unwrap();
             let wb = ctx.storage_init("w", bytemuck::cast_slice(&w)).unwrap();
             let got_b = k.fold(&ctx, &o, &router, &wb).unwrap();
             let got = ctx.read_f32(&got_b, e * (q + h)).unwrap();
-            let deq = crate::testing::dequant(nibble_quant::DType::Q8_0, &wo_b, h, q);
+            let deq = crate::testing::dequant(dt, &wo_b, h, q);
             let want = router_fold_ref(&deq, &wr, &w, e, h, q);
             assert_close(
                 &got,
                 &want,
                 1e-4,
                 1e-5,
-                &format!("Q8_0 fold E{e} H{h} Q{q}"),
+                &format!("{dt:?} fold E{e} H{h} Q{q}"),
             );
         }
     }
