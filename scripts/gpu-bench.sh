@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -383,6 +383,25 @@ if has q8; then
   for ps in "${Q8PS[@]}"; do
     say "parity gpu vs oracle on the Q8_0 model [${ps:-default}] (3 built-in prompts x ${Q8_PN:-32} tokens)"
     timeout ${Q8_PT:-300} $N parity -m $Q8 --backend gpu -n ${Q8_PN:-32} --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
+fi
+if has mlx8; then
+  # MLX 8-bit checkpoints on the GPU (session 32, the 8-bit affine form): the full-size model
+  # written here as mlx-lm's 8-bit groups of 64 (`synth --format mlx --quant q8_0`), open time
+  # and peak memory, tg128 and pp${MLX8_P:-512} (the GEMM prefill on f32 fmas), then greedy
+  # parity against the oracle with the default prefills (MLX8_PARITY_SETS: more flag sets).
+  M8=/tmp/q30-mlx8
+  say "synth qwen3-30b-a3b --format mlx --quant q8_0"
+  [ -s $M8/config.json ] || /usr/bin/time -f "synth mlx8 wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --format mlx --quant q8_0 --seed 0 --tokenizer "$TOK" -o $M8 --quiet 2>&1 | tee -a "$S"
+  du -sh $M8 | tee -a "$S"
+  say "open + 1 token on the GPU: $M8"
+  /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $M8 --backend gpu -n 1 -p Hi --ctx 512 -v 2>&1 | grep -E "wall|error|resident|prefill" | tee -a "$S"
+  say "bench $M8"
+  timeout 200 $N bench -m $M8 --backend gpu -p ${MLX8_P:-512} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+  IFS=';' read -ra M8PS <<< "${MLX8_PARITY_SETS-}"
+  for ps in "" "${M8PS[@]}"; do
+    say "parity gpu vs oracle on the MLX 8-bit checkpoint [${ps:-default}] (3 built-in prompts x 32 tokens)"
+    timeout ${MLX8_PT:-200} $N parity -m $M8 --backend gpu -n 32 --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
   done
 fi
 if has cpu; then
