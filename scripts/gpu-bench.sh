@@ -388,21 +388,22 @@ fi
 if has mlx8; then
   # MLX 8-bit checkpoints on the GPU (session 32, the 8-bit affine form): the full-size model
   # written here as mlx-lm's 8-bit groups of 64 (`synth --format mlx --quant q8_0`), open time
-  # and peak memory, tg128 and pp${MLX8_P:-512} (the GEMM prefill on f32 fmas), then greedy
-  # parity against the oracle with the default prefills (MLX8_PARITY_SETS: more flag sets).
+  # and peak memory, greedy parity against the oracle with the default prefills
+  # (MLX8_PARITY_SETS: more flag sets), then tg128 and pp${MLX8_P:-512} (the GEMM prefill on
+  # f32 fmas).
   M8=/tmp/q30-mlx8
   say "synth qwen3-30b-a3b --format mlx --quant q8_0"
   [ -s $M8/config.json ] || /usr/bin/time -f "synth mlx8 wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --format mlx --quant q8_0 --seed 0 --tokenizer "$TOK" -o $M8 --quiet 2>&1 | tee -a "$S"
   du -sh $M8 | tee -a "$S"
   say "open + 1 token on the GPU: $M8"
   /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $M8 --backend gpu -n 1 -p Hi --ctx 512 -v 2>&1 | grep -E "wall|error|resident|prefill" | tee -a "$S"
-  say "bench $M8"
-  timeout 200 $N bench -m $M8 --backend gpu -p ${MLX8_P:-512} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
   IFS=';' read -ra M8PS <<< "${MLX8_PARITY_SETS-}"
   for ps in "" "${M8PS[@]}"; do
     say "parity gpu vs oracle on the MLX 8-bit checkpoint [${ps:-default}] (3 built-in prompts x 32 tokens)"
     timeout ${MLX8_PT:-200} $N parity -m $M8 --backend gpu -n 32 --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
   done
+  say "bench $M8"
+  timeout 200 $N bench -m $M8 --backend gpu -p ${MLX8_P:-512} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
 fi
 if has cpu; then
   # The CPU backend on this machine's cores (no GPU involved), beside the oracle's step rate.
