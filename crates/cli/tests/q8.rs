@@ -5,25 +5,11 @@
 //! single-stream ones,
 //! and a NaN scale in the file is a clear error on every backend.
 
+mod common;
+
+use common::{have_gpu, nibble, parity_passes, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn nibble() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nibble"))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
-}
 
 /// A tiny Q8_0 GGUF in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
 fn synth(dir: &Path) -> PathBuf {
@@ -44,38 +30,6 @@ fn synth(dir: &Path) -> PathBuf {
     let out = c.output().unwrap();
     assert!(out.status.success(), "synth: {}", text(&out.stderr));
     path
-}
-
-/// `nibble parity --json -n N` with `args` on `path`: asserts it passes with every prompt's N
-/// ids equal to the oracle's and min cos >= 0.99999; returns stderr.
-fn parity_passes(path: &Path, n: usize, args: &[&str]) -> String {
-    let out = nibble()
-        .args(["parity", "--json", "-n", &n.to_string()])
-        .args(args)
-        .arg("-m")
-        .arg(path)
-        .output()
-        .unwrap();
-    let err = text(&out.stderr);
-    let j: Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON ({e}): {err}"));
-    assert_eq!(j["pass"], Value::Bool(true), "{j:#}\n{err}");
-    for p in j["prompts"].as_array().unwrap() {
-        let (o, f) = (ids(&p["oracle_tokens"]), ids(&p["fast_tokens"]));
-        assert_eq!((o.len(), &o), (n, &f), "{p:#}");
-        assert!(p["min_cosine"].as_f64().unwrap() >= 0.99999, "{p:#}");
-    }
-    err
-}
-
-/// Whether a wgpu adapter exists (lavapipe counts); in CI one must.
-fn have_gpu() -> bool {
-    let have = nibble_gpu::Context::new(&nibble_gpu::AdapterChoice::Auto).is_ok();
-    assert!(
-        have || std::env::var_os("CI").is_none(),
-        "no wgpu adapter and CI is set"
-    );
-    have
 }
 
 #[test]
