@@ -42,6 +42,7 @@ pub mod prefill;
 #[cfg(test)]
 mod prefill_tests;
 pub mod profile;
+pub mod repack;
 #[cfg(test)]
 mod sampled_tests;
 pub mod state;
