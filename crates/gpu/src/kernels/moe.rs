@@ -390,11 +390,12 @@ impl MoeKernel {
         let gate_up_rows = if staged.0 { gu_rows } else { 1 };
         let gu_src = if staged.0 {
             format!(
-                "{}const LATE_NORM: bool = {};\nconst DW_LOADS: u32 = {}u;\n\
+                "{}const LATE_NORM: bool = {};\nconst DW_LOADS: u32 = {}u;\nconst DW_QB: u32 = {}u;\n\
                  {route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}{}",
                 consts_rows(p, gate_up_t, gate_up_rows, p.hidden),
                 tune.late_norm,
-                down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows)),
+                down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows), form),
+                form.block_bytes() / 16,
                 form.wgsl(),
                 form.with_dot(include_str!("../shaders/moe_gate_up_f32.wgsl"))
             )

@@ -472,3 +472,23 @@ fn moe_f32_q8_experts() {
         MoeKernel::with_form(&ctx, odd.p, Numerics::Int8, F32Tuning::DEFAULT, QForm::Q8_0).is_err()
     );
 }
+
+/// `gate_up_folded_warm`'s loads per thread cover every sector of one expert's down blocks and
+/// scales in each block form (bytes take a sector per block, nibbles half of one).
+#[test]
+fn down_warm_covers_every_sector_of_each_form() {
+    let p = params(128, 8, 2048, 768, true);
+    for form in QForm::ALL {
+        let blocks = (p.hidden * p.inter / 32) as u64;
+        let sectors = (blocks * form.block_bytes()).div_ceil(32) + blocks.div_ceil(16);
+        for nx in [1u32, 4, 16] {
+            let loads = down_warm_loads(&p, nx, form) as u64;
+            assert!(loads * WG as u64 * nx as u64 >= sectors, "{form:?} nx {nx}");
+            // And not much more: one load round past the sectors at most.
+            assert!(
+                ((loads - 1) * WG as u64 * nx as u64) < sectors,
+                "{form:?} nx {nx}"
+            );
+        }
+    }
+}

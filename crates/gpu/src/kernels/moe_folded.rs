@@ -8,7 +8,7 @@ use super::{
     MoeParams, Routing, BLOCK, DOWN_WARM_BINDINGS, WG,
 };
 use crate::context::{Context, GpuError, Result};
-use crate::tensor::Q4Part;
+use crate::tensor::{Q4Part, QForm};
 
 /// The folded router's pipelines.
 #[derive(Debug)]
@@ -41,11 +41,12 @@ pub struct MoeFolded<'a> {
 }
 
 /// Sector loads per thread of `gate_up_folded_warm` (`DW_LOADS`): one expert's down blocks
-/// (`H x I/32`, two per 32-byte sector) and scales (16 per sector) over the `nx` workgroups of
-/// a slot.
-pub(super) fn down_warm_loads(p: &MoeParams, nx: u32) -> u32 {
+/// (`H x I/32` of `form`: two nibble blocks or one byte block per 32-byte sector) and scales
+/// (16 per sector) over the `nx` workgroups of a slot.
+pub(super) fn down_warm_loads(p: &MoeParams, nx: u32, form: QForm) -> u32 {
     let blocks = p.hidden * (p.inter / BLOCK as u32);
-    let sectors = blocks.div_ceil(2) + blocks.div_ceil(16);
+    let units = blocks * (form.block_bytes() / 16) as u32;
+    let sectors = units.div_ceil(2) + blocks.div_ceil(16);
     sectors.div_ceil(nx.max(1)).div_ceil(WG).max(1)
 }
 

@@ -284,7 +284,8 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
 // blocks and scales (H rows of I / 32 blocks), DW_LOADS per thread (a host constant), issued
 // together; returns their xor (consumed after the rows, so nothing waits on them before).
 fn down_warm(e: u32, bx: u32, nx: u32, li: u32) -> u32 {
-    let qsec = (H * (I / 32u) + 1u) / 2u;   // 2 blocks of 16 bytes per sector
+    // DW_QB: 16-byte units per block (1 nibbles, 2 bytes; a host constant, QForm::block_bytes).
+    let qsec = (H * (I / 32u) * DW_QB + 1u) / 2u; // 2 units of 16 bytes per sector
     let ssec = (H * (I / 32u) + 15u) / 16u; // 16 f16 scales per sector
     let tot = qsec + ssec;
     let per = (tot + nx - 1u) / nx;
