@@ -10,24 +10,7 @@ use half::f16;
 pub fn repack_q4_0<'a>(
     blocks: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
-    let mut qs = Vec::new();
-    let mut scales = Vec::new();
-    for (i, b) in blocks.enumerate() {
-        let d = f16::from_le_bytes([b[0], b[1]]);
-        if !d.is_finite() {
-            return Err(i);
-        }
-        scales.push(d.to_bits());
-        qs.extend(
-            b[2..18]
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
-        );
-    }
-    if scales.len() % 2 == 1 {
-        scales.push(0);
-    }
-    Ok((qs, scales))
+    repack_f16_blocks(blocks, 16, 0)
 }
 
 /// Repack ggml Q8_0 blocks into (`qs` words: 8 per block, each byte `q + 128`; f16 scale bits
@@ -35,6 +18,17 @@ pub fn repack_q4_0<'a>(
 /// finite.
 pub fn repack_q8_0<'a>(
     blocks: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
+    // XOR 0x80 turns each two's-complement byte q into q + 128 (offset binary).
+    repack_f16_blocks(blocks, 32, 0x8080_8080)
+}
+
+/// ggml blocks of an f16 scale and `payload` bytes: the payload's little-endian words xored
+/// with `xor`, and the scale bits padded to an even count.
+fn repack_f16_blocks<'a>(
+    blocks: impl Iterator<Item = &'a [u8]>,
+    payload: usize,
+    xor: u32,
 ) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
     let mut qs = Vec::new();
     let mut scales = Vec::new();
@@ -44,11 +38,10 @@ pub fn repack_q8_0<'a>(
             return Err(i);
         }
         scales.push(d.to_bits());
-        // XOR 0x80 turns each two's-complement byte q into q + 128 (offset binary).
         qs.extend(
-            b[2..34]
+            b[2..2 + payload]
                 .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) ^ 0x8080_8080),
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) ^ xor),
         );
     }
     if scales.len() % 2 == 1 {
@@ -61,52 +54,54 @@ pub fn repack_q8_0<'a>(
 /// [`QForm::Affine8`] form's (`qs` words, scale words): per group its 64 bytes as two blocks of
 /// 8 words (the levels as they are) and one word `scale | bias << 16`. Errors with the index of
 /// the first group whose scale or bias is not finite.
+///
+/// [`QForm::Affine8`]: crate::tensor::QForm::Affine8
 pub fn repack_mlx_a8<'a>(
     groups: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
-    use rayon::prelude::*;
-    let groups: Vec<&[u8]> = groups.collect();
-    let mut qs = vec![0u32; groups.len() * 16];
-    let mut words = vec![0u32; groups.len()];
-    let bad = qs
-        .par_chunks_mut(16)
-        .zip(words.par_iter_mut())
-        .zip(groups.par_iter())
-        .enumerate()
-        .filter_map(|(i, ((q, word), g))| {
-            let s = u16::from_le_bytes([g[0], g[1]]);
-            let b = u16::from_le_bytes([g[2], g[3]]);
-            if !half::bf16::from_bits(s).is_finite() || !half::bf16::from_bits(b).is_finite() {
-                return Some(i);
-            }
-            *word = s as u32 | (b as u32) << 16;
-            for (out, w) in q.iter_mut().zip(g[4..68].chunks_exact(4)) {
-                *out = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            }
-            None
-        })
-        .min();
-    match bad {
-        Some(i) => Err(i),
-        None => Ok((qs, words)),
-    }
+    repack_mlx_groups(groups, 16, |p, q| {
+        for (out, w) in q.iter_mut().zip(p.chunks_exact(4)) {
+            *out = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        }
+    })
 }
 
 /// Repack `MLX_A4` groups (bf16 scale, bf16 bias, byte `b` = elements `2b` low and `2b + 1`
 /// high) into the affine form's (`qs` words, scale words): per group two Q4_0-ordered blocks
 /// and one word `scale | bias << 16`. Errors with the index of the first group whose scale or
-/// bias is not finite. Groups are repacked in parallel, without allocating per group (the
-/// full-size model's 17 GB took about a minute one group at a time).
+/// bias is not finite.
 pub fn repack_mlx_a4<'a>(
     groups: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
+    repack_mlx_groups(groups, 8, |p, q| {
+        // Element e's nibble; block k's byte j = elements 32k + j (low), 32k + j + 16 (high).
+        let nib = |e: usize| ((p[e / 2] >> (4 * (e % 2))) & 0xF) as u32;
+        for (w, out) in q.iter_mut().enumerate() {
+            let (e0, j0) = (32 * (w / 4), 4 * (w % 4));
+            *out = (0..4)
+                .map(|k| (nib(e0 + j0 + k) | nib(e0 + j0 + k + 16) << 4) << (8 * k))
+                .fold(0, |a, v| a | v);
+        }
+    })
+}
+
+/// MLX groups (bf16 scale, bf16 bias, payload) into `words` `qs` words each, written by
+/// `payload(group's payload bytes, its words)`, and one scale word `scale | bias << 16` per
+/// group; the index of the first group with a non-finite scale or bias is the error. Groups
+/// are repacked in parallel, without allocating per group (the full-size model's 17 GB took
+/// about a minute one group at a time).
+fn repack_mlx_groups<'a>(
+    groups: impl Iterator<Item = &'a [u8]>,
+    words: usize,
+    payload: impl Fn(&[u8], &mut [u32]) + Sync,
+) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
     use rayon::prelude::*;
     let groups: Vec<&[u8]> = groups.collect();
-    let mut qs = vec![0u32; groups.len() * 8];
-    let mut words = vec![0u32; groups.len()];
+    let mut qs = vec![0u32; groups.len() * words];
+    let mut scale_words = vec![0u32; groups.len()];
     let bad = qs
-        .par_chunks_mut(8)
-        .zip(words.par_iter_mut())
+        .par_chunks_mut(words)
+        .zip(scale_words.par_iter_mut())
         .zip(groups.par_iter())
         .enumerate()
         .filter_map(|(i, ((q, word), g))| {
@@ -116,19 +111,12 @@ pub fn repack_mlx_a4<'a>(
                 return Some(i);
             }
             *word = s as u32 | (b as u32) << 16;
-            // Element e's nibble; block k's byte j = elements 32k + j (low), 32k + j + 16 (high).
-            let nib = |e: usize| ((g[4 + e / 2] >> (4 * (e % 2))) & 0xF) as u32;
-            for (w, out) in q.iter_mut().enumerate() {
-                let (e0, j0) = (32 * (w / 4), 4 * (w % 4));
-                *out = (0..4)
-                    .map(|k| (nib(e0 + j0 + k) | nib(e0 + j0 + k + 16) << 4) << (8 * k))
-                    .fold(0, |a, v| a | v);
-            }
+            payload(&g[4..], q);
             None
         })
         .min();
     match bad {
         Some(i) => Err(i),
-        None => Ok((qs, words)),
+        None => Ok((qs, scale_words)),
     }
 }
