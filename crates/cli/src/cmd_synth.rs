@@ -11,7 +11,7 @@ pub enum Preset {
     /// hidden 64, 4 layers, 16 experts (top 4), head_dim 32, real vocab: milliseconds per token on CPU.
     Tiny,
     /// hidden 256, 8 layers, 16 experts (top 4), head_dim 64, real vocab: every matrix row whole
-    /// 256-weight super-blocks, for `--quant q4_k_m`.
+    /// 256-weight super-blocks, for `--quant q4_k_m` and `q6_k`.
     Small,
     /// The real Qwen3-30B-A3B shapes (~17 GB in Q4_0).
     #[value(name = "qwen3-30b-a3b")]
@@ -31,6 +31,10 @@ pub enum Quant {
     /// Q8_0 files); with `--format mlx`, 8-bit MLX groups of those values.
     #[value(name = "q8_0")]
     Q8_0,
+    /// Q6_K matrices, as llama.cpp's Q6_K files (GGUF only; rows that are not whole
+    /// 256-weight super-blocks stay Q4_0).
+    #[value(name = "q6_k")]
+    Q6K,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -84,6 +88,7 @@ pub fn run(a: Args) -> Result<()> {
             Quant::Q4_0 => synth::QuantMix::Q4_0,
             Quant::Q4KM => synth::QuantMix::Q4KM,
             Quant::Q8_0 => synth::QuantMix::Q8_0,
+            Quant::Q6K => synth::QuantMix::Q6K,
         },
         ..SynthParams::default()
     };

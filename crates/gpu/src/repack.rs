@@ -120,3 +120,59 @@ fn repack_mlx_groups<'a>(
         None => Ok((qs, scale_words)),
     }
 }
+
+/// Repack ggml Q6_K super-blocks (210 bytes: `ql[128]`, `qh[64]`, sixteen i8 scales, f16 `d`)
+/// into the [`QForm::Q6K`] form's (`qs` words: 64 per super-block, its eight blocks of 32 in
+/// order; f16 scale bits: the super-block's `d` once per block). Byte `j` of block `b` is
+/// element `32 b + j`'s 6-bit level, with bits `2k, 2k + 1` of sub-scale `2b` (`2b + 1`) in the
+/// top two bits of byte `k` (`16 + k`), `k < 4`. Super-blocks are repacked in parallel; the
+/// index of the first one whose `d` is not finite is the error.
+///
+/// [`QForm::Q6K`]: crate::tensor::QForm::Q6K
+pub fn repack_q6_k<'a>(
+    supers: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
+    use rayon::prelude::*;
+    let supers: Vec<&[u8]> = supers.collect();
+    let mut qs = vec![0u32; supers.len() * 64];
+    let mut scales = vec![0u16; supers.len() * 8];
+    let bad = qs
+        .par_chunks_mut(64)
+        .zip(scales.par_chunks_mut(8))
+        .zip(supers.par_iter())
+        .enumerate()
+        .filter_map(|(i, ((q, d), c))| {
+            let dv = f16::from_le_bytes([c[208], c[209]]);
+            if !dv.is_finite() {
+                return Some(i);
+            }
+            d.fill(dv.to_bits());
+            // The reference decoder's order (nibble_quant kquants): element `128 h + 32 k + l`
+            // takes nibble `k / 2` of `ql[64 h + l + 32 (k % 2)]` and bits `2k, 2k + 1` of
+            // `qh[32 h + l]` on top.
+            let level = |e: usize| {
+                let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
+                let ql = c[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2)) & 0xF;
+                let qh = (c[128 + 32 * h + l] >> (2 * k)) & 3;
+                (ql | qh << 4) as u32
+            };
+            for (w, out) in q.iter_mut().enumerate() {
+                let (b, j0) = (w / 8, 4 * (w % 8));
+                // Words 0 and 4 of a block carry its two sub-scales in their bytes' top bits.
+                let sub = match w % 8 {
+                    0 => c[192 + 2 * b] as u32,
+                    4 => c[192 + 2 * b + 1] as u32,
+                    _ => 0,
+                };
+                *out = (0..4)
+                    .map(|k| (level(32 * b + j0 + k) | ((sub >> (2 * k)) & 3) << 6) << (8 * k))
+                    .fold(0, |a, v| a | v);
+            }
+            None
+        })
+        .min();
+    match bad {
+        Some(i) => Err(i),
+        None => Ok((qs, scales)),
+    }
+}

@@ -29,9 +29,20 @@
 //! `q` unsigned) is the byte form's payload (each group two blocks, the levels stored as they
 //! are) with the affine form's scale words (one `scale | bias << 16` per group).
 //!
+//! The 6-bit form ([`QForm::Q6K`], from ggml's Q6_K super-blocks of 256: weight
+//! `d · sc · (q - 32)` with an i8 scale `sc` per 16 weights and an f16 `d` per super-block) is
+//! the byte form's layout with each super-block split into its eight blocks of 32:
+//! - `qs`: byte `j` of a block = element `j`'s 6-bit level `q` in bits 0-5; bits 6-7 of bytes
+//!   0-3 hold the first sub-block's `sc` (bits `2k, 2k + 1` in byte `k`, two's complement), of
+//!   bytes 16-19 the second's; the other top bits are zero. The sub-scales ride in the payload
+//!   so that a block keeps one coefficient, `d`, and every kernel's `c0 · dot` stays as it is:
+//!   the form's `qb_dot` scales each half's sum by its `sc` ([`Q6_PAYLOAD`]).
+//! - `scales`: Q4_0's f16 words, each block holding its super-block's `d`.
+//!
 //! A kernel computes a block's dot as `c0 · Σ (q - off) x + c1 · Σ x` with `(c0, c1)` from
-//! [`Q4_COEF`]: `(d, 0)` for Q4_0 and Q8_0, `(s, b + 8 s)` for the affine form (its `Σ x` term is
-//! skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes (`Q_OFF`). Every
+//! [`Q4_COEF`]: `(d, 0)` for Q4_0, Q8_0 and Q6_K, `(s, b + 8 s)` for the affine form (its `Σ x` term is
+//! skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes, 32 for Q6_K
+//! (`Q_OFF`). Every
 //! kernel that reads block matrices is compiled for one [`QForm`] ([`QForm::wgsl`]) and refuses a
 //! matrix of another by name.
 //!
@@ -41,7 +52,7 @@
 //!   the second term lets the matvec subtract the Q4_0 offset of 8 with one multiply per block.
 
 use crate::context::{Context, GpuError, Result};
-pub use crate::repack::{repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q8_0};
+pub use crate::repack::{repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q6_k, repack_q8_0};
 
 /// Elements per quantisation block (Q4_0 and int8 activations).
 pub const BLOCK: usize = 32;
@@ -101,6 +112,44 @@ fn qb_levels(w: QB, k: u32) -> vec4<f32> {
 }
 ";
 
+/// WGSL payload of the 6-bit form (Q6_K, module docs): the byte form's `QB`, `dq8` masking
+/// each byte to its 6-bit level (`q - 32` exactly, by the same mantissa trick), and
+/// `q6_sub(word)` = the i8 sub-scale held in the top two bits of the word's four bytes.
+/// `qb_dot(w, x)` = Σ sc (q - 32) x (each half's sum times its sub-scale: the integers
+/// `sc (q - 32)` are what the block's `d` multiplies); `qb_levels(w, k)` = `sc (q - 32) + 32`
+/// for elements 4k .. 4k + 3, so that `(level - Q_OFF) d` is the weight, exactly.
+pub const Q6_PAYLOAD: &str = "
+struct QB { lo: vec4<u32>, hi: vec4<u32> };
+fn dq8(w: u32) -> vec4<f32> {
+    let s = w >> 16u;
+    return bitcast<vec4<f32>>((vec4<u32>(w, w, s, s) & vec4<u32>(0x3Fu, 0x3F00u, 0x3Fu, 0x3F00u))
+        | vec4<u32>(0x4B000000u)) - vec4<f32>(8388640.0, 8396800.0, 8388640.0, 8396800.0);
+}
+const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+fn q6_sub(w: u32) -> f32 {
+    let t = (w >> 6u) & 0x03030303u;
+    let u = (t & 3u) | ((t >> 6u) & 0xCu) | ((t >> 12u) & 0x30u) | ((t >> 18u) & 0xC0u);
+    return f32(bitcast<i32>(u << 24u) >> 24u);
+}
+fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
+    var a = dq8(w.lo.x) * x[0];
+    var b = dq8(w.hi.x) * x[4];
+    a = fma(dq8(w.lo.y), x[1], a);
+    b = fma(dq8(w.hi.y), x[5], b);
+    a = fma(dq8(w.lo.z), x[2], a);
+    b = fma(dq8(w.hi.z), x[6], b);
+    a = fma(dq8(w.lo.w), x[3], a);
+    b = fma(dq8(w.hi.w), x[7], b);
+    return fma(q6_sub(w.lo.x), dot(a, DQ8_S), q6_sub(w.hi.x) * dot(b, DQ8_S));
+}
+fn qb_levels(w: QB, k: u32) -> vec4<f32> {
+    let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
+    let sc = q6_sub(select(w.lo.x, w.hi.x, k >= 4u));
+    let q = vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(63u));
+    return fma(vec4<f32>(sc), q - 32.0, vec4<f32>(32.0));
+}
+";
+
 /// A repacked block matrix `[rows, cols]` on the GPU: Q4_0, or one of the other [`QForm`]s
 /// (see module docs for the layouts).
 #[derive(Debug)]
@@ -130,11 +179,21 @@ pub enum QForm {
     /// `q` stored as is, so `q - 128` is what the payload's dot sees), one word per group with
     /// the bf16 scale and bias as [`QForm::Affine4`]'s, weight `s q + b`.
     Affine8,
+    /// ggml's Q6_K: the byte layout with 6-bit levels and each 16 weights' i8 sub-scale in
+    /// the bytes' top bits (module docs), the super-block's f16 `d` per block as Q4_0's
+    /// scales, weight `d sc (q - 32)`.
+    Q6K,
 }
 
 impl QForm {
     /// Every form, in [`Self::index`] order.
-    pub const ALL: [QForm; 4] = [QForm::Q4_0, QForm::Affine4, QForm::Q8_0, QForm::Affine8];
+    pub const ALL: [QForm; 5] = [
+        QForm::Q4_0,
+        QForm::Affine4,
+        QForm::Q8_0,
+        QForm::Affine8,
+        QForm::Q6K,
+    ];
 
     /// Position in [`Self::ALL`] (pipeline tables keyed by form).
     pub fn index(self) -> usize {
@@ -146,9 +205,9 @@ impl QForm {
         matches!(self, QForm::Affine4 | QForm::Affine8)
     }
 
-    /// Whether a block's payload is 8-bit (two vec4s) rather than nibbles (one).
+    /// Whether a block's payload is bytes (two vec4s) rather than nibbles (one).
     pub fn wide(self) -> bool {
-        matches!(self, QForm::Q8_0 | QForm::Affine8)
+        matches!(self, QForm::Q8_0 | QForm::Affine8 | QForm::Q6K)
     }
 
     /// The WGSL function of a block's dot with 32 staged activations, `(w: QB, x) -> f32` =
@@ -188,18 +247,19 @@ impl QForm {
             QForm::Affine4 => "affine (MLX_A4)",
             QForm::Q8_0 => "Q8_0",
             QForm::Affine8 => "affine 8-bit (MLX_A8)",
+            QForm::Q6K => "Q6_K",
         }
     }
 
     /// WGSL prepended to a kernel reading matrices of this form: `const Q4_AFFINE`, `const
-    /// Q_OFF` (the offset the stored levels carry: 8 for nibbles, 128 for bytes), [`Q4_COEF`]
-    /// and the payload ([`Q4_PAYLOAD`] or [`Q8_PAYLOAD`]: the block type `QB`, `qb_dot`,
-    /// `qb_levels`). Kernels declare their weight bindings `array<QB>`.
+    /// Q_OFF` (the offset the stored levels carry: 8 for nibbles, 128 for bytes, 32 for Q6_K),
+    /// [`Q4_COEF`] and the payload ([`Q4_PAYLOAD`], [`Q8_PAYLOAD`] or [`Q6_PAYLOAD`]: the block
+    /// type `QB`, `qb_dot`, `qb_levels`). Kernels declare their weight bindings `array<QB>`.
     pub fn wgsl(self) -> String {
-        let (off, payload) = if self.wide() {
-            ("128.0", Q8_PAYLOAD)
-        } else {
-            ("8.0", Q4_PAYLOAD)
+        let (off, payload) = match self {
+            QForm::Q6K => ("32.0", Q6_PAYLOAD),
+            f if f.wide() => ("128.0", Q8_PAYLOAD),
+            _ => ("8.0", Q4_PAYLOAD),
         };
         format!(
             "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{Q4_COEF}{payload}",
@@ -258,7 +318,8 @@ impl Q4Matrix {
     }
 
     /// Upload a matrix of blocks in `dtype`: Q4_0 ([`Self::upload`]), MLX's affine `MLX_A4`
-    /// ([`Self::upload_mlx`]) or Q8_0 ([`Self::upload_q8_0`]); any other dtype is an error.
+    /// ([`Self::upload_mlx`]), Q8_0 ([`Self::upload_q8_0`]), `MLX_A8` ([`Self::upload_mlx8`])
+    /// or Q6_K ([`Self::upload_q6_k`]); any other dtype is an error.
     pub fn upload_dtype(
         ctx: &Context,
         label: &str,
@@ -279,9 +340,12 @@ impl Q4Matrix {
             nibble_quant::DType::MLX_A8 => {
                 Self::upload_mlx8(ctx, label, rows, cols, row_multiple, src)
             }
+            nibble_quant::DType::Q6_K => {
+                Self::upload_q6_k(ctx, label, rows, cols, row_multiple, src)
+            }
             other => Err(GpuError::Shape(format!(
                 "{label}: {} is not a block type the GPU kernels read (Q4_0, MLX_A4, Q8_0, \
-                 MLX_A8)",
+                 MLX_A8, Q6_K)",
                 other.name()
             ))),
         }
@@ -376,6 +440,38 @@ impl Q4Matrix {
             src,
             &form,
             |units| repack_mlx_a8(units.iter().copied()),
+        )
+    }
+
+    /// Repack and upload a Q6_K matrix (210-byte super-blocks of 256) into the [`QForm::Q6K`]
+    /// form (module docs). `cols % 256 == 0`; a non-finite `d` is an error.
+    pub fn upload_q6_k(
+        ctx: &Context,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        row_multiple: usize,
+        src: &[&[u8]],
+    ) -> Result<Q4Matrix> {
+        if cols % 256 != 0 {
+            return Err(GpuError::Shape(format!(
+                "{label}: Q6_K [{rows}, {cols}] needs cols % 256 == 0"
+            )));
+        }
+        let form = Form {
+            name: "Q6_K",
+            unit_bytes: 210,
+            unit_cols: 256,
+            form: QForm::Q6K,
+            bad: "super-block {} has a non-finite scale",
+        };
+        upload_parts(
+            ctx,
+            label,
+            (rows, cols, row_multiple),
+            src,
+            &form,
+            |units| repack_q6_k(units.iter().copied()),
         )
     }
 
@@ -480,10 +576,10 @@ fn upload_parts<'a, S: bytemuck::Pod>(
             "{label}: {} [{rows}, {cols}] needs {} bytes in whole {ub}-byte {}, got {total}",
             form.name,
             rows * upr * ub,
-            if form.form.affine() {
-                "groups"
-            } else {
-                "blocks"
+            match form.form {
+                QForm::Q6K => "super-blocks",
+                f if f.affine() => "groups",
+                _ => "blocks",
             }
         )));
     }

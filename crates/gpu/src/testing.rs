@@ -176,6 +176,66 @@ pub fn rand_q8_0(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
     out
 }
 
+/// The file block type each [`QForm`] is uploaded from.
+///
+/// [`QForm`]: crate::tensor::QForm
+pub fn dtype_of(form: crate::tensor::QForm) -> nibble_quant::DType {
+    use crate::tensor::QForm;
+    use nibble_quant::DType;
+    match form {
+        QForm::Q4_0 => DType::Q4_0,
+        QForm::Affine4 => DType::MLX_A4,
+        QForm::Q8_0 => DType::Q8_0,
+        QForm::Affine8 => DType::MLX_A8,
+        QForm::Q6K => DType::Q6_K,
+    }
+}
+
+/// Random file bytes for a `[rows, cols]` matrix of `form`, with their block type.
+pub fn rand_form(
+    rng: &mut impl Rng,
+    form: crate::tensor::QForm,
+    rows: usize,
+    cols: usize,
+) -> (Vec<u8>, nibble_quant::DType) {
+    use nibble_quant::DType;
+    let dt = dtype_of(form);
+    let b = match dt {
+        DType::MLX_A4 => rand_mlx_a4(rng, rows, cols),
+        DType::Q8_0 => rand_q8_0(rng, rows, cols),
+        DType::MLX_A8 => rand_mlx_a8(rng, rows, cols),
+        DType::Q6_K => rand_q6_k(rng, rows, cols),
+        _ => rand_q4_0(rng, rows, cols),
+    };
+    (b, dt)
+}
+
+/// Random Q6_K bytes for `[rows, cols]` (`cols % 256 == 0`; ggml super-blocks of 210 bytes):
+/// random 6-bit levels, i8 sub-scales over their whole range (-128 and 127 included) and an
+/// f16 `d` in `[0.00001, 0.0001)` of either sign.
+pub fn rand_q6_k(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let supers = rows * cols / 256;
+    let mut out = Vec::with_capacity(supers * 210);
+    for i in 0..supers {
+        for _ in 0..192 {
+            out.push(rng.random::<u8>());
+        }
+        for s in 0..16 {
+            out.push(match (i + s) % 7 {
+                0 => 0x80,
+                1 => 0x7F,
+                _ => rng.random::<u8>(),
+            });
+        }
+        let mut d: f32 = rng.random_range(0.00001..0.0001);
+        if rng.random::<bool>() {
+            d = -d;
+        }
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    }
+    out
+}
+
 /// Random MLX `MLX_A8` bytes for `[rows, cols]` (interleaved groups of 64: bf16 scale and
 /// bias, 64 level bytes): random levels, scales in `[0.0002, 0.002)` of either sign and biases
 /// of either sign up to `256 |scale|`.

@@ -56,6 +56,10 @@ pub enum QuantMix {
     /// block re-encoded: levels `16 (n - 8)` under the scale `d / 16`, both exact, so the
     /// bytes span the signed range), as llama.cpp's `Q8_0` files store every matrix.
     Q8_0,
+    /// Q6_K wherever the default mix has Q4_0, as llama.cpp's `Q6_K` files store every matrix
+    /// (a matrix whose rows are not whole 256-weight super-blocks falls back to Q4_0). GGUF
+    /// only: the weights are quantised from random f32 values.
+    Q6K,
 }
 
 impl Default for SynthParams {
@@ -101,6 +105,9 @@ pub fn storage_dtype(cfg: &Qwen3MoeConfig, mix: QuantMix, key: TensorKey) -> DTy
     }
     if key.shape(cfg).last().is_none_or(|c| c % 256 != 0) {
         return DType::Q4_0;
+    }
+    if mix == QuantMix::Q6K {
+        return DType::Q6_K;
     }
     let n = cfg.num_layers;
     let more_bits = |l: usize| l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
@@ -421,11 +428,12 @@ pub fn write_gguf(
         })
         .collect();
     let mut meta = crate::qwen3_moe::gguf_metadata(cfg, "nibble synthetic Qwen3-MoE");
-    // llama.cpp's file-type enum: 15 = MOSTLY_Q4_K_M, 7 = MOSTLY_Q8_0.
+    // llama.cpp's file-type enum: 15 = MOSTLY_Q4_K_M, 7 = MOSTLY_Q8_0, 18 = MOSTLY_Q6_K.
     let file_type = match p.mix {
         QuantMix::Q4_0 => None,
         QuantMix::Q4KM => Some(15),
         QuantMix::Q8_0 => Some(7),
+        QuantMix::Q6K => Some(18),
     };
     if let Some(t) = file_type {
         for (k, v) in meta.iter_mut() {

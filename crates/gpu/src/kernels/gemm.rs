@@ -256,7 +256,7 @@ impl GemmKernel {
     pub fn reads(form: QForm) -> bool {
         matches!(
             form,
-            QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0 | QForm::Affine8
+            QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0 | QForm::Affine8 | QForm::Q6K
         )
     }
 

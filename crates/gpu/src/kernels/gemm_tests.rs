@@ -495,21 +495,15 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
         (37, 300, 256, 8, QForm::Q8_0),
         (25, 5120, 2048, 8, QForm::Q8_0),
         (37, 300, 256, 8, QForm::Affine8),
+        (37, 300, 512, 8, QForm::Q6K),
+        (25, 5120, 2048, 8, QForm::Q6K),
     ] {
         // Every block form (at the real qkv's shape too).
         let ks = test_kernels_for(&ctx, form);
         let bpr = (cols / 32) as u32;
         let splits = k_splits(bpr, want_splits);
         assert!(splits > 1);
-        let (wb, dt) = match form {
-            QForm::Q4_0 => (rand_q4_0(&mut r, rows, cols), DType::Q4_0),
-            QForm::Affine4 => (rand_mlx_a4(&mut r, rows, cols), DType::MLX_A4),
-            QForm::Q8_0 => (crate::testing::rand_q8_0(&mut r, rows, cols), DType::Q8_0),
-            QForm::Affine8 => (
-                crate::testing::rand_mlx_a8(&mut r, rows, cols),
-                DType::MLX_A8,
-            ),
-        };
+        let (wb, dt) = crate::testing::rand_form(&mut r, form, rows, cols);
         let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
         let deq = dequant(dt, &wb, rows, cols);
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);

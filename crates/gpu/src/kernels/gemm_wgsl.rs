@@ -71,6 +71,25 @@ const WSTORE_F32_A8: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
 }
 ";
 
+/// [`WSTORE_F32_Q8`] for Q6_K's 6-bit form: `WReg.q` is half `h` of the block (one 16-weight
+/// sub-block), its i8 sub-scale `sc` in the top bits of word 0's bytes (tensor.rs); each
+/// weight is `d (sc (q - 32))`, the integer exact and the product exact (11 + 7 + 5 significant
+/// bits), as the oracle's.
+const WSTORE_F32_Q6: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
+    let t = (r.q.x >> 6u) & 0x03030303u;
+    let u = (t & 3u) | ((t >> 6u) & 0xCu) | ((t >> 12u) & 0x30u) | ((t >> 18u) & 0xC0u);
+    let sc = f32(bitcast<i32>(u << 24u) >> 24u);
+    for (var j = 0u; j < 4u; j++) {
+        let w = r.q[j];
+        let k = 16u * h + 4u * j;
+        for (var c = 0u; c < 4u; c++) {
+            let q = f32((w >> (8u * c)) & 0x3Fu) - 32.0;
+            ws[(k + c) * 32u + nn / 4u][nn % 4u] = r.d * (sc * q);
+        }
+    }
+}
+";
+
 /// The WGSL of `form` with `tm` tokens per thread (2 or 4), for weights of the block form
 /// `qform` (tensor.rs): Q4_0, the affine one or Q8_0.
 pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -> String {
@@ -79,6 +98,7 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -
         QForm::Affine4 => WSTORE_F32_AFFINE,
         QForm::Q8_0 => WSTORE_F32_Q8,
         QForm::Affine8 => WSTORE_F32_A8,
+        QForm::Q6K => WSTORE_F32_Q6,
     };
     let s = prelude(form, tm, plan, wstore, qform);
     shader_body(form, tm, s)

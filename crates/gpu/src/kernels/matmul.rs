@@ -365,10 +365,20 @@ fn body_lines(r: u32, c: u32, form: QForm) -> String {
             };
         }
     }
-    let block_dot = match form.wide() {
-        true => "dot(lo, DQ8_S) + dot(hi, DQ8_S)",
-        false => "dot(lo, DQ_SLO) + dot(hi, DQ_SHI)",
+    // Q6_K scales each half's sum by its sub-scale (tensor.rs `Q6_PAYLOAD`), `t{i}` per row.
+    let block_dot = match form {
+        QForm::Q6K => "fma(t{i}.x, dot(lo, DQ8_S), t{i}.y * dot(hi, DQ8_S))",
+        f if f.wide() => "dot(lo, DQ8_S) + dot(hi, DQ8_S)",
+        _ => "dot(lo, DQ_SLO) + dot(hi, DQ_SHI)",
     };
+    if form == QForm::Q6K {
+        for i in 0..r {
+            s += &format!(
+                "let t{i} = vec2<f32>(q6_sub(w{i}.lo.x), q6_sub(w{i}.hi.x));
+                "
+            );
+        }
+    }
     for j in 0..c {
         // Column 0 always runs (nb >= 1); the others only below nb (uniform).
         let guard = if j == 0 {

@@ -440,6 +440,7 @@ fn moe_f32_done_flag_and_bad_lanes() {
 
 /// The byte form (Q8_0) through every staged form of the single-token path, at the real shape
 /// and at an odd one, weights split across bindings too; the quantised numerics refuse it.
+/// MLX's 8-bit groups and Q6_K at the real shape.
 #[test]
 fn moe_f32_q8_experts() {
     let Some(ctx) = gpu("moe_f32_q8_experts") else {
@@ -458,6 +459,18 @@ fn moe_f32_q8_experts() {
     let a8 = Case::new_a8(params(128, 8, 2048, 768, true), 81);
     let staged = check_f32(&ctx, &a8, F32Tuning::DEFAULT, Routing::Fused, true, None);
     assert_eq!(staged, (true, true), "MLX_A8: not staged");
+    // Q6_K at the real shape, whole and split across bindings.
+    let q6 = Case::new_form(params(128, 8, 2048, 768, true), 82, QForm::Q6K, 0x6C);
+    let staged = check_f32(&ctx, &q6, F32Tuning::DEFAULT, Routing::Fused, true, None);
+    assert_eq!(staged, (true, true), "Q6_K: not staged");
+    check_f32(
+        &ctx,
+        &q6,
+        split(tuning(8, 32, 2), 8),
+        Routing::Separate,
+        false,
+        Some(8 << 20),
+    );
     let odd = Case::new_q8(params(6, 3, 192, 128, false), 80);
     check_f32(&ctx, &odd, F32Tuning::DEFAULT, Routing::Fused, true, None);
     check_f32(

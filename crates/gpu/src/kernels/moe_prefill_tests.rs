@@ -7,8 +7,7 @@
 use super::*;
 use crate::kernels::moe::{down_ref, gate_up_ref, router_ref};
 use crate::tensor::QForm;
-use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a4, rand_q4_0, rng};
-use nibble_quant::DType;
+use crate::testing::{dequant, gpu, rand_f32, rng};
 use rand::Rng;
 
 struct Layer {
@@ -20,16 +19,11 @@ struct Layer {
     dd: Vec<f32>,
 }
 
-/// A random layer's experts in the block form `form` (Q4_0, affine or Q8_0).
+/// A random layer's experts in the block form `form`.
 fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims, form: QForm) -> Layer {
     let (e, h, i) = (d.experts as usize, d.hidden as usize, d.inter as usize);
     let mat = |r: &mut _, rows: usize, cols: usize, per: usize, name: &str| {
-        let (b, dt) = match form {
-            QForm::Q4_0 => (rand_q4_0(r, rows, cols), DType::Q4_0),
-            QForm::Affine4 => (rand_mlx_a4(r, rows, cols), DType::MLX_A4),
-            QForm::Q8_0 => (crate::testing::rand_q8_0(r, rows, cols), DType::Q8_0),
-            QForm::Affine8 => (crate::testing::rand_mlx_a8(r, rows, cols), DType::MLX_A8),
-        };
+        let (b, dt) = crate::testing::rand_form(r, form, rows, cols);
         let m = Q4Matrix::upload_dtype(ctx, name, dt, rows, cols, per, &[&b]).unwrap();
         (m, dequant(dt, &b, rows, cols))
     };
@@ -283,7 +277,7 @@ fn moe_prefill_affine_experts_match_reference() {
 }
 
 /// The expert GEMMs on Q8_0 weights (the byte form, f32 fmas only): one token, several tiles,
-/// split expert tensors, and an odd shape.
+/// split expert tensors, and an odd shape; MLX's 8-bit groups and Q6_K likewise.
 #[test]
 fn moe_prefill_q8_experts_match_reference() {
     let Some(ctx) = gpu("moe_prefill_q8_experts_match_reference") else {
@@ -310,4 +304,14 @@ fn moe_prefill_q8_experts_match_reference() {
     // MLX's 8-bit groups (I whole groups of 64).
     run_case(&ctx, tiny, (300, 300), 99, false, 1, QForm::Affine8);
     run_case(&ctx, tiny, (50, 50), 100, true, 1, QForm::Affine8);
+    // Q6_K (rows of whole 256-weight super-blocks), split weights too.
+    let q6 = MoeDims {
+        hidden: 256,
+        inter: 512,
+        experts: 8,
+        top_k: 2,
+        norm_topk: true,
+    };
+    run_case(&ctx, q6, (300, 257), 101, false, 2, QForm::Q6K);
+    run_case(&ctx, q6, (50, 50), 102, true, 1, QForm::Q6K);
 }

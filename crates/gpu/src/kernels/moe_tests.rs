@@ -18,7 +18,7 @@ pub(super) struct Case {
     pub(super) gate: Vec<u8>,
     pub(super) up: Vec<u8>,
     pub(super) down: Vec<u8>,
-    /// The form of the expert bytes: Q4_0, MLX_A4 groups (tensor.rs's affine form) or Q8_0.
+    /// The form of the expert bytes (tensor.rs).
     pub(super) form: QForm,
 }
 
@@ -38,57 +38,44 @@ impl Case {
         }
     }
 
+    /// [`Self::new`] with expert bytes of `form` (`salt` varies the random stream).
+    pub(super) fn new_form(p: MoeParams, seed: u64, form: QForm, salt: u64) -> Case {
+        let mut c = Case::new(p, seed);
+        let mut r = rng(seed ^ salt);
+        let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
+        c.gate = crate::testing::rand_form(&mut r, form, e * i, h).0;
+        c.up = crate::testing::rand_form(&mut r, form, e * i, h).0;
+        c.down = crate::testing::rand_form(&mut r, form, e * h, i).0;
+        c.form = form;
+        c
+    }
+
     /// [`Self::new`] with MLX_A4 expert bytes (the affine form).
     pub(super) fn new_affine(p: MoeParams, seed: u64) -> Case {
-        let mut c = Case::new(p, seed);
-        let mut r = rng(seed ^ 0xA5);
-        let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
-        c.gate = crate::testing::rand_mlx_a4(&mut r, e * i, h);
-        c.up = crate::testing::rand_mlx_a4(&mut r, e * i, h);
-        c.down = crate::testing::rand_mlx_a4(&mut r, e * h, i);
-        c.form = QForm::Affine4;
-        c
+        Case::new_form(p, seed, QForm::Affine4, 0xA5)
     }
 
     /// [`Self::new`] with Q8_0 expert bytes (the byte form).
     pub(super) fn new_q8(p: MoeParams, seed: u64) -> Case {
-        let mut c = Case::new(p, seed);
-        let mut r = rng(seed ^ 0x5A);
-        let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
-        c.gate = crate::testing::rand_q8_0(&mut r, e * i, h);
-        c.up = crate::testing::rand_q8_0(&mut r, e * i, h);
-        c.down = crate::testing::rand_q8_0(&mut r, e * h, i);
-        c.form = QForm::Q8_0;
-        c
+        Case::new_form(p, seed, QForm::Q8_0, 0x5A)
     }
 
     /// [`Self::new`] with MLX_A8 expert bytes (the 8-bit affine form).
     pub(super) fn new_a8(p: MoeParams, seed: u64) -> Case {
-        let mut c = Case::new(p, seed);
-        let mut r = rng(seed ^ 0x3C);
-        let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
-        c.gate = crate::testing::rand_mlx_a8(&mut r, e * i, h);
-        c.up = crate::testing::rand_mlx_a8(&mut r, e * i, h);
-        c.down = crate::testing::rand_mlx_a8(&mut r, e * h, i);
-        c.form = QForm::Affine8;
-        c
+        Case::new_form(p, seed, QForm::Affine8, 0x3C)
     }
 
     /// The block type of the expert bytes.
     pub(super) fn dtype(&self) -> nibble_quant::DType {
-        match self.form {
-            QForm::Q4_0 => nibble_quant::DType::Q4_0,
-            QForm::Affine4 => nibble_quant::DType::MLX_A4,
-            QForm::Q8_0 => nibble_quant::DType::Q8_0,
-            QForm::Affine8 => nibble_quant::DType::MLX_A8,
-        }
+        crate::testing::dtype_of(self.form)
     }
 
     /// Dequantised `[out, in]` slice of expert `e` of one of this case's stacked tensors.
     pub(super) fn expert_w(&self, bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
-        // The nibble forms take 18 bytes per 32 weights, the byte forms 34.
-        let per = if self.form.wide() { 34 } else { 18 };
-        let n = (out * inp / 32) as usize * per;
+        let n = self
+            .dtype()
+            .byte_size((out * inp) as u64)
+            .expect("whole blocks") as usize;
         crate::testing::dequant(
             self.dtype(),
             &bytes[e as usize * n..(e as usize + 1) * n],

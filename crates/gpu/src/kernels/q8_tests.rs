@@ -1,15 +1,16 @@
-//! Tests of the byte forms ([`QForm::Q8_0`], ggml's Q8_0 blocks, and [`QForm::Affine8`], MLX's
-//! 8-bit groups; `tensor.rs` module docs): the repacking against the reference decoder, the
-//! upload's refusals, and every kernel that reads the forms, each against the reference on
-//! random blocks (every level, scales and biases of either sign) at the real and odd shapes.
+//! Tests of the byte forms ([`QForm::Q8_0`], ggml's Q8_0 blocks, [`QForm::Affine8`], MLX's
+//! 8-bit groups, and [`QForm::Q6K`], ggml's Q6_K super-blocks; `tensor.rs` module docs): the
+//! repacking against the reference decoder, the upload's refusals, and every kernel that reads
+//! the forms, each against the reference on random blocks (every level, scales and biases of
+//! either sign) at the real and odd shapes (Q6_K at those whose rows are whole super-blocks).
 
 use super::embed::EmbedKernel;
 use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile};
 use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
 use crate::numerics::Numerics;
 use crate::state::RunState;
-use crate::tensor::{repack_mlx_a8, repack_q8_0, Q4Matrix, QForm};
-use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a8, rand_q4_0, rand_q8_0, rng};
+use crate::tensor::{repack_mlx_a8, repack_q6_k, repack_q8_0, Q4Matrix, QForm};
+use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a8, rand_q4_0, rand_q6_k, rand_q8_0, rng};
 use nibble_quant::DType;
 
 /// The weights the byte form holds, decoded on the host from the repacked words as the
@@ -25,21 +26,48 @@ fn decode_q8(qs: &[u32], scales: &[u16]) -> Vec<f32> {
     out
 }
 
+/// The weights the 6-bit form holds, decoded on the host from the repacked words as the
+/// kernels read them: byte `j` of a block = element `j`'s level in bits 0-5, the sub-scales in
+/// the top bits of bytes 0-3 and 16-19 (two bits per byte, low first).
+fn decode_q6(qs: &[u32], scales: &[u16]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(qs.len() * 4);
+    for (blk, w) in qs.chunks_exact(8).enumerate() {
+        let d = half::f16::from_bits(scales[blk]).to_f32();
+        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let sub = |o: usize| (0..4).fold(0u8, |a, k| a | (bytes[o + k] >> 6) << (2 * k)) as i8;
+        for (j, b) in bytes.iter().enumerate() {
+            let sc = sub(if j < 16 { 0 } else { 16 }) as f32;
+            out.push(d * (sc * ((b & 63) as i32 - 32) as f32));
+        }
+    }
+    out
+}
+
 /// The byte forms with their file dtype and random bytes for `[rows, cols]`.
-const FORMS: [(QForm, DType); 2] = [(QForm::Q8_0, DType::Q8_0), (QForm::Affine8, DType::MLX_A8)];
+const FORMS: [(QForm, DType); 3] = [
+    (QForm::Q8_0, DType::Q8_0),
+    (QForm::Affine8, DType::MLX_A8),
+    (QForm::Q6K, DType::Q6_K),
+];
 
 fn rand_bytes(r: &mut impl rand::Rng, dt: DType, rows: usize, cols: usize) -> Vec<u8> {
     match dt {
         DType::Q8_0 => rand_q8_0(r, rows, cols),
+        DType::Q6_K => rand_q6_k(r, rows, cols),
         _ => rand_mlx_a8(r, rows, cols),
     }
 }
 
-/// Per row, the scale of the rounding of the kernels' sums: `Σ |w x|` for Q8_0; for MLX's
+/// Whether `dt` stores rows of `cols` weights (Q6_K: whole super-blocks of 256).
+fn fits(dt: DType, cols: usize) -> bool {
+    dt != DType::Q6_K || cols % 256 == 0
+}
+
+/// Per row, the scale of the rounding of the kernels' sums: `Σ |w x|` for Q8_0 and Q6_K; for MLX's
 /// groups, whose dot the kernels take as `s Σ (q - 128) x + (b + 128 s) Σ x`, those terms'
 /// magnitudes (`Σ |w x|` may cancel below them).
 pub(super) fn mag_of(dt: DType, bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
-    if dt == DType::Q8_0 {
+    if dt != DType::MLX_A8 {
         let deq = dequant(dt, bytes, rows, cols);
         return (0..rows)
             .map(|r| {
@@ -141,7 +169,12 @@ fn q8_matvec_forms_match_the_reference() {
             (300, 2048),
             (9000, 64),
             (5, 4096),
+            (13, 768),
+            (9000, 256),
         ] {
+            if !fits(dt, cols) {
+                continue;
+            }
             let wb = rand_bytes(&mut r, dt, rows, cols);
             let deq = dequant(dt, &wb, rows, cols);
             let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
@@ -228,7 +261,14 @@ fn embedding_reads_q8_tables_exactly_across_parts() {
     let mut r = rng(84);
     for (form, dt) in FORMS {
         let k = EmbedKernel::new_for(&ctx, form).unwrap();
-        for (vocab, hidden, limit) in [(50usize, 192usize, None), (301, 2048, Some(7 * 64 * 32))] {
+        for (vocab, hidden, limit) in [
+            (50usize, 192usize, None),
+            (50, 256, None),
+            (301, 2048, Some(7 * 64 * 32)),
+        ] {
+            if !fits(dt, hidden) {
+                continue;
+            }
             let c = match limit {
                 Some(l) => ctx.with_max_binding_bytes(l),
                 None => (*ctx).clone(),
@@ -278,7 +318,10 @@ fn q8_matmul_matches_the_reference_for_every_tile() {
     let k = MatmulKernel::new(&ctx).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
     for (form, dt) in FORMS {
-        for &(rows, cols) in &[(13usize, 192usize), (300, 2048)] {
+        for &(rows, cols) in &[(13usize, 192usize), (13, 768), (300, 2048)] {
+            if !fits(dt, cols) {
+                continue;
+            }
             let wb = rand_bytes(&mut r, dt, rows, cols);
             let deq = dequant(dt, &wb, rows, cols);
             let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
@@ -360,4 +403,72 @@ fn mlx8_repack_decodes_to_the_reference_weights() {
     let mut bytes = rand_mlx_a8(&mut r, 2, 128);
     bytes[3 * 68 + 2..3 * 68 + 4].copy_from_slice(&0x7F80u16.to_le_bytes());
     assert_eq!(repack_mlx_a8(bytes.chunks_exact(68)).err(), Some(3));
+}
+
+#[test]
+fn q6_k_repack_decodes_to_the_reference_weights() {
+    let mut r = rng(87);
+    for (rows, cols) in [(1usize, 256usize), (3, 768), (17, 2048)] {
+        let bytes = rand_q6_k(&mut r, rows, cols);
+        let (qs, scales) = repack_q6_k(bytes.chunks_exact(210)).unwrap();
+        assert_eq!(qs.len(), rows * cols / 4, "eight words per block of 32");
+        assert_eq!(
+            scales.len(),
+            rows * cols / 32,
+            "the super-block's d per block"
+        );
+        let got = decode_q6(&qs, &scales);
+        let want = dequant(DType::Q6_K, &bytes, rows, cols);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "[{rows}, {cols}]"
+        );
+    }
+    // The first non-finite d is named (by super-block).
+    let mut bytes = rand_q6_k(&mut r, 2, 512);
+    bytes[2 * 210 + 208..2 * 210 + 210].copy_from_slice(&0x7C00u16.to_le_bytes());
+    assert_eq!(repack_q6_k(bytes.chunks_exact(210)).err(), Some(2));
+}
+
+#[test]
+fn q6_k_upload_refuses_lying_sizes_and_nan_scales() {
+    let Some(ctx) = gpu("q6_k_upload_refuses_lying_sizes_and_nan_scales") else {
+        return;
+    };
+    let mut r = rng(88);
+    let bytes = rand_q6_k(&mut r, 4, 512);
+    let ok = Q4Matrix::upload_dtype(&ctx, "w", DType::Q6_K, 4, 512, 1, &[&bytes]).unwrap();
+    assert_eq!(ok.form, QForm::Q6K);
+    ok.check_layout("w").unwrap();
+    assert_eq!(
+        ok.bytes(),
+        4 * 16 * 32 + 4 * 16 * 2,
+        "32 payload bytes and an f16 per block"
+    );
+    let err = |e: crate::context::GpuError| e.to_string();
+    let short = Q4Matrix::upload_q6_k(&ctx, "w", 4, 512, 1, &[&bytes[..bytes.len() - 210]]);
+    assert!(err(short.unwrap_err()).contains("210-byte super-blocks"));
+    let narrow = Q4Matrix::upload_q6_k(&ctx, "w", 8, 128, 1, &[&bytes[..4 * 210]]);
+    assert!(err(narrow.unwrap_err()).contains("cols % 256"));
+    let mut nan = bytes.clone();
+    nan[5 * 210 + 208..5 * 210 + 210].copy_from_slice(&0x7E00u16.to_le_bytes());
+    let bad = Q4Matrix::upload_q6_k(&ctx, "w", 4, 512, 1, &[&nan]);
+    assert!(err(bad.unwrap_err()).contains("super-block 5"));
+    let small = ctx.with_max_binding_bytes(3 * 16 * 32);
+    let split = Q4Matrix::upload_q6_k(&small, "w", 4, 512, 1, &[&bytes]).unwrap();
+    assert_eq!(split.parts.len(), 2);
+    split.check_layout("split").unwrap();
+    // A Q6_K matrix in a Q8_0 kernel is refused: the forms differ in the payload's bits.
+    let state = RunState::default().buffer(&ctx).unwrap();
+    let y = ctx.storage("y", 4 * 4).unwrap();
+    let x = ctx
+        .storage_init("x", bytemuck::cast_slice(&[0.5f32; 512]))
+        .unwrap();
+    let q8 = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Q8_0).unwrap();
+    let e = q8
+        .bind_q4(&ctx, &ok, Act::F32(&x), &y, &state)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("Q6_K"), "{e}");
 }

@@ -130,7 +130,6 @@ pub fn router_fold_ref(
 mod tests {
     use super::*;
     use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
-    use nibble_quant::DType;
 
     #[test]
     fn fold_matches_reference() {
@@ -172,16 +171,14 @@ mod tests {
                 &format!("affine fold E{e} H{h} Q{q}"),
             );
         }
-        // The byte forms of the o-proj: Q8_0 and MLX's 8-bit groups.
-        for &(e, h, q, dt) in &[
-            (3, 32, 64, DType::Q8_0),
-            (7, 160, 320, DType::Q8_0),
-            (5, 96, 192, DType::MLX_A8),
+        // The byte forms of the o-proj: Q8_0, MLX's 8-bit groups and Q6_K.
+        for &(e, h, q, form) in &[
+            (3, 32, 64, QForm::Q8_0),
+            (7, 160, 320, QForm::Q8_0),
+            (5, 96, 192, QForm::Affine8),
+            (5, 96, 512, QForm::Q6K),
         ] {
-            let wo_b = match dt {
-                DType::Q8_0 => crate::testing::rand_q8_0(&mut r, h, q),
-                _ => crate::testing::rand_mlx_a8(&mut r, h, q),
-            };
+            let (wo_b, dt) = crate::testing::rand_form(&mut r, form, h, q);
             let wr = rand_f32(&mut r, e * h, -1.0, 1.0);
             let w = rand_f32(&mut r, h, 0.5, 1.5);
             let o = Q4Matrix::upload_dtype(&ctx, "o", dt, h, q, 1, &[&wo_b]).unwrap();

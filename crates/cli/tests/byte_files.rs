@@ -1,9 +1,9 @@
-//! Q8_0 GGUF files (llama.cpp's 8-bit files) end to end on the GPU: synth writes one holding
-//! the Q4_0 model's values, `inspect` counts its types, the GPU backend decodes it on the byte
-//! form (`QForm::Q8_0`) with greedy parity against the oracle, through both prefills (the
-//! GEMMs on f32 fmas: the matrix units read the nibble forms only), multi-stream ids equal
-//! single-stream ones,
-//! and a NaN scale in the file is a clear error on every backend.
+//! GGUF files whose matrices the GPU reads in its byte forms, end to end: Q8_0 (llama.cpp's
+//! 8-bit files; synth writes the Q4_0 model's values) and Q6_K (llama.cpp's `Q6_K` files).
+//! `inspect` counts the file's types, the GPU backend decodes it (`QForm::Q8_0`, `QForm::Q6K`)
+//! with greedy parity against the oracle, through both prefills (the GEMMs on f32 fmas: the
+//! matrix units read the nibble forms only), multi-stream ids equal single-stream ones, and a
+//! NaN scale in the file is a clear error on every backend.
 
 mod common;
 
@@ -11,14 +11,43 @@ use common::{have_gpu, nibble, parity_passes, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// A tiny Q8_0 GGUF in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
-fn synth(dir: &Path) -> PathBuf {
-    let path = dir.join("tiny-q8.gguf");
+/// One file type: synth's preset and `--quant`, the type's name, and its block's bytes and
+/// the offset of its f16 scale in the block.
+struct Kind {
+    preset: &'static str,
+    quant: &'static str,
+    dtype: &'static str,
+    block: usize,
+    scale_at: usize,
+}
+
+/// Q8_0 on the tiny model.
+const Q8_0: Kind = Kind {
+    preset: "tiny",
+    quant: "q8_0",
+    dtype: "Q8_0",
+    block: 34,
+    scale_at: 0,
+};
+
+/// Q6_K on the small model (its rows are whole 256-weight super-blocks; the tiny model's are
+/// not, so synth would keep them Q4_0).
+const Q6_K: Kind = Kind {
+    preset: "small",
+    quant: "q6_k",
+    dtype: "Q6_K",
+    block: 210,
+    scale_at: 208,
+};
+
+/// A GGUF of `k` in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
+fn synth(dir: &Path, k: &Kind) -> PathBuf {
+    let path = dir.join(format!("{}-{}.gguf", k.preset, k.quant));
     let tok =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../vendor/qwen3-tokenizer/tokenizer.json");
     let mut c = nibble();
     c.args([
-        "synth", "--preset", "tiny", "--quant", "q8_0", "--seed", "4",
+        "synth", "--preset", k.preset, "--quant", k.quant, "--seed", "4",
     ])
     .args(["--quiet", "-o"])
     .arg(&path);
@@ -34,8 +63,17 @@ fn synth(dir: &Path) -> PathBuf {
 
 #[test]
 fn q8_0_file_decodes_on_the_gpu_with_oracle_parity() {
+    decodes_on_the_gpu_with_oracle_parity(&Q8_0);
+}
+
+#[test]
+fn q6_k_file_decodes_on_the_gpu_with_oracle_parity() {
+    decodes_on_the_gpu_with_oracle_parity(&Q6_K);
+}
+
+fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
     let dir = tempfile::tempdir().unwrap();
-    let path = synth(dir.path());
+    let path = synth(dir.path(), k);
     let out = nibble()
         .args(["inspect", "--json"])
         .arg(&path)
@@ -43,7 +81,7 @@ fn q8_0_file_decodes_on_the_gpu_with_oracle_parity() {
         .unwrap();
     let info: Value = serde_json::from_slice(&out.stdout).unwrap();
     let types = &info["bytes_per_type"];
-    assert!(types["Q8_0"].as_u64().unwrap_or(0) > 0, "{info:#}");
+    assert!(types[k.dtype].as_u64().unwrap_or(0) > 0, "{info:#}");
     assert!(types.get("Q4_0").is_none(), "{info:#}");
     if !have_gpu() {
         return;
@@ -52,7 +90,7 @@ fn q8_0_file_decodes_on_the_gpu_with_oracle_parity() {
     // equal to the oracle's, as the bar for the tiny model asks.
     let err = parity_passes(&path, 128, &["--backend", "gpu", "-v"]);
     assert!(
-        err.contains("Q8_0 weights, numerics f32") && err.contains("f32 fmas"),
+        err.contains(&format!("{} weights, numerics f32", k.dtype)) && err.contains("f32 fmas"),
         "{err}"
     );
     // Every prompt through the GEMM prefill (its f32 kernel reads the byte form; the matrix
@@ -96,19 +134,31 @@ fn q8_0_file_decodes_on_the_gpu_with_oracle_parity() {
 
 #[test]
 fn a_nan_scale_in_a_q8_0_file_is_a_clear_error_on_every_backend() {
+    nan_scale_is_a_clear_error(&Q8_0);
+}
+
+#[test]
+fn a_nan_scale_in_a_q6_k_file_is_a_clear_error_on_every_backend() {
+    nan_scale_is_a_clear_error(&Q6_K);
+}
+
+fn nan_scale_is_a_clear_error(k: &Kind) {
     let dir = tempfile::tempdir().unwrap();
-    let path = synth(dir.path());
+    let path = synth(dir.path(), k);
     let gguf = nibble_formats::gguf::GgufFile::open(&path).unwrap();
     let info = gguf
         .tensors()
         .iter()
-        .find(|t| t.name == "blk.1.ffn_down_exps.weight")
+        .find(|t| t.name == "blk.1.attn_q.weight")
         .unwrap();
     let at = (gguf.data_offset() + info.offset) as usize;
     drop(gguf);
     let mut bytes = std::fs::read(&path).unwrap();
-    // The third block's f16 scale becomes a NaN.
-    bytes[at + 2 * 34..at + 2 * 34 + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    // The third block's f16 scale becomes a NaN, in a matrix every token reads (the CPU
+    // backends find a bad scale where a product turns non-finite, so an expert the prompt never
+    // routes to would go unread there).
+    let at = at + 2 * k.block + k.scale_at;
+    bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
     std::fs::write(&path, bytes).unwrap();
     let gpu = have_gpu();
     for backend in ["cpu", "ref", "gpu"] {
