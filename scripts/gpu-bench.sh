@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -349,42 +349,48 @@ if has mlxpre; then
     done
   done
 fi
-if has q8; then
-  # Q8_0 GGUF on the GPU (session 32, the byte form): the full-size model written here as Q8_0
-  # (the Q4_0 model's values, ~32 GB), open time and peak memory, decode and prefill, then
-  # greedy parity against the oracle. Q8_ROUNDS rounds of bench; with Q8_VS_Q4=1 the Q4_0 GGUF
-  # of the same seed is written too and benched beside it in each round. Q8_SETS: ';'-separated
-  # extra flag sets benched on the Q8_0 model after the default (e.g. "--prefill-chunk 0", the
-  # column prefill); Q8_PARITY_SETS: flag sets of the parity check (default: the default set,
-  # then every prompt through the GEMM prefill).
-  Q8=/tmp/q30-q8.gguf
-  say "synth qwen3-30b-a3b --quant q8_0"
-  [ -s $Q8 ] || /usr/bin/time -f "synth q8_0 wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --quant q8_0 --seed 0 --tokenizer "$TOK" -o $Q8 --quiet 2>&1 | tee -a "$S"
-  ls -l $Q8 | tee -a "$S"
-  Q8M=($Q8)
-  if [[ "${Q8_VS_Q4:-0}" == 1 ]]; then
+# A GGUF of another block type on the GPU: the full-size model written here with `synth --quant
+# $1` to $2, open time and peak memory, greedy parity against the oracle, then decode and
+# prefill. Knobs, prefixed by $3 (Q8 or Q6): _VS_Q4=1 also writes the Q4_0 GGUF of the same
+# seed and benches it beside, in each of _ROUNDS rounds; _SETS: ';'-separated extra flag sets
+# benched after the default (e.g. "--prefill-chunk 0", the column prefill); _PARITY_SETS: flag
+# sets of the parity check (default: the default set, then every prompt through the GEMM
+# prefill), _PN tokens each within _PT seconds; _P: the bench's prompt length.
+gguf_quant_step() {
+  local quant=$1 file=$2 k=$3
+  local vs="${k}_VS_Q4" rounds="${k}_ROUNDS" sets="${k}_SETS" psets="${k}_PARITY_SETS" pn="${k}_PN" pt="${k}_PT" pp="${k}_P"
+  say "synth qwen3-30b-a3b --quant $quant"
+  [ -s $file ] || /usr/bin/time -f "synth $quant wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --quant $quant --seed 0 --tokenizer "$TOK" -o $file --quiet 2>&1 | tee -a "$S"
+  ls -l $file | tee -a "$S"
+  local models=($file)
+  if [[ "${!vs:-0}" == 1 ]]; then
     [ -s $MODEL ] || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
-    Q8M=($MODEL $Q8)
+    models=($file $MODEL)
   fi
-  say "open + 1 token on the GPU: $Q8"
-  /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $Q8 --backend gpu -n 1 -p Hi --ctx 512 -v 2>&1 | grep -E "wall|error|resident|prefill" | tee -a "$S"
-  for round in $(seq ${Q8_ROUNDS:-1}); do
-    for m in "${Q8M[@]}"; do
-      say "q8 round $round: $m"
-      timeout 200 $N bench -m $m --backend gpu -p ${Q8_P:-128} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+  say "open + 1 token on the GPU: $file"
+  /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $file --backend gpu -n 1 -p Hi --ctx 512 -v 2>&1 | grep -E "wall|error|resident|prefill|weights" | tee -a "$S"
+  local ps fs m round
+  IFS=';' read -ra QPS <<< "${!psets-;--prefill-gemm-min 2}"
+  for ps in "${QPS[@]}"; do
+    say "parity gpu vs oracle on the $quant model [${ps:-default}] (3 built-in prompts x ${!pn:-32} tokens)"
+    timeout ${!pt:-300} $N parity -m $file --backend gpu -n ${!pn:-32} --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  done
+  for round in $(seq ${!rounds:-1}); do
+    for m in "${models[@]}"; do
+      say "$quant round $round: $m"
+      timeout 200 $N bench -m $m --backend gpu -p ${!pp:-128} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
     done
-    IFS=';' read -ra Q8S <<< "${Q8_SETS-}"
-    for fs in "${Q8S[@]}"; do
-      say "q8 round $round: $Q8 [$fs]"
-      timeout 200 $N bench -m $Q8 --backend gpu $fs -p ${Q8_P:-128} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
+    IFS=';' read -ra QS <<< "${!sets-}"
+    for fs in "${QS[@]}"; do
+      say "$quant round $round: $file [$fs]"
+      timeout 200 $N bench -m $file --backend gpu $fs -p ${!pp:-128} -n 128 --reps 3 --ctx 1024 2>&1 | grep -E "^tg|^pp|^warm" | tee -a "$S"
     done
   done
-  IFS=';' read -ra Q8PS <<< "${Q8_PARITY_SETS-;--prefill-gemm-min 2}"
-  for ps in "${Q8PS[@]}"; do
-    say "parity gpu vs oracle on the Q8_0 model [${ps:-default}] (3 built-in prompts x ${Q8_PN:-32} tokens)"
-    timeout ${Q8_PT:-300} $N parity -m $Q8 --backend gpu -n ${Q8_PN:-32} --ctx 512 -v $ps 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
-  done
-fi
+}
+# Q8_0 (session 32, the byte form: the Q4_0 model's values, ~32 GB).
+has q8 && gguf_quant_step q8_0 /tmp/q30-q8.gguf Q8
+# Q6_K (session 33, the 6-bit form: random values quantised, ~25 GB).
+has q6k && gguf_quant_step q6_k /tmp/q30-q6k.gguf Q6
 if has mlx8; then
   # MLX 8-bit checkpoints on the GPU (session 32, the 8-bit affine form): the full-size model
   # written here as mlx-lm's 8-bit groups of 64 (`synth --format mlx --quant q8_0`), open time
