@@ -17,15 +17,15 @@
 //    fmas. The raw scores go to `ps`.
 // 2. Online softmax: thread (r = li / 4, part = li % 4) reads row r's BK scores, and the four
 //    threads of a row compute the same running max m (same inputs, same order: no exchange
-//    needed); each rescales its own partial sum l and turns its BK / 4 scores into weights
-//    exp(s - m) in place. The rescale factor of the row goes to `cr`.
+//    needed); after a barrier each rescales its own partial sum l and turns its BK / 4 scores
+//    into weights exp(s - m) in place. The rescale factor of the row goes to `cr`.
 // 3. Output: thread (qv = li / DG, dg = li % DG) owns rows QPV qv .. + QPV and the vec4s dg + DG i
 //    (i < DV) of D: it scales its accumulators by `cr` and adds p V; each V vec4 it loads serves
 //    its QPV rows.
 // q is normed, roped and scaled by 1/sqrt(D) once per workgroup (as attention_rope.wgsl does,
 // same cos_sin range reduction) and parked in this workgroup's own rows of `part_o` (split s's
 // slice), which no other workgroup touches. Scores past a row's own position are masked.
-// Four barriers per K/V tile. Each `// @GEN name` line is written out by the host as
+// Five barriers per K/V tile. Each `// @GEN name` line is written out by the host as
 // straight-line code over named registers (`unroll` in attention_prefill.rs: a0.., b0.. the
 // scores, o0_0.. the output), for the reason given there.
 //
@@ -203,6 +203,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                               ps[sr * PS + 4u * c + 2u], ps[sr * PS + 4u * c + 3u]);
             mt = max(mt, max(max(s.x, s.y), max(s.z, s.w)));
         }
+        // Every part of the row has read all its scores before any part overwrites its own with
+        // weights: without this barrier the parts' reads race the other parts' writes (benign
+        // only while a row's four threads run in lockstep, which nothing guarantees).
+        workgroupBarrier();
         // Masked keys: exp(-3e38 - mt) is 0 once mt is finite. A row's masked keys come after
         // its others, so mt stays -3e38 only in a split where all of the row's keys are
         // masked; its (m = -3e38, l, o) then weigh exp(-3e38 - M) = 0 in `combine`.
