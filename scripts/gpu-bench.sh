@@ -355,7 +355,8 @@ fi
 # seed and benches it beside, in each of _ROUNDS rounds; _SETS: ';'-separated extra flag sets
 # benched after the default (e.g. "--prefill-chunk 0", the column prefill); _PARITY_SETS: flag
 # sets of the parity check (default: the default set, then every prompt through the GEMM
-# prefill), _PN tokens each within _PT seconds; _P: the bench's prompt length.
+# prefill), _PN tokens each within _PT seconds; _CPU_PARITY=1: the CPU backend's parity first;
+# _P: the bench's prompt length.
 gguf_quant_step() {
   local quant=$1 file=$2 k=$3
   local vs="${k}_VS_Q4" rounds="${k}_ROUNDS" sets="${k}_SETS" psets="${k}_PARITY_SETS" pn="${k}_PN" pt="${k}_PT" pp="${k}_P"
@@ -369,7 +370,11 @@ gguf_quant_step() {
   fi
   say "open + 1 token on the GPU: $file"
   /usr/bin/time -f "wall %e s, max RSS %M KB" $N generate -m $file --backend gpu -n 1 -p Hi --ctx 512 -v 2>&1 | grep -E "wall|error|resident|prefill|weights" | tee -a "$S"
-  local ps fs m round
+  local ps fs m round cpu="${k}_CPU_PARITY"
+  if [[ "${!cpu:-0}" == 1 ]]; then
+    say "parity cpu vs oracle on the $quant model (3 built-in prompts x ${!pn:-32} tokens)"
+    timeout ${!pt:-300} $N parity -m $file --backend cpu -n ${!pn:-32} --ctx 512 -v 2>&1 | tee -a "$S"
+  fi
   IFS=';' read -ra QPS <<< "${!psets-;--prefill-gemm-min 2}"
   for ps in "${QPS[@]}"; do
     say "parity gpu vs oracle on the $quant model [${ps:-default}] (3 built-in prompts x ${!pn:-32} tokens)"

@@ -186,7 +186,12 @@ fn check_output(
     let (ks, vs) = (&kcg[s0..s0 + slot_len], &vcg[s0..s0 + slot_len]);
     for j in 0..t as usize {
         let pos = p0 + j as u32;
-        let (q, _) = rope_ref(&p, &qkv[j * w..(j + 1) * w], q_norm, k_norm, pos);
+        let (q, k) = rope_ref(&p, &qkv[j * w..(j + 1) * w], q_norm, k_norm, pos);
+        // The KV write's rows: k normed and roped, v as the qkv row holds it.
+        let row = pos as usize * row_w;
+        assert_close(&ks[row..row + row_w], &k, 2e-6, 1e-5, &format!("{what}: k row {j}"));
+        let v = &qkv[j * w + (hq + hkv) * d..(j + 1) * w];
+        assert_eq!(&vs[row..row + row_w], v, "{what}: v row {j}");
         let want = attention_ref(&p, &q, ks, vs, pos);
         assert_close(
             &got[j * hq * d..(j + 1) * hq * d],
@@ -208,6 +213,8 @@ fn attention_prefill_matches_reference() {
     let q = params(16, 2, 128, 80);
     check(&ctx, q, 1, 0, 0, 8, 501);
     check(&ctx, q, 2, 1, 50, 13, 502);
+    // Qwen3-30B-A3B's own heads (32 query, 4 kv): two whole tiles from position 0.
+    check(&ctx, params(32, 4, 128, 64), 1, 0, 0, 16, 506);
     // The tiny model's shape (G = 2, D = 32: 32 tokens per tile), 40 tokens from position 7.
     let tiny = params(4, 2, 32, 64);
     check(&ctx, tiny, 1, 0, 7, 40, 503);
