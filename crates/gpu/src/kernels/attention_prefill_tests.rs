@@ -189,7 +189,13 @@ fn check_output(
         let (q, k) = rope_ref(&p, &qkv[j * w..(j + 1) * w], q_norm, k_norm, pos);
         // The KV write's rows: k normed and roped, v as the qkv row holds it.
         let row = pos as usize * row_w;
-        assert_close(&ks[row..row + row_w], &k, 2e-6, 1e-5, &format!("{what}: k row {j}"));
+        assert_close(
+            &ks[row..row + row_w],
+            &k,
+            2e-6,
+            1e-5,
+            &format!("{what}: k row {j}"),
+        );
         let v = &qkv[j * w + (hq + hkv) * d..(j + 1) * w];
         assert_eq!(&vs[row..row + row_w], v, "{what}: v row {j}");
         let want = attention_ref(&p, &q, ks, vs, pos);
