@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{have_gpu, nibble, parity_passes, text};
+use common::{every_backend_refuses_non_finite, have_gpu, nibble, parity_passes, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -160,30 +160,5 @@ fn nan_scale_is_a_clear_error(k: &Kind) {
     let at = at + 2 * k.block + k.scale_at;
     bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
     std::fs::write(&path, bytes).unwrap();
-    let gpu = have_gpu();
-    for backend in ["cpu", "ref", "gpu"] {
-        if backend == "gpu" && !gpu {
-            continue;
-        }
-        let out = nibble()
-            .args([
-                "generate",
-                "--backend",
-                backend,
-                "-n",
-                "2",
-                "--prompt",
-                "Hi",
-                "-m",
-            ])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{backend}: {err}");
-        assert!(
-            err.contains("non-finite") && !err.contains("panicked"),
-            "{backend}: {err}"
-        );
-    }
+    every_backend_refuses_non_finite(&path, k.dtype);
 }

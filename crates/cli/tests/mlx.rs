@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{have_gpu, nibble, parity_passes, text};
+use common::{every_backend_refuses_non_finite, have_gpu, nibble, parity_passes, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -120,32 +120,7 @@ fn a_nan_scale_or_bias_in_an_mlx_file_is_a_clear_error_on_every_backend() {
         // The second group's value becomes a bf16 NaN.
         bytes[at + 2..at + 4].copy_from_slice(&0x7fc0u16.to_le_bytes());
         std::fs::write(&file, bytes).unwrap();
-        let gpu = have_gpu();
-        for backend in ["cpu", "ref", "gpu"] {
-            if backend == "gpu" && !gpu {
-                continue;
-            }
-            let out = nibble()
-                .args([
-                    "generate",
-                    "--backend",
-                    backend,
-                    "-n",
-                    "2",
-                    "--prompt",
-                    "Hi",
-                    "-m",
-                ])
-                .arg(&path)
-                .output()
-                .unwrap();
-            let err = text(&out.stderr);
-            assert_eq!(out.status.code(), Some(1), "{backend} {tensor}: {err}");
-            assert!(
-                err.contains("non-finite") && !err.contains("panicked"),
-                "{backend} {tensor}: {err}"
-            );
-        }
+        every_backend_refuses_non_finite(&path, tensor);
     }
 }
 

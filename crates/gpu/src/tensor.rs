@@ -361,11 +361,6 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        if cols % 64 != 0 {
-            return Err(GpuError::Shape(format!(
-                "{label}: MLX_A4 [{rows}, {cols}] needs cols % 64 == 0"
-            )));
-        }
         let form = Form {
             name: "MLX_A4",
             unit_bytes: 36,
@@ -421,11 +416,6 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        if cols % 64 != 0 {
-            return Err(GpuError::Shape(format!(
-                "{label}: MLX_A8 [{rows}, {cols}] needs cols % 64 == 0"
-            )));
-        }
         let form = Form {
             name: "MLX_A8",
             unit_bytes: 68,
@@ -453,11 +443,6 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        if cols % 256 != 0 {
-            return Err(GpuError::Shape(format!(
-                "{label}: Q6_K [{rows}, {cols}] needs cols % 256 == 0"
-            )));
-        }
         let form = Form {
             name: "Q6_K",
             unit_bytes: 210,
@@ -569,6 +554,13 @@ fn upload_parts<'a, S: bytemuck::Pod>(
     repack: impl Fn(&[&'a [u8]]) -> std::result::Result<(Vec<u32>, Vec<S>), usize>,
 ) -> Result<Q4Matrix> {
     let rows_per_part = plan_rows(ctx, rows, cols, row_multiple, form.form.block_bytes())?;
+    // A row is whole units (an MLX group of 64, a K-quant super-block of 256).
+    if cols % form.unit_cols != 0 {
+        return Err(GpuError::Shape(format!(
+            "{label}: {} [{rows}, {cols}] needs cols % {} == 0",
+            form.name, form.unit_cols
+        )));
+    }
     let (ub, upr) = (form.unit_bytes, cols / form.unit_cols);
     let total: usize = src.iter().map(|p| p.len()).sum();
     if src.iter().any(|p| p.len() % ub != 0) || total != rows * upr * ub {

@@ -1,5 +1,6 @@
 //! Helpers shared by the CLI test files that drive `nibble` on synthetic checkpoints (mlx.rs,
-//! q8.rs): the binary, its output as text, and the parity check both use.
+//! byte_files.rs): the binary, its output as text, the parity check and the refusal of a
+//! corrupted file they use.
 #![allow(dead_code)]
 
 use serde_json::Value;
@@ -52,4 +53,35 @@ pub fn have_gpu() -> bool {
         "no wgpu adapter and CI is set"
     );
     have
+}
+
+/// `nibble generate` on `path` with each backend (the GPU where an adapter exists): every one
+/// exits with status 1 and a clear "non-finite" error, no panic; `what` labels failures.
+pub fn every_backend_refuses_non_finite(path: &Path, what: &str) {
+    let gpu = have_gpu();
+    for backend in ["cpu", "ref", "gpu"] {
+        if backend == "gpu" && !gpu {
+            continue;
+        }
+        let out = nibble()
+            .args([
+                "generate",
+                "--backend",
+                backend,
+                "-n",
+                "2",
+                "--prompt",
+                "Hi",
+                "-m",
+            ])
+            .arg(path)
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{backend} {what}: {err}");
+        assert!(
+            err.contains("non-finite") && !err.contains("panicked"),
+            "{backend} {what}: {err}"
+        );
+    }
 }
