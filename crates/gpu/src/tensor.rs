@@ -262,24 +262,33 @@ impl QForm {
             _ => ("8.0", Q4_PAYLOAD),
         };
         format!(
-            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{Q4_COEF}{payload}",
+            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\nalias SW = u32;\n{Q4_COEF}{payload}",
             self.affine()
         )
     }
 }
 
-/// WGSL, prepended by the host to every kernel that reads a [`Q4Matrix`] (the includer defines
-/// `const Q4_AFFINE: bool` through [`q4_form_wgsl`]): `q4_coef(v, i)`, the two coefficients of
-/// block `i` whose scale word is `v` (module docs), and `q4_xsum(x)`, the sum of one block's
-/// 32 activations.
+/// WGSL, prepended by the host to every kernel that reads a [`Q4Matrix`] (after [`QForm::wgsl`]'s
+/// `const Q4_AFFINE: bool`, `const Q_OFF` and `alias SW`, the scale word of a pair of blocks):
+/// `q4_sb(v, i)`, block `i`'s `(scale, bias)` from its scale word `v` (an affine weight is
+/// `scale · q + bias` with `q` the stored level; a non-affine one `scale · (q - Q_OFF)`, bias
+/// 0), `q4_coef(v, i)`, the two coefficients of its dot (module docs), and `q4_xsum(x)`, the sum
+/// of one block's 32 activations. Kernels declare their scale bindings `array<SW>` and read
+/// them only through these, so a form may widen its scale words.
 pub const Q4_COEF: &str = "
-fn q4_coef(v: u32, i: u32) -> vec2<f32> {
+fn q4_sb(v: SW, i: u32) -> vec2<f32> {
     if (Q4_AFFINE) {
-        let s = bitcast<f32>(v << 16u);
-        return vec2<f32>(s, fma(Q_OFF, s, bitcast<f32>(v & 0xFFFF0000u)));
+        return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
     }
     let d = unpack2x16float(v);
     return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
+}
+fn q4_coef(v: SW, i: u32) -> vec2<f32> {
+    let sb = q4_sb(v, i);
+    if (Q4_AFFINE) {
+        return vec2<f32>(sb.x, fma(Q_OFF, sb.x, sb.y));
+    }
+    return sb;
 }
 fn q4_xsum(x: array<vec4<f32>, 8>) -> f32 {
     let a = (x[0] + x[1]) + (x[2] + x[3]);

@@ -1,7 +1,7 @@
 // Embedding lookup from one part of a block matrix [V, H] (tensor.rs layout): writes the
 // dequantised row of a token into h. One dispatch per matrix part; only the part holding the
 // token writes. One thread per block of 32. Prepended: state.wgsl, columns.wgsl and the form
-// (tensor.rs `QForm::wgsl`: `Q4_AFFINE`, `Q_OFF`, `QB`, `qb_levels`; the affine form's weight
+// (tensor.rs `QForm::wgsl`: `Q4_AFFINE`, `Q_OFF`, `SW`, `q4_sb`, `QB`, `qb_levels`; the affine form's weight
 // = s·q + b with the group's bf16 scale and bias in the two halves of the scale word, as the
 // reference computes it).
 //   main:      token state.token -> h[H]; grid x = blocks / 64.
@@ -9,7 +9,7 @@
 //              grid (blocks / 64, nb): y is the column.
 struct Params { rows: u32, bpr: u32, row_start: u32, pad: u32 };
 @group(0) @binding(0) var<storage, read> qs: array<QB>;         // [rows * bpr] blocks (tensor.rs QForm)
-@group(0) @binding(1) var<storage, read> sc: array<u32>;         // [rows * bpr] f16, 2 per word
+@group(0) @binding(1) var<storage, read> sc: array<SW>;          // [rows * bpr / 2] scale words (tensor.rs QForm)
 @group(0) @binding(2) var<storage, read_write> h: array<vec4<f32>>; // [nb, bpr * 8]
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<storage, read> state: State;           // main only
@@ -28,20 +28,11 @@ fn embed_block(token: u32, b: u32, o4: u32) {
     if (b >= p.bpr || token < p.row_start || token - p.row_start >= p.rows) { return; }
     let blk = (token - p.row_start) * p.bpr + b;
     let w = qs[blk];
-    let v = sc[blk >> 1u];
-    var d: f32;
-    var off: f32;
-    if (Q4_AFFINE) {
-        d = bitcast<f32>(v << 16u);
-        off = bitcast<f32>(v & 0xFFFF0000u);
-    } else {
-        let s = unpack2x16float(v);
-        d = select(s.x, s.y, (blk & 1u) == 1u);
-        off = 0.0;
-    }
+    // (scale, bias): the affine weight is scale q + bias, the others scale (q - Q_OFF).
+    let sb = q4_sb(sc[blk >> 1u], blk);
     let o = o4 + b * 8u;
     for (var k = 0u; k < 8u; k++) {
-        h[o + k] = lvl(qb_levels(w, k), d, off);
+        h[o + k] = lvl(qb_levels(w, k), sb.x, sb.y);
     }
 }
 

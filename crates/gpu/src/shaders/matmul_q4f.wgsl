@@ -28,7 +28,7 @@
 // f32 rounding of the row's magnitude.
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, nb: u32, y_stride: u32, cols4: u32 };
 @group(0) @binding(0) var<storage, read> qs: array<QB>;             // [rows * bpr] blocks (tensor.rs QForm)
-@group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
+@group(0) @binding(1) var<storage, read> sc: array<SW>;             // [rows * bpr / 2] scale words (tensor.rs QForm)
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;       // [nb, y_stride], rows at row_start
 @group(0) @binding(5) var<uniform> p: Params;
 @group(0) @binding(6) var<storage, read> state: State;
@@ -40,8 +40,7 @@ var<workgroup> xs: array<vec4<f32>, C * KC * 8u>;
 var<workgroup> red: array<f32, RED>;
 
 fn scale(i: u32) -> f32 {
-    let v = unpack2x16float(sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
+    return q4_coef(sc[i >> 1u], i).x;
 }
 
 @compute @workgroup_size(256)

@@ -24,7 +24,7 @@
 // turned the input into block floating point, numerics.rs BFP_DOT).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
 @group(0) @binding(0) var<storage, read> qs: array<QB>;             // [rows * bpr] blocks (tensor.rs QForm)
-@group(0) @binding(1) var<storage, read> sc: array<u32>;            // [rows * bpr] f16 scales, 2 per word
+@group(0) @binding(1) var<storage, read> sc: array<SW>;             // [rows * bpr / 2] scale words (tensor.rs QForm)
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;       // [row_start + rows ..]
 @group(0) @binding(5) var<uniform> p: Params;
 @group(0) @binding(6) var<storage, read> state: State;
@@ -34,8 +34,7 @@ const TP: u32 = T + 1u;
 var<workgroup> red: array<f32, 8u * R * TP>; // [8R rows, TP] per-lane partials (lane < T)
 
 fn scale(i: u32) -> f32 {
-    let v = unpack2x16float(sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
+    return q4_coef(sc[i >> 1u], i).x;
 }
 
 @compute @workgroup_size(256)

@@ -46,7 +46,7 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 @group(0) @binding(2) var<storage, read> route: array<u32>;
 @group(0) @binding(3) var<storage, read> h: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> qs: array<QB>;
-@group(0) @binding(6) var<storage, read> sc: array<u32>;
+@group(0) @binding(6) var<storage, read> sc: array<SW>; // [rows * bpr / 2] scale words (tensor.rs QForm)
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
 @group(0) @binding(8) var<storage, read> cols: array<Col, 8>;
 
@@ -62,8 +62,7 @@ var<workgroup> wts: array<f32, KS>;
 var<workgroup> dlast: u32;
 
 fn scale(i: u32) -> f32 {
-    let v = unpack2x16float(sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
+    return q4_coef(sc[i >> 1u], i).x;
 }
 
 fn held(e: u32) -> bool {

@@ -44,9 +44,9 @@ struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 @group(0) @binding(3) var<storage, read_write> route: array<u32>;
 @group(0) @binding(4) var<storage, read> act_x: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> gate_qs: array<QB>;
-@group(0) @binding(7) var<storage, read> gate_sc: array<u32>;
+@group(0) @binding(7) var<storage, read> gate_sc: array<SW>;
 @group(0) @binding(8) var<storage, read> up_qs: array<QB>;
-@group(0) @binding(9) var<storage, read> up_sc: array<u32>;
+@group(0) @binding(9) var<storage, read> up_sc: array<SW>;
 @group(0) @binding(10) var<storage, read_write> h: array<f32>;
 @group(0) @binding(13) var<storage, read> cols: array<Col, 8>;
 
@@ -79,12 +79,10 @@ fn rp(i: u32) -> u32 {
 }
 
 fn gscale(i: u32) -> f32 {
-    let v = unpack2x16float(gate_sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
+    return q4_coef(gate_sc[i >> 1u], i).x;
 }
 fn uscale(i: u32) -> f32 {
-    let v = unpack2x16float(up_sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
+    return q4_coef(up_sc[i >> 1u], i).x;
 }
 
 // One weight block b of row `wrow` for gate and up, scaled: (gate, up) partial sums.

@@ -16,15 +16,14 @@
 struct Params { e: u32, q: u32, hdim: u32, pad: u32 };
 
 @group(0) @binding(0) var<storage, read> qs: array<QB>;
-@group(0) @binding(1) var<storage, read> sc: array<u32>;
+@group(0) @binding(1) var<storage, read> sc: array<SW>; // [rows * bpr / 2] scale words (tensor.rs QForm)
 @group(0) @binding(2) var<storage, read> wr: array<f32>;
 @group(0) @binding(3) var<storage, read> wn: array<f32>;
 @group(0) @binding(4) var<storage, read_write> fold: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
 
 fn scale(i: u32) -> f32 {
-    let v = unpack2x16float(sc[i >> 1u]);
-    return select(v.x, v.y, (i & 1u) == 1u);
+    return q4_coef(sc[i >> 1u], i).x;
 }
 
 @compute @workgroup_size(256)
@@ -51,8 +50,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var wv: f32;
         if (Q4_AFFINE) {
             // s q + b, as the reference decodes it (s q is exact: 8 + 4 significant bits).
-            let v = sc[blk >> 1u];
-            wv = bitcast<f32>(v << 16u) * nib + bitcast<f32>(v & 0xFFFF0000u);
+            let sb = q4_sb(sc[blk >> 1u], blk);
+            wv = sb.x * nib + sb.y;
         } else {
             wv = scale(blk) * (nib - Q_OFF);
         }
