@@ -11,7 +11,7 @@ pub enum Preset {
     /// hidden 64, 4 layers, 16 experts (top 4), head_dim 32, real vocab: milliseconds per token on CPU.
     Tiny,
     /// hidden 256, 8 layers, 16 experts (top 4), head_dim 64, real vocab: every matrix row whole
-    /// 256-weight super-blocks, for `--quant q4_k_m` and `q6_k`.
+    /// 256-weight super-blocks, for `--quant q4_k_m`, `q4_k` and `q6_k`.
     Small,
     /// The real Qwen3-30B-A3B shapes (~17 GB in Q4_0).
     #[value(name = "qwen3-30b-a3b")]
@@ -35,6 +35,10 @@ pub enum Quant {
     /// 256-weight super-blocks stay Q4_0).
     #[value(name = "q6_k")]
     Q6K,
+    /// Q4_K matrices with no mixture, as `llama-quantize --pure` writes Q4_K_M (GGUF only; rows
+    /// that are not whole 256-weight super-blocks stay Q4_0).
+    #[value(name = "q4_k")]
+    Q4K,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -89,6 +93,7 @@ pub fn run(a: Args) -> Result<()> {
             Quant::Q4KM => synth::QuantMix::Q4KM,
             Quant::Q8_0 => synth::QuantMix::Q8_0,
             Quant::Q6K => synth::QuantMix::Q6K,
+            Quant::Q4K => synth::QuantMix::Q4K,
         },
         ..SynthParams::default()
     };

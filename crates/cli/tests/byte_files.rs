@@ -1,6 +1,7 @@
-//! GGUF files whose matrices the GPU reads in its byte forms, end to end: Q8_0 (llama.cpp's
-//! 8-bit files; synth writes the Q4_0 model's values) and Q6_K (llama.cpp's `Q6_K` files).
-//! `inspect` counts the file's types, the GPU backend decodes it (`QForm::Q8_0`, `QForm::Q6K`)
+//! GGUF files whose matrices the GPU reads in its byte forms or its K form, end to end: Q8_0
+//! (llama.cpp's 8-bit files; synth writes the Q4_0 model's values), Q6_K (llama.cpp's `Q6_K`
+//! files) and Q4_K with no mixture (`llama-quantize --pure`). `inspect` counts the file's
+//! types, the GPU backend decodes it (`QForm::Q8_0`, `QForm::Q6K`, `QForm::Q4K`)
 //! with greedy parity against the oracle, through both prefills (the GEMMs on f32 fmas: the
 //! matrix units read the nibble forms only), multi-stream ids equal single-stream ones, and a
 //! NaN scale in the file is a clear error on every backend.
@@ -40,6 +41,15 @@ const Q6_K: Kind = Kind {
     scale_at: 208,
 };
 
+/// Q4_K with no mixture (`llama-quantize --pure`) on the small model: the K form.
+const Q4_K: Kind = Kind {
+    preset: "small",
+    quant: "q4_k",
+    dtype: "Q4_K",
+    block: 144,
+    scale_at: 0,
+};
+
 /// A GGUF of `k` in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
 fn synth(dir: &Path, k: &Kind) -> PathBuf {
     let path = dir.join(format!("{}-{}.gguf", k.preset, k.quant));
@@ -69,6 +79,11 @@ fn q8_0_file_decodes_on_the_gpu_with_oracle_parity() {
 #[test]
 fn q6_k_file_decodes_on_the_gpu_with_oracle_parity() {
     decodes_on_the_gpu_with_oracle_parity(&Q6_K);
+}
+
+#[test]
+fn q4_k_file_decodes_on_the_gpu_with_oracle_parity() {
+    decodes_on_the_gpu_with_oracle_parity(&Q4_K);
 }
 
 fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
@@ -140,6 +155,11 @@ fn a_nan_scale_in_a_q8_0_file_is_a_clear_error_on_every_backend() {
 #[test]
 fn a_nan_scale_in_a_q6_k_file_is_a_clear_error_on_every_backend() {
     nan_scale_is_a_clear_error(&Q6_K);
+}
+
+#[test]
+fn a_nan_scale_in_a_q4_k_file_is_a_clear_error_on_every_backend() {
+    nan_scale_is_a_clear_error(&Q4_K);
 }
 
 fn nan_scale_is_a_clear_error(k: &Kind) {

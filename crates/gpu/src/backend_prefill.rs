@@ -88,7 +88,7 @@ impl GemmPrefill {
                     chunk: opts.prefill_chunk,
                     query_tiles: opts.prefill_query_tiles,
                     matrix_units: opts.prefill_matrix_units
-                        && !form.wide()
+                        && form.on_matrix_units()
                         && (!affine || opts.tune.prefill_coop_affine == Some(1)),
                     max_splits: opts.tune.prefill_splits,
                     k_splits: opts.tune.prefill_ksplits,

@@ -176,3 +176,56 @@ pub fn repack_q6_k<'a>(
         None => Ok((qs, scales)),
     }
 }
+
+/// Repack ggml Q4_K super-blocks (144 bytes: f16 `d`, f16 `dmin`, twelve bytes of 6-bit scales
+/// and mins, `qs[128]`) into the [`QForm::Q4K`] form's (`qs` words: 32 per super-block, its
+/// eight blocks of 32 in Q4_0's nibble order; scale words: 8 per super-block, two per pair of
+/// blocks, `d | dmin << 16` then the pair's `sc | m << 6` at bits 0 and 12). Block `b`'s element
+/// `e` is nibble `b % 2` of `qs[32 (b / 2) + e]`. Super-blocks are repacked in parallel; the
+/// index of the first whose `d` or `dmin` is not finite is the error.
+///
+/// [`QForm::Q4K`]: crate::tensor::QForm::Q4K
+pub fn repack_q4_k<'a>(
+    supers: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
+    use rayon::prelude::*;
+    let supers: Vec<&[u8]> = supers.collect();
+    let mut qs = vec![0u32; supers.len() * 32];
+    let mut words = vec![0u32; supers.len() * 8];
+    let bad = qs
+        .par_chunks_mut(32)
+        .zip(words.par_chunks_mut(8))
+        .zip(supers.par_iter())
+        .enumerate()
+        .filter_map(|(i, ((q, w), c))| {
+            let (d, dmin) = (
+                u16::from_le_bytes([c[0], c[1]]),
+                u16::from_le_bytes([c[2], c[3]]),
+            );
+            if !f16::from_bits(d).is_finite() || !f16::from_bits(dmin).is_finite() {
+                return Some(i);
+            }
+            let sm = |j: usize| {
+                let (sc, m) = nibble_quant::kquants::scale_min(j, &c[4..16]);
+                sc as u32 | (m as u32) << 6
+            };
+            for p in 0..4 {
+                w[2 * p] = d as u32 | (dmin as u32) << 16;
+                w[2 * p + 1] = sm(2 * p) | sm(2 * p + 1) << 12;
+            }
+            let nib =
+                |b: usize, e: usize| ((c[16 + 32 * (b / 2) + e] >> (4 * (b % 2))) & 0xF) as u32;
+            for (k, out) in q.iter_mut().enumerate() {
+                let (b, j0) = (k / 4, 4 * (k % 4));
+                *out = (0..4)
+                    .map(|t| (nib(b, j0 + t) | nib(b, j0 + t + 16) << 4) << (8 * t))
+                    .fold(0, |a, v| a | v);
+            }
+            None
+        })
+        .min();
+    match bad {
+        Some(i) => Err(i),
+        None => Ok((qs, words)),
+    }
+}

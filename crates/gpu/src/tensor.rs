@@ -39,6 +39,15 @@
 //!   the form's `qb_dot` scales each half's sum by its `sc` ([`Q6_PAYLOAD`]).
 //! - `scales`: Q4_0's f16 words, each block holding its super-block's `d`.
 //!
+//! The K form ([`QForm::Q4K`], from ggml's Q4_K super-blocks of 256: weight `d · sc · q - dmin
+//! · m` with a 6-bit scale `sc` and min `m` per 32 weights under the super-block's f16 `d` and
+//! `dmin`) keeps Q4_0's nibble payload (each super-block's eight blocks of 32 in Q4_0's order)
+//! and widens the scale word of a pair of blocks to two u32 (`SW = vec2<u32>`): `x` = `d` |
+//! `dmin` << 16 (f16 bits), `y` = `sc | m << 6` of the pair's first block, and of its second
+//! `<< 12`. A pair never straddles two super-blocks, so the pair's `d` and `dmin` are one. The
+//! products `d sc` and `dmin m` are exact in f32, so the form is affine with `(s, b) = (d sc,
+//! -dmin m)` and every affine kernel path reads it; 5 bits per weight against the file's 4.5.
+//!
 //! A kernel computes a block's dot as `c0 · Σ (q - off) x + c1 · Σ x` with `(c0, c1)` from
 //! [`Q4_COEF`]: `(d, 0)` for Q4_0, Q8_0 and Q6_K, `(s, b + 8 s)` for the affine form (its `Σ x` term is
 //! skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes, 32 for Q6_K
@@ -52,7 +61,9 @@
 //!   the second term lets the matvec subtract the Q4_0 offset of 8 with one multiply per block.
 
 use crate::context::{Context, GpuError, Result};
-pub use crate::repack::{repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q6_k, repack_q8_0};
+pub use crate::repack::{
+    repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q4_k, repack_q6_k, repack_q8_0,
+};
 
 /// Elements per quantisation block (Q4_0 and int8 activations).
 pub const BLOCK: usize = 32;
@@ -183,16 +194,20 @@ pub enum QForm {
     /// the bytes' top bits (module docs), the super-block's f16 `d` per block as Q4_0's
     /// scales, weight `d sc (q - 32)`.
     Q6K,
+    /// ggml's Q4_K: nibbles as Q4_0's (each super-block of 256 its eight blocks of 32), scale
+    /// words of two u32 per pair of blocks (module docs), weight `d sc q - dmin m`.
+    Q4K,
 }
 
 impl QForm {
     /// Every form, in [`Self::index`] order.
-    pub const ALL: [QForm; 5] = [
+    pub const ALL: [QForm; 6] = [
         QForm::Q4_0,
         QForm::Affine4,
         QForm::Q8_0,
         QForm::Affine8,
         QForm::Q6K,
+        QForm::Q4K,
     ];
 
     /// Position in [`Self::ALL`] (pipeline tables keyed by form).
@@ -202,7 +217,22 @@ impl QForm {
 
     /// Whether a block's dot needs the `c1 · Σ x` term (a scale word with a bias).
     pub fn affine(self) -> bool {
-        matches!(self, QForm::Affine4 | QForm::Affine8)
+        matches!(self, QForm::Affine4 | QForm::Affine8 | QForm::Q4K)
+    }
+
+    /// Whether the prefill GEMM's matrix-unit kernel (gemm_coop.rs) reads this form: the nibble
+    /// forms with 16-bit scale words (Q4_0, MLX's affine groups); the others take f32 fmas.
+    pub fn on_matrix_units(self) -> bool {
+        matches!(self, QForm::Q4_0 | QForm::Affine4)
+    }
+
+    /// Bytes of the scale word of one pair of blocks (`SW`): 8 for Q4_K's (its super-block's
+    /// `d` and `dmin` beside the pair's 6-bit scales and mins), 4 for every other form.
+    pub fn scale_word_bytes(self) -> u64 {
+        match self {
+            QForm::Q4K => 8,
+            _ => 4,
+        }
     }
 
     /// Whether a block's payload is bytes (two vec4s) rather than nibbles (one).
@@ -248,6 +278,7 @@ impl QForm {
             QForm::Q8_0 => "Q8_0",
             QForm::Affine8 => "affine 8-bit (MLX_A8)",
             QForm::Q6K => "Q6_K",
+            QForm::Q4K => "Q4_K",
         }
     }
 
@@ -261,12 +292,42 @@ impl QForm {
             f if f.wide() => ("128.0", Q8_PAYLOAD),
             _ => ("8.0", Q4_PAYLOAD),
         };
+        let sb = match self {
+            QForm::Q4K => Q4_SB_K,
+            _ => Q4_SB,
+        };
         format!(
-            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\nalias SW = u32;\n{Q4_COEF}{payload}",
+            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{sb}{Q4_COEF}{payload}",
             self.affine()
         )
     }
 }
+
+/// The scale word `SW` and `q4_sb` of every form but Q4_K: one u32 per pair of blocks, two f16
+/// `d` (block `2k` low), or the affine group's bf16 scale (low) and bias (high).
+pub const Q4_SB: &str = "
+alias SW = u32;
+fn q4_sb(v: SW, i: u32) -> vec2<f32> {
+    if (Q4_AFFINE) {
+        return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
+    }
+    let d = unpack2x16float(v);
+    return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
+}
+";
+
+/// Q4_K's `SW` and `q4_sb` (module docs): `v.x` = the super-block's f16 `d` (low) and `dmin`,
+/// `v.y` = the pair's 6-bit scale and min, 12 bits per block (block `2k` low). The weight is
+/// `(d sc) q - dmin m`: both products exact in f32 (11 + 6 significant bits), so one rounding,
+/// as the reference's.
+pub const Q4_SB_K: &str = "
+alias SW = vec2<u32>;
+fn q4_sb(v: SW, i: u32) -> vec2<f32> {
+    let dm = unpack2x16float(v.x);
+    let sm = v.y >> (12u * (i & 1u));
+    return vec2<f32>(dm.x * f32(sm & 63u), -(dm.y * f32((sm >> 6u) & 63u)));
+}
+";
 
 /// WGSL, prepended by the host to every kernel that reads a [`Q4Matrix`] (after [`QForm::wgsl`]'s
 /// `const Q4_AFFINE: bool`, `const Q_OFF` and `alias SW`, the scale word of a pair of blocks):
@@ -276,13 +337,6 @@ impl QForm {
 /// of one block's 32 activations. Kernels declare their scale bindings `array<SW>` and read
 /// them only through these, so a form may widen its scale words.
 pub const Q4_COEF: &str = "
-fn q4_sb(v: SW, i: u32) -> vec2<f32> {
-    if (Q4_AFFINE) {
-        return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
-    }
-    let d = unpack2x16float(v);
-    return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
-}
 fn q4_coef(v: SW, i: u32) -> vec2<f32> {
     let sb = q4_sb(v, i);
     if (Q4_AFFINE) {
@@ -352,9 +406,12 @@ impl Q4Matrix {
             nibble_quant::DType::Q6_K => {
                 Self::upload_q6_k(ctx, label, rows, cols, row_multiple, src)
             }
+            nibble_quant::DType::Q4_K => {
+                Self::upload_q4_k(ctx, label, rows, cols, row_multiple, src)
+            }
             other => Err(GpuError::Shape(format!(
                 "{label}: {} is not a block type the GPU kernels read (Q4_0, MLX_A4, Q8_0, \
-                 MLX_A8, Q6_K)",
+                 MLX_A8, Q6_K, Q4_K)",
                 other.name()
             ))),
         }
@@ -469,6 +526,33 @@ impl Q4Matrix {
         )
     }
 
+    /// Repack and upload a Q4_K matrix (144-byte super-blocks of 256) into the [`QForm::Q4K`]
+    /// form (module docs). `cols % 256 == 0`; a non-finite `d` or `dmin` is an error.
+    pub fn upload_q4_k(
+        ctx: &Context,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        row_multiple: usize,
+        src: &[&[u8]],
+    ) -> Result<Q4Matrix> {
+        let form = Form {
+            name: "Q4_K",
+            unit_bytes: 144,
+            unit_cols: 256,
+            form: QForm::Q4K,
+            bad: "super-block {} has a non-finite scale",
+        };
+        upload_parts(
+            ctx,
+            label,
+            (rows, cols, row_multiple),
+            src,
+            &form,
+            |units| repack_q4_k(units.iter().copied()),
+        )
+    }
+
     /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
     /// blocks and scales: the kernels compiled without runtime bounds checks (matvec's int4 x
     /// f32 forms, the MoE's staged f32 kernels, the prefill's int4 GEMMs) index `qs` and
@@ -492,7 +576,7 @@ impl Q4Matrix {
         let parts = self.parts.iter().map(|part| {
             let blocks = part.rows as u64 * bpr;
             let holds = part.qs.size() >= blocks * self.form.block_bytes()
-                && part.scales.size() >= blocks.div_ceil(2) * 4;
+                && part.scales.size() >= blocks.div_ceil(2) * self.form.scale_word_bytes();
             (part.row_start, part.rows, holds)
         });
         check_parts(what, "Q4", self.rows, self.cols, parts)
@@ -578,7 +662,7 @@ fn upload_parts<'a, S: bytemuck::Pod>(
             form.name,
             rows * upr * ub,
             match form.form {
-                QForm::Q6K => "super-blocks",
+                QForm::Q6K | QForm::Q4K => "super-blocks",
                 f if f.affine() => "groups",
                 _ => "blocks",
             }

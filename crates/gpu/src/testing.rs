@@ -188,6 +188,7 @@ pub fn dtype_of(form: crate::tensor::QForm) -> nibble_quant::DType {
         QForm::Q8_0 => DType::Q8_0,
         QForm::Affine8 => DType::MLX_A8,
         QForm::Q6K => DType::Q6_K,
+        QForm::Q4K => DType::Q4_K,
     }
 }
 
@@ -205,9 +206,31 @@ pub fn rand_form(
         DType::Q8_0 => rand_q8_0(rng, rows, cols),
         DType::MLX_A8 => rand_mlx_a8(rng, rows, cols),
         DType::Q6_K => rand_q6_k(rng, rows, cols),
+        DType::Q4_K => rand_q4_k(rng, rows, cols),
         _ => rand_q4_0(rng, rows, cols),
     };
     (b, dt)
+}
+
+/// Random Q4_K bytes for `[rows, cols]` (`cols % 256 == 0`; ggml super-blocks of 144 bytes):
+/// random nibbles and packed 6-bit scales and mins (every bit pattern), f16 `d` and `dmin` in
+/// `[0.00002, 0.0002)`, `dmin` of either sign.
+pub fn rand_q4_k(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let supers = rows * cols / 256;
+    let mut out = Vec::with_capacity(supers * 144);
+    for _ in 0..supers {
+        let d: f32 = rng.random_range(0.00002..0.0002);
+        let mut dmin: f32 = rng.random_range(0.00002..0.0002);
+        if rng.random::<bool>() {
+            dmin = -dmin;
+        }
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&half::f16::from_f32(dmin).to_le_bytes());
+        for _ in 0..140 {
+            out.push(rng.random::<u8>());
+        }
+    }
+    out
 }
 
 /// Random Q6_K bytes for `[rows, cols]` (`cols % 256 == 0`; ggml super-blocks of 210 bytes):

@@ -156,8 +156,8 @@ fn vector(ctx: &Context, label: &str, w: &Weight<'_>) -> Result<wgpu::Buffer> {
 }
 
 /// Whether the GPU backend can hold `src`, and in which block type: its embedding and expert
-/// kernels read Q4_0, MLX's affine `MLX_A4`, Q8_0, `MLX_A8` or Q6_K, one type for all of them
-/// (llama.cpp's mixed K-quant files, `Q4_K_M` and the like, are refused here, before any
+/// kernels read Q4_0, MLX's affine `MLX_A4`, Q8_0, `MLX_A8`, Q6_K or Q4_K, one type for all of
+/// them (llama.cpp's mixed K-quant files, `Q4_K_M` and the like, are refused here, before any
 /// upload; the CPU backend runs them). The error names the first other tensor and counts the others.
 pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
     let cfg = src.config();
@@ -175,7 +175,7 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
         |k: TensorKey| -> Result<DType> { src.dtype(k).with_context(|| format!("loading {k:?}")) };
     // The embedding's type decides; MLX files are all MLX_A4 where they are 4-bit.
     let int4 = match dtype_of(TensorKey::TokenEmbd)? {
-        t @ (DType::MLX_A4 | DType::Q8_0 | DType::MLX_A8 | DType::Q6_K) => t,
+        t @ (DType::MLX_A4 | DType::Q8_0 | DType::MLX_A8 | DType::Q6_K | DType::Q4_K) => t,
         _ => DType::Q4_0,
     };
     let mut bad = Vec::new();
@@ -188,7 +188,7 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
     if let Some((k, dtype)) = bad.first() {
         bail!(
             "the GPU backend reads the token embedding and the expert tensors in one block \
-             type only (Q4_0, MLX_A4, Q8_0, MLX_A8 or Q6_K), and {} of them are not {} ({} is {}); the CPU \
+             type only (Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K), and {} of them are not {} ({} is {}); the CPU \
              backend (--backend cpu) runs this model",
             bad.len(),
             int4.name(),
@@ -301,6 +301,7 @@ impl GpuWeights {
                 DType::Q8_0 => QForm::Q8_0,
                 DType::MLX_A8 => QForm::Affine8,
                 DType::Q6_K => QForm::Q6K,
+                DType::Q4_K => QForm::Q4K,
                 _ => QForm::Q4_0,
             },
             embed,

@@ -60,6 +60,10 @@ pub enum QuantMix {
     /// (a matrix whose rows are not whole 256-weight super-blocks falls back to Q4_0). GGUF
     /// only: the weights are quantised from random f32 values.
     Q6K,
+    /// Q4_K wherever the default mix has Q4_0, as `llama-quantize --pure` writes a Q4_K_M file
+    /// (no mixture; rows that are not whole super-blocks fall back to Q4_0). GGUF only: the
+    /// weights are quantised from random f32 values.
+    Q4K,
 }
 
 impl Default for SynthParams {
@@ -108,6 +112,9 @@ pub fn storage_dtype(cfg: &Qwen3MoeConfig, mix: QuantMix, key: TensorKey) -> DTy
     }
     if mix == QuantMix::Q6K {
         return DType::Q6_K;
+    }
+    if mix == QuantMix::Q4K {
+        return DType::Q4_K;
     }
     let n = cfg.num_layers;
     let more_bits = |l: usize| l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
@@ -428,10 +435,11 @@ pub fn write_gguf(
         })
         .collect();
     let mut meta = crate::qwen3_moe::gguf_metadata(cfg, "nibble synthetic Qwen3-MoE");
-    // llama.cpp's file-type enum: 15 = MOSTLY_Q4_K_M, 7 = MOSTLY_Q8_0, 18 = MOSTLY_Q6_K.
+    // llama.cpp's file-type enum: 15 = MOSTLY_Q4_K_M (also what `--pure` keeps), 7 =
+    // MOSTLY_Q8_0, 18 = MOSTLY_Q6_K.
     let file_type = match p.mix {
         QuantMix::Q4_0 => None,
-        QuantMix::Q4KM => Some(15),
+        QuantMix::Q4KM | QuantMix::Q4K => Some(15),
         QuantMix::Q8_0 => Some(7),
         QuantMix::Q6K => Some(18),
     };

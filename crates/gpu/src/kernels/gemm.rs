@@ -251,12 +251,12 @@ impl GemmKernel {
     }
 
     /// Whether the GEMMs read matrices of `form` (the prefill takes the columns otherwise):
-    /// every form on f32 fmas; the matrix units read the nibble forms only
-    /// ([`Self::with_form`] keeps the byte form on f32 fmas).
+    /// every form on f32 fmas; the matrix units read Q4_0 and MLX's affine groups only
+    /// ([`QForm::on_matrix_units`]; [`Self::with_form`] keeps the others on f32 fmas).
     pub fn reads(form: QForm) -> bool {
         matches!(
             form,
-            QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0 | QForm::Affine8 | QForm::Q6K
+            QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0 | QForm::Affine8 | QForm::Q6K | QForm::Q4K
         )
     }
 
@@ -268,9 +268,9 @@ impl GemmKernel {
     }
 
     /// [`GemmKernel::with_coop`] for weights of the given block form: Q4_0 or the affine (MLX)
-    /// one (gemm_wgsl.rs and gemm_coop.rs's `WSTORE_COOP_AFFINE`), or Q8_0 on f32 fmas only
-    /// (gemm_wgsl.rs `WSTORE_F32_Q8`; `coop` is ignored for it); any other is an error
-    /// ([`Self::reads`]).
+    /// one (gemm_wgsl.rs and gemm_coop.rs's `WSTORE_COOP_AFFINE`), or another on f32 fmas only
+    /// (gemm_wgsl.rs, e.g. `WSTORE_F32_Q8`; `coop` is ignored for it,
+    /// [`QForm::on_matrix_units`]); any other is an error ([`Self::reads`]).
     pub fn with_form(ctx: &Context, coop: bool, form: QForm) -> Result<GemmKernel> {
         if !Self::reads(form) {
             return Err(GpuError::Shape(format!(
@@ -278,7 +278,7 @@ impl GemmKernel {
                 form.name()
             )));
         }
-        let coop = on_matrix_units(ctx, coop) && !form.wide();
+        let coop = on_matrix_units(ctx, coop) && form.on_matrix_units();
         let need = if coop {
             super::gemm_coop::workgroup_bytes(4, false)
         } else {

@@ -497,6 +497,8 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
         (37, 300, 256, 8, QForm::Affine8),
         (37, 300, 512, 8, QForm::Q6K),
         (25, 5120, 2048, 8, QForm::Q6K),
+        (37, 300, 512, 8, QForm::Q4K),
+        (25, 5120, 2048, 8, QForm::Q4K),
     ] {
         // Every block form (at the real qkv's shape too).
         let ks = test_kernels_for(&ctx, form);

@@ -95,7 +95,7 @@ const WSTORE_F32_Q6: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
 pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -> String {
     let wstore = match qform {
         QForm::Q4_0 => WSTORE_F32,
-        QForm::Affine4 => WSTORE_F32_AFFINE,
+        QForm::Affine4 | QForm::Q4K => WSTORE_F32_AFFINE,
         QForm::Q8_0 => WSTORE_F32_Q8,
         QForm::Affine8 => WSTORE_F32_A8,
         QForm::Q6K => WSTORE_F32_Q6,
@@ -248,14 +248,29 @@ struct WReg { q: vec4<u32>, d: f32, b: f32 };
     } else {
         // Thread (nn, h) stages words 2h, 2h + 1 of the Q4 block of row nn: elements 8h .. 8h+8
         // (low nibbles) and 16 + 8h .. 16 + 8h + 8 (high nibbles), dequantised on the store.
+        // The scale words (`GSW`): a u32 per pair of blocks, or Q4_K's two (tensor.rs).
+        s += if qform == QForm::Q4K {
+            "alias GSW = vec2<u32>;\n"
+        } else {
+            "alias GSW = u32;\n"
+        };
         s += "@group(0) @binding(0) var<storage, read> qs: array<vec4<u32>>; // [rows * bpr] nibble blocks
-@group(0) @binding(1) var<storage, read> sc: array<u32>;       // [rows * bpr / 2] scale words
+@group(0) @binding(1) var<storage, read> sc: array<GSW>;       // [rows * bpr / 2] scale words
 ";
-        if affine {
+        if qform == QForm::Q4K {
+            // Q4_K's (d sc, -dmin m) of block i (tensor.rs `Q4_SB_K`).
+            s += "struct WReg { q: vec2<u32>, d: f32, b: f32 };
+fn sb_of(v: GSW, i: u32) -> vec2<f32> {
+    let dm = unpack2x16float(v.x);
+    let sm = v.y >> (12u * (i & 1u));
+    return vec2<f32>(dm.x * f32(sm & 63u), -(dm.y * f32((sm >> 6u) & 63u)));
+}
+";
+        } else if affine {
             // A group's word: bf16 scale low, bf16 bias high (tensor.rs), the same for its two
             // blocks 2g and 2g + 1.
             s += "struct WReg { q: vec2<u32>, d: f32, b: f32 };
-fn sb_of(v: u32) -> vec2<f32> {
+fn sb_of(v: GSW, i: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
 }
 ";
@@ -289,7 +304,7 @@ struct WReg { q: vec2<u32>, d: f32 };
             }
             (true, true) => {
                 "    var q: vec4<u32>;
-    var v: u32;
+    var v: GSW;
     if (nn < 64u) {
         q = qs[blk];
         v = sc[blk >> 1u];
@@ -297,7 +312,7 @@ struct WReg { q: vec2<u32>, d: f32 };
         q = qs2[blk];
         v = sc2[blk >> 1u];
     }
-    let sb = sb_of(v);
+    let sb = sb_of(v, blk);
     return WReg(select(q.xy, q.zw, h == 1u), sb.x, sb.y);
 }
 "
@@ -310,7 +325,7 @@ struct WReg { q: vec2<u32>, d: f32 };
             }
             (false, true) => {
                 "    let q = qs[blk];
-    let sb = sb_of(sc[blk >> 1u]);
+    let sb = sb_of(sc[blk >> 1u], blk);
     return WReg(select(q.xy, q.zw, h == 1u), sb.x, sb.y);
 }
 "
@@ -318,7 +333,7 @@ struct WReg { q: vec2<u32>, d: f32 };
         };
         if form == GemmForm::GateUp {
             s += "@group(0) @binding(6) var<storage, read> qs2: array<vec4<u32>>; // up nibbles
-@group(0) @binding(7) var<storage, read> sc2: array<u32>;       // up scale words
+@group(0) @binding(7) var<storage, read> sc2: array<GSW>;       // up scale words
 ";
         }
     }

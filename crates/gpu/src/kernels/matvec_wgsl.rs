@@ -232,7 +232,7 @@ pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
             pre += &format!(
                 "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
                  let pq{i} = qs[r{i} * p.bpr + b0]; \
-                 let ps{i} = q4_coef(sc[(r{i} * p.bpr + b0) >> 1u], 0u);\n    "
+                 let ps{i} = q4_coef(sc[(r{i} * p.bpr + b0) >> 1u], r{i} * p.bpr + b0);\n    "
             );
             first += &format!("acc{i} = fma(ps{i}.x, {dot}(pq{i}, x), ps{i}.y * xs);\n        ");
             body += &format!(

@@ -440,7 +440,7 @@ fn moe_f32_done_flag_and_bad_lanes() {
 
 /// The byte form (Q8_0) through every staged form of the single-token path, at the real shape
 /// and at an odd one, weights split across bindings too; the quantised numerics refuse it.
-/// MLX's 8-bit groups and Q6_K at the real shape.
+/// MLX's 8-bit groups, Q6_K and Q4_K at the real shape.
 #[test]
 fn moe_f32_q8_experts() {
     let Some(ctx) = gpu("moe_f32_q8_experts") else {
@@ -470,6 +470,18 @@ fn moe_f32_q8_experts() {
         Routing::Separate,
         false,
         Some(8 << 20),
+    );
+    // Q4_K at the real shape.
+    let q4k = Case::new_form(params(128, 8, 2048, 768, true), 83, QForm::Q4K, 0x4C);
+    let staged = check_f32(&ctx, &q4k, F32Tuning::DEFAULT, Routing::Fused, true, None);
+    assert_eq!(staged, (true, true), "Q4_K: not staged");
+    check_f32(
+        &ctx,
+        &q4k,
+        split(tuning(8, 32, 2), 8),
+        Routing::Separate,
+        false,
+        Some(4 << 20),
     );
     let odd = Case::new_q8(params(6, 3, 192, 128, false), 80);
     check_f32(&ctx, &odd, F32Tuning::DEFAULT, Routing::Fused, true, None);

@@ -277,7 +277,7 @@ fn moe_prefill_affine_experts_match_reference() {
 }
 
 /// The expert GEMMs on Q8_0 weights (the byte form, f32 fmas only): one token, several tiles,
-/// split expert tensors, and an odd shape; MLX's 8-bit groups and Q6_K likewise.
+/// split expert tensors, and an odd shape; MLX's 8-bit groups, Q6_K and Q4_K likewise.
 #[test]
 fn moe_prefill_q8_experts_match_reference() {
     let Some(ctx) = gpu("moe_prefill_q8_experts_match_reference") else {
@@ -314,4 +314,7 @@ fn moe_prefill_q8_experts_match_reference() {
     };
     run_case(&ctx, q6, (300, 257), 101, false, 2, QForm::Q6K);
     run_case(&ctx, q6, (50, 50), 102, true, 1, QForm::Q6K);
+    // Q4_K likewise.
+    run_case(&ctx, q6, (300, 257), 103, false, 2, QForm::Q4K);
+    run_case(&ctx, q6, (50, 50), 104, true, 1, QForm::Q4K);
 }

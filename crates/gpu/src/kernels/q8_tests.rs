@@ -1,15 +1,16 @@
 //! Tests of the byte forms ([`QForm::Q8_0`], ggml's Q8_0 blocks, [`QForm::Affine8`], MLX's
-//! 8-bit groups, and [`QForm::Q6K`], ggml's Q6_K super-blocks; `tensor.rs` module docs): the
-//! repacking against the reference decoder, the upload's refusals, and every kernel that reads
-//! the forms, each against the reference on random blocks (every level, scales and biases of
-//! either sign) at the real and odd shapes (Q6_K at those whose rows are whole super-blocks).
+//! 8-bit groups, and [`QForm::Q6K`], ggml's Q6_K super-blocks) and of the K form
+//! ([`QForm::Q4K`], ggml's Q4_K; `tensor.rs` module docs): the repacking against the reference
+//! decoder, the upload's refusals, and every kernel that reads the forms, each against the
+//! reference on random blocks (every level, scales and biases of either sign) at the real and
+//! odd shapes (the K-quants at those whose rows are whole super-blocks).
 
 use super::embed::EmbedKernel;
 use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile};
 use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
 use crate::numerics::Numerics;
 use crate::state::RunState;
-use crate::tensor::{repack_mlx_a8, repack_q6_k, repack_q8_0, Q4Matrix, QForm};
+use crate::tensor::{repack_mlx_a8, repack_q4_k, repack_q6_k, repack_q8_0, Q4Matrix, QForm};
 use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a8, rand_q4_0, rand_q6_k, rand_q8_0, rng};
 use nibble_quant::DType;
 
@@ -44,29 +45,48 @@ fn decode_q6(qs: &[u32], scales: &[u16]) -> Vec<f32> {
 }
 
 /// The byte forms with their file dtype and random bytes for `[rows, cols]`.
-const FORMS: [(QForm, DType); 3] = [
+const FORMS: [(QForm, DType); 4] = [
     (QForm::Q8_0, DType::Q8_0),
     (QForm::Affine8, DType::MLX_A8),
     (QForm::Q6K, DType::Q6_K),
+    (QForm::Q4K, DType::Q4_K),
 ];
 
 fn rand_bytes(r: &mut impl rand::Rng, dt: DType, rows: usize, cols: usize) -> Vec<u8> {
-    match dt {
-        DType::Q8_0 => rand_q8_0(r, rows, cols),
-        DType::Q6_K => rand_q6_k(r, rows, cols),
-        _ => rand_mlx_a8(r, rows, cols),
-    }
+    let form = FORMS.iter().find(|f| f.1 == dt).expect("a tested form").0;
+    crate::testing::rand_form(r, form, rows, cols).0
 }
 
-/// Whether `dt` stores rows of `cols` weights (Q6_K: whole super-blocks of 256).
+/// Whether `dt` stores rows of `cols` weights (the K-quants: whole super-blocks of 256).
 fn fits(dt: DType, cols: usize) -> bool {
-    dt != DType::Q6_K || cols % 256 == 0
+    !matches!(dt, DType::Q6_K | DType::Q4_K) || cols % 256 == 0
 }
 
 /// Per row, the scale of the rounding of the kernels' sums: `Σ |w x|` for Q8_0 and Q6_K; for MLX's
 /// groups, whose dot the kernels take as `s Σ (q - 128) x + (b + 128 s) Σ x`, those terms'
 /// magnitudes (`Σ |w x|` may cancel below them).
 pub(super) fn mag_of(dt: DType, bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
+    if dt == DType::Q4_K {
+        // The kernels take a block's dot as `c0 Σ (q - 8) x + c1 Σ x` with `c0 = d sc`,
+        // `c1 = 8 c0 - dmin m`: those terms' magnitudes.
+        let spr = cols / 256;
+        return (0..rows)
+            .map(|r| {
+                (0..spr * 8)
+                    .map(|j| {
+                        let o = (r * spr + j / 8) * 144;
+                        let d = half::f16::from_le_bytes([bytes[o], bytes[o + 1]]).to_f32();
+                        let dm = half::f16::from_le_bytes([bytes[o + 2], bytes[o + 3]]).to_f32();
+                        let (sc, m) =
+                            nibble_quant::kquants::scale_min(j % 8, &bytes[o + 4..o + 16]);
+                        let c0 = d * sc as f32;
+                        let coef = 8.0 * c0.abs() + (8.0 * c0 - dm * m as f32).abs();
+                        coef * x[j * 32..j * 32 + 32].iter().map(|v| v.abs()).sum::<f32>()
+                    })
+                    .sum()
+            })
+            .collect();
+    }
     if dt != DType::MLX_A8 {
         let deq = dequant(dt, bytes, rows, cols);
         return (0..rows)
@@ -275,8 +295,10 @@ fn embedding_reads_q8_tables_exactly_across_parts() {
             };
             let table = rand_bytes(&mut r, dt, vocab, hidden);
             let m = Q4Matrix::upload_dtype(&c, "embd", dt, vocab, hidden, 1, &[&table]).unwrap();
-            if limit.is_some() {
-                assert_eq!(m.parts.len(), vocab.div_ceil(7));
+            if let Some(l) = limit {
+                // Rows per part: the binding limit over a row's payload bytes.
+                let per = l as usize / (hidden / 32 * form.block_bytes() as usize);
+                assert_eq!(m.parts.len(), vocab.div_ceil(per));
             }
             let full = dequant(dt, &table, vocab, hidden);
             let h = ctx.storage("h", hidden as u64 * 4).unwrap();
@@ -471,4 +493,50 @@ fn q6_k_upload_refuses_lying_sizes_and_nan_scales() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("Q6_K"), "{e}");
+}
+
+#[test]
+fn q4_k_repack_decodes_to_the_reference_weights() {
+    let mut r = rng(89);
+    for (rows, cols) in [(1usize, 256usize), (3, 768), (17, 2048)] {
+        let bytes = crate::testing::rand_q4_k(&mut r, rows, cols);
+        let (qs, words) = repack_q4_k(bytes.chunks_exact(144)).unwrap();
+        assert_eq!(qs.len(), rows * cols / 8, "four words per block of 32");
+        assert_eq!(
+            words.len(),
+            rows * cols / 32,
+            "two words per pair of blocks"
+        );
+        // As the kernels read them (tensor.rs `Q4_SB_K`): (d sc) q - dmin m, one rounding.
+        let got: Vec<f32> = qs
+            .chunks_exact(4)
+            .enumerate()
+            .flat_map(|(blk, q)| {
+                let (x, y) = (words[2 * (blk / 2)], words[2 * (blk / 2) + 1]);
+                let d = half::f16::from_bits(x as u16).to_f32();
+                let dmin = half::f16::from_bits((x >> 16) as u16).to_f32();
+                let sm = y >> (12 * (blk % 2));
+                let (s, b) = (d * (sm & 63) as f32, -(dmin * ((sm >> 6) & 63) as f32));
+                let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
+                (0..32)
+                    .map(|e| {
+                        let n = (bytes[e % 16] >> (4 * (e / 16))) & 0xF;
+                        s.mul_add(n as f32, b)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let want = dequant(DType::Q4_K, &bytes, rows, cols);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "[{rows}, {cols}]"
+        );
+    }
+    // The first non-finite d or dmin is named (by super-block).
+    for at in [0, 2] {
+        let mut bytes = crate::testing::rand_q4_k(&mut r, 2, 512);
+        bytes[3 * 144 + at..3 * 144 + at + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+        assert_eq!(repack_q4_k(bytes.chunks_exact(144)).err(), Some(3));
+    }
 }
