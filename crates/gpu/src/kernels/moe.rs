@@ -391,11 +391,12 @@ impl MoeKernel {
         let gu_src = if staged.0 {
             format!(
                 "{}const LATE_NORM: bool = {};\nconst DW_LOADS: u32 = {}u;\nconst DW_QB: u32 = {}u;\n\
-                 {route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}{}",
+                 const DW_SB: u32 = {}u;\n{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}{}",
                 consts_rows(p, gate_up_t, gate_up_rows, p.hidden),
                 tune.late_norm,
                 down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows), form),
                 form.block_bytes() / 16,
+                form.scale_word_bytes(),
                 form.wgsl(),
                 form.with_dot(include_str!("../shaders/moe_gate_up_f32.wgsl"))
             )

@@ -499,13 +499,15 @@ fn moe_f32_q8_experts() {
 }
 
 /// `gate_up_folded_warm`'s loads per thread cover every sector of one expert's down blocks and
-/// scales in each block form (bytes take a sector per block, nibbles half of one).
+/// scales in each block form (bytes take a sector per block, nibbles half of one; Q4_K's scale
+/// words twice the others').
 #[test]
 fn down_warm_covers_every_sector_of_each_form() {
     let p = params(128, 8, 2048, 768, true);
     for form in QForm::ALL {
         let blocks = (p.hidden * p.inter / 32) as u64;
-        let sectors = (blocks * form.block_bytes()).div_ceil(32) + blocks.div_ceil(16);
+        let scales = blocks.div_ceil(2) * form.scale_word_bytes();
+        let sectors = (blocks * form.block_bytes()).div_ceil(32) + scales.div_ceil(32);
         for nx in [1u32, 4, 16] {
             let loads = down_warm_loads(&p, nx, form) as u64;
             assert!(loads * WG as u64 * nx as u64 >= sectors, "{form:?} nx {nx}");

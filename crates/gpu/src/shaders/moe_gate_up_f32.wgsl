@@ -284,7 +284,8 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
 fn down_warm(e: u32, bx: u32, nx: u32, li: u32) -> u32 {
     // DW_QB: 16-byte units per block (1 nibbles, 2 bytes; a host constant, QForm::block_bytes).
     let qsec = (H * (I / 32u) * DW_QB + 1u) / 2u; // 2 units of 16 bytes per sector
-    let ssec = (H * (I / 32u) + 15u) / 16u; // 16 f16 scales per sector
+    // DW_SB: scale bytes per pair of blocks (4, Q4_K's 8; QForm::scale_word_bytes).
+    let ssec = ((H * (I / 32u) + 1u) / 2u * DW_SB + 31u) / 32u;
     let tot = qsec + ssec;
     let per = (tot + nx - 1u) / nx;
     let end = min(tot, (bx + 1u) * per);
