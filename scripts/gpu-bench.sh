@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -351,7 +351,7 @@ if has mlxpre; then
 fi
 # A GGUF of another block type on the GPU: the full-size model written here with `synth --quant
 # $1` to $2, open time and peak memory, greedy parity against the oracle, then decode and
-# prefill. Knobs, prefixed by $3 (Q8 or Q6): _VS_Q4=1 also writes the Q4_0 GGUF of the same
+# prefill. Knobs, prefixed by $3 (Q8, Q6 or Q4K): _VS_Q4=1 also writes the Q4_0 GGUF of the same
 # seed and benches it beside, in each of _ROUNDS rounds; _SETS: ';'-separated extra flag sets
 # benched after the default (e.g. "--prefill-chunk 0", the column prefill); _PARITY_SETS: flag
 # sets of the parity check (default: the default set, then every prompt through the GEMM
@@ -396,6 +396,8 @@ gguf_quant_step() {
 has q8 && gguf_quant_step q8_0 /tmp/q30-q8.gguf Q8
 # Q6_K (session 33, the 6-bit form: random values quantised, ~25 GB).
 has q6k && gguf_quant_step q6_k /tmp/q30-q6k.gguf Q6
+# Q4_K with no mixture (session 33, the K form: random values quantised, ~19 GB).
+has q4k && gguf_quant_step q4_k /tmp/q30-q4k.gguf Q4K
 if has mlx8; then
   # MLX 8-bit checkpoints on the GPU (session 32, the 8-bit affine form): the full-size model
   # written here as mlx-lm's 8-bit groups of 64 (`synth --format mlx --quant q8_0`), open time
