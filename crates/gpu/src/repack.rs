@@ -95,30 +95,16 @@ fn repack_mlx_groups<'a>(
     words: usize,
     payload: impl Fn(&[u8], &mut [u32]) + Sync,
 ) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
-    use rayon::prelude::*;
-    let groups: Vec<&[u8]> = groups.collect();
-    let mut qs = vec![0u32; groups.len() * words];
-    let mut scale_words = vec![0u32; groups.len()];
-    let bad = qs
-        .par_chunks_mut(words)
-        .zip(scale_words.par_iter_mut())
-        .zip(groups.par_iter())
-        .enumerate()
-        .filter_map(|(i, ((q, word), g))| {
-            let s = u16::from_le_bytes([g[0], g[1]]);
-            let b = u16::from_le_bytes([g[2], g[3]]);
-            if !half::bf16::from_bits(s).is_finite() || !half::bf16::from_bits(b).is_finite() {
-                return Some(i);
-            }
-            *word = s as u32 | (b as u32) << 16;
-            payload(&g[4..], q);
-            None
-        })
-        .min();
-    match bad {
-        Some(i) => Err(i),
-        None => Ok((qs, scale_words)),
-    }
+    repack_supers(groups, words, 1, |g, q, word| {
+        let s = u16::from_le_bytes([g[0], g[1]]);
+        let b = u16::from_le_bytes([g[2], g[3]]);
+        if !half::bf16::from_bits(s).is_finite() || !half::bf16::from_bits(b).is_finite() {
+            return false;
+        }
+        word[0] = s as u32 | (b as u32) << 16;
+        payload(&g[4..], q);
+        true
+    })
 }
 
 /// Repack ggml Q6_K super-blocks (210 bytes: `ql[128]`, `qh[64]`, sixteen i8 scales, f16 `d`)
@@ -132,49 +118,35 @@ fn repack_mlx_groups<'a>(
 pub fn repack_q6_k<'a>(
     supers: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
-    use rayon::prelude::*;
-    let supers: Vec<&[u8]> = supers.collect();
-    let mut qs = vec![0u32; supers.len() * 64];
-    let mut scales = vec![0u16; supers.len() * 8];
-    let bad = qs
-        .par_chunks_mut(64)
-        .zip(scales.par_chunks_mut(8))
-        .zip(supers.par_iter())
-        .enumerate()
-        .filter_map(|(i, ((q, d), c))| {
-            let dv = f16::from_le_bytes([c[208], c[209]]);
-            if !dv.is_finite() {
-                return Some(i);
-            }
-            d.fill(dv.to_bits());
-            // The reference decoder's order (nibble_quant kquants): element `128 h + 32 k + l`
-            // takes nibble `k / 2` of `ql[64 h + l + 32 (k % 2)]` and bits `2k, 2k + 1` of
-            // `qh[32 h + l]` on top.
-            let level = |e: usize| {
-                let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
-                let ql = c[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2)) & 0xF;
-                let qh = (c[128 + 32 * h + l] >> (2 * k)) & 3;
-                (ql | qh << 4) as u32
+    repack_supers(supers, 64, 8, |c, q, d| {
+        let dv = f16::from_le_bytes([c[208], c[209]]);
+        if !dv.is_finite() {
+            return false;
+        }
+        d.fill(dv.to_bits());
+        // The reference decoder's order (nibble_quant kquants): element `128 h + 32 k + l`
+        // takes nibble `k / 2` of `ql[64 h + l + 32 (k % 2)]` and bits `2k, 2k + 1` of
+        // `qh[32 h + l]` on top.
+        let level = |e: usize| {
+            let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
+            let ql = c[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2)) & 0xF;
+            let qh = (c[128 + 32 * h + l] >> (2 * k)) & 3;
+            (ql | qh << 4) as u32
+        };
+        for (w, out) in q.iter_mut().enumerate() {
+            let (b, j0) = (w / 8, 4 * (w % 8));
+            // Words 0 and 4 of a block carry its two sub-scales in their bytes' top bits.
+            let sub = match w % 8 {
+                0 => c[192 + 2 * b] as u32,
+                4 => c[192 + 2 * b + 1] as u32,
+                _ => 0,
             };
-            for (w, out) in q.iter_mut().enumerate() {
-                let (b, j0) = (w / 8, 4 * (w % 8));
-                // Words 0 and 4 of a block carry its two sub-scales in their bytes' top bits.
-                let sub = match w % 8 {
-                    0 => c[192 + 2 * b] as u32,
-                    4 => c[192 + 2 * b + 1] as u32,
-                    _ => 0,
-                };
-                *out = (0..4)
-                    .map(|k| (level(32 * b + j0 + k) | ((sub >> (2 * k)) & 3) << 6) << (8 * k))
-                    .fold(0, |a, v| a | v);
-            }
-            None
-        })
-        .min();
-    match bad {
-        Some(i) => Err(i),
-        None => Ok((qs, scales)),
-    }
+            *out = (0..4)
+                .map(|k| (level(32 * b + j0 + k) | ((sub >> (2 * k)) & 3) << 6) << (8 * k))
+                .fold(0, |a, v| a | v);
+        }
+        true
+    })
 }
 
 /// Repack ggml Q4_K super-blocks (144 bytes: f16 `d`, f16 `dmin`, twelve bytes of 6-bit scales
@@ -188,44 +160,57 @@ pub fn repack_q6_k<'a>(
 pub fn repack_q4_k<'a>(
     supers: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
+    repack_supers(supers, 32, 8, |c, q, w| {
+        let (d, dmin) = (
+            u16::from_le_bytes([c[0], c[1]]),
+            u16::from_le_bytes([c[2], c[3]]),
+        );
+        if !f16::from_bits(d).is_finite() || !f16::from_bits(dmin).is_finite() {
+            return false;
+        }
+        let sm = |j: usize| {
+            let (sc, m) = nibble_quant::kquants::scale_min(j, &c[4..16]);
+            sc as u32 | (m as u32) << 6
+        };
+        for p in 0..4 {
+            w[2 * p] = d as u32 | (dmin as u32) << 16;
+            w[2 * p + 1] = sm(2 * p) | sm(2 * p + 1) << 12;
+        }
+        let nib = |b: usize, e: usize| ((c[16 + 32 * (b / 2) + e] >> (4 * (b % 2))) & 0xF) as u32;
+        for (k, out) in q.iter_mut().enumerate() {
+            let (b, j0) = (k / 4, 4 * (k % 4));
+            *out = (0..4)
+                .map(|t| (nib(b, j0 + t) | nib(b, j0 + t + 16) << 4) << (8 * t))
+                .fold(0, |a, v| a | v);
+        }
+        true
+    })
+}
+
+/// K-quant super-blocks (or MLX groups) into `qwords` `qs` words and `swords` scale words (or
+/// f16 bits) each,
+/// written by `f(super-block bytes, its qs words, its scale words)`, which returns false for a
+/// super-block with a non-finite scale; the index of the first such is the error. Super-blocks
+/// are repacked in parallel, without allocating per super-block.
+fn repack_supers<'a, S: Copy + Default + Send + Sync>(
+    supers: impl Iterator<Item = &'a [u8]>,
+    qwords: usize,
+    swords: usize,
+    f: impl Fn(&[u8], &mut [u32], &mut [S]) -> bool + Sync,
+) -> std::result::Result<(Vec<u32>, Vec<S>), usize> {
     use rayon::prelude::*;
     let supers: Vec<&[u8]> = supers.collect();
-    let mut qs = vec![0u32; supers.len() * 32];
-    let mut words = vec![0u32; supers.len() * 8];
+    let mut qs = vec![0u32; supers.len() * qwords];
+    let mut scales = vec![S::default(); supers.len() * swords];
     let bad = qs
-        .par_chunks_mut(32)
-        .zip(words.par_chunks_mut(8))
+        .par_chunks_mut(qwords)
+        .zip(scales.par_chunks_mut(swords))
         .zip(supers.par_iter())
         .enumerate()
-        .filter_map(|(i, ((q, w), c))| {
-            let (d, dmin) = (
-                u16::from_le_bytes([c[0], c[1]]),
-                u16::from_le_bytes([c[2], c[3]]),
-            );
-            if !f16::from_bits(d).is_finite() || !f16::from_bits(dmin).is_finite() {
-                return Some(i);
-            }
-            let sm = |j: usize| {
-                let (sc, m) = nibble_quant::kquants::scale_min(j, &c[4..16]);
-                sc as u32 | (m as u32) << 6
-            };
-            for p in 0..4 {
-                w[2 * p] = d as u32 | (dmin as u32) << 16;
-                w[2 * p + 1] = sm(2 * p) | sm(2 * p + 1) << 12;
-            }
-            let nib =
-                |b: usize, e: usize| ((c[16 + 32 * (b / 2) + e] >> (4 * (b % 2))) & 0xF) as u32;
-            for (k, out) in q.iter_mut().enumerate() {
-                let (b, j0) = (k / 4, 4 * (k % 4));
-                *out = (0..4)
-                    .map(|t| (nib(b, j0 + t) | nib(b, j0 + t + 16) << 4) << (8 * t))
-                    .fold(0, |a, v| a | v);
-            }
-            None
-        })
+        .filter_map(|(i, ((q, s), c))| (!f(c, q, s)).then_some(i))
         .min();
     match bad {
         Some(i) => Err(i),
-        None => Ok((qs, words)),
+        None => Ok((qs, scales)),
     }
 }
