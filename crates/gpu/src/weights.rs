@@ -1,9 +1,9 @@
 //! Upload every tensor of a model from a [`WeightSource`] to the GPU once.
 //!
-//! Matrices in the model's block type (one per model, the embedding's: Q4_0, MLX's `MLX_A4`
-//! or Q8_0) stay packed in its GPU form (`tensor.rs` `QForm`); any other matrix dtype
-//! (F32/F16/BF16, the K-quants, e.g. the Q6_K `output.weight` of llama.cpp's Q4_0 files, or a
-//! Q8_0 matrix in a Q4_0 model) is decoded to f32 with the reference decoder, which is exact:
+//! Matrices in the model's block type (one per model, the embedding's: Q4_0, MLX's `MLX_A4`,
+//! Q8_0, `MLX_A8`, Q6_K or Q4_K) stay packed in its GPU form (`tensor.rs` `QForm`); any other
+//! matrix dtype (F32/F16/BF16, another K-quant, e.g. the Q6_K `output.weight` of llama.cpp's
+//! Q4_0 files, or a Q8_0 matrix in a Q4_0 model) is decoded to f32 with the reference decoder, which is exact:
 //! nibble never re-quantises weights. Norm weights become f32 vectors. The embedding and the
 //! expert tensors must be in that block type; anything else is a clear error.
 //! q, k and v are fused into one `[Hq*D + 2*Hkv*D, H]` matrix so one matvec produces the
@@ -88,7 +88,7 @@ fn rows_cols(w: &Weight<'_>) -> (usize, usize) {
 }
 
 /// Upload several weights with the same column count as one row-stacked matrix: blocks in the
-/// model's block type `int4` (Q4_0, MLX_A4, Q8_0 or MLX_A8) stay packed, anything else is
+/// model's block type `int4` (Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K) stay packed, anything else is
 /// widened ([`widened`]).
 fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>], int4: DType) -> Result<Matrix> {
     let cols = rows_cols(&ws[0]).1;
