@@ -6,7 +6,9 @@
 //! Code map:
 //! - [`context`]: device setup and buffer / pipeline / bind-group helpers.
 //! - [`tensor`]: GPU layouts shared by all kernels (repacked Q4_0 matrices split across
-//!   bindings, int8-quantised activations). The layouts are documented there.
+//!   bindings, int8-quantised activations). The layouts are documented there; [`repack`]
+//!   turns each file block type into its layout, and [`qform`] holds the block forms
+//!   (`QForm`) and the WGSL each compiles into the kernels that read it.
 //! - [`numerics`]: the activation variants of the int4 matvecs (f32 / precise int8 / int8).
 //! - [`kernels`]: one kernel family per file, each with a scalar CPU reference and tests.
 //! - [`testing`]: the shared GPU test harness (one serialised adapter, random inputs).
@@ -42,6 +44,7 @@ pub mod prefill;
 #[cfg(test)]
 mod prefill_tests;
 pub mod profile;
+pub mod qform;
 pub mod repack;
 #[cfg(test)]
 mod sampled_tests;

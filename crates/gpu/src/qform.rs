@@ -1,0 +1,264 @@
+//! The block forms a GPU matrix may hold ([`QForm`]) and the WGSL each compiles into the
+//! kernels that read it: the payload (`QB`, `qb_dot`, `qb_levels`: [`Q4_PAYLOAD`],
+//! [`Q8_PAYLOAD`], [`Q6_PAYLOAD`]), the scale word (`SW`, `q4_sb`: [`Q4_SB`], [`Q4_SB_K`]) and
+//! the coefficients every dot shares ([`Q4_COEF`]). The layouts themselves are described in
+//! `tensor.rs`'s module docs ("module docs" below).
+
+/// WGSL payload of the nibble forms (Q4_0, affine): `QB` is one vec4 of nibble words, whose
+/// block dot is numerics.rs's `dq_block` (Σ (q - 8) x; [`QForm::dot_fn`]);
+/// `qb_levels(w, k)` = the unsigned levels of elements 4k .. 4k + 3 (k < 8).
+pub const Q4_PAYLOAD: &str = "
+alias QB = vec4<u32>;
+fn qb_levels(w: QB, k: u32) -> vec4<f32> {
+    let v = w[k & 3u] >> (4u * (k >> 2u));
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+}
+";
+
+/// WGSL payload of the byte form (Q8_0): `QB` is two vec4s, byte `j` of the block = element
+/// `j` stored as `q + 128` (module docs). `qb_dot(w, x)` = Σ q x: each word's bytes become
+/// exact floats by the mantissa trick of numerics.rs `F32_DEQ` (`2^23 + u` from one OR; lanes
+/// 1 and 3 carry `256 u`, scaled back by an exact 1/256 at the end), four products per word in
+/// two chains. `qb_levels(w, k)` = the stored levels `u` of elements 4k .. 4k + 3.
+pub const Q8_PAYLOAD: &str = "
+struct QB { lo: vec4<u32>, hi: vec4<u32> };
+fn dq8(w: u32) -> vec4<f32> {
+    let s = w >> 16u;
+    return bitcast<vec4<f32>>((vec4<u32>(w, w, s, s) & vec4<u32>(0xFFu, 0xFF00u, 0xFFu, 0xFF00u))
+        | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0, 8421376.0, 8388736.0, 8421376.0);
+}
+// Scales lanes (e, 256 e, e, 256 e) of dq8's products back to one.
+const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
+    var a = dq8(w.lo.x) * x[0];
+    var b = dq8(w.hi.x) * x[4];
+    a = fma(dq8(w.lo.y), x[1], a);
+    b = fma(dq8(w.hi.y), x[5], b);
+    a = fma(dq8(w.lo.z), x[2], a);
+    b = fma(dq8(w.hi.z), x[6], b);
+    a = fma(dq8(w.lo.w), x[3], a);
+    b = fma(dq8(w.hi.w), x[7], b);
+    return dot(a, DQ8_S) + dot(b, DQ8_S);
+}
+fn qb_levels(w: QB, k: u32) -> vec4<f32> {
+    let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+}
+";
+
+/// WGSL payload of the 6-bit form (Q6_K, module docs): the byte form's `QB`, `dq8` masking
+/// each byte to its 6-bit level (`q - 32` exactly, by the same mantissa trick), and
+/// `q6_sub(word)` = the i8 sub-scale held in the top two bits of the word's four bytes.
+/// `qb_dot(w, x)` = Σ sc (q - 32) x (each half's sum times its sub-scale: the integers
+/// `sc (q - 32)` are what the block's `d` multiplies); `qb_levels(w, k)` = `sc (q - 32) + 32`
+/// for elements 4k .. 4k + 3, so that `(level - Q_OFF) d` is the weight, exactly.
+pub const Q6_PAYLOAD: &str = "
+struct QB { lo: vec4<u32>, hi: vec4<u32> };
+fn dq8(w: u32) -> vec4<f32> {
+    let s = w >> 16u;
+    return bitcast<vec4<f32>>((vec4<u32>(w, w, s, s) & vec4<u32>(0x3Fu, 0x3F00u, 0x3Fu, 0x3F00u))
+        | vec4<u32>(0x4B000000u)) - vec4<f32>(8388640.0, 8396800.0, 8388640.0, 8396800.0);
+}
+const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+fn q6_sub(w: u32) -> f32 {
+    let t = (w >> 6u) & 0x03030303u;
+    let u = (t & 3u) | ((t >> 6u) & 0xCu) | ((t >> 12u) & 0x30u) | ((t >> 18u) & 0xC0u);
+    return f32(bitcast<i32>(u << 24u) >> 24u);
+}
+fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
+    var a = dq8(w.lo.x) * x[0];
+    var b = dq8(w.hi.x) * x[4];
+    a = fma(dq8(w.lo.y), x[1], a);
+    b = fma(dq8(w.hi.y), x[5], b);
+    a = fma(dq8(w.lo.z), x[2], a);
+    b = fma(dq8(w.hi.z), x[6], b);
+    a = fma(dq8(w.lo.w), x[3], a);
+    b = fma(dq8(w.hi.w), x[7], b);
+    return fma(q6_sub(w.lo.x), dot(a, DQ8_S), q6_sub(w.hi.x) * dot(b, DQ8_S));
+}
+fn qb_levels(w: QB, k: u32) -> vec4<f32> {
+    let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
+    let sc = q6_sub(select(w.lo.x, w.hi.x, k >= 4u));
+    let q = vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(63u));
+    return fma(vec4<f32>(sc), q - 32.0, vec4<f32>(32.0));
+}
+";
+
+/// The block form of a [`crate::tensor::Q4Matrix`]: what a block's payload words and its scale word hold.
+/// Every kernel that reads block matrices is compiled for one form ([`QForm::wgsl`]) and
+/// refuses a matrix of another by name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum QForm {
+    /// ggml's Q4_0: 16 nibble bytes per block, f16 scale `d`, weight `(q - 8) d`.
+    #[default]
+    Q4_0,
+    /// MLX's `MLX_A4` groups of 64 (module docs): nibbles as Q4_0's, one word per group with
+    /// the bf16 scale and bias, weight `s q + b`.
+    Affine4,
+    /// ggml's Q8_0: 32 bytes per block (two vec4s, module docs), f16 scale `d` as Q4_0's,
+    /// weight `q d` with `q` the signed byte.
+    Q8_0,
+    /// MLX's `MLX_A8` groups of 64: bytes as Q8_0's (each group two blocks; the unsigned level
+    /// `q` stored as is, so `q - 128` is what the payload's dot sees), one word per group with
+    /// the bf16 scale and bias as [`QForm::Affine4`]'s, weight `s q + b`.
+    Affine8,
+    /// ggml's Q6_K: the byte layout with 6-bit levels and each 16 weights' i8 sub-scale in
+    /// the bytes' top bits (module docs), the super-block's f16 `d` per block as Q4_0's
+    /// scales, weight `d sc (q - 32)`.
+    Q6K,
+    /// ggml's Q4_K: nibbles as Q4_0's (each super-block of 256 its eight blocks of 32), scale
+    /// words of two u32 per pair of blocks (module docs), weight `d sc q - dmin m`.
+    Q4K,
+}
+
+impl QForm {
+    /// Every form, in [`Self::index`] order.
+    pub const ALL: [QForm; 6] = [
+        QForm::Q4_0,
+        QForm::Affine4,
+        QForm::Q8_0,
+        QForm::Affine8,
+        QForm::Q6K,
+        QForm::Q4K,
+    ];
+
+    /// Position in [`Self::ALL`] (pipeline tables keyed by form).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether a block's dot needs the `c1 · Σ x` term (a scale word with a bias).
+    pub fn affine(self) -> bool {
+        matches!(self, QForm::Affine4 | QForm::Affine8 | QForm::Q4K)
+    }
+
+    /// Whether the prefill GEMM's matrix-unit kernel (gemm_coop.rs) reads this form: the nibble
+    /// forms with 16-bit scale words (Q4_0, MLX's affine groups); the others take f32 fmas.
+    pub fn on_matrix_units(self) -> bool {
+        matches!(self, QForm::Q4_0 | QForm::Affine4)
+    }
+
+    /// Bytes of the scale word of one pair of blocks (`SW`): 8 for Q4_K's (its super-block's
+    /// `d` and `dmin` beside the pair's 6-bit scales and mins), 4 for every other form.
+    pub fn scale_word_bytes(self) -> u64 {
+        match self {
+            QForm::Q4K => 8,
+            _ => 4,
+        }
+    }
+
+    /// Whether a block's payload is bytes (two vec4s) rather than nibbles (one).
+    pub fn wide(self) -> bool {
+        matches!(self, QForm::Q8_0 | QForm::Affine8 | QForm::Q6K)
+    }
+
+    /// The WGSL function of a block's dot with 32 staged activations, `(w: QB, x) -> f32` =
+    /// Σ (level - offset) x: numerics.rs's `dq_block` for nibbles (whose bfp24 variant takes
+    /// other activations), [`Q8_PAYLOAD`]'s `qb_dot` for bytes.
+    pub fn dot_fn(self) -> &'static str {
+        if self.wide() {
+            "qb_dot"
+        } else {
+            "dq_block"
+        }
+    }
+
+    /// A WGSL source written for the nibble forms (`dq_block` as each block's dot) made to read
+    /// this form: for the byte form every `dq_block(` becomes `qb_dot(`.
+    pub fn with_dot(self, wgsl: &str) -> String {
+        if self.wide() {
+            wgsl.replace("dq_block(", "qb_dot(")
+        } else {
+            wgsl.to_string()
+        }
+    }
+
+    /// Bytes of one 32-weight block's payload in `qs`.
+    pub fn block_bytes(self) -> u64 {
+        if self.wide() {
+            32
+        } else {
+            16
+        }
+    }
+
+    /// The form's name in errors and labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            QForm::Q4_0 => "Q4_0",
+            QForm::Affine4 => "affine (MLX_A4)",
+            QForm::Q8_0 => "Q8_0",
+            QForm::Affine8 => "affine 8-bit (MLX_A8)",
+            QForm::Q6K => "Q6_K",
+            QForm::Q4K => "Q4_K",
+        }
+    }
+
+    /// WGSL prepended to a kernel reading matrices of this form: `const Q4_AFFINE`, `const
+    /// Q_OFF` (the offset the stored levels carry: 8 for nibbles, 128 for bytes, 32 for Q6_K),
+    /// [`Q4_COEF`] and the payload ([`Q4_PAYLOAD`], [`Q8_PAYLOAD`] or [`Q6_PAYLOAD`]: the block
+    /// type `QB`, `qb_dot`, `qb_levels`). Kernels declare their weight bindings `array<QB>`.
+    pub fn wgsl(self) -> String {
+        let (off, payload) = match self {
+            QForm::Q6K => ("32.0", Q6_PAYLOAD),
+            f if f.wide() => ("128.0", Q8_PAYLOAD),
+            _ => ("8.0", Q4_PAYLOAD),
+        };
+        let sb = match self {
+            QForm::Q4K => Q4_SB_K,
+            _ => Q4_SB,
+        };
+        format!(
+            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{sb}{Q4_COEF}{payload}",
+            self.affine()
+        )
+    }
+}
+
+/// The scale word `SW` and `q4_sb` of every form but Q4_K: one u32 per pair of blocks, two f16
+/// `d` (block `2k` low), or the affine group's bf16 scale (low) and bias (high).
+pub const Q4_SB: &str = "
+alias SW = u32;
+fn q4_sb(v: SW, i: u32) -> vec2<f32> {
+    if (Q4_AFFINE) {
+        return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
+    }
+    let d = unpack2x16float(v);
+    return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
+}
+";
+
+/// Q4_K's `SW` and `q4_sb` (module docs): `v.x` = the super-block's f16 `d` (low) and `dmin`,
+/// `v.y` = the pair's 6-bit scale and min, 12 bits per block (block `2k` low). The weight is
+/// `(d sc) q - dmin m`: both products exact in f32 (11 + 6 significant bits), so one rounding,
+/// as the reference's.
+pub const Q4_SB_K: &str = "
+alias SW = vec2<u32>;
+fn q4_sb(v: SW, i: u32) -> vec2<f32> {
+    let dm = unpack2x16float(v.x);
+    let sm = v.y >> (12u * (i & 1u));
+    return vec2<f32>(dm.x * f32(sm & 63u), -(dm.y * f32((sm >> 6u) & 63u)));
+}
+";
+
+/// WGSL, prepended by the host to every kernel that reads a [`crate::tensor::Q4Matrix`] (after [`QForm::wgsl`]'s
+/// `const Q4_AFFINE: bool`, `const Q_OFF` and `alias SW`, the scale word of a pair of blocks):
+/// `q4_sb(v, i)`, block `i`'s `(scale, bias)` from its scale word `v` (an affine weight is
+/// `scale · q + bias` with `q` the stored level; a non-affine one `scale · (q - Q_OFF)`, bias
+/// 0), `q4_coef(v, i)`, the two coefficients of its dot (module docs), and `q4_xsum(x)`, the sum
+/// of one block's 32 activations. Kernels declare their scale bindings `array<SW>` and read
+/// them only through these, so a form may widen its scale words.
+pub const Q4_COEF: &str = "
+fn q4_coef(v: SW, i: u32) -> vec2<f32> {
+    let sb = q4_sb(v, i);
+    if (Q4_AFFINE) {
+        return vec2<f32>(sb.x, fma(Q_OFF, sb.x, sb.y));
+    }
+    return sb;
+}
+fn q4_xsum(x: array<vec4<f32>, 8>) -> f32 {
+    let a = (x[0] + x[1]) + (x[2] + x[3]);
+    let b = (x[4] + x[5]) + (x[6] + x[7]);
+    return dot(a + b, vec4<f32>(1.0));
+}
+";
