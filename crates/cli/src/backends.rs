@@ -122,7 +122,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
-            g.plan().weights.form.name(),
+            g.plan().weights.form_names(),
             args.numerics,
             args.fold,
             match g.plan().qkv_attention_positions() {

@@ -1,7 +1,9 @@
 //! GGUF files whose matrices the GPU reads in its byte forms or its K form, end to end: Q8_0
 //! (llama.cpp's 8-bit files; synth writes the Q4_0 model's values), Q6_K (llama.cpp's `Q6_K`
-//! files) and Q4_K with no mixture (`llama-quantize --pure`). `inspect` counts the file's
-//! types, the GPU backend decodes it (`QForm::Q8_0`, `QForm::Q6K`, `QForm::Q4K`)
+//! files), Q4_K with no mixture (`llama-quantize --pure`) and `Q4_K_M` (Q4_K with Q6_K in the
+//! lm_head and in some layers' attn_v and ffn_down_exps: each tensor in its own form, the qkv
+//! a stack of both). `inspect` counts the file's types, the GPU backend decodes it
+//! (`QForm::Q8_0`, `QForm::Q6K`, `QForm::Q4K`)
 //! with greedy parity against the oracle, through both prefills (the GEMMs on f32 fmas: the
 //! matrix units read the nibble forms only), multi-stream ids equal single-stream ones, and a
 //! NaN scale in the file is a clear error on every backend.
@@ -20,10 +22,13 @@ struct Kind {
     dtype: &'static str,
     block: usize,
     scale_at: usize,
+    /// The GPU's forms as `--verbose` names them.
+    forms: &'static str,
 }
 
 /// Q8_0 on the tiny model.
 const Q8_0: Kind = Kind {
+    forms: "Q8_0",
     preset: "tiny",
     quant: "q8_0",
     dtype: "Q8_0",
@@ -34,6 +39,7 @@ const Q8_0: Kind = Kind {
 /// Q6_K on the small model (its rows are whole 256-weight super-blocks; the tiny model's are
 /// not, so synth would keep them Q4_0).
 const Q6_K: Kind = Kind {
+    forms: "Q6_K",
     preset: "small",
     quant: "q6_k",
     dtype: "Q6_K",
@@ -43,11 +49,23 @@ const Q6_K: Kind = Kind {
 
 /// Q4_K with no mixture (`llama-quantize --pure`) on the small model: the K form.
 const Q4_K: Kind = Kind {
+    forms: "Q4_K",
     preset: "small",
     quant: "q4_k",
     dtype: "Q4_K",
     block: 144,
     scale_at: 0,
+};
+
+/// llama.cpp's `Q4_K_M` mixture on the small model (8 layers: layers 0, 3, 6 and 7 have the
+/// Q6_K attn_v and ffn_down_exps; synth's `QuantMix::Q4KM`).
+const Q4_K_M: Kind = Kind {
+    preset: "small",
+    quant: "q4_k_m",
+    dtype: "Q4_K",
+    block: 144,
+    scale_at: 0,
+    forms: "Q6_K+Q4_K",
 };
 
 /// A GGUF of `k` in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
@@ -86,6 +104,11 @@ fn q4_k_file_decodes_on_the_gpu_with_oracle_parity() {
     decodes_on_the_gpu_with_oracle_parity(&Q4_K);
 }
 
+#[test]
+fn q4_k_m_file_decodes_on_the_gpu_with_oracle_parity() {
+    decodes_on_the_gpu_with_oracle_parity(&Q4_K_M);
+}
+
 fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), k);
@@ -96,7 +119,9 @@ fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
         .unwrap();
     let info: Value = serde_json::from_slice(&out.stdout).unwrap();
     let types = &info["bytes_per_type"];
-    assert!(types[k.dtype].as_u64().unwrap_or(0) > 0, "{info:#}");
+    for t in k.forms.split('+') {
+        assert!(types[t].as_u64().unwrap_or(0) > 0, "{t}: {info:#}");
+    }
     assert!(types.get("Q4_0").is_none(), "{info:#}");
     if !have_gpu() {
         return;
@@ -105,7 +130,7 @@ fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
     // equal to the oracle's, as the bar for the tiny model asks.
     let err = parity_passes(&path, 128, &["--backend", "gpu", "-v"]);
     assert!(
-        err.contains(&format!("{} weights, numerics f32", k.dtype)) && err.contains("f32 fmas"),
+        err.contains(&format!("{} weights, numerics f32", k.forms)) && err.contains("f32 fmas"),
         "{err}"
     );
     // Every prompt through the GEMM prefill (its f32 kernel reads the byte form; the matrix

@@ -243,7 +243,7 @@ impl GpuBackend {
             _ => false,
         };
         let prefill = ColumnPrefill::new(&opts, merge);
-        let gemm_prefill = GemmPrefill::new(&opts, merge, plan.weights.form);
+        let gemm_prefill = GemmPrefill::new(&opts, merge, &plan.weights.forms());
         Ok(GpuBackend {
             plan,
             per_token: opts.per_token,
@@ -328,7 +328,7 @@ impl GpuBackend {
             info.device_type,
             info.backend,
             o.numerics,
-            self.plan.weights.form.name(),
+            self.plan.weights.form_names(),
             o.numerics,
             o.max_run,
             self.dispatches_per_step(),

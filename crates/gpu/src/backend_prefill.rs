@@ -72,14 +72,15 @@ pub(super) enum GemmPrefill {
 
 impl GemmPrefill {
     /// The GEMM prefill `opts` allow, not built yet (off with the int8 numerics, `--per-token`
-    /// and `--prefill-chunk 0`, and for weights of a `form` the GEMMs do not read); for an
-    /// affine (MLX) model on f32 fmas unless `--tune prefill_coop_affine=1` (tune.rs says why).
-    pub(super) fn new(opts: &GpuOptions, merge: Combine, form: QForm) -> GemmPrefill {
-        let affine = form.affine();
+    /// and `--prefill-chunk 0`, and for weights of `forms` the GEMMs do not read); for an
+    /// affine (MLX) model on f32 fmas unless `--tune prefill_coop_affine=1` (tune.rs says why),
+    /// and on f32 fmas where no form of the model runs on matrix units.
+    pub(super) fn new(opts: &GpuOptions, merge: Combine, forms: &[QForm]) -> GemmPrefill {
+        let affine = forms.iter().any(|f| f.affine());
         if opts.numerics.quantized()
             || opts.per_token
             || opts.prefill_chunk == 0
-            || !GemmKernel::reads(form)
+            || !forms.iter().all(|f| GemmKernel::reads(*f))
         {
             GemmPrefill::Off
         } else {
@@ -88,7 +89,7 @@ impl GemmPrefill {
                     chunk: opts.prefill_chunk,
                     query_tiles: opts.prefill_query_tiles,
                     matrix_units: opts.prefill_matrix_units
-                        && form.on_matrix_units()
+                        && forms.iter().any(|f| f.on_matrix_units())
                         && (!affine || opts.tune.prefill_coop_affine == Some(1)),
                     max_splits: opts.tune.prefill_splits,
                     k_splits: opts.tune.prefill_ksplits,
@@ -132,14 +133,13 @@ impl GpuBackend {
                 crate::prefill::CHUNK_BUDGET >> 20
             ),
             (GemmPrefill::Off, ColumnPrefill::Pending { .. } | ColumnPrefill::Built(_)) => {
-                let form = self.plan.weights.form;
+                let forms = self.plan.weights.forms();
                 format!(
                     "column prefill, {} tokens per dispatch{}",
                     crate::columns::MAX_COLUMNS,
-                    match GemmKernel::reads(form) {
-                        true => String::new(),
-                        false =>
-                            format!(" (the prefill GEMMs do not read {} weights)", form.name()),
+                    match forms.iter().find(|f| !GemmKernel::reads(**f)) {
+                        None => String::new(),
+                        Some(f) => format!(" (the prefill GEMMs do not read {} weights)", f.name()),
                     }
                 )
             }
@@ -313,7 +313,7 @@ mod tests {
 
     /// Whether the GEMM prefill `new` would ask for matrix units.
     fn units_for(opts: &GpuOptions, form: QForm) -> bool {
-        match GemmPrefill::new(opts, Combine::Fused, form) {
+        match GemmPrefill::new(opts, Combine::Fused, &[form]) {
             GemmPrefill::Pending { shape, .. } => shape.matrix_units,
             _ => panic!("the GEMM prefill is on by default"),
         }

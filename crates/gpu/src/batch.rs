@@ -32,7 +32,7 @@ use crate::kernels::attention::{
 use crate::kernels::embed::{EmbedBinding, EmbedKernel};
 use crate::kernels::matmul::{MatmulArgs, MatmulBinding, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::NormInput;
-use crate::kernels::moe::{MoeColsBinding, MoeColsBuffers, MoeKernel, MoeParams};
+use crate::kernels::moe::{MoeColsBinding, MoeColsBuffers, MoeParams, MoeSet};
 use crate::kernels::router_cols::{RouterColsArgs, RouterColsBinding, RouterColsKernel};
 use crate::kernels::sample::{SampleBinding, SampleColsArgs, SampleKernel};
 use crate::numerics::Numerics;
@@ -90,7 +90,7 @@ pub struct BatchPlan {
     embed_k: EmbedKernel,
     attn_k: AttentionKernel,
     router_k: RouterColsKernel,
-    moe_k: MoeKernel,
+    moe_k: MoeSet,
     argmax_k: ArgmaxKernel,
     sample_k: SampleKernel,
     bufs: Bufs,
@@ -190,12 +190,12 @@ impl BatchPlan {
         let f32s = |label: &str, n: usize| ctx.storage(label, (bs * n) as u64 * 4);
         let ap = AttentionParams::from_config(cfg, context_len)?;
         let attn_k = tune.attention(ctx, ap, merge)?;
-        let moe_k = MoeKernel::with_form(
+        let moe_k = MoeSet::new(
             ctx,
             MoeParams::from_config(cfg)?,
             numerics,
             tune.moe(ctx),
-            w.form,
+            &w.moe_forms(),
         )?;
         let state = RunState::default().buffer(ctx)?;
         let cols = columns::buffer(ctx, &[])?;
@@ -234,7 +234,7 @@ impl BatchPlan {
         let scratch = attn_k.scratch_cols(ctx, b)?;
         let matmul = MatmulKernel::new(ctx)?;
         let router_k = RouterColsKernel::new(ctx)?;
-        let embed_k = EmbedKernel::new_for(ctx, w.form)?;
+        let embed_k = EmbedKernel::new_for(ctx, w.embed.one_form("token_embd")?)?;
         let argmax_k = ArgmaxKernel::new(ctx)?;
         let sample_k = SampleKernel::new(ctx)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);

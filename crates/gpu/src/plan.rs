@@ -45,7 +45,9 @@ use crate::kernels::matmul::{MatmulArgs, MatmulInput, MatmulKernel};
 use crate::kernels::matvec::{
     Act, BfpQuantKernel, MatvecBinding, MatvecKernel, NormInput, NORM_ON_LOAD_MAX,
 };
-use crate::kernels::moe::{MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, Routing};
+use crate::kernels::moe::{
+    MoeBinding, MoeBuffers, MoeFolded, MoeKernel, MoeParams, MoeSet, Routing,
+};
 use crate::kernels::norm::{RmsNormArgs, RmsNormBinding, RmsNormKernel};
 use crate::kernels::qkv_attention::{QkvAttentionBinding, QkvAttentionBuffers, QkvAttentionKernel};
 use crate::kernels::router_fold::RouterFoldKernel;
@@ -156,7 +158,7 @@ struct Kernels {
     argmax: ArgmaxKernel,
     sample: SampleKernel,
     attn: AttentionKernel,
-    moe: MoeKernel,
+    moe: MoeSet,
     advance: AdvanceKernel,
     matmul: MatmulKernel,
     /// The bfp24 matvecs of the lm_head under `--tune head=2`.
@@ -252,11 +254,16 @@ impl DecodePlan {
         }
         // Unset: 4 (run 104: tg128 337.0 / 336.4 against head=3's 336.1 / 335.1; run 67 chose 3
         // over the matmul, 323.5 / 323.4 against 322.4 / 322.3).
-        // A head of another form than Q4_0 (MLX's affine one) takes the f32 norm-on-load matvec unless a form is asked for:
-        // the bfp24 forms read Q4_0 only (asked for, they fail at binding with the reason).
-        let form = weights.form;
-        let head_form = match (opts.tune.head, form) {
-            (None, f) if f != QForm::Q4_0 => 1,
+        // A head of another form than Q4_0 (MLX's affine one, a K-quant file's Q6_K) takes the
+        // f32 norm-on-load matvec unless a form is asked for: the bfp24 forms read Q4_0 only
+        // (asked for, they fail at binding with the reason).
+        let forms = weights.forms();
+        let head_q4_0 = match weights.head() {
+            HeadRef::Q4(m) => m.form() == Some(QForm::Q4_0),
+            HeadRef::F32(_) => false,
+        };
+        let head_form = match (opts.tune.head, head_q4_0) {
+            (None, false) => 1,
             (h, _) => h.unwrap_or(crate::tune::DEFAULT_HEAD),
         };
         anyhow::ensure!(
@@ -264,11 +271,11 @@ impl DecodePlan {
             "tune head must be 0, 1, 2, 3 or 4, not {head_form}"
         );
         let mut k = Kernels {
-            matvec: MatvecKernel::with_form(
+            matvec: MatvecKernel::with_forms(
                 ctx,
                 opts.numerics,
                 opts.tune.late_norm.unwrap_or(1) != 0,
-                form,
+                &forms,
             )?
             .with_rows_per_team(
                 cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
@@ -276,7 +283,7 @@ impl DecodePlan {
             )
             .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows),
             norm: RmsNormKernel::new(ctx)?,
-            embed: EmbedKernel::new_for(ctx, form)?,
+            embed: EmbedKernel::new_for(ctx, weights.embed.one_form("token_embd")?)?,
             argmax: ArgmaxKernel::new(ctx)?,
             sample: SampleKernel::new(ctx)?,
             attn: opts.tune.attention(
@@ -284,7 +291,13 @@ impl DecodePlan {
                 ap,
                 opts.attention_combine.unwrap_or(Combine::for_context(ctx)),
             )?,
-            moe: MoeKernel::with_form(ctx, mp, opts.numerics, opts.tune.moe(ctx), form)?,
+            moe: MoeSet::new(
+                ctx,
+                mp,
+                opts.numerics,
+                opts.tune.moe(ctx),
+                &weights.moe_forms(),
+            )?,
             advance: AdvanceKernel::new(ctx)?,
             matmul: MatmulKernel::new(ctx)?,
             head_bfp: match head_form {

@@ -32,7 +32,7 @@ impl DecodePlan {
 
     /// Slot groups of the MoE down kernel (1: one workgroup sums a row block's K slots).
     pub fn moe_down_split(&self) -> u32 {
-        self.k.moe.down_split()
+        self.k.moe.first().down_split()
     }
 
     /// Where the attention merges chunk partials ([`Combine`]).

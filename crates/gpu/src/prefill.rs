@@ -283,8 +283,8 @@ impl PrefillPlan {
             Some(tk) => (None, Some(tk.scratch(ctx, chunk)?)),
             None => (Some(attn_k.scratch_cols(ctx, chunk)?), None),
         };
-        // Affine (MLX) weights take the f32 kernel (gemm.rs `with_form`).
-        let gemm = GemmKernel::with_form(ctx, matrix_units, w.form)?;
+        // Forms off the matrix units take the f32 kernel (gemm.rs `with_forms`).
+        let gemm = GemmKernel::with_forms(ctx, matrix_units, &w.forms())?;
         let gemm = match double_buffer {
             Some(on) => gemm.with_double_buffer(ctx, on)?,
             // The default (runs 133: pp128 +6-10%, pp512 +11% on the H200): two buffers where
@@ -292,7 +292,7 @@ impl PrefillPlan {
             None => gemm.with_double_buffer(ctx, crate::kernels::gemm::double_buffer_fits(ctx))?,
         };
         let norm_k = RmsNormRowsKernel::new(ctx, h as u32, eps)?;
-        let embed_k = EmbedKernel::new_for(ctx, w.form)?;
+        let embed_k = EmbedKernel::new_for(ctx, w.embed.one_form("token_embd")?)?;
         let matmul = MatmulKernel::new(ctx)?;
         let moe = MoePrefill::new(
             ctx,

@@ -182,6 +182,21 @@ impl QForm {
         }
     }
 
+    /// The form the kernels read a stored type in, or `None` for a type they do not read
+    /// packed (F32/F16/BF16 and the other K-quants: decoded to f32 at upload where allowed).
+    pub fn of(dtype: nibble_quant::DType) -> Option<QForm> {
+        use nibble_quant::DType;
+        Some(match dtype {
+            DType::Q4_0 => QForm::Q4_0,
+            DType::MLX_A4 => QForm::Affine4,
+            DType::Q8_0 => QForm::Q8_0,
+            DType::MLX_A8 => QForm::Affine8,
+            DType::Q6_K => QForm::Q6K,
+            DType::Q4_K => QForm::Q4K,
+            _ => return None,
+        })
+    }
+
     /// The form's name in errors and labels.
     pub fn name(self) -> &'static str {
         match self {

@@ -52,8 +52,10 @@
 //! [`Q4_COEF`]: `(d, 0)` for Q4_0, Q8_0 and Q6_K, `(s, b + 8 s)` for the affine form (its `Σ x` term is
 //! skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes, 32 for Q6_K
 //! (`Q_OFF`). Every
-//! kernel that reads block matrices is compiled for one [`QForm`] ([`QForm::wgsl`]) and refuses a
-//! matrix of another by name.
+//! pipeline that reads block matrices is compiled for one [`QForm`] ([`QForm::wgsl`]). The form
+//! belongs to each part ([`Q4Part::form`]): the dense kernels (matvec, matmul, GEMM) pick a
+//! pipeline per part, so a stacked matrix may mix forms; the MoE, embedding and folded-router
+//! kernels read matrices of one form and refuse a mixed one by name.
 //!
 //! Activations feeding an int4 matvec, `x[n]` (`n % 32 == 0`), quantised per block of 32:
 //! - `q`: `array<u32>` `[n/4]`, word `i` = `i8` values of elements `4i..4i+3` (byte k = element 4i+k);
@@ -78,8 +80,12 @@ pub struct Q4Part {
     pub rows: u32,
     /// `[rows * cols/32]` vec4<u32> nibble blocks.
     pub qs: wgpu::Buffer,
-    /// `[rows * cols/32]` f16 scales, two per u32.
+    /// `[rows * cols/32]` f16 scales, two per u32 (the part's form's scale words).
     pub scales: wgpu::Buffer,
+    /// How the kernels read this part's blocks and scale words (module docs). One per part,
+    /// not per matrix: a stacked matrix ([`Q4Matrix::stack`]) may hold tensors of several
+    /// forms, as a `Q4_K_M` file's qkv does (q and k Q4_K, v Q6_K).
+    pub form: QForm,
 }
 
 /// A repacked block matrix `[rows, cols]` on the GPU: Q4_0, or one of the other [`QForm`]s
@@ -88,12 +94,65 @@ pub struct Q4Part {
 pub struct Q4Matrix {
     pub rows: u32,
     pub cols: u32,
-    /// How the kernels read its blocks and scale words (module docs).
-    pub form: QForm,
+    /// Row ranges in order, each with its own form ([`Q4Part::form`]).
     pub parts: Vec<Q4Part>,
 }
 
 impl Q4Matrix {
+    /// The form of every part, or `None` when the parts differ (a stacked matrix of several
+    /// forms) or there are none.
+    pub fn form(&self) -> Option<QForm> {
+        let f = self.parts.first()?.form;
+        self.parts.iter().all(|p| p.form == f).then_some(f)
+    }
+
+    /// The matrix's one form, for kernels compiled for one form (the MoE, the embedding, the
+    /// folded router); an error naming `what` when its parts differ.
+    pub fn one_form(&self, what: &str) -> Result<QForm> {
+        self.form().ok_or_else(|| {
+            GpuError::Shape(format!(
+                "{what}: the matrix's parts are of several block forms ({}); this kernel reads \
+                 one",
+                self.form_names()
+            ))
+        })
+    }
+
+    /// The parts' forms in row order, each once, joined by `+` (e.g. `Q4_K+Q6_K`).
+    pub fn form_names(&self) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for p in &self.parts {
+            if names.last() != Some(&p.form.name()) {
+                names.push(p.form.name());
+            }
+        }
+        names.join("+")
+    }
+
+    /// Stack matrices of equal width by rows into one (`mats[0]`'s rows first), keeping each
+    /// one's parts and forms: how a qkv whose tensors differ in type stays packed (each part
+    /// is a dispatch of its own, so a stack costs one dispatch per form).
+    pub fn stack(label: &str, mats: Vec<Q4Matrix>) -> Result<Q4Matrix> {
+        let cols = mats.first().map_or(0, |m| m.cols);
+        if mats.is_empty() || mats.iter().any(|m| m.cols != cols) {
+            return Err(GpuError::Shape(format!(
+                "{label}: stacked matrices must be one or more of equal width"
+            )));
+        }
+        let mut rows = 0u32;
+        let mut parts = Vec::new();
+        for m in mats {
+            for mut p in m.parts {
+                p.row_start += rows;
+                parts.push(p);
+            }
+            rows = rows
+                .checked_add(m.rows)
+                .ok_or_else(|| GpuError::Shape(format!("{label}: too many rows")))?;
+        }
+        Ok(Q4Matrix { rows, cols, parts })
+    }
+
     /// Repack and upload a Q4_0 matrix whose blocks are `src` concatenated (ggml order).
     /// Parts hold a multiple of `row_multiple` rows (e.g. one expert's `out` rows, so that an
     /// expert never straddles two bindings) and each fits [`Context::max_binding_bytes`].
@@ -308,7 +367,7 @@ impl Q4Matrix {
                 self.rows, self.cols
             )));
         }
-        if self.form.affine() && self.cols % 64 != 0 {
+        if self.parts.iter().any(|p| p.form.affine()) && self.cols % 64 != 0 {
             return Err(GpuError::Shape(format!(
                 "{what}: affine Q4 matrix [{}, {}] needs cols % 64 == 0",
                 self.rows, self.cols
@@ -317,8 +376,8 @@ impl Q4Matrix {
         let bpr = (self.cols / BLOCK as u32) as u64;
         let parts = self.parts.iter().map(|part| {
             let blocks = part.rows as u64 * bpr;
-            let holds = part.qs.size() >= blocks * self.form.block_bytes()
-                && part.scales.size() >= blocks.div_ceil(2) * self.form.scale_word_bytes();
+            let holds = part.qs.size() >= blocks * part.form.block_bytes()
+                && part.scales.size() >= blocks.div_ceil(2) * part.form.scale_word_bytes();
             (part.row_start, part.rows, holds)
         });
         check_parts(what, "Q4", self.rows, self.cols, parts)
@@ -425,13 +484,13 @@ fn upload_parts<'a, S: bytemuck::Pod>(
             rows: n as u32,
             qs: ctx.storage_init(&format!("{label}.qs"), bytemuck::cast_slice(&qs))?,
             scales: ctx.storage_init(&format!("{label}.scales"), bytemuck::cast_slice(&scales))?,
+            form: form.form,
         });
         row_start += n;
     }
     Ok(Q4Matrix {
         rows: rows as u32,
         cols: cols as u32,
-        form: form.form,
         parts,
     })
 }

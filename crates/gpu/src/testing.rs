@@ -212,6 +212,26 @@ pub fn rand_form(
     (b, dt)
 }
 
+/// A random matrix stacked from `pieces` (`(form, rows)` each, in row order; each piece
+/// uploaded on its own, so its parts keep its form, then [`crate::tensor::Q4Matrix::stack`]ed
+/// as a `Q4_K_M` qkv is), with its reference values `[rows, cols]`.
+pub fn rand_stack(
+    ctx: &crate::context::Context,
+    rng: &mut impl Rng,
+    pieces: &[(crate::tensor::QForm, usize)],
+    cols: usize,
+) -> (crate::tensor::Q4Matrix, Vec<f32>) {
+    use crate::tensor::Q4Matrix;
+    let mut mats = Vec::new();
+    let mut deq = Vec::new();
+    for &(form, rows) in pieces {
+        let (b, dt) = rand_form(rng, form, rows, cols);
+        mats.push(Q4Matrix::upload_dtype(ctx, "piece", dt, rows, cols, 1, &[&b]).unwrap());
+        deq.extend(dequant(dt, &b, rows, cols));
+    }
+    (Q4Matrix::stack("stack", mats).unwrap(), deq)
+}
+
 /// Random Q4_K bytes for `[rows, cols]` (`cols % 256 == 0`; ggml super-blocks of 144 bytes):
 /// random nibbles and packed 6-bit scales and mins (every bit pattern), f16 `d` and `dmin` in
 /// `[0.00002, 0.0002)`, `dmin` of either sign.

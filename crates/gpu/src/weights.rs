@@ -1,13 +1,17 @@
 //! Upload every tensor of a model from a [`WeightSource`] to the GPU once.
 //!
-//! Matrices in the model's block type (one per model, the embedding's: Q4_0, MLX's `MLX_A4`,
-//! Q8_0, `MLX_A8`, Q6_K or Q4_K) stay packed in its GPU form (`tensor.rs` `QForm`); any other
-//! matrix dtype (F32/F16/BF16, another K-quant, e.g. the Q6_K `output.weight` of llama.cpp's
-//! Q4_0 files, or a Q8_0 matrix in a Q4_0 model) is decoded to f32 with the reference decoder, which is exact:
-//! nibble never re-quantises weights. Norm weights become f32 vectors. The embedding and the
-//! expert tensors must be in that block type; anything else is a clear error.
-//! q, k and v are fused into one `[Hq*D + 2*Hkv*D, H]` matrix so one matvec produces the
-//! attention kernel's `qkv` buffer.
+//! Each matrix keeps its own stored type: a type the kernels read packed (Q4_0, MLX's
+//! `MLX_A4`, Q8_0, `MLX_A8`, Q6_K or Q4_K) stays packed in its GPU form (`tensor.rs` `QForm`),
+//! so a file that mixes them (llama.cpp's `Q4_K_M`: Q4_K with Q6_K for the lm_head and for
+//! attn_v and ffn_down_exps in some layers; its `Q4_0` files' Q6_K lm_head) runs with each
+//! tensor as stored. Any other matrix dtype (F32/F16/BF16, another K-quant) is decoded to f32
+//! with the reference decoder, which is exact: nibble never re-quantises weights. Norm
+//! weights become f32 vectors. The embedding and the expert tensors must be of a packed type,
+//! and each layer's gate and up of one (the gate/up kernel reads both alike); anything else
+//! is a clear error before any upload ([`check_supported`]).
+//! q, k and v are stacked into one `[Hq*D + 2*Hkv*D, H]` matrix so the qkv matvec fills the
+//! attention kernel's `qkv` buffer; where their types differ, each run of one type is a part
+//! of its own form ([`Q4Matrix::stack`]).
 
 use crate::context::Context;
 use crate::tensor::{F32Matrix, Q4Matrix, QForm};
@@ -58,8 +62,6 @@ pub struct LayerWeights {
 #[derive(Debug)]
 pub struct GpuWeights {
     pub cfg: Qwen3MoeConfig,
-    /// The block form of every int matrix (`tensor.rs`): the embedding's type decides it.
-    pub form: QForm,
     /// `[V, H]`.
     pub embed: Q4Matrix,
     pub layers: Vec<LayerWeights>,
@@ -87,23 +89,34 @@ fn rows_cols(w: &Weight<'_>) -> (usize, usize) {
     (w.elements() / cols.max(1), cols)
 }
 
-/// Upload several weights with the same column count as one row-stacked matrix: blocks in the
-/// model's block type `int4` (Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K) stay packed, anything else is
-/// widened ([`widened`]).
-fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>], int4: DType) -> Result<Matrix> {
+/// Upload several weights with the same column count as one row-stacked matrix: if every one
+/// is of a type the kernels read packed, each run of one type stays packed as a part of its
+/// form ([`Q4Matrix::stack`]; one run, one upload, as before); otherwise all are widened
+/// ([`widened`]).
+fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>]) -> Result<Matrix> {
     let cols = rows_cols(&ws[0]).1;
     ensure!(
         ws.iter().all(|w| rows_cols(w).1 == cols),
         "{label}: stacked tensors differ in width"
     );
-    let rows: usize = ws.iter().map(|w| rows_cols(w).0).sum();
-    if ws.iter().all(|w| w.dtype == int4) {
-        let parts: Vec<&[u8]> = ws.iter().flat_map(|w| w.parts.iter().copied()).collect();
-        return Ok(Matrix::Q4(Q4Matrix::upload_dtype(
-            ctx, label, int4, rows, cols, 1, &parts,
-        )?));
+    if !ws.iter().all(|w| QForm::of(w.dtype).is_some()) {
+        return widened(ctx, label, ws);
     }
-    widened(ctx, label, ws)
+    let mut runs = Vec::new();
+    for run in ws.chunk_by(|a, b| a.dtype == b.dtype) {
+        let rows: usize = run.iter().map(|w| rows_cols(w).0).sum();
+        let parts: Vec<&[u8]> = run.iter().flat_map(|w| w.parts.iter().copied()).collect();
+        runs.push(Q4Matrix::upload_dtype(
+            ctx,
+            label,
+            run[0].dtype,
+            rows,
+            cols,
+            1,
+            &parts,
+        )?);
+    }
+    Ok(Matrix::Q4(Q4Matrix::stack(label, runs)?))
 }
 
 /// Upload several weights with the same column count as one row-stacked f32 matrix, each
@@ -124,25 +137,12 @@ fn widened(ctx: &Context, label: &str, ws: &[Weight<'_>]) -> Result<Matrix> {
     )?))
 }
 
-fn q4(
-    ctx: &Context,
-    label: &str,
-    w: &Weight<'_>,
-    row_multiple: usize,
-    int4: DType,
-) -> Result<Q4Matrix> {
-    if w.dtype != int4 {
-        bail!(
-            "{label} is {}: the GPU backend needs {} here (the model's int4 type)",
-            w.dtype.name(),
-            int4.name()
-        );
-    }
+fn q4(ctx: &Context, label: &str, w: &Weight<'_>, row_multiple: usize) -> Result<Q4Matrix> {
     let (rows, cols) = rows_cols(w);
     Ok(Q4Matrix::upload_dtype(
         ctx,
         label,
-        int4,
+        w.dtype,
         rows,
         cols,
         row_multiple,
@@ -155,12 +155,15 @@ fn vector(ctx: &Context, label: &str, w: &Weight<'_>) -> Result<wgpu::Buffer> {
     Ok(ctx.storage_init(label, bytemuck::cast_slice(&v))?)
 }
 
-/// Whether the GPU backend can hold `src`, and in which block type: its embedding and expert
-/// kernels read Q4_0, MLX's affine `MLX_A4`, Q8_0, `MLX_A8`, Q6_K or Q4_K, one type for all of
-/// them (llama.cpp's mixed K-quant files, `Q4_K_M` and the like, are refused here, before any
-/// upload; the CPU backend runs them). The error names the first other tensor and counts the others.
-pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
+/// Whether the GPU backend can hold `src`: the embedding and every expert tensor of a type
+/// the kernels read packed (Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K; types may differ between
+/// tensors, as in llama.cpp's `Q4_K_M` files), and each layer's gate and up of one type. The
+/// error names the first tensor that is not and counts the others; the CPU backend runs such
+/// a model. Checked before any upload.
+pub fn check_supported(src: &dyn WeightSource) -> Result<()> {
     let cfg = src.config();
+    let dtype_of =
+        |k: TensorKey| -> Result<DType> { src.dtype(k).with_context(|| format!("loading {k:?}")) };
     let mut keys = vec![TensorKey::TokenEmbd];
     for l in 0..cfg.num_layers {
         for t in [
@@ -171,32 +174,36 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<DType> {
             keys.push(TensorKey::Layer(l, t));
         }
     }
-    let dtype_of =
-        |k: TensorKey| -> Result<DType> { src.dtype(k).with_context(|| format!("loading {k:?}")) };
-    // The embedding's type decides; MLX files are all MLX_A4 where they are 4-bit.
-    let int4 = match dtype_of(TensorKey::TokenEmbd)? {
-        t @ (DType::MLX_A4 | DType::Q8_0 | DType::MLX_A8 | DType::Q6_K | DType::Q4_K) => t,
-        _ => DType::Q4_0,
-    };
     let mut bad = Vec::new();
     for k in keys {
         let dtype = dtype_of(k)?;
-        if dtype != int4 {
+        if QForm::of(dtype).is_none() {
             bad.push((k, dtype));
         }
     }
     if let Some((k, dtype)) = bad.first() {
         bail!(
-            "the GPU backend reads the token embedding and the expert tensors in one block \
-             type only (Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K), and {} of them are not {} ({} is {}); the CPU \
-             backend (--backend cpu) runs this model",
+            "the GPU backend reads the token embedding and the expert tensors packed, in \
+             Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K, and {} of them are not ({} is {}); the \
+             CPU backend (--backend cpu) runs this model",
             bad.len(),
-            int4.name(),
             nibble_model::qwen3_moe::gguf_name(*k),
             dtype.name()
         );
     }
-    Ok(int4)
+    for l in 0..cfg.num_layers {
+        let gate = dtype_of(TensorKey::Layer(l, LayerTensor::ExpGate))?;
+        let up = dtype_of(TensorKey::Layer(l, LayerTensor::ExpUp))?;
+        if gate != up {
+            bail!(
+                "layer {l}'s expert gate is {} and its up is {}: the GPU's gate/up kernel reads \
+                 both in one block type; the CPU backend (--backend cpu) runs this model",
+                gate.name(),
+                up.name()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `f` of `key`'s tensor, lent by the source for this one use ([`WeightSource::with_weight`]:
@@ -223,11 +230,9 @@ impl GpuWeights {
     pub fn upload(ctx: &Context, src: &dyn WeightSource) -> Result<GpuWeights> {
         let cfg = src.config().clone();
         cfg.validate()?;
-        let int4 = check_supported(src)?;
+        check_supported(src)?;
         // Every tensor is lent for its upload only (`lend`).
-        let embed = lend(src, TensorKey::TokenEmbd, |w| {
-            q4(ctx, "token_embd", w, 1, int4)
-        })?;
+        let embed = lend(src, TensorKey::TokenEmbd, |w| q4(ctx, "token_embd", w, 1))?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let key = |t: LayerTensor| TensorKey::Layer(l, t);
@@ -235,23 +240,18 @@ impl GpuWeights {
             let vec = |t: LayerTensor, s: &str| lend(src, key(t), |w| vector(ctx, &name(s), w));
             let mat = |t: LayerTensor, s: &str| {
                 lend(src, key(t), |w| {
-                    matrix(ctx, &name(s), std::slice::from_ref(w), int4)
+                    matrix(ctx, &name(s), std::slice::from_ref(w))
                 })
             };
             let experts = |t: LayerTensor, s: &str, row_multiple: usize| {
-                lend(src, key(t), |w| q4(ctx, &name(s), w, row_multiple, int4))
+                lend(src, key(t), |w| q4(ctx, &name(s), w, row_multiple))
             };
             use LayerTensor as T;
             // q, k and v stack into one matrix, so all three are lent at once.
             let qkv = lend(src, key(T::AttnQ), |q| {
                 lend(src, key(T::AttnK), |k| {
                     lend(src, key(T::AttnV), |v| {
-                        matrix(
-                            ctx,
-                            &name("attn_qkv"),
-                            &[q.clone(), k.clone(), v.clone()],
-                            int4,
-                        )
+                        matrix(ctx, &name("attn_qkv"), &[q.clone(), k.clone(), v.clone()])
                     })
                 })
             })?;
@@ -280,7 +280,7 @@ impl GpuWeights {
             None
         } else {
             Some(lend(src, TensorKey::Output, |w| {
-                matrix(ctx, "output", std::slice::from_ref(w), int4)
+                matrix(ctx, "output", std::slice::from_ref(w))
             })?)
         };
         let vec_bytes = |b: &wgpu::Buffer| b.size();
@@ -296,20 +296,55 @@ impl GpuWeights {
         }
         Ok(GpuWeights {
             cfg,
-            form: match int4 {
-                DType::MLX_A4 => QForm::Affine4,
-                DType::Q8_0 => QForm::Q8_0,
-                DType::MLX_A8 => QForm::Affine8,
-                DType::Q6_K => QForm::Q6K,
-                DType::Q4_K => QForm::Q4K,
-                _ => QForm::Q4_0,
-            },
             embed,
             layers,
             out_norm,
             lm_head,
             resident_bytes: resident,
         })
+    }
+
+    /// Every block form the model's packed matrices have, each once, in [`QForm::ALL`] order.
+    pub fn forms(&self) -> Vec<QForm> {
+        let mut has = [false; QForm::ALL.len()];
+        let mut mark = |m: &Q4Matrix| {
+            for p in &m.parts {
+                has[p.form.index()] = true;
+            }
+        };
+        mark(&self.embed);
+        for lw in &self.layers {
+            for m in [&lw.qkv, &lw.o, &lw.router] {
+                if let Matrix::Q4(m) = m {
+                    mark(m);
+                }
+            }
+            for m in [&lw.gate, &lw.up, &lw.down] {
+                mark(m);
+            }
+        }
+        if let Some(Matrix::Q4(m)) = &self.lm_head {
+            mark(m);
+        }
+        QForm::ALL.into_iter().filter(|f| has[f.index()]).collect()
+    }
+
+    /// The forms' names joined by `+` (e.g. `Q4_K+Q6_K`), for summaries.
+    pub fn form_names(&self) -> String {
+        let names: Vec<&str> = self.forms().iter().map(|f| f.name()).collect();
+        names.join("+")
+    }
+
+    /// Each layer's expert forms, `(gate and up, down)` (the MoE kernels to compile: a
+    /// [`crate::kernels::moe::MoeSet`] per distinct pair). `check_supported` made them whole.
+    pub fn moe_forms(&self) -> Vec<(QForm, QForm)> {
+        self.layers
+            .iter()
+            .map(|lw| {
+                let f = |m: &Q4Matrix| m.form().unwrap_or(QForm::Q4_0);
+                (f(&lw.gate), f(&lw.down))
+            })
+            .collect()
     }
 
     /// The lm_head matrix (the embedding when tied).
@@ -327,3 +362,7 @@ pub enum HeadRef<'a> {
     Q4(&'a Q4Matrix),
     F32(&'a F32Matrix),
 }
+
+#[cfg(test)]
+#[path = "weights_tests.rs"]
+mod tests;

@@ -61,7 +61,6 @@ pub fn q4_copies(
         .map(|_| Q4Matrix {
             rows: m.rows,
             cols: m.cols,
-            form: m.form,
             parts: per_part
                 .iter_mut()
                 .map(|(row_start, rows, bufs)| {
@@ -71,6 +70,7 @@ pub fn q4_copies(
                         rows: *rows,
                         qs,
                         scales,
+                        form: nibble_gpu::tensor::QForm::Q4_0,
                     }
                 })
                 .collect(),
@@ -120,7 +120,6 @@ pub fn no_parts(rows: u32, cols: u32) -> Q4Matrix {
     Q4Matrix {
         rows,
         cols,
-        form: nibble_gpu::tensor::QForm::Q4_0,
         parts: Vec::new(),
     }
 }

@@ -67,7 +67,7 @@ fn mlx_upload_refuses_bad_shapes_and_lying_sizes() {
     let mut r = rng(73);
     let bytes = rand_mlx_a4(&mut r, 4, 128);
     let ok = Q4Matrix::upload_dtype(&ctx, "w", DType::MLX_A4, 4, 128, 1, &[&bytes]).unwrap();
-    assert_eq!(ok.form, QForm::Affine4);
+    assert_eq!(ok.form(), Some(QForm::Affine4));
     ok.check_layout("w").unwrap();
     let err = |e: crate::context::GpuError| e.to_string();
     let short = Q4Matrix::upload_mlx(&ctx, "w", 4, 128, 1, &[&bytes[..bytes.len() - 36]]);

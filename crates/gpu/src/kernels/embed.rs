@@ -100,11 +100,11 @@ impl EmbedKernel {
         nb: u32,
         columns: bool,
     ) -> Result<EmbedBinding> {
-        if table.form != self.form {
+        if table.form() != Some(self.form) {
             return Err(GpuError::Shape(format!(
                 "embed: the kernel reads {} tables, this one is {}",
                 self.form.name(),
-                table.form.name()
+                table.form_names()
             )));
         }
         if h.size() < nb as u64 * table.cols as u64 * 4 {

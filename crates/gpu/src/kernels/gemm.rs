@@ -24,8 +24,6 @@
 //! reference to 1e-5 of Σ|w||x|). A K-split binding ([`GemmKernel::bind_split`]) sums each
 //! slice so, and its reader adds the slices in split order: the same bound, other roundings.
 
-use std::sync::OnceLock;
-
 pub(crate) use super::gemm_wgsl::{prelude, shader};
 use crate::context::{Context, GpuError, Result};
 use crate::tensor::{F32Matrix, Q4Matrix, QForm, BLOCK};
@@ -98,11 +96,15 @@ pub struct PlanLayout {
     pub list: u32,
 }
 
-/// One binding part of a GEMM's weights: first row, rows, and its `(binding, resource)`s.
-type WeightPart<'a> = (u32, u32, Vec<(u32, wgpu::BindingResource<'a>)>);
+/// One binding part of a GEMM's weights: first row, rows, its block form (the f32 router's
+/// is Q4_0, unread), and its `(binding, resource)`s.
+type WeightPart<'a> = (u32, u32, QForm, Vec<(u32, wgpu::BindingResource<'a>)>);
 
-/// Compiled expert-form pipelines by (form, tokens per thread, plan layout).
-type ExpertPipes = Vec<((GemmForm, u32, PlanLayout), wgpu::ComputePipeline)>;
+/// Compiled pipelines by (GEMM form, tokens per thread, plan layout, block form).
+type Pipes = Vec<(
+    (GemmForm, u32, Option<PlanLayout>, QForm),
+    wgpu::ComputePipeline,
+)>;
 
 /// The weights of a GEMM: an int4 matrix (`Dense`, `DenseAcc`, `Down`), the gate and up
 /// matrices (`GateUp`, split alike) or an f32 matrix (`DenseF32`: the router).
@@ -148,7 +150,7 @@ impl GemmWeights<'_> {
                         (0, p.qs.as_entire_binding()),
                         (1, p.scales.as_entire_binding()),
                     ];
-                    (p.row_start, p.rows, e)
+                    (p.row_start, p.rows, p.form, e)
                 })
                 .collect(),
             GemmWeights::GateUp { gate, up } => {
@@ -159,10 +161,11 @@ impl GemmWeights<'_> {
                         .parts
                         .iter()
                         .zip(&gate.parts)
-                        .any(|(u, g)| u.rows != g.rows)
+                        .any(|(u, g)| u.rows != g.rows || u.form != g.form)
                 {
                     return Err(GpuError::Shape(
-                        "gemm gate_up: gate and up must have the same shape and parts".into(),
+                        "gemm gate_up: gate and up must have the same shape, parts and forms"
+                            .into(),
                     ));
                 }
                 gate.parts
@@ -175,14 +178,17 @@ impl GemmWeights<'_> {
                             (6, u.qs.as_entire_binding()),
                             (7, u.scales.as_entire_binding()),
                         ];
-                        (g.row_start, g.rows, e)
+                        (g.row_start, g.rows, g.form, e)
                     })
                     .collect()
             }
             GemmWeights::F32(f) => f
                 .parts
                 .iter()
-                .map(|p| (p.row_start, p.rows, vec![(0, p.w.as_entire_binding())]))
+                .map(|p| {
+                    let e = vec![(0, p.w.as_entire_binding())];
+                    (p.row_start, p.rows, QForm::Q4_0, e)
+                })
                 .collect(),
         })
     }
@@ -214,9 +220,9 @@ pub struct GemmArgs<'a> {
 
 /// Bind groups (one per weight-matrix part) of one GEMM.
 pub struct GemmBinding {
-    pipeline: wgpu::ComputePipeline,
-    /// `(bind group, grid x)`; grid y is the token tiles (dense) or `max_tiles` (experts).
-    parts: Vec<(wgpu::BindGroup, u32)>,
+    /// `(pipeline of the part's block form, bind group, grid x)`; grid y is the token tiles
+    /// (dense) or `max_tiles` (experts).
+    parts: Vec<(wgpu::ComputePipeline, wgpu::BindGroup, u32)>,
     form: GemmForm,
     tm: u32,
     max_tiles: u32,
@@ -230,18 +236,17 @@ impl GemmBinding {
     }
 }
 
-/// GEMM pipelines, compiled on first use per (form, tokens per thread, plan layout).
+/// GEMM pipelines, compiled on first use per (form, tokens per thread, plan layout, block
+/// form): a matrix's parts may differ in block form (tensor.rs), each part's dispatch takes
+/// its own form's pipeline.
 pub struct GemmKernel {
-    /// Whether the int4 forms run on matrix units (gemm_coop.rs) rather than f32 fmas.
+    /// Whether the int4 forms run on matrix units (gemm_coop.rs) rather than f32 fmas (the
+    /// block forms [`QForm::on_matrix_units`] admits; the others take f32 fmas regardless).
     coop: bool,
-    /// The block form of its int4 weights (tensor.rs): Q4_0 or the affine (MLX) one.
-    form: QForm,
     /// The matrix-unit kernel's 32-token tiles with two staging buffers (gemm_coop.rs
     /// `LOOP_DOUBLE`; the prefill's default, `--tune prefill_dbuf=0` turns it off).
     dbuf: bool,
-    /// `[Dense, DenseAcc, DenseF32][tm 2, 4]`.
-    dense: [[OnceLock<wgpu::ComputePipeline>; 2]; 3],
-    expert: std::sync::Mutex<ExpertPipes>,
+    pipes: std::sync::Mutex<Pipes>,
 }
 
 impl GemmKernel {
@@ -272,13 +277,20 @@ impl GemmKernel {
     /// (gemm_wgsl.rs, e.g. `WSTORE_F32_Q8`; `coop` is ignored for it,
     /// [`QForm::on_matrix_units`]); any other is an error ([`Self::reads`]).
     pub fn with_form(ctx: &Context, coop: bool, form: QForm) -> Result<GemmKernel> {
-        if !Self::reads(form) {
+        Self::with_forms(ctx, coop, &[form])
+    }
+
+    /// [`Self::with_form`] for a model whose matrices come in several block forms: the parts
+    /// of a form that runs on matrix units take them (with `coop`), the others f32 fmas (a
+    /// llama.cpp Q4_0 file's Q6_K lm_head does not cost its Q4_0 matrices the units).
+    pub fn with_forms(ctx: &Context, coop: bool, forms: &[QForm]) -> Result<GemmKernel> {
+        if let Some(f) = forms.iter().find(|f| !Self::reads(**f)) {
             return Err(GpuError::Shape(format!(
                 "gemm: no kernel reads {} weights",
-                form.name()
+                f.name()
             )));
         }
-        let coop = on_matrix_units(ctx, coop) && form.on_matrix_units();
+        let coop = on_matrix_units(ctx, coop) && forms.iter().any(|f| f.on_matrix_units());
         let need = if coop {
             super::gemm_coop::workgroup_bytes(4, false)
         } else {
@@ -294,10 +306,8 @@ impl GemmKernel {
         }
         Ok(GemmKernel {
             coop,
-            form,
             dbuf: false,
-            dense: Default::default(),
-            expert: Default::default(),
+            pipes: Default::default(),
         })
     }
 
@@ -328,12 +338,17 @@ impl GemmKernel {
         self.coop
     }
 
+    /// Whether a `form` GEMM of `qform` weights runs on matrix units.
+    fn units(&self, form: GemmForm, qform: QForm) -> bool {
+        self.coop && form != GemmForm::DenseF32 && qform.on_matrix_units()
+    }
+
     /// The WGSL of one pipeline: the matrix-unit kernel for int4 forms where chosen.
-    fn source(&self, form: GemmForm, tm: u32, plan: Option<PlanLayout>) -> String {
-        if self.coop && form != GemmForm::DenseF32 {
-            super::gemm_coop::shader(form, tm, plan, self.dbuf, self.form.affine())
+    fn source(&self, form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -> String {
+        if self.units(form, qform) {
+            super::gemm_coop::shader(form, tm, plan, self.dbuf, qform.affine())
         } else {
-            shader(form, tm, plan, self.form)
+            shader(form, tm, plan, qform)
         }
     }
 
@@ -343,18 +358,16 @@ impl GemmKernel {
         form: GemmForm,
         tm: u32,
         plan: Option<PlanLayout>,
+        qform: QForm,
     ) -> Result<wgpu::ComputePipeline> {
-        let kind = if self.coop && form != GemmForm::DenseF32 {
-            "gemm_coop"
-        } else {
-            "gemm_q4"
-        };
-        let db = if self.coop && super::gemm_coop::double_buffered(tm, self.dbuf) {
+        let units = self.units(form, qform);
+        let kind = if units { "gemm_coop" } else { "gemm_q4" };
+        let db = if units && super::gemm_coop::double_buffered(tm, self.dbuf) {
             ".double"
         } else {
             ""
         };
-        let aff = match self.form {
+        let aff = match qform {
             QForm::Q4_0 => String::new(),
             f => format!(".{f:?}"),
         };
@@ -406,27 +419,19 @@ impl GemmKernel {
             // SAFETY: the audit above.
             unsafe { ctx.compute_unchecked(&label, src, "main") }
         };
-        match (form, plan) {
-            (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => {
-                let slot = &self.dense[form as usize][(tm == 4) as usize];
-                if let Some(p) = slot.get() {
-                    return Ok(p.clone());
-                }
-                let p = compile(&self.source(form, tm, None))?;
-                Ok(slot.get_or_init(|| p).clone())
-            }
-            (_, Some(pl)) => {
-                let key = (form, tm, pl);
-                let mut cache = self.expert.lock().expect("gemm pipeline cache poisoned");
-                if let Some((_, p)) = cache.iter().find(|(k, _)| *k == key) {
-                    return Ok(p.clone());
-                }
-                let p = compile(&self.source(form, tm, Some(pl)))?;
-                cache.push((key, p.clone()));
-                Ok(p)
-            }
-            _ => Err(GpuError::Shape(format!("gemm {form:?} needs a MoE plan"))),
+        let plan = match (form, plan) {
+            (GemmForm::Dense | GemmForm::DenseAcc | GemmForm::DenseF32, _) => None,
+            (_, Some(pl)) => Some(pl),
+            _ => return Err(GpuError::Shape(format!("gemm {form:?} needs a MoE plan"))),
+        };
+        let key = (form, tm, plan, qform);
+        let mut cache = self.pipes.lock().expect("gemm pipeline cache poisoned");
+        if let Some((_, p)) = cache.iter().find(|(k, _)| *k == key) {
+            return Ok(p.clone());
         }
+        let p = compile(&self.source(form, tm, plan, qform))?;
+        cache.push((key, p.clone()));
+        Ok(p)
     }
 
     /// Check the shapes and create one bind group per weight part, `tm` tokens per thread (2:
@@ -523,34 +528,29 @@ impl GemmKernel {
             return Err(GpuError::Shape("gemm: Y too large for u32 indices".into()));
         }
         need(a.y, y_need, "Y")?;
-        let form_of = |m: &Q4Matrix| {
-            if m.form == self.form {
-                Ok(())
-            } else {
-                Err(GpuError::Shape(format!(
-                    "gemm: a kernel for {} weights bound to a {} matrix",
-                    self.form.name(),
-                    m.form.name()
-                )))
-            }
+        let readable = |m: &Q4Matrix| match m.parts.iter().find(|p| !Self::reads(p.form)) {
+            Some(p) => Err(GpuError::Shape(format!(
+                "gemm: no kernel reads {} weights",
+                p.form.name()
+            ))),
+            None => Ok(()),
         };
         match a.w {
             GemmWeights::Q4(m) => {
-                form_of(m)?;
+                readable(m)?;
                 m.check_layout("gemm")?
             }
             GemmWeights::GateUp { gate, up } => {
-                form_of(gate)?;
-                form_of(up)?;
+                readable(gate)?;
                 gate.check_layout("gemm gate")?;
                 up.check_layout("gemm up")?;
             }
             GemmWeights::F32(f) => f.check_layout("gemm router")?,
         }
-        let pipeline = self.pipeline(ctx, a.form, tm, plan.map(|p| p.1))?;
         let wparts = a.w.parts()?;
         let mut parts = Vec::with_capacity(wparts.len());
-        for (row_start, rows, wentries) in wparts {
+        for (row_start, rows, qform, wentries) in wparts {
+            let pipeline = self.pipeline(ctx, a.form, tm, plan.map(|p| p.1), qform)?;
             let (n, ycol, e_lo, e_hi) = if expert {
                 let per = a.rows_per_expert;
                 if row_start % per != 0 || rows % per != 0 {
@@ -593,10 +593,9 @@ impl GemmKernel {
             }
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
             let bg = ctx.bind_group_at("gemm_q4", &pipeline, &ids, &res)?;
-            parts.push((bg, n.div_ceil(a.form.cols_per_tile())));
+            parts.push((pipeline, bg, n.div_ceil(a.form.cols_per_tile())));
         }
         Ok(GemmBinding {
-            pipeline,
             parts,
             form: a.form,
             tm,
@@ -616,8 +615,8 @@ impl GemmKernel {
         if gy == 0 {
             return;
         }
-        pass.set_pipeline(&b.pipeline);
-        for (bg, gx) in &b.parts {
+        for (pipeline, bg, gx) in &b.parts {
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, gy, b.splits);
         }

@@ -232,29 +232,39 @@ fn gemm_affine_dense_matches_reference() {
             check(&got, &init, &want, true, rows, m, &format!("+= {what}"));
         }
     }
-    // Each form's kernel refuses the other form's matrix.
-    let wa = Q4Matrix::upload_mlx(&ctx, "wa", 4, 64, 1, &[&rand_mlx_a4(&mut r, 4, 64)]).unwrap();
-    let w0 = Q4Matrix::upload(&ctx, "w0", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
-    let (x, y, d) = (
-        ctx.storage("x", 64 * 4 * 4).unwrap(),
-        ctx.storage("y", 64 * 4 * 4).unwrap(),
-        dims(&ctx, 1),
+    // A kernel made for one form reads the other's matrix too, with that form's pipeline
+    // (per part: tensor.rs), and gets the reference.
+    let (m, rows, cols) = (5, 4, 64);
+    let (ba, b0) = (
+        rand_mlx_a4(&mut r, rows, cols),
+        rand_q4_0(&mut r, rows, cols),
     );
+    let wa = Q4Matrix::upload_mlx(&ctx, "wa", rows, cols, 1, &[&ba]).unwrap();
+    let w0 = Q4Matrix::upload(&ctx, "w0", rows, cols, 1, &[&b0]).unwrap();
     let q4_0 = GemmKernel::new(&ctx).unwrap();
-    for (kern, w, name) in [(&ks[0], &w0, "Q4_0"), (&q4_0, &wa, "affine")] {
-        let a = dense_args(GemmForm::Dense, GemmWeights::Q4(w), (&x, &y), 4, 4, &d);
-        let e = kern
-            .bind(&ctx, &a, 2)
-            .err()
-            .expect("the other form")
-            .to_string();
-        assert!(e.contains(&format!("bound to a {name}")), "{e}");
+    let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+    let init = vec![f32::NAN; (m + PAD_ROWS) * (rows + PAD_COLS)];
+    for (kern, w, dt, b) in [
+        (&ks[0], &w0, DType::Q4_0, &b0),
+        (&q4_0, &wa, DType::MLX_A4, &ba),
+    ] {
+        let want = reference(&dequant(dt, b, rows, cols), rows, cols, &x, m);
+        let got = run_dense(&ctx, kern, GemmWeights::Q4(w), &x, m, 2, false, &init);
+        check(
+            &got,
+            &init,
+            &want,
+            false,
+            rows,
+            m,
+            &format!("{dt:?} in another's kernel"),
+        );
     }
 }
 
 /// The byte form (Q8_0, f32 fmas only: `with_form` keeps it off the matrix units) against the
-/// same reference: `=` and `+=`, both tile heights, odd shapes, a split matrix; a Q4_0 kernel
-/// refuses a Q8_0 matrix by name.
+/// same reference: `=` and `+=`, both tile heights, odd shapes, a split matrix; a kernel made
+/// for Q4_0 (on matrix units where the device has them) reads a Q8_0 matrix on f32 fmas.
 #[test]
 fn gemm_q8_dense_matches_reference() {
     let Some(ctx) = gpu("gemm_q8_dense_matches_reference") else {
@@ -294,28 +304,15 @@ fn gemm_q8_dense_matches_reference() {
             check(&got, &init, &want, true, rows, m, &format!("+= {what}"));
         }
     }
-    let w8 = Q4Matrix::upload_q8_0(
-        &ctx,
-        "w8",
-        4,
-        64,
-        1,
-        &[&crate::testing::rand_q8_0(&mut r, 4, 64)],
-    )
-    .unwrap();
-    let (x, y, d) = (
-        ctx.storage("x", 64 * 4 * 4).unwrap(),
-        ctx.storage("y", 64 * 4 * 4).unwrap(),
-        dims(&ctx, 1),
-    );
-    let a = dense_args(GemmForm::Dense, GemmWeights::Q4(&w8), (&x, &y), 4, 4, &d);
-    let e = GemmKernel::new(&ctx)
-        .unwrap()
-        .bind(&ctx, &a, 2)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(e.contains("bound to a Q8_0"), "{e}");
+    let (m, rows, cols) = (5, 4, 64);
+    let b8 = crate::testing::rand_q8_0(&mut r, rows, cols);
+    let w8 = Q4Matrix::upload_q8_0(&ctx, "w8", rows, cols, 1, &[&b8]).unwrap();
+    let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
+    let init = vec![f32::NAN; (m + PAD_ROWS) * (rows + PAD_COLS)];
+    let want = reference(&dequant(DType::Q8_0, &b8, rows, cols), rows, cols, &x, m);
+    let q4_0 = GemmKernel::new(&ctx).unwrap();
+    let got = run_dense(&ctx, &q4_0, GemmWeights::Q4(&w8), &x, m, 2, false, &init);
+    check(&got, &init, &want, false, rows, m, "Q8_0 in a Q4_0 kernel");
 }
 
 /// A matrix split over 15 bindings gives the same Y as the reference (one dispatch per part,
@@ -487,27 +484,35 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
     use crate::kernels::gemm_reduce::{GemmReduceArgs, GemmReduceKernel};
     let red = GemmReduceKernel::new(&ctx).unwrap();
     let mut r = rng(75);
-    for (m, rows, cols, want_splits, form) in [
-        (37usize, 300usize, 256usize, 8u32, QForm::Q4_0),
-        (3, 130, 2048, 4, QForm::Q4_0),
-        (37, 300, 256, 8, QForm::Affine4),
-        (25, 5120, 2048, 8, QForm::Affine4),
-        (37, 300, 256, 8, QForm::Q8_0),
-        (25, 5120, 2048, 8, QForm::Q8_0),
-        (37, 300, 256, 8, QForm::Affine8),
-        (37, 300, 512, 8, QForm::Q6K),
-        (25, 5120, 2048, 8, QForm::Q6K),
-        (37, 300, 512, 8, QForm::Q4K),
-        (25, 5120, 2048, 8, QForm::Q4K),
+    for (m, rows, cols, want_splits, form, stacked) in [
+        (37usize, 300usize, 256usize, 8u32, QForm::Q4_0, false),
+        (3, 130, 2048, 4, QForm::Q4_0, false),
+        (37, 300, 256, 8, QForm::Affine4, false),
+        (25, 5120, 2048, 8, QForm::Affine4, false),
+        (37, 300, 256, 8, QForm::Q8_0, false),
+        (25, 5120, 2048, 8, QForm::Q8_0, false),
+        (37, 300, 256, 8, QForm::Affine8, false),
+        (37, 300, 512, 8, QForm::Q6K, false),
+        (25, 5120, 2048, 8, QForm::Q6K, false),
+        (37, 300, 512, 8, QForm::Q4K, false),
+        (25, 5120, 2048, 8, QForm::Q4K, false),
+        // A `Q4_K_M` qkv (q and k Q4_K, v Q6_K: two parts of two forms), 2 tokens too.
+        (25, 5120, 2048, 8, QForm::Q6K, true),
+        (2, 5120, 2048, 8, QForm::Q6K, true),
     ] {
-        // Every block form (at the real qkv's shape too).
-        let ks = test_kernels_for(&ctx, form);
+        // Every block form (at the real qkv's shape too); stacked: the last 512 rows in
+        // `form` under Q4_K ones.
+        let pieces = match stacked {
+            true => vec![(QForm::Q4K, rows - 512), (form, 512)],
+            false => vec![(form, rows)],
+        };
+        let forms: Vec<QForm> = pieces.iter().map(|p| p.0).collect();
+        let ks = test_kernels_for_forms(&ctx, &forms);
         let bpr = (cols / 32) as u32;
         let splits = k_splits(bpr, want_splits);
         assert!(splits > 1);
-        let (wb, dt) = crate::testing::rand_form(&mut r, form, rows, cols);
-        let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
-        let deq = dequant(dt, &wb, rows, cols);
+        let (w, deq) = crate::testing::rand_stack(&ctx, &mut r, &pieces, cols);
+        assert_eq!(w.form().is_none(), stacked);
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
         let (yr, stride) = (m + PAD_ROWS, rows + PAD_COLS);
@@ -560,7 +565,7 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
             .unwrap();
             let got = ctx.read_f32(&y, yr * stride).unwrap();
             let what = format!(
-                "q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}, kernel {ki}, {form:?}"
+                "q4 m {m} [{rows}, {cols}] in {splits} K splits, acc {acc}, kernel {ki}, {forms:?}"
             );
             check(&got, &init, &want, acc, rows, m, &what);
         }
@@ -664,11 +669,16 @@ fn gemm_onehot_probe() {
 /// The kernels for weights of the block form `form`: the default, and where the device has
 /// matrix units for the form also their double-buffered form and the f32 kernel.
 pub(crate) fn test_kernels_for(ctx: &Context, form: QForm) -> Vec<GemmKernel> {
-    let mut ks = vec![GemmKernel::with_form(ctx, true, form).unwrap()];
+    test_kernels_for_forms(ctx, &[form])
+}
+
+/// [`test_kernels_for`] with kernels reading any of `forms` (a model of several).
+pub(crate) fn test_kernels_for_forms(ctx: &Context, forms: &[QForm]) -> Vec<GemmKernel> {
+    let mut ks = vec![GemmKernel::with_forms(ctx, true, forms).unwrap()];
     if ks[0].coop() {
-        let k = GemmKernel::with_form(ctx, true, form).unwrap();
+        let k = GemmKernel::with_forms(ctx, true, forms).unwrap();
         ks.push(k.with_double_buffer(ctx, true).unwrap());
-        ks.push(GemmKernel::with_form(ctx, false, form).unwrap());
+        ks.push(GemmKernel::with_forms(ctx, false, forms).unwrap());
     }
     ks
 }

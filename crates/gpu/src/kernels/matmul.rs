@@ -189,8 +189,8 @@ pub struct MatmulArgs<'a> {
 
 /// Bind groups (one per matrix part) of one matmul, ready to record.
 pub struct MatmulBinding {
-    pipeline: wgpu::ComputePipeline,
-    dispatches: Vec<(wgpu::BindGroup, (u32, u32))>,
+    /// Per matrix part: the pipeline of its block form, its bind group and grid.
+    dispatches: Vec<(wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32))>,
 }
 
 impl MatmulBinding {
@@ -596,11 +596,11 @@ impl MatmulKernel {
                 )
             }
         };
-        // Every block form: the matrix says which (pipelines compiled on first use).
-        let pipeline = self.pipeline(ctx, a.input.form(), tile_index, a.m.form)?;
         let bpr = a.m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(a.m.parts.len());
         for part in &a.m.parts {
+            // Every block form: each part says which (pipelines compiled on first use).
+            let pipeline = self.pipeline(ctx, a.input.form(), tile_index, part.form)?;
             let grid = ctx.grid(part.rows.div_ceil(tile.rows_per_workgroup()));
             // Params of matmul_q4f.wgsl.
             let words = [
@@ -624,18 +624,15 @@ impl MatmulKernel {
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
             let bg = ctx.bind_group_at("matmul_q4f", &pipeline, &ids, &res)?;
-            dispatches.push((bg, grid));
+            dispatches.push((pipeline, bg, grid));
         }
-        Ok(MatmulBinding {
-            pipeline,
-            dispatches,
-        })
+        Ok(MatmulBinding { dispatches })
     }
 
     /// Record the dispatches (one per matrix part).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &MatmulBinding) {
-        pass.set_pipeline(&b.pipeline);
-        for (bg, (gx, gy)) in &b.dispatches {
+        for (pipeline, bg, (gx, gy)) in &b.dispatches {
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, *gy, 1);
         }

@@ -16,10 +16,10 @@
 //! extra workgroups of the same dispatch (`Fused::Router`, kernels/router_fold.rs). The WGSL
 //! those forms are assembled from is in matvec_wgsl.rs.
 
-use super::matvec_wgsl::{bfp_quant_wgsl, f32_input, q4f_body, q4f_input};
+use super::matvec_wgsl::{f32_input, q4f_body, q4f_input};
 use super::warm;
 use crate::context::{Context, GpuError, Result};
-use crate::numerics::{act_in_wgsl, BfpActs, Numerics, BFP_DOT, BFP_GLOBAL_IN};
+use crate::numerics::{act_in_wgsl, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
 use crate::tensor::{F32Matrix, Q4Matrix, Q4Part, QForm, BLOCK};
 
@@ -62,8 +62,9 @@ pub(crate) const F32_WIDE_COLS: u32 = 2048;
 
 /// Bind groups (one per matrix part) of one matvec, ready to record.
 pub struct MatvecBinding {
-    pipeline: Which,
-    dispatches: Vec<(wgpu::BindGroup, (u32, u32))>,
+    /// Per matrix part: its pipeline (the int4 x f32 forms' for the part's block form), bind
+    /// group and grid.
+    dispatches: Vec<(Which, wgpu::BindGroup, (u32, u32))>,
 }
 
 /// What an int4 x f32 matvec does around the product.
@@ -97,12 +98,13 @@ impl Fused {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Which {
     /// int4 x quantised activations: numerics, two rows per team ([`Q4_ROWS_PER_TEAM`]).
     Q4(Numerics, bool),
-    /// int4 x f32 activations: index into [`F32_ROWS_PER_TEAM`], fused op.
-    Q4F(usize, Fused),
+    /// int4 x f32 activations: index into [`F32_ROWS_PER_TEAM`], fused op, and the block
+    /// form's slot in [`MatvecKernel`]'s `forms`.
+    Q4F(usize, Fused, usize),
     /// f32 matrix: wide (one row per workgroup) or not, norm-on-load or not.
     F32(bool, bool),
 }
@@ -160,16 +162,17 @@ pub struct MatvecKernel {
     /// One block-per-lane pipeline per activation form, in [`Numerics::ALL`] order (f32
     /// activations take `q4f`, and this form only past [`NORM_ON_LOAD_MAX`] columns).
     q4: Vec<wgpu::ComputePipeline>,
-    /// int4 x f32, `[fused.index() * 3 + rows-per-team index]`.
-    q4f: Vec<wgpu::ComputePipeline>,
+    /// int4 x f32, `[form slot][fused.index() * 3 + rows-per-team index]`.
+    q4f: Vec<Vec<wgpu::ComputePipeline>>,
     /// f32 matrix: `[wide as usize * 2 + norm as usize]` (8 rows x 32 lanes, or one row x 256).
     f32: Vec<wgpu::ComputePipeline>,
     /// `(rows, rows per team)`: the int4 x f32 split for matrices of that many rows instead of
     /// [`f32_rows_per_team`] (comparisons: [`crate::tune::Tune`]).
     rows_override: Vec<(u32, u32)>,
-    /// The block form of the matrices the int4 x f32 forms read; the quantised-activation
-    /// forms (`q4`) read Q4_0 only.
-    form: QForm,
+    /// The block forms of the matrices the int4 x f32 forms read, one `q4f` slot each (a
+    /// matrix's parts may differ: each part's dispatch takes its own); the
+    /// quantised-activation forms (`q4`) read Q4_0 only.
+    forms: Vec<QForm>,
 }
 
 fn q4_index(n: Numerics) -> usize {
@@ -216,13 +219,26 @@ impl MatvecKernel {
         late_norm: bool,
         form: QForm,
     ) -> Result<MatvecKernel> {
+        Self::with_forms(ctx, numerics, late_norm, &[form])
+    }
+
+    /// [`Self::with_form`] for matrices of any of `forms` (a model whose tensors differ in
+    /// type): the int4 x f32 pipelines are compiled once per form.
+    pub fn with_forms(
+        ctx: &Context,
+        numerics: Numerics,
+        late_norm: bool,
+        forms: &[QForm],
+    ) -> Result<MatvecKernel> {
         let bfp = numerics == Numerics::Bfp24;
-        if bfp && form != QForm::Q4_0 {
+        if let Some(f) = forms.iter().find(|f| bfp && **f != QForm::Q4_0) {
             return Err(GpuError::Shape(format!(
                 "matvec: the bfp24 numerics read Q4_0 matrices only, not {}",
-                form.name()
+                f.name()
             )));
         }
+        let mut forms = forms.to_vec();
+        forms.dedup();
         let src = |s: &str| with_state(s);
         let body = include_str!("../shaders/matvec_q4.wgsl");
         let q4 = Numerics::ALL
@@ -255,72 +271,86 @@ impl MatvecKernel {
                 )?);
             }
         }
-        let mut q4f = Vec::with_capacity(Fused::ALL.len() * F32_ROWS_PER_TEAM.len());
-        for f in Fused::ALL {
-            for r in F32_ROWS_PER_TEAM {
-                let label = format!("matvec_q4f.r{r}.{f:?}{}", if bfp { ".bfp" } else { "" });
-                let wgsl = src(&format!(
-                    "{}const R: u32 = {r}u;\n{}",
-                    q4f_input(
-                        f,
-                        bfp,
-                        late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
-                    ),
-                    q4f_body(r, form)
-                ));
-                // Compiled without naga's runtime bounds checks: with them the whole decode
-                // step (qkv, o-proj + folded router, lm_head) ran 6.8% slower on the H200
-                // (docs/BENCHMARKS.md run 113).
-                // SAFETY: every index of matvec_q4f.wgsl and its snippets (matvec_wgsl.rs) stays
-                // in bounds for every binding this kernel makes, because its only binders
-                // (`bind_q4_parts`, `bind_q4_router`, `bind_q4_norm_warm`) check on the host:
-                // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
-                //   each part's qs >= part rows * bpr blocks of the form (`QB`s) and scales >= ceil(that / 2) words,
-                //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
-                //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both (the affine
-                //   form reads the same scale word, blk >> 1, as Q4_0's `scale(blk)`);
-                // - `y` holds m.rows floats (`check_out`) and stores go to row_start + row with
-                //   row < part rows, row_start + part rows <= m.rows;
-                // - the staged input has bpr * 8 = cols / 4 vec4s, cols <= NORM_ON_LOAD_MAX (so
-                //   below nol_xs' 1024 slots; the swizzle permutes within a group of 8, and
-                //   n4 is a multiple of 8), read from act_x / nol_h / nol_w which hold cols
-                //   floats (`check_x`, `check_norm_input`); bfp24's bfp_amax / bfp_ps /
-                //   bfp_d are indexed below n4 / n4 / n4 / 8, each thread's i = li + 256 t < n4;
-                // - red (8R TP >= 264 floats): row partials at (team R + i) TP + lane with
-                //   team < 8, i < R, lane < T, sums of li < 8R over j < T; nol_red's
-                //   li + li / 16 <= 270 < 272, 17 li + j <= 270 for li, j < 16;
-                // - the folded router's workgroups (wg >= p1): e = wg - p1 is used only when
-                //   e < p2 = E; fold_w holds E (cols + rows) floats, c < c4 = cols/4 + rows/4,
-                //   act_x read below cols / 4, fold_h (rows floats) below rows / 4; its tree
-                //   reads red[li + st] < 256; fold_z holds E;
-                // - the warm workgroups index their bindings below arrayLength (warm.rs);
-                // - loops run to bpr, n4, T or constants, and every divisor is a constant.
-                q4f.push(unsafe { ctx.compute_unchecked(&label, &wgsl, "main")? });
+        let mut q4f = Vec::with_capacity(forms.len());
+        for &form in &forms {
+            let mut pipes = Vec::with_capacity(Fused::ALL.len() * F32_ROWS_PER_TEAM.len());
+            for f in Fused::ALL {
+                for r in F32_ROWS_PER_TEAM {
+                    let label = format!(
+                        "matvec_q4f.r{r}.{f:?}.{}{}",
+                        form.name(),
+                        if bfp { ".bfp" } else { "" }
+                    );
+                    let wgsl = src(&format!(
+                        "{}const R: u32 = {r}u;\n{}",
+                        q4f_input(
+                            f,
+                            bfp,
+                            late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
+                        ),
+                        q4f_body(r, form)
+                    ));
+                    // Compiled without naga's runtime bounds checks: with them the whole decode
+                    // step (qkv, o-proj + folded router, lm_head) ran 6.8% slower on the H200
+                    // (docs/BENCHMARKS.md run 113).
+                    // SAFETY: every index of matvec_q4f.wgsl and its snippets (matvec_wgsl.rs) stays
+                    // in bounds for every binding this kernel makes, because its only binders
+                    // (`bind_q4_parts`, `bind_q4_router`, `bind_q4_norm_warm`) check on the host:
+                    // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
+                    //   each part's qs >= part rows * bpr blocks of the form (`QB`s) and scales >= ceil(that / 2) words,
+                    //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
+                    //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both (the affine
+                    //   form reads the same scale word, blk >> 1, as Q4_0's `scale(blk)`);
+                    // - `y` holds m.rows floats (`check_out`) and stores go to row_start + row with
+                    //   row < part rows, row_start + part rows <= m.rows;
+                    // - the staged input has bpr * 8 = cols / 4 vec4s, cols <= NORM_ON_LOAD_MAX (so
+                    //   below nol_xs' 1024 slots; the swizzle permutes within a group of 8, and
+                    //   n4 is a multiple of 8), read from act_x / nol_h / nol_w which hold cols
+                    //   floats (`check_x`, `check_norm_input`); bfp24's bfp_amax / bfp_ps /
+                    //   bfp_d are indexed below n4 / n4 / n4 / 8, each thread's i = li + 256 t < n4;
+                    // - red (8R TP >= 264 floats): row partials at (team R + i) TP + lane with
+                    //   team < 8, i < R, lane < T, sums of li < 8R over j < T; nol_red's
+                    //   li + li / 16 <= 270 < 272, 17 li + j <= 270 for li, j < 16;
+                    // - the folded router's workgroups (wg >= p1): e = wg - p1 is used only when
+                    //   e < p2 = E; fold_w holds E (cols + rows) floats, c < c4 = cols/4 + rows/4,
+                    //   act_x read below cols / 4, fold_h (rows floats) below rows / 4; its tree
+                    //   reads red[li + st] < 256; fold_z holds E;
+                    // - the warm workgroups index their bindings below arrayLength (warm.rs);
+                    // - loops run to bpr, n4, T or constants, and every divisor is a constant.
+                    pipes.push(unsafe { ctx.compute_unchecked(&label, &wgsl, "main")? });
+                }
             }
+            q4f.push(pipes);
         }
         Ok(MatvecKernel {
             q4,
             q4f,
             f32,
             rows_override: Vec::new(),
-            form,
+            forms,
         })
     }
 
-    /// Error unless `m`'s block form is the one this kernel's `which` pipeline reads.
-    fn check_form(&self, m: &Q4Matrix, which: Which, what: &str) -> Result<()> {
-        let reads = match which {
-            Which::Q4F(..) => self.form,
-            _ => QForm::Q4_0,
+    /// `which` for a part of block form `form`: the int4 x f32 pipelines of that form; an
+    /// error unless this kernel reads it (the quantised-activation ones read Q4_0 only).
+    fn for_form(&self, which: Which, form: QForm, what: &str) -> Result<Which> {
+        let reads = |names: String| {
+            GpuError::Shape(format!(
+                "{what}: this pipeline reads {names} matrices, the matrix is {}",
+                form.name()
+            ))
         };
-        if m.form != reads {
-            return Err(GpuError::Shape(format!(
-                "{what}: this pipeline reads {} matrices, the matrix is {}",
-                reads.name(),
-                m.form.name()
-            )));
+        match which {
+            Which::Q4F(r, f, _) => match self.forms.iter().position(|g| *g == form) {
+                Some(slot) => Ok(Which::Q4F(r, f, slot)),
+                None => {
+                    let names: Vec<&str> = self.forms.iter().map(|f| f.name()).collect();
+                    Err(reads(names.join(" or ")))
+                }
+            },
+            w if form == QForm::Q4_0 => Ok(w),
+            _ => Err(reads(QForm::Q4_0.name().into())),
         }
-        Ok(())
     }
 
     /// This kernel with matrices of `rows` rows bound at `rows_per_team` (int4 x f32 forms;
@@ -386,7 +416,7 @@ impl MatvecKernel {
         let (which, entries) = match x {
             // The staged form holds at most NORM_ON_LOAD_MAX activations in shared memory.
             Act::F32(xb) if m.cols <= NORM_ON_LOAD_MAX => (
-                Which::Q4F(rows_index(rows_per_team)?, Fused::Plain),
+                Which::Q4F(rows_index(rows_per_team)?, Fused::Plain, 0),
                 vec![(2, xb.as_entire_binding())],
             ),
             _ => (Which::Q4(x.numerics(), rows_per_team >= 2), x.entries(2, 3)),
@@ -411,7 +441,7 @@ impl MatvecKernel {
             )));
         }
         let rpt = self.rows_per_team(m.rows);
-        let which = Which::Q4F(rows_index(rpt)?, Fused::Acc);
+        let which = Which::Q4F(rows_index(rpt)?, Fused::Acc, 0);
         let entries = vec![(2, x.as_entire_binding())];
         self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, 0.0)
     }
@@ -449,8 +479,12 @@ impl MatvecKernel {
             )));
         }
         let rpt = self.rows_per_team(m.rows);
-        let which = Which::Q4F(rows_index(rpt)?, Fused::Router);
-        self.check_form(m, which, "matvec_q4 (router)")?;
+        let part = &m.parts[0];
+        let which = self.for_form(
+            Which::Q4F(rows_index(rpt)?, Fused::Router, 0),
+            part.form,
+            "matvec_q4 (router)",
+        )?;
         let n_rows = m.rows.div_ceil(8 * rpt);
         let grid = ctx.grid(n_rows + experts);
         let words = [
@@ -464,7 +498,6 @@ impl MatvecKernel {
             m.cols / 4,
         ];
         let p = ctx.uniform("matvec.params", bytemuck::cast_slice(&words))?;
-        let part = &m.parts[0];
         let entries = [
             (0, part.qs.as_entire_binding()),
             (1, part.scales.as_entire_binding()),
@@ -479,8 +512,7 @@ impl MatvecKernel {
         let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
         let bg = ctx.bind_group_at("matvec_q4.router", self.pipeline(which), &ids, &res)?;
         Ok(MatvecBinding {
-            pipeline: which,
-            dispatches: vec![(bg, grid)],
+            dispatches: vec![(which, bg, grid)],
         })
     }
 
@@ -495,7 +527,7 @@ impl MatvecKernel {
     ) -> Result<MatvecBinding> {
         check_norm_input(&x, m.cols, "matvec_q4 (norm)")?;
         let rpt = self.rows_per_team(m.rows);
-        let which = Which::Q4F(rows_index(rpt)?, Fused::Norm);
+        let which = Which::Q4F(rows_index(rpt)?, Fused::Norm, 0);
         let entries = vec![
             (2, x.h.as_entire_binding()),
             (3, x.weight.as_entire_binding()),
@@ -527,8 +559,11 @@ impl MatvecKernel {
             )));
         };
         let rpt = self.rows_per_team(m.rows);
-        let which = Which::Q4F(rows_index(rpt)?, Fused::NormWarm);
-        self.check_form(m, which, "matvec_q4 (norm, warm)")?;
+        let which = self.for_form(
+            Which::Q4F(rows_index(rpt)?, Fused::NormWarm, 0),
+            part.form,
+            "matvec_q4 (norm, warm)",
+        )?;
         let n_rows = m.rows.div_ceil(8 * rpt);
         let grid = ctx.grid(n_rows + warm::workgroups(warm_part));
         let words = [
@@ -555,8 +590,7 @@ impl MatvecKernel {
         let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
         let bg = ctx.bind_group_at("matvec_q4.norm_warm", self.pipeline(which), &ids, &res)?;
         Ok(MatvecBinding {
-            pipeline: which,
-            dispatches: vec![(bg, grid)],
+            dispatches: vec![(which, bg, grid)],
         })
     }
 
@@ -573,7 +607,6 @@ impl MatvecKernel {
         eps: f32,
     ) -> Result<MatvecBinding> {
         m.check_layout("matvec_q4")?;
-        self.check_form(m, which, "matvec_q4")?;
         check_out(y, m.rows, "matvec_q4")?;
         let rows_per_wg = match which {
             Which::Q4F(..) => 8 * rows_per_team,
@@ -583,6 +616,7 @@ impl MatvecKernel {
         let bpr = m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
+            let which = self.for_form(which, part.form, "matvec_q4")?;
             let (p, grid) = params(ctx, part.rows, bpr, part.row_start, rows_per_wg, eps)?;
             let mut entries = vec![
                 (0, part.qs.as_entire_binding()),
@@ -594,12 +628,9 @@ impl MatvecKernel {
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
             let bg = ctx.bind_group_at("matvec_q4", self.pipeline(which), &ids, &res)?;
-            dispatches.push((bg, grid));
+            dispatches.push((which, bg, grid));
         }
-        Ok(MatvecBinding {
-            pipeline: which,
-            dispatches,
-        })
+        Ok(MatvecBinding { dispatches })
     }
 
     /// `y[0..rows] = m · x` for an f32 matrix `[rows, cols]` and f32 `x[cols]`.
@@ -683,81 +714,31 @@ impl MatvecKernel {
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
             let bg = ctx.bind_group_at("matvec_f32", self.pipeline(which), &ids, &res)?;
-            dispatches.push((bg, grid));
+            dispatches.push((which, bg, grid));
         }
-        Ok(MatvecBinding {
-            pipeline: which,
-            dispatches,
-        })
+        Ok(MatvecBinding { dispatches })
     }
 
     fn pipeline(&self, w: Which) -> &wgpu::ComputePipeline {
         match w {
             Which::Q4(n, two) => &self.q4[q4_index(n) * Q4_ROWS_PER_TEAM.len() + two as usize],
-            Which::Q4F(ri, f) => &self.q4f[f.index() * F32_ROWS_PER_TEAM.len() + ri],
+            Which::Q4F(ri, f, slot) => &self.q4f[slot][f.index() * F32_ROWS_PER_TEAM.len() + ri],
             Which::F32(wide, norm) => &self.f32[wide as usize * 2 + norm as usize],
         }
     }
 
     /// Record the dispatches (one per matrix part).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &MatvecBinding) {
-        pass.set_pipeline(self.pipeline(b.pipeline));
-        for (bg, (gx, gy)) in &b.dispatches {
+        let mut last = None;
+        for (which, bg, (gx, gy)) in &b.dispatches {
+            // Parts of one form share a pipeline: set it once for them.
+            if last != Some(*which) {
+                pass.set_pipeline(self.pipeline(*which));
+                last = Some(*which);
+            }
             pass.set_bind_group(0, bg, &[]);
             pass.dispatch_workgroups(*gx, *gy, 1);
         }
-    }
-}
-
-/// The bfp24 conversion dispatch: `rmsnorm(h)` into [`BfpActs`] by one workgroup (the same
-/// blocks the bfp24 norm-on-load matvec stages), for matvecs that then read it as
-/// [`Act::Bfp`] with no per-workgroup staging (`--tune head=3`: the lm_head).
-pub struct BfpQuantKernel {
-    pipeline: wgpu::ComputePipeline,
-}
-
-/// One bound conversion, ready to record.
-pub struct BfpQuantBinding {
-    bind_group: wgpu::BindGroup,
-}
-
-impl BfpQuantKernel {
-    pub fn new(ctx: &Context) -> Result<Self> {
-        let src = with_state(&bfp_quant_wgsl());
-        Ok(BfpQuantKernel {
-            pipeline: ctx.compute("bfp_quant", &src, "main")?,
-        })
-    }
-
-    /// `out = bfp24(rmsnorm(x.h))` for `out.n` elements (at most [`NORM_ON_LOAD_MAX`]).
-    pub fn bind(
-        &self,
-        ctx: &Context,
-        x: NormInput<'_>,
-        out: &BfpActs,
-        state: &wgpu::Buffer,
-    ) -> Result<BfpQuantBinding> {
-        check_norm_input(&x, out.n, "bfp_quant")?;
-        let words = [out.n / 4, x.eps.to_bits(), 0, 0];
-        let p = ctx.uniform("bfp_quant.params", bytemuck::cast_slice(&words))?;
-        let ids = [0, 1, 2, 3, 4, 5];
-        let res = [
-            state.as_entire_binding(),
-            p.as_entire_binding(),
-            x.h.as_entire_binding(),
-            x.weight.as_entire_binding(),
-            out.parts.as_entire_binding(),
-            out.recs.as_entire_binding(),
-        ];
-        Ok(BfpQuantBinding {
-            bind_group: ctx.bind_group_at("bfp_quant", &self.pipeline, &ids, &res)?,
-        })
-    }
-
-    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, b: &BfpQuantBinding) {
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &b.bind_group, &[]);
-        pass.dispatch_workgroups(1, 1, 1);
     }
 }
 
@@ -797,3 +778,7 @@ pub(crate) fn check_norm_input(x: &NormInput<'_>, cols: u32, what: &str) -> Resu
 #[path = "matvec_ref.rs"]
 mod reference;
 pub use reference::{matvec_f32_ref, matvec_q4_i8_ref};
+
+#[path = "matvec_bfp.rs"]
+mod bfp;
+pub use bfp::{BfpQuantBinding, BfpQuantKernel};

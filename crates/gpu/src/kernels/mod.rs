@@ -21,6 +21,8 @@ pub mod matvec;
 #[cfg(test)]
 mod matvec_tests;
 mod matvec_wgsl;
+#[cfg(test)]
+mod mixed_tests;
 pub mod moe;
 pub mod moe_prefill;
 pub mod norm;

@@ -135,8 +135,9 @@ pub struct MoeKernel {
     /// compiled constants (`unchecked_staged`).
     params: MoeParams,
     numerics: Numerics,
-    /// The block form of the expert matrices the kernels read.
-    form: QForm,
+    /// The block forms of the expert matrices the kernels read: gate and up's, down's (a
+    /// `Q4_K_M` file's down is Q6_K in some layers; [`super::MoeSet`] holds a kernel per pair).
+    forms: (QForm, QForm),
     /// Lanes per row of the compiled gate/up and down, and down's rows per workgroup (the grids
     /// follow from them).
     gate_up_t: u32,
@@ -202,6 +203,8 @@ pub struct MoeBinding {
     /// One per weight part.
     gate_up: Vec<wgpu::BindGroup>,
     down: Vec<wgpu::BindGroup>,
+    /// Which of a [`super::MoeSet`]'s kernels records it (0 from a lone kernel's binders).
+    pub(super) kernel: usize,
 }
 
 impl MoeBinding {
@@ -235,17 +238,6 @@ fn consts_rows(p: &MoeParams, t: u32, rg: u32, cols: u32) -> String {
         c("KNB", p.top_k * cols / BLOCK as u32),
     ]
     .concat()
-}
-
-/// Experts `[lo, hi)` held by `part` of a matrix with `per` rows per expert.
-fn expert_range(part: &crate::tensor::Q4Part, per: u32, what: &str) -> Result<(u32, u32)> {
-    if part.row_start % per != 0 || part.rows % per != 0 {
-        return Err(GpuError::Shape(format!(
-            "{what}: part at row {} with {} rows splits an expert of {per} rows",
-            part.row_start, part.rows
-        )));
-    }
-    Ok((part.row_start / per, (part.row_start + part.rows) / per))
 }
 
 /// Compile a staged f32 MoE source (moe_gate_up_f32.wgsl or moe_down_f32.wgsl with their
@@ -326,8 +318,9 @@ impl MoeKernel {
     }
 
     /// As [`Self::with_f32_tuning`] for expert matrices of the given block form (tensor.rs).
-    /// Only the staged f32 kernels read a form other than Q4_0, e.g. the affine one (not the quantised numerics, not the unstaged f32 kernels, not the union
-    /// forms over columns): anything else is an error here or at binding.
+    /// Only the staged f32 kernels read a form other than Q4_0, e.g. the affine one (not the
+    /// quantised numerics, not the unstaged f32 kernels, not the union forms over columns):
+    /// anything else is an error here or at binding.
     pub fn with_form(
         ctx: &Context,
         params: MoeParams,
@@ -335,6 +328,19 @@ impl MoeKernel {
         tune: F32Tuning,
         form: QForm,
     ) -> Result<Self> {
+        Self::with_forms(ctx, params, numerics, tune, (form, form))
+    }
+
+    /// [`Self::with_form`] with gate and up of one block form and down of another
+    /// (`(gate_up, down)`).
+    pub fn with_forms(
+        ctx: &Context,
+        params: MoeParams,
+        numerics: Numerics,
+        tune: F32Tuning,
+        forms: (QForm, QForm),
+    ) -> Result<Self> {
+        let (gu_form, down_form) = forms;
         params.validate()?;
         tune.validate()?;
         let p = &params;
@@ -368,11 +374,14 @@ impl MoeKernel {
             f32 && gate_up_f32_shared(p, gu_rows) <= budget,
             f32 && down_f32_shared(p, tune.down_lanes, tune.down_rows, want) <= budget,
         );
-        if form != QForm::Q4_0 && staged != (true, true) {
+        if let Some(f) = [gu_form, down_form]
+            .into_iter()
+            .find(|f| *f != QForm::Q4_0 && staged != (true, true))
+        {
             return Err(GpuError::Shape(format!(
                 "MoE at {params:?} with {numerics} activations: the {} form is read by the \
                  staged f32 kernels only (staged {staged:?})",
-                form.name()
+                f.name()
             )));
         }
         let route = include_str!("../shaders/moe_route.wgsl");
@@ -394,11 +403,11 @@ impl MoeKernel {
                  const DW_SB: u32 = {}u;\n{route}{F32_DEQ}{STAGE}{COLUMNS_WGSL}{}{}",
                 consts_rows(p, gate_up_t, gate_up_rows, p.hidden),
                 tune.late_norm,
-                down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows), form),
-                form.block_bytes() / 16,
-                form.scale_word_bytes(),
-                form.wgsl(),
-                form.with_dot(include_str!("../shaders/moe_gate_up_f32.wgsl"))
+                down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows), down_form),
+                down_form.block_bytes() / 16,
+                down_form.scale_word_bytes(),
+                gu_form.wgsl(),
+                gu_form.with_dot(include_str!("../shaders/moe_gate_up_f32.wgsl"))
             )
         } else {
             format!(
@@ -438,7 +447,7 @@ impl MoeKernel {
                 c("KS", p.top_k / ds),
                 c("KSNB", p.top_k / ds * p.inter / BLOCK as u32),
                 c("NRB", nrb),
-                down_f32_body(p, down_t, down_rows, ds, form)
+                down_f32_body(p, down_t, down_rows, ds, down_form)
             )
         } else {
             format!(
@@ -477,7 +486,7 @@ impl MoeKernel {
         Ok(MoeKernel {
             params,
             numerics,
-            form,
+            forms,
             gate_up_t,
             gate_up_rows,
             down_rows_per_wg,
@@ -594,7 +603,13 @@ impl MoeKernel {
             router,
             gate_up,
             down,
+            kernel: 0,
         })
+    }
+
+    /// The block forms it reads: `(gate and up, down)`.
+    pub fn forms(&self) -> (QForm, QForm) {
+        self.forms
     }
 
     /// Whether [`Self::bind_folded`] is available (both stages are the staged f32 kernels).
@@ -699,69 +714,13 @@ impl MoeKernel {
     }
 }
 
-/// Error unless `buf` holds at least `bytes`.
-fn need(buf: &wgpu::Buffer, bytes: u64, what: &str) -> Result<()> {
-    if buf.size() < bytes {
-        return Err(GpuError::Shape(format!(
-            "MoE {what}: {} bytes, need {bytes}",
-            buf.size()
-        )));
-    }
-    Ok(())
-}
-
-/// Params uniform of gate/up part `n` (gate part `g`, up part `u`, `i` rows per expert): the
-/// experts it holds, and whether it writes the route (the first part only).
-fn gate_up_params(
-    ctx: &Context,
-    g: &crate::tensor::Q4Part,
-    u: &crate::tensor::Q4Part,
-    i: u32,
-    n: usize,
-) -> Result<wgpu::Buffer> {
-    gate_up_params_eps(ctx, g, u, i, n, 0.0)
-}
-
-/// [`gate_up_params`] with the folded form's RMSNorm `eps` in the last word.
-fn gate_up_params_eps(
-    ctx: &Context,
-    g: &crate::tensor::Q4Part,
-    u: &crate::tensor::Q4Part,
-    i: u32,
-    n: usize,
-    eps: f32,
-) -> Result<wgpu::Buffer> {
-    let (lo, hi) = expert_range(g, i, "gate")?;
-    if expert_range(u, i, "up")? != (lo, hi) {
-        return Err(GpuError::Shape(
-            "MoE gate and up parts hold different experts".into(),
-        ));
-    }
-    ctx.uniform(
-        "moe.gate_up.params",
-        bytemuck::cast_slice(&[lo, hi, (n == 0) as u32, eps.to_bits()]),
-    )
-}
-
-/// Params uniform of down part `part` (`h` rows per expert): the experts it holds, and whether it
-/// adds into `out` (the residual, or a later part) or writes it.
-fn down_params(
-    ctx: &Context,
-    part: &crate::tensor::Q4Part,
-    h: u32,
-    accumulate: bool,
-) -> Result<wgpu::Buffer> {
-    let (lo, hi) = expert_range(part, h, "down")?;
-    let acc = accumulate as u32;
-    ctx.uniform("moe.down.params", bytemuck::cast_slice(&[lo, hi, acc, 0]))
-}
-
 fn whole(buf: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
     buf.as_entire_binding()
 }
 
 #[path = "moe_checks.rs"]
 mod checks;
+use checks::{down_params, expert_range, gate_up_params, gate_up_params_eps, need};
 
 #[path = "moe_ref.rs"]
 mod reference;
@@ -780,6 +739,10 @@ use folded::{down_warm_loads, Folded};
 #[path = "moe_cols.rs"]
 mod cols;
 pub use cols::{ColsForm, ColsRead, MoeColsBinding, MoeColsBuffers};
+
+#[path = "moe_set.rs"]
+mod set;
+pub use set::MoeSet;
 
 #[cfg(test)]
 #[path = "moe_f32_tests.rs"]

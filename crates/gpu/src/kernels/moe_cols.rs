@@ -253,6 +253,8 @@ pub struct MoeColsBinding {
     gate_up: Vec<wgpu::BindGroup>,
     down: Vec<wgpu::BindGroup>,
     nb: u32,
+    /// Which of a [`super::MoeSet`]'s kernels records it (0 from a lone kernel's binders).
+    pub(super) kernel: usize,
 }
 
 impl MoeColsBinding {
@@ -298,11 +300,14 @@ impl MoeKernel {
             )));
         };
         let union = form.down == ColsRead::Union || form.gate_up == ColsRead::Union;
-        if self.form != QForm::Q4_0 && union {
+        let other = [self.forms.0, self.forms.1]
+            .into_iter()
+            .find(|f| *f != QForm::Q4_0);
+        if let (Some(other), true) = (other, union) {
             return Err(GpuError::Shape(format!(
                 "MoE over columns: the union forms read Q4_0 experts only, not {}; use the \
                  per-column forms",
-                self.form.name()
+                other.name()
             )));
         }
         let down_union = match (form.down, &pipes.down_union) {
@@ -395,6 +400,7 @@ impl MoeKernel {
             gate_up,
             down,
             nb: b.nb,
+            kernel: 0,
         })
     }
 

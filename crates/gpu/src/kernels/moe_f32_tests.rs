@@ -43,7 +43,8 @@ fn run_f32(
         p.hidden as usize,
         p.inter as usize,
     );
-    let kern = MoeKernel::with_form(kern_ctx, p, Numerics::F32, tune, c.form).expect("kernel");
+    let kern = MoeKernel::with_forms(kern_ctx, p, Numerics::F32, tune, (c.form, c.down_form))
+        .expect("kernel");
     assert_eq!(
         kern.down_split(),
         tune.split_for(p.top_k),
@@ -60,7 +61,8 @@ fn run_f32(
     let dt = c.dtype();
     let gate = Q4Matrix::upload_dtype(&ctx, "gate", dt, e * i, h, i, &[&c.gate]).unwrap();
     let up = Q4Matrix::upload_dtype(&ctx, "up", dt, e * i, h, i, &[&c.up]).unwrap();
-    let down = Q4Matrix::upload_dtype(&ctx, "down", dt, e * h, i, h, &[&c.down]).unwrap();
+    let ddt = c.down_dtype();
+    let down = Q4Matrix::upload_dtype(&ctx, "down", ddt, e * h, i, h, &[&c.down]).unwrap();
     if max_binding.is_some() {
         assert!(
             gate.parts.len() > 1 && down.parts.len() > 1,
@@ -483,6 +485,74 @@ fn moe_f32_q8_experts() {
         false,
         Some(4 << 20),
     );
+    // A `Q4_K_M` layer at the real shape: gate and up Q4_K, down Q6_K, whole and split.
+    let km = Case::new_forms(
+        params(128, 8, 2048, 768, true),
+        84,
+        (QForm::Q4K, QForm::Q6K),
+        0x4D,
+    );
+    let staged = check_f32(&ctx, &km, F32Tuning::DEFAULT, Routing::Fused, true, None);
+    assert_eq!(staged, (true, true), "Q4_K + Q6_K: not staged");
+    check_f32(
+        &ctx,
+        &km,
+        split(tuning(8, 32, 2), 8),
+        Routing::Separate,
+        false,
+        Some(8 << 20),
+    );
+    // A kernel for one pair refuses a layer of another by name.
+    let one =
+        MoeKernel::with_form(&ctx, km.p, Numerics::F32, F32Tuning::DEFAULT, QForm::Q4K).unwrap();
+    let (e, h, i) = (
+        km.p.experts as usize,
+        km.p.hidden as usize,
+        km.p.inter as usize,
+    );
+    let up = |dt, b: &[u8], rows, cols, per| {
+        Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, per, &[b]).unwrap()
+    };
+    let (g, u) = (
+        up(km.dtype(), &km.gate, e * i, h, i),
+        up(km.dtype(), &km.up, e * i, h, i),
+    );
+    let d = up(km.down_dtype(), &km.down, e * h, i, h);
+    let buf = |n: usize| ctx.storage("b", n as u64 * 4).unwrap();
+    let (state, logits, route, x, hb, out) = (buf(4), buf(e), buf(16), buf(h), buf(8 * i), buf(h));
+    let bufs = MoeBuffers {
+        state: &state,
+        logits: &logits,
+        route: &route,
+        x: Act::F32(&x),
+        gate: &g,
+        up: &u,
+        down: &d,
+        h: &hb,
+        h_q: None,
+        out: &out,
+        residual: true,
+    };
+    let err = one
+        .bind(&ctx, &bufs, Routing::Fused)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("MoE down") && err.contains("Q6_K"), "{err}");
+    let set = MoeSet::new(
+        &ctx,
+        km.p,
+        Numerics::F32,
+        F32Tuning::DEFAULT,
+        &[
+            (QForm::Q4K, QForm::Q4K),
+            (QForm::Q4K, QForm::Q6K),
+            (QForm::Q4K, QForm::Q4K),
+        ],
+    )
+    .unwrap();
+    assert_eq!(set.len(), 2, "one kernel per distinct pair");
+    assert!(set.bind(&ctx, &bufs, Routing::Fused).is_ok());
     let odd = Case::new_q8(params(6, 3, 192, 128, false), 80);
     check_f32(&ctx, &odd, F32Tuning::DEFAULT, Routing::Fused, true, None);
     check_f32(

@@ -164,6 +164,7 @@ impl MoeKernel {
             router: None,
             gate_up,
             down,
+            kernel: 0,
         })
     }
 }

@@ -19,17 +19,22 @@ struct Layer {
     dd: Vec<f32>,
 }
 
-/// A random layer's experts in the block form `form`.
-fn layer(ctx: &Context, r: &mut impl Rng, d: &MoeDims, form: QForm) -> Layer {
+/// A random layer's experts: gate and up in the first block form, down in the second.
+fn layer(
+    ctx: &Context,
+    r: &mut impl Rng,
+    d: &MoeDims,
+    (gu_form, down_form): (QForm, QForm),
+) -> Layer {
     let (e, h, i) = (d.experts as usize, d.hidden as usize, d.inter as usize);
-    let mat = |r: &mut _, rows: usize, cols: usize, per: usize, name: &str| {
+    let mat = |r: &mut _, rows: usize, cols: usize, per: usize, name: &str, form: QForm| {
         let (b, dt) = crate::testing::rand_form(r, form, rows, cols);
         let m = Q4Matrix::upload_dtype(ctx, name, dt, rows, cols, per, &[&b]).unwrap();
         (m, dequant(dt, &b, rows, cols))
     };
-    let (gate, dg) = mat(r, e * i, h, i, "gate");
-    let (up, du) = mat(r, e * i, h, i, "up");
-    let (down, dd) = mat(r, e * h, i, h, "down");
+    let (gate, dg) = mat(r, e * i, h, i, "gate", gu_form);
+    let (up, du) = mat(r, e * i, h, i, "up", gu_form);
+    let (down, dd) = mat(r, e * h, i, h, "down", down_form);
     Layer {
         gate,
         up,
@@ -130,7 +135,7 @@ fn run_case(
     seed: u64,
     split: bool,
     rs: usize,
-    form: QForm,
+    forms: (QForm, QForm),
 ) {
     let mut r = rng(seed);
     let (e, hd) = (d.experts as usize, d.hidden as usize);
@@ -148,7 +153,7 @@ fn run_case(
         ctx.with_max_binding_bytes(ctx.max_binding_bytes())
     };
     // Layer 0 on the default GEMM, layer 1 on the double-buffered one where it exists.
-    let gemms = crate::kernels::gemm::tests::test_kernels_for(ctx, form);
+    let gemms = crate::kernels::gemm::tests::test_kernels_for_forms(ctx, &[forms.0, forms.1]);
     let bufs = MoePrefillBuffers {
         logits: &logits,
         logit_splits: rs as u32,
@@ -160,7 +165,7 @@ fn run_case(
     ctx.write(&h, 0, bytemuck::cast_slice(&hv));
     for li in 0..2 {
         let gemm = &gemms[li % gemms.len()];
-        let l = layer(&wctx, &mut r, &d, form);
+        let l = layer(&wctx, &mut r, &d, forms);
         if split {
             assert!(l.gate.parts.len() > 1 && l.down.parts.len() > 1);
         }
@@ -184,7 +189,7 @@ fn run_case(
         let want = reference(&d, &l, &lg, &x, &hv, t);
         let got = ctx.read_f32(&h, tm * hd).unwrap();
         let what = format!(
-            "E {} K {} H {hd} I {} t {t} layer {li} {form:?}",
+            "E {} K {} H {hd} I {} t {t} layer {li} {forms:?}",
             e, d.top_k, d.inter
         );
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -216,11 +221,35 @@ fn moe_prefill_matches_reference() {
         norm_topk: true,
     };
     // One token; a chunk shorter than the buffers; lists long enough for several tiles.
-    run_case(&ctx, tiny, (8, 1), 81, false, 1, QForm::Q4_0);
-    run_case(&ctx, tiny, (64, 37), 82, false, 1, QForm::Q4_0);
-    run_case(&ctx, tiny, (300, 300), 83, false, 1, QForm::Q4_0);
+    run_case(&ctx, tiny, (8, 1), 81, false, 1, (QForm::Q4_0, QForm::Q4_0));
+    run_case(
+        &ctx,
+        tiny,
+        (64, 37),
+        82,
+        false,
+        1,
+        (QForm::Q4_0, QForm::Q4_0),
+    );
+    run_case(
+        &ctx,
+        tiny,
+        (300, 300),
+        83,
+        false,
+        1,
+        (QForm::Q4_0, QForm::Q4_0),
+    );
     // Logits in 3 partial sums (the router GEMM's K splits): a chunk shorter than the buffers.
-    run_case(&ctx, tiny, (64, 37), 87, false, 3, QForm::Q4_0);
+    run_case(
+        &ctx,
+        tiny,
+        (64, 37),
+        87,
+        false,
+        3,
+        (QForm::Q4_0, QForm::Q4_0),
+    );
     // Odd widths (I not a multiple of the 64-column gate/up tile, H of the 128-row down tile),
     // no renormalisation, 64-row tiles (300 x 2 / 8 >= 64 tokens per expert).
     let odd = MoeDims {
@@ -230,8 +259,24 @@ fn moe_prefill_matches_reference() {
         top_k: 2,
         norm_topk: false,
     };
-    run_case(&ctx, odd, (300, 257), 84, false, 1, QForm::Q4_0);
-    run_case(&ctx, odd, (40, 33), 85, false, 2, QForm::Q4_0);
+    run_case(
+        &ctx,
+        odd,
+        (300, 257),
+        84,
+        false,
+        1,
+        (QForm::Q4_0, QForm::Q4_0),
+    );
+    run_case(
+        &ctx,
+        odd,
+        (40, 33),
+        85,
+        false,
+        2,
+        (QForm::Q4_0, QForm::Q4_0),
+    );
 }
 
 #[test]
@@ -246,7 +291,7 @@ fn moe_prefill_split_experts_match_reference() {
         top_k: 4,
         norm_topk: true,
     };
-    run_case(&ctx, d, (50, 50), 86, true, 1, QForm::Q4_0);
+    run_case(&ctx, d, (50, 50), 86, true, 1, (QForm::Q4_0, QForm::Q4_0));
 }
 
 /// The expert GEMMs on affine (MLX) weights: one token, several tiles, split expert tensors,
@@ -263,9 +308,33 @@ fn moe_prefill_affine_experts_match_reference() {
         top_k: 4,
         norm_topk: true,
     };
-    run_case(&ctx, tiny, (8, 1), 91, false, 1, QForm::Affine4);
-    run_case(&ctx, tiny, (300, 300), 92, false, 1, QForm::Affine4);
-    run_case(&ctx, tiny, (50, 50), 93, true, 1, QForm::Affine4);
+    run_case(
+        &ctx,
+        tiny,
+        (8, 1),
+        91,
+        false,
+        1,
+        (QForm::Affine4, QForm::Affine4),
+    );
+    run_case(
+        &ctx,
+        tiny,
+        (300, 300),
+        92,
+        false,
+        1,
+        (QForm::Affine4, QForm::Affine4),
+    );
+    run_case(
+        &ctx,
+        tiny,
+        (50, 50),
+        93,
+        true,
+        1,
+        (QForm::Affine4, QForm::Affine4),
+    );
     let odd = MoeDims {
         hidden: 192,
         inter: 128,
@@ -273,7 +342,15 @@ fn moe_prefill_affine_experts_match_reference() {
         top_k: 2,
         norm_topk: false,
     };
-    run_case(&ctx, odd, (300, 257), 94, false, 2, QForm::Affine4);
+    run_case(
+        &ctx,
+        odd,
+        (300, 257),
+        94,
+        false,
+        2,
+        (QForm::Affine4, QForm::Affine4),
+    );
 }
 
 /// The expert GEMMs on Q8_0 weights (the byte form, f32 fmas only): one token, several tiles,
@@ -290,9 +367,25 @@ fn moe_prefill_q8_experts_match_reference() {
         top_k: 4,
         norm_topk: true,
     };
-    run_case(&ctx, tiny, (8, 1), 95, false, 1, QForm::Q8_0);
-    run_case(&ctx, tiny, (300, 300), 96, false, 1, QForm::Q8_0);
-    run_case(&ctx, tiny, (50, 50), 97, true, 1, QForm::Q8_0);
+    run_case(&ctx, tiny, (8, 1), 95, false, 1, (QForm::Q8_0, QForm::Q8_0));
+    run_case(
+        &ctx,
+        tiny,
+        (300, 300),
+        96,
+        false,
+        1,
+        (QForm::Q8_0, QForm::Q8_0),
+    );
+    run_case(
+        &ctx,
+        tiny,
+        (50, 50),
+        97,
+        true,
+        1,
+        (QForm::Q8_0, QForm::Q8_0),
+    );
     let odd = MoeDims {
         hidden: 192,
         inter: 96,
@@ -300,10 +393,34 @@ fn moe_prefill_q8_experts_match_reference() {
         top_k: 2,
         norm_topk: false,
     };
-    run_case(&ctx, odd, (300, 257), 98, false, 2, QForm::Q8_0);
+    run_case(
+        &ctx,
+        odd,
+        (300, 257),
+        98,
+        false,
+        2,
+        (QForm::Q8_0, QForm::Q8_0),
+    );
     // MLX's 8-bit groups (I whole groups of 64).
-    run_case(&ctx, tiny, (300, 300), 99, false, 1, QForm::Affine8);
-    run_case(&ctx, tiny, (50, 50), 100, true, 1, QForm::Affine8);
+    run_case(
+        &ctx,
+        tiny,
+        (300, 300),
+        99,
+        false,
+        1,
+        (QForm::Affine8, QForm::Affine8),
+    );
+    run_case(
+        &ctx,
+        tiny,
+        (50, 50),
+        100,
+        true,
+        1,
+        (QForm::Affine8, QForm::Affine8),
+    );
     // Q6_K (rows of whole 256-weight super-blocks), split weights too.
     let q6 = MoeDims {
         hidden: 256,
@@ -312,9 +429,29 @@ fn moe_prefill_q8_experts_match_reference() {
         top_k: 2,
         norm_topk: true,
     };
-    run_case(&ctx, q6, (300, 257), 101, false, 2, QForm::Q6K);
-    run_case(&ctx, q6, (50, 50), 102, true, 1, QForm::Q6K);
+    run_case(
+        &ctx,
+        q6,
+        (300, 257),
+        101,
+        false,
+        2,
+        (QForm::Q6K, QForm::Q6K),
+    );
+    run_case(&ctx, q6, (50, 50), 102, true, 1, (QForm::Q6K, QForm::Q6K));
     // Q4_K likewise.
-    run_case(&ctx, q6, (300, 257), 103, false, 2, QForm::Q4K);
-    run_case(&ctx, q6, (50, 50), 104, true, 1, QForm::Q4K);
+    run_case(
+        &ctx,
+        q6,
+        (300, 257),
+        103,
+        false,
+        2,
+        (QForm::Q4K, QForm::Q4K),
+    );
+    run_case(&ctx, q6, (50, 50), 104, true, 1, (QForm::Q4K, QForm::Q4K));
+    // A `Q4_K_M` layer: gate and up Q4_K, down Q6_K (each GEMM binding takes its own form's
+    // pipeline), split too.
+    run_case(&ctx, q6, (300, 257), 105, true, 2, (QForm::Q4K, QForm::Q6K));
+    run_case(&ctx, q6, (50, 50), 106, false, 1, (QForm::Q4K, QForm::Q6K));
 }

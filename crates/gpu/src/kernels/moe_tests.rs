@@ -18,8 +18,9 @@ pub(super) struct Case {
     pub(super) gate: Vec<u8>,
     pub(super) up: Vec<u8>,
     pub(super) down: Vec<u8>,
-    /// The form of the expert bytes (tensor.rs).
+    /// The form of the expert bytes (tensor.rs): gate and up's, and down's.
     pub(super) form: QForm,
+    pub(super) down_form: QForm,
 }
 
 impl Case {
@@ -35,18 +36,25 @@ impl Case {
             up: rand_q4_0(&mut r, e * i, h),
             down: rand_q4_0(&mut r, e * h, i),
             form: QForm::Q4_0,
+            down_form: QForm::Q4_0,
         }
     }
 
     /// [`Self::new`] with expert bytes of `form` (`salt` varies the random stream).
     pub(super) fn new_form(p: MoeParams, seed: u64, form: QForm, salt: u64) -> Case {
+        Case::new_forms(p, seed, (form, form), salt)
+    }
+
+    /// [`Self::new`] with gate and up bytes of one form and down bytes of another (a
+    /// `Q4_K_M` layer: Q4_K and Q6_K).
+    pub(super) fn new_forms(p: MoeParams, seed: u64, forms: (QForm, QForm), salt: u64) -> Case {
         let mut c = Case::new(p, seed);
         let mut r = rng(seed ^ salt);
         let (e, h, i) = (p.experts as usize, p.hidden as usize, p.inter as usize);
-        c.gate = crate::testing::rand_form(&mut r, form, e * i, h).0;
-        c.up = crate::testing::rand_form(&mut r, form, e * i, h).0;
-        c.down = crate::testing::rand_form(&mut r, form, e * h, i).0;
-        c.form = form;
+        c.gate = crate::testing::rand_form(&mut r, forms.0, e * i, h).0;
+        c.up = crate::testing::rand_form(&mut r, forms.0, e * i, h).0;
+        c.down = crate::testing::rand_form(&mut r, forms.1, e * h, i).0;
+        (c.form, c.down_form) = forms;
         c
     }
 
@@ -70,14 +78,21 @@ impl Case {
         crate::testing::dtype_of(self.form)
     }
 
-    /// Dequantised `[out, in]` slice of expert `e` of one of this case's stacked tensors.
+    /// The block type of the down bytes.
+    pub(super) fn down_dtype(&self) -> nibble_quant::DType {
+        crate::testing::dtype_of(self.down_form)
+    }
+
+    /// Dequantised `[out, in]` slice of expert `e` of one of this case's stacked tensors
+    /// (the down's when `bytes` is this case's down, else in the gate and up's type).
     pub(super) fn expert_w(&self, bytes: &[u8], e: u32, out: u32, inp: u32) -> Vec<f32> {
-        let n = self
-            .dtype()
-            .byte_size((out * inp) as u64)
-            .expect("whole blocks") as usize;
+        let dt = match std::ptr::eq(bytes, self.down.as_slice()) {
+            true => self.down_dtype(),
+            false => self.dtype(),
+        };
+        let n = dt.byte_size((out * inp) as u64).expect("whole blocks") as usize;
         crate::testing::dequant(
-            self.dtype(),
+            dt,
             &bytes[e as usize * n..(e as usize + 1) * n],
             out as usize,
             inp as usize,

@@ -152,7 +152,7 @@ fn q8_upload_refuses_lying_sizes_and_nan_scales() {
     let mut r = rng(82);
     let bytes = rand_q8_0(&mut r, 4, 128);
     let ok = Q4Matrix::upload_dtype(&ctx, "w", DType::Q8_0, 4, 128, 1, &[&bytes]).unwrap();
-    assert_eq!(ok.form, QForm::Q8_0);
+    assert_eq!(ok.form(), Some(QForm::Q8_0));
     ok.check_layout("w").unwrap();
     assert_eq!(
         ok.bytes(),
@@ -461,7 +461,7 @@ fn q6_k_upload_refuses_lying_sizes_and_nan_scales() {
     let mut r = rng(88);
     let bytes = rand_q6_k(&mut r, 4, 512);
     let ok = Q4Matrix::upload_dtype(&ctx, "w", DType::Q6_K, 4, 512, 1, &[&bytes]).unwrap();
-    assert_eq!(ok.form, QForm::Q6K);
+    assert_eq!(ok.form(), Some(QForm::Q6K));
     ok.check_layout("w").unwrap();
     assert_eq!(
         ok.bytes(),

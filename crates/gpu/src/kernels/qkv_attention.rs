@@ -215,8 +215,11 @@ impl QkvAttentionKernel {
         let (d, g) = (p.head_dim as u64, p.group() as u64);
         let rows = (p.heads + 2 * p.kv_heads) * p.head_dim;
         let bad = |m: String| Err(GpuError::Shape(format!("qkv attention: {m}")));
-        if b.m.form != crate::tensor::QForm::Q4_0 {
-            return bad(format!("reads Q4_0 matrices only, not {}", b.m.form.name()));
+        if b.m.form() != Some(crate::tensor::QForm::Q4_0) {
+            return bad(format!(
+                "reads Q4_0 matrices only, not {}",
+                b.m.form_names()
+            ));
         }
         if b.m.rows != rows || b.m.parts.len() != 1 {
             return bad(format!(

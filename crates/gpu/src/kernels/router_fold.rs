@@ -82,7 +82,7 @@ impl RouterFoldKernel {
             )));
         }
         let p = ctx.uniform("router_fold.params", bytemuck::cast_slice(&[e, q, h, 0]))?;
-        let pipe = &self.pipes[o.form.index()];
+        let pipe = &self.pipes[o.one_form("router fold")?.index()];
         let bg = ctx.bind_group(
             "router_fold",
             pipe,
