@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -401,6 +401,8 @@ has q4k && gguf_quant_step q4_k /tmp/q30-q4k.gguf Q4K
 # llama.cpp's Q4_K_M mixture (session 34, per-tensor forms: Q4_K with Q6_K in the lm_head and in
 # some layers' attn_v and ffn_down_exps; random values quantised, ~19 GB).
 has q4km && gguf_quant_step q4_k_m /tmp/q30-q4km.gguf Q4KM
+# llama.cpp's Q5_K_M mixture (session 34, the 5-bit K form with Q6_K; ~22 GB).
+has q5km && gguf_quant_step q5_k_m /tmp/q30-q5km.gguf Q5KM
 if has mlx8; then
   # MLX 8-bit checkpoints on the GPU (session 32, the 8-bit affine form): the full-size model
   # written here as mlx-lm's 8-bit groups of 64 (`synth --format mlx --quant q8_0`), open time

@@ -11,7 +11,7 @@ pub enum Preset {
     /// hidden 64, 4 layers, 16 experts (top 4), head_dim 32, real vocab: milliseconds per token on CPU.
     Tiny,
     /// hidden 256, 8 layers, 16 experts (top 4), head_dim 64, real vocab: every matrix row whole
-    /// 256-weight super-blocks, for `--quant q4_k_m`, `q4_k` and `q6_k`.
+    /// 256-weight super-blocks, for `--quant q4_k_m`, `q5_k_m`, `q4_k` and `q6_k`.
     Small,
     /// The real Qwen3-30B-A3B shapes (~17 GB in Q4_0).
     #[value(name = "qwen3-30b-a3b")]
@@ -39,6 +39,10 @@ pub enum Quant {
     /// that are not whole 256-weight super-blocks stay Q4_0).
     #[value(name = "q4_k")]
     Q4K,
+    /// Q5_K with Q6_K for the lm_head and some attn_v / ffn_down_exps, as llama.cpp's Q5_K_M
+    /// (GGUF only; rows that are not whole 256-weight super-blocks stay Q4_0).
+    #[value(name = "q5_k_m")]
+    Q5KM,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
@@ -94,6 +98,7 @@ pub fn run(a: Args) -> Result<()> {
             Quant::Q8_0 => synth::QuantMix::Q8_0,
             Quant::Q6K => synth::QuantMix::Q6K,
             Quant::Q4K => synth::QuantMix::Q4K,
+            Quant::Q5KM => synth::QuantMix::Q5KM,
         },
         ..SynthParams::default()
     };

@@ -1,8 +1,8 @@
 //! GGUF files whose matrices the GPU reads in its byte forms or its K form, end to end: Q8_0
 //! (llama.cpp's 8-bit files; synth writes the Q4_0 model's values), Q6_K (llama.cpp's `Q6_K`
-//! files), Q4_K with no mixture (`llama-quantize --pure`) and `Q4_K_M` (Q4_K with Q6_K in the
+//! files), Q4_K with no mixture (`llama-quantize --pure`), `Q4_K_M` (Q4_K with Q6_K in the
 //! lm_head and in some layers' attn_v and ffn_down_exps: each tensor in its own form, the qkv
-//! a stack of both). `inspect` counts the file's types, the GPU backend decodes it
+//! a stack of both) and `Q5_K_M` (the same mixture on Q5_K, `QForm::Q5K`). `inspect` counts the file's types, the GPU backend decodes it
 //! (`QForm::Q8_0`, `QForm::Q6K`, `QForm::Q4K`)
 //! with greedy parity against the oracle, through both prefills (the GEMMs on f32 fmas: the
 //! matrix units read the nibble forms only), multi-stream ids equal single-stream ones, and a
@@ -24,10 +24,14 @@ struct Kind {
     scale_at: usize,
     /// The GPU's forms as `--verbose` names them.
     forms: &'static str,
+    /// Greedy tokens of the decode parity check (the bar, 128, where the type is the
+    /// only one of its form; a mixture of forms tested elsewhere takes fewer).
+    tokens: usize,
 }
 
 /// Q8_0 on the tiny model.
 const Q8_0: Kind = Kind {
+    tokens: 128,
     forms: "Q8_0",
     preset: "tiny",
     quant: "q8_0",
@@ -39,6 +43,7 @@ const Q8_0: Kind = Kind {
 /// Q6_K on the small model (its rows are whole 256-weight super-blocks; the tiny model's are
 /// not, so synth would keep them Q4_0).
 const Q6_K: Kind = Kind {
+    tokens: 128,
     forms: "Q6_K",
     preset: "small",
     quant: "q6_k",
@@ -49,6 +54,7 @@ const Q6_K: Kind = Kind {
 
 /// Q4_K with no mixture (`llama-quantize --pure`) on the small model: the K form.
 const Q4_K: Kind = Kind {
+    tokens: 128,
     forms: "Q4_K",
     preset: "small",
     quant: "q4_k",
@@ -60,12 +66,25 @@ const Q4_K: Kind = Kind {
 /// llama.cpp's `Q4_K_M` mixture on the small model (8 layers: layers 0, 3, 6 and 7 have the
 /// Q6_K attn_v and ffn_down_exps; synth's `QuantMix::Q4KM`).
 const Q4_K_M: Kind = Kind {
+    tokens: 128,
     preset: "small",
     quant: "q4_k_m",
     dtype: "Q4_K",
     block: 144,
     scale_at: 0,
     forms: "Q6_K+Q4_K",
+};
+
+/// llama.cpp's `Q5_K_M` mixture on the small model: Q5_K (the byte payload with Q4_K's scale
+/// words) and Q6_K as in [`Q4_K_M`]; 32 tokens (Q6_K's run holds the 128).
+const Q5_K_M: Kind = Kind {
+    tokens: 32,
+    preset: "small",
+    quant: "q5_k_m",
+    dtype: "Q5_K",
+    block: 176,
+    scale_at: 0,
+    forms: "Q6_K+Q5_K",
 };
 
 /// A GGUF of `k` in `dir` (with the Qwen3 tokenizer when vendored; required in CI).
@@ -109,6 +128,11 @@ fn q4_k_m_file_decodes_on_the_gpu_with_oracle_parity() {
     decodes_on_the_gpu_with_oracle_parity(&Q4_K_M);
 }
 
+#[test]
+fn q5_k_m_file_decodes_on_the_gpu_with_oracle_parity() {
+    decodes_on_the_gpu_with_oracle_parity(&Q5_K_M);
+}
+
 fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
     let dir = tempfile::tempdir().unwrap();
     let path = synth(dir.path(), k);
@@ -126,9 +150,9 @@ fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
     if !have_gpu() {
         return;
     }
-    // The byte form in every kernel the decode and the column prefill use: 128 greedy tokens
-    // equal to the oracle's, as the bar for the tiny model asks.
-    let err = parity_passes(&path, 128, &["--backend", "gpu", "-v"]);
+    // The form in every kernel the decode and the column prefill use: `k.tokens` greedy tokens
+    // equal to the oracle's (128 as the bar for the tiny model asks).
+    let err = parity_passes(&path, k.tokens, &["--backend", "gpu", "-v"]);
     assert!(
         err.contains(&format!("{} weights, numerics f32", k.forms)) && err.contains("f32 fmas"),
         "{err}"

@@ -109,17 +109,21 @@ pub enum QForm {
     /// ggml's Q4_K: nibbles as Q4_0's (each super-block of 256 its eight blocks of 32), scale
     /// words of two u32 per pair of blocks (module docs), weight `d sc q - dmin m`.
     Q4K,
+    /// ggml's Q5_K: bytes as [`QForm::Affine8`]'s (each super-block's eight blocks of 32, the
+    /// 5-bit level `q` stored as is) with [`QForm::Q4K`]'s scale words, weight `d sc q - dmin m`.
+    Q5K,
 }
 
 impl QForm {
     /// Every form, in [`Self::index`] order.
-    pub const ALL: [QForm; 6] = [
+    pub const ALL: [QForm; 7] = [
         QForm::Q4_0,
         QForm::Affine4,
         QForm::Q8_0,
         QForm::Affine8,
         QForm::Q6K,
         QForm::Q4K,
+        QForm::Q5K,
     ];
 
     /// Position in [`Self::ALL`] (pipeline tables keyed by form).
@@ -129,7 +133,16 @@ impl QForm {
 
     /// Whether a block's dot needs the `c1 · Σ x` term (a scale word with a bias).
     pub fn affine(self) -> bool {
-        matches!(self, QForm::Affine4 | QForm::Affine8 | QForm::Q4K)
+        matches!(
+            self,
+            QForm::Affine4 | QForm::Affine8 | QForm::Q4K | QForm::Q5K
+        )
+    }
+
+    /// Whether the scale words are the K-quants' (two u32 per pair of blocks: the super-block's
+    /// `d` and `dmin`, the pair's 6-bit scales and mins; [`Q4_SB_K`]).
+    pub fn k_words(self) -> bool {
+        matches!(self, QForm::Q4K | QForm::Q5K)
     }
 
     /// Whether the prefill GEMM's matrix-unit kernel (gemm_coop.rs) reads this form: the nibble
@@ -138,18 +151,20 @@ impl QForm {
         matches!(self, QForm::Q4_0 | QForm::Affine4)
     }
 
-    /// Bytes of the scale word of one pair of blocks (`SW`): 8 for Q4_K's (its super-block's
-    /// `d` and `dmin` beside the pair's 6-bit scales and mins), 4 for every other form.
+    /// Bytes of the scale word of one pair of blocks (`SW`): 8 for the K-quants' (their
+    /// super-block's `d` and `dmin` beside the pair's 6-bit scales and mins), 4 for every
+    /// other form.
     pub fn scale_word_bytes(self) -> u64 {
-        match self {
-            QForm::Q4K => 8,
-            _ => 4,
+        if self.k_words() {
+            8
+        } else {
+            4
         }
     }
 
     /// Whether a block's payload is bytes (two vec4s) rather than nibbles (one).
     pub fn wide(self) -> bool {
-        matches!(self, QForm::Q8_0 | QForm::Affine8 | QForm::Q6K)
+        matches!(self, QForm::Q8_0 | QForm::Affine8 | QForm::Q6K | QForm::Q5K)
     }
 
     /// The WGSL function of a block's dot with 32 staged activations, `(w: QB, x) -> f32` =
@@ -193,6 +208,7 @@ impl QForm {
             DType::MLX_A8 => QForm::Affine8,
             DType::Q6_K => QForm::Q6K,
             DType::Q4_K => QForm::Q4K,
+            DType::Q5_K => QForm::Q5K,
             _ => return None,
         })
     }
@@ -206,6 +222,7 @@ impl QForm {
             QForm::Affine8 => "affine 8-bit (MLX_A8)",
             QForm::Q6K => "Q6_K",
             QForm::Q4K => "Q4_K",
+            QForm::Q5K => "Q5_K",
         }
     }
 
@@ -219,9 +236,9 @@ impl QForm {
             f if f.wide() => ("128.0", Q8_PAYLOAD),
             _ => ("8.0", Q4_PAYLOAD),
         };
-        let sb = match self {
-            QForm::Q4K => Q4_SB_K,
-            _ => Q4_SB,
+        let sb = match self.k_words() {
+            true => Q4_SB_K,
+            false => Q4_SB,
         };
         format!(
             "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{sb}{Q4_COEF}{payload}",

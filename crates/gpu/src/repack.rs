@@ -161,20 +161,8 @@ pub fn repack_q4_k<'a>(
     supers: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
     repack_supers(supers, 32, 8, |c, q, w| {
-        let (d, dmin) = (
-            u16::from_le_bytes([c[0], c[1]]),
-            u16::from_le_bytes([c[2], c[3]]),
-        );
-        if !f16::from_bits(d).is_finite() || !f16::from_bits(dmin).is_finite() {
+        if !k_scale_words(c, w) {
             return false;
-        }
-        let sm = |j: usize| {
-            let (sc, m) = nibble_quant::kquants::scale_min(j, &c[4..16]);
-            sc as u32 | (m as u32) << 6
-        };
-        for p in 0..4 {
-            w[2 * p] = d as u32 | (dmin as u32) << 16;
-            w[2 * p + 1] = sm(2 * p) | sm(2 * p + 1) << 12;
         }
         let nib = |b: usize, e: usize| ((c[16 + 32 * (b / 2) + e] >> (4 * (b % 2))) & 0xF) as u32;
         for (k, out) in q.iter_mut().enumerate() {
@@ -185,6 +173,57 @@ pub fn repack_q4_k<'a>(
         }
         true
     })
+}
+
+/// Repack ggml Q5_K super-blocks (176 bytes: as Q4_K's with `qh[32]` before `qs[128]`) into
+/// the [`QForm::Q5K`] form's (`qs` words: 64 per super-block, its eight blocks of 32 in order,
+/// byte `j` of block `b` = element `32 b + j`'s 5-bit level as is; scale words as Q4_K's). The
+/// level of element `l` of block `b` is nibble `b % 2` of `qs[32 (b / 2) + l]` with bit `b` of
+/// `qh[l]` on top (the reference decoder's order). Super-blocks are repacked in parallel; the
+/// index of the first whose `d` or `dmin` is not finite is the error.
+///
+/// [`QForm::Q5K`]: crate::tensor::QForm::Q5K
+pub fn repack_q5_k<'a>(
+    supers: impl Iterator<Item = &'a [u8]>,
+) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
+    repack_supers(supers, 64, 8, |c, q, w| {
+        if !k_scale_words(c, w) {
+            return false;
+        }
+        let level = |b: usize, l: usize| {
+            let nib = (c[48 + 32 * (b / 2) + l] >> (4 * (b % 2))) & 0xF;
+            (nib | ((c[16 + l] >> b) & 1) << 4) as u32
+        };
+        for (k, out) in q.iter_mut().enumerate() {
+            let (b, j0) = (k / 8, 4 * (k % 8));
+            *out = (0..4)
+                .map(|t| level(b, j0 + t) << (8 * t))
+                .fold(0, |a, v| a | v);
+        }
+        true
+    })
+}
+
+/// The K-quants' scale words of one super-block `c` (Q4_K or Q5_K: f16 `d`, f16 `dmin`, twelve
+/// bytes of 6-bit scales and mins) into `w` (eight u32: per pair of blocks `d | dmin << 16`,
+/// then the pair's `sc | m << 6` at bits 0 and 12); false when `d` or `dmin` is not finite.
+fn k_scale_words(c: &[u8], w: &mut [u32]) -> bool {
+    let (d, dmin) = (
+        u16::from_le_bytes([c[0], c[1]]),
+        u16::from_le_bytes([c[2], c[3]]),
+    );
+    if !f16::from_bits(d).is_finite() || !f16::from_bits(dmin).is_finite() {
+        return false;
+    }
+    let sm = |j: usize| {
+        let (sc, m) = nibble_quant::kquants::scale_min(j, &c[4..16]);
+        sc as u32 | (m as u32) << 6
+    };
+    for p in 0..4 {
+        w[2 * p] = d as u32 | (dmin as u32) << 16;
+        w[2 * p + 1] = sm(2 * p) | sm(2 * p + 1) << 12;
+    }
+    true
 }
 
 /// K-quant super-blocks (or MLX groups) into `qwords` `qs` words and `swords` scale words (or

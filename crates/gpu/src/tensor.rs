@@ -48,9 +48,14 @@
 //! products `d sc` and `dmin m` are exact in f32, so the form is affine with `(s, b) = (d sc,
 //! -dmin m)` and every affine kernel path reads it; 5 bits per weight against the file's 4.5.
 //!
+//! The 5-bit K form ([`QForm::Q5K`], from ggml's Q5_K: Q4_K's super-block with a fifth bit per
+//! weight) is the 8-bit affine form's payload (byte `j` of a block = element `j`'s level `q`,
+//! 0..31, as is) with the K form's scale words: affine with `(s, b) = (d sc, -dmin m)`, 9 bits
+//! per weight against the file's 5.5.
+//!
 //! A kernel computes a block's dot as `c0 · Σ (q - off) x + c1 · Σ x` with `(c0, c1)` from
-//! [`Q4_COEF`]: `(d, 0)` for Q4_0, Q8_0 and Q6_K, `(s, b + 8 s)` for the affine form (its `Σ x` term is
-//! skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes, 32 for Q6_K
+//! [`Q4_COEF`]: `(d, 0)` for Q4_0, Q8_0 and Q6_K, `(s, b + off s)` for the affine forms (the `Σ x`
+//! term is skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes, 32 for Q6_K
 //! (`Q_OFF`). Every
 //! pipeline that reads block matrices is compiled for one [`QForm`] ([`QForm::wgsl`]). The form
 //! belongs to each part ([`Q4Part::form`]): the dense kernels (matvec, matmul, GEMM) pick a
@@ -65,7 +70,7 @@
 use crate::context::{Context, GpuError, Result};
 pub use crate::qform::{QForm, Q4_COEF, Q4_PAYLOAD, Q4_SB, Q4_SB_K, Q6_PAYLOAD, Q8_PAYLOAD};
 pub use crate::repack::{
-    repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q4_k, repack_q6_k, repack_q8_0,
+    repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0,
 };
 
 /// Elements per quantisation block (Q4_0 and int8 activations).
@@ -210,9 +215,25 @@ impl Q4Matrix {
             nibble_quant::DType::Q4_K => {
                 Self::upload_q4_k(ctx, label, rows, cols, row_multiple, src)
             }
+            // Q5_K (176-byte super-blocks of 256) into the [`QForm::Q5K`] form (module docs);
+            // a non-finite `d` or `dmin` is an error.
+            nibble_quant::DType::Q5_K => upload_parts(
+                ctx,
+                label,
+                (rows, cols, row_multiple),
+                src,
+                &Form {
+                    name: "Q5_K",
+                    unit_bytes: 176,
+                    unit_cols: 256,
+                    form: QForm::Q5K,
+                    bad: "super-block {} has a non-finite scale",
+                },
+                |units| repack_q5_k(units.iter().copied()),
+            ),
             other => Err(GpuError::Shape(format!(
                 "{label}: {} is not a block type the GPU kernels read (Q4_0, MLX_A4, Q8_0, \
-                 MLX_A8, Q6_K, Q4_K)",
+                 MLX_A8, Q6_K, Q4_K, Q5_K)",
                 other.name()
             ))),
         }
@@ -463,7 +484,7 @@ fn upload_parts<'a, S: bytemuck::Pod>(
             form.name,
             rows * upr * ub,
             match form.form {
-                QForm::Q6K | QForm::Q4K => "super-blocks",
+                QForm::Q6K | QForm::Q4K | QForm::Q5K => "super-blocks",
                 f if f.affine() => "groups",
                 _ => "blocks",
             }

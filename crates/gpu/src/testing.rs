@@ -189,6 +189,7 @@ pub fn dtype_of(form: crate::tensor::QForm) -> nibble_quant::DType {
         QForm::Affine8 => DType::MLX_A8,
         QForm::Q6K => DType::Q6_K,
         QForm::Q4K => DType::Q4_K,
+        QForm::Q5K => DType::Q5_K,
     }
 }
 
@@ -207,6 +208,7 @@ pub fn rand_form(
         DType::MLX_A8 => rand_mlx_a8(rng, rows, cols),
         DType::Q6_K => rand_q6_k(rng, rows, cols),
         DType::Q4_K => rand_q4_k(rng, rows, cols),
+        DType::Q5_K => rand_q5_k(rng, rows, cols),
         _ => rand_q4_0(rng, rows, cols),
     };
     (b, dt)
@@ -236,8 +238,19 @@ pub fn rand_stack(
 /// random nibbles and packed 6-bit scales and mins (every bit pattern), f16 `d` and `dmin` in
 /// `[0.00002, 0.0002)`, `dmin` of either sign.
 pub fn rand_q4_k(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    rand_q45_k(rng, rows, cols, 144)
+}
+
+/// Random Q5_K bytes for `[rows, cols]` (`cols % 256 == 0`; super-blocks of 176 bytes): as
+/// [`rand_q4_k`] with random fifth bits (`qh`).
+pub fn rand_q5_k(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
+    rand_q45_k(rng, rows, cols, 176)
+}
+
+/// [`rand_q4_k`] or [`rand_q5_k`] by the super-block's bytes (`bb`: 144 or 176).
+fn rand_q45_k(rng: &mut impl Rng, rows: usize, cols: usize, bb: usize) -> Vec<u8> {
     let supers = rows * cols / 256;
-    let mut out = Vec::with_capacity(supers * 144);
+    let mut out = Vec::with_capacity(supers * bb);
     for _ in 0..supers {
         let d: f32 = rng.random_range(0.00002..0.0002);
         let mut dmin: f32 = rng.random_range(0.00002..0.0002);
@@ -246,7 +259,7 @@ pub fn rand_q4_k(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
         }
         out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
         out.extend_from_slice(&half::f16::from_f32(dmin).to_le_bytes());
-        for _ in 0..140 {
+        for _ in 0..bb - 4 {
             out.push(rng.random::<u8>());
         }
     }

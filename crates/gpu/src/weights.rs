@@ -1,10 +1,10 @@
 //! Upload every tensor of a model from a [`WeightSource`] to the GPU once.
 //!
 //! Each matrix keeps its own stored type: a type the kernels read packed (Q4_0, MLX's
-//! `MLX_A4`, Q8_0, `MLX_A8`, Q6_K or Q4_K) stays packed in its GPU form (`tensor.rs` `QForm`),
-//! so a file that mixes them (llama.cpp's `Q4_K_M`: Q4_K with Q6_K for the lm_head and for
-//! attn_v and ffn_down_exps in some layers; its `Q4_0` files' Q6_K lm_head) runs with each
-//! tensor as stored. Any other matrix dtype (F32/F16/BF16, another K-quant) is decoded to f32
+//! `MLX_A4`, Q8_0, `MLX_A8`, Q6_K, Q4_K or Q5_K) stays packed in its GPU form (`tensor.rs`
+//! `QForm`), so a file that mixes them (llama.cpp's `Q4_K_M` and `Q5_K_M`: Q4_K or Q5_K with
+//! Q6_K for the lm_head and for attn_v and ffn_down_exps in some layers; its `Q4_0` files' Q6_K
+//! lm_head) runs with each tensor as stored. Any other matrix dtype (F32/F16/BF16) is decoded to f32
 //! with the reference decoder, which is exact: nibble never re-quantises weights. Norm
 //! weights become f32 vectors. The embedding and the expert tensors must be of a packed type,
 //! and each layer's gate and up of one (the gate/up kernel reads both alike); anything else
@@ -156,7 +156,7 @@ fn vector(ctx: &Context, label: &str, w: &Weight<'_>) -> Result<wgpu::Buffer> {
 }
 
 /// Whether the GPU backend can hold `src`: the embedding and every expert tensor of a type
-/// the kernels read packed (Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K; types may differ between
+/// the kernels read packed (Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K, Q4_K or Q5_K; types may differ between
 /// tensors, as in llama.cpp's `Q4_K_M` files), and each layer's gate and up of one type. The
 /// error names the first tensor that is not and counts the others; the CPU backend runs such
 /// a model. Checked before any upload.
@@ -184,7 +184,7 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<()> {
     if let Some((k, dtype)) = bad.first() {
         bail!(
             "the GPU backend reads the token embedding and the expert tensors packed, in \
-             Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K or Q4_K, and {} of them are not ({} is {}); the \
+             Q4_0, MLX_A4, Q8_0, MLX_A8, Q6_K, Q4_K or Q5_K, and {} of them are not ({} is {}); the \
              CPU backend (--backend cpu) runs this model",
             bad.len(),
             nibble_model::qwen3_moe::gguf_name(*k),

@@ -53,18 +53,21 @@ fn mixed_packed_types_are_taken_and_others_refused_by_name() {
         (layer(0, LayerTensor::ExpGate), DType::Q8_0),
         (layer(0, LayerTensor::ExpUp), DType::Q8_0),
         (layer(0, LayerTensor::ExpDown), DType::MLX_A8),
+        (layer(2, LayerTensor::ExpGate), DType::Q5_K),
+        (layer(2, LayerTensor::ExpUp), DType::Q5_K),
     ]))
     .unwrap();
-    // An expert tensor the kernels do not read packed: named, counted, the CPU suggested.
+    // An expert tensor the kernels do not read packed (an unquantised checkpoint's BF16):
+    // named, counted, the CPU suggested.
     let e = check_supported(&retyped(&[
-        (layer(1, LayerTensor::ExpUp), DType::Q5_K),
-        (layer(1, LayerTensor::ExpGate), DType::Q5_K),
+        (layer(1, LayerTensor::ExpUp), DType::BF16),
+        (layer(1, LayerTensor::ExpGate), DType::BF16),
     ]))
     .unwrap_err()
     .to_string();
     assert!(
         e.contains("2 of them are not")
-            && e.contains("blk.1.ffn_gate_exps.weight is Q5_K")
+            && e.contains("blk.1.ffn_gate_exps.weight is BF16")
             && e.contains("--backend cpu"),
         "{e}"
     );

@@ -64,6 +64,9 @@ pub enum QuantMix {
     /// (no mixture; rows that are not whole super-blocks fall back to Q4_0). GGUF only: the
     /// weights are quantised from random f32 values.
     Q4K,
+    /// Like llama.cpp's `Q5_K_M`: [`QuantMix::Q4KM`]'s mixture with Q5_K where it has Q4_K.
+    /// GGUF only.
+    Q5KM,
 }
 
 impl Default for SynthParams {
@@ -116,6 +119,10 @@ pub fn storage_dtype(cfg: &Qwen3MoeConfig, mix: QuantMix, key: TensorKey) -> DTy
     if mix == QuantMix::Q4K {
         return DType::Q4_K;
     }
+    let base = match mix {
+        QuantMix::Q5KM => DType::Q5_K,
+        _ => DType::Q4_K,
+    };
     let n = cfg.num_layers;
     let more_bits = |l: usize| l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
     match key {
@@ -123,7 +130,7 @@ pub fn storage_dtype(cfg: &Qwen3MoeConfig, mix: QuantMix, key: TensorKey) -> DTy
         TensorKey::Layer(l, LayerTensor::AttnV | LayerTensor::ExpDown) if more_bits(l) => {
             DType::Q6_K
         }
-        _ => DType::Q4_K,
+        _ => base,
     }
 }
 
@@ -435,13 +442,15 @@ pub fn write_gguf(
         })
         .collect();
     let mut meta = crate::qwen3_moe::gguf_metadata(cfg, "nibble synthetic Qwen3-MoE");
-    // llama.cpp's file-type enum: 15 = MOSTLY_Q4_K_M (also what `--pure` keeps), 7 =
+    // llama.cpp's file-type enum: 15 = MOSTLY_Q4_K_M (also what `--pure` keeps), 17 =
+    // MOSTLY_Q5_K_M, 7 =
     // MOSTLY_Q8_0, 18 = MOSTLY_Q6_K.
     let file_type = match p.mix {
         QuantMix::Q4_0 => None,
         QuantMix::Q4KM | QuantMix::Q4K => Some(15),
         QuantMix::Q8_0 => Some(7),
         QuantMix::Q6K => Some(18),
+        QuantMix::Q5KM => Some(17),
     };
     if let Some(t) = file_type {
         for (k, v) in meta.iter_mut() {

@@ -261,7 +261,13 @@ impl GemmKernel {
     pub fn reads(form: QForm) -> bool {
         matches!(
             form,
-            QForm::Q4_0 | QForm::Affine4 | QForm::Q8_0 | QForm::Affine8 | QForm::Q6K | QForm::Q4K
+            QForm::Q4_0
+                | QForm::Affine4
+                | QForm::Q8_0
+                | QForm::Affine8
+                | QForm::Q6K
+                | QForm::Q4K
+                | QForm::Q5K
         )
     }
 

@@ -496,6 +496,8 @@ fn gemm_q4_k_splits_and_reduce_match_reference() {
         (25, 5120, 2048, 8, QForm::Q6K, false),
         (37, 300, 512, 8, QForm::Q4K, false),
         (25, 5120, 2048, 8, QForm::Q4K, false),
+        (37, 300, 512, 8, QForm::Q5K, false),
+        (25, 5120, 2048, 8, QForm::Q5K, false),
         // A `Q4_K_M` qkv (q and k Q4_K, v Q6_K: two parts of two forms), 2 tokens too.
         (25, 5120, 2048, 8, QForm::Q6K, true),
         (2, 5120, 2048, 8, QForm::Q6K, true),

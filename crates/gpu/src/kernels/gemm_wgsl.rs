@@ -97,7 +97,8 @@ pub fn shader(form: GemmForm, tm: u32, plan: Option<PlanLayout>, qform: QForm) -
         QForm::Q4_0 => WSTORE_F32,
         QForm::Affine4 | QForm::Q4K => WSTORE_F32_AFFINE,
         QForm::Q8_0 => WSTORE_F32_Q8,
-        QForm::Affine8 => WSTORE_F32_A8,
+        // Q5_K's 5-bit levels are stored as MLX_A8's bytes are: `s q + b` alike.
+        QForm::Affine8 | QForm::Q5K => WSTORE_F32_A8,
         QForm::Q6K => WSTORE_F32_Q6,
     };
     let s = prelude(form, tm, plan, wstore, qform);
@@ -203,18 +204,31 @@ fn gm_wstore(r: WReg, nn: u32, h: u32) {
     } else if qform.wide() {
         // Thread (nn, h) stages half h of the byte block of row nn: its vec4 h, elements
         // 16h .. 16h + 16, dequantised on the store (tensor.rs byte form).
-        // The scale of block i: Q8_0's f16 (two per word), or the MLX group's bf16 scale and
-        // bias (one word per group of two blocks, tensor.rs) as (d, b).
-        s += "struct QB8 { lo: vec4<u32>, hi: vec4<u32> };
-@group(0) @binding(0) var<storage, read> qs: array<QB8>; // [rows * bpr] byte blocks
-@group(0) @binding(1) var<storage, read> sc: array<u32>; // [rows * bpr / 2] scale words
-fn coef_of(v: u32, i: u32) -> vec2<f32> {
+        // The scale of block i: Q8_0's f16 (two per word), the MLX group's bf16 scale and
+        // bias (one word per group of two blocks, tensor.rs) as (d, b), or Q5_K's (d sc,
+        // -dmin m) from its pair's two words (`GSW`, as Q4_K's).
+        s += if qform.k_words() {
+            "alias GSW = vec2<u32>;
+fn coef_of(v: GSW, i: u32) -> vec2<f32> {
+    let dm = unpack2x16float(v.x);
+    let sm = v.y >> (12u * (i & 1u));
+    return vec2<f32>(dm.x * f32(sm & 63u), -(dm.y * f32((sm >> 6u) & 63u)));
+}
+"
+        } else {
+            "alias GSW = u32;
+fn coef_of(v: GSW, i: u32) -> vec2<f32> {
     if (Q8_AFFINE) {
         return vec2<f32>(bitcast<f32>(v << 16u), bitcast<f32>(v & 0xFFFF0000u));
     }
     let d = unpack2x16float(v);
     return vec2<f32>(select(d.x, d.y, (i & 1u) == 1u), 0.0);
 }
+"
+        };
+        s += "struct QB8 { lo: vec4<u32>, hi: vec4<u32> };
+@group(0) @binding(0) var<storage, read> qs: array<QB8>; // [rows * bpr] byte blocks
+@group(0) @binding(1) var<storage, read> sc: array<GSW>; // [rows * bpr / 2] scale words
 struct WReg { q: vec4<u32>, d: f32, b: f32 };
 ";
         s += &format!("const Q8_AFFINE: bool = {affine};\n");
@@ -224,7 +238,7 @@ struct WReg { q: vec4<u32>, d: f32, b: f32 };
         s += &row_of;
         if form == GemmForm::GateUp {
             s += "    var q: QB8;
-    var v: u32;
+    var v: GSW;
     if (nn < 64u) {
         q = qs[blk];
         v = sc[blk >> 1u];
@@ -236,7 +250,7 @@ struct WReg { q: vec4<u32>, d: f32, b: f32 };
     return WReg(select(q.lo, q.hi, h == 1u), c.x, c.y);
 }
 @group(0) @binding(6) var<storage, read> qs2: array<QB8>; // up bytes
-@group(0) @binding(7) var<storage, read> sc2: array<u32>; // up scale pairs
+@group(0) @binding(7) var<storage, read> sc2: array<GSW>; // up scale words
 ";
         } else {
             s += "    let q = qs[blk];

@@ -485,6 +485,10 @@ fn moe_f32_q8_experts() {
         false,
         Some(4 << 20),
     );
+    // Q5_K at the real shape.
+    let q5k = Case::new_form(params(128, 8, 2048, 768, true), 85, QForm::Q5K, 0x5C);
+    let staged = check_f32(&ctx, &q5k, F32Tuning::DEFAULT, Routing::Fused, true, None);
+    assert_eq!(staged, (true, true), "Q5_K: not staged");
     // A `Q4_K_M` layer at the real shape: gate and up Q4_K, down Q6_K, whole and split.
     let km = Case::new_forms(
         params(128, 8, 2048, 768, true),

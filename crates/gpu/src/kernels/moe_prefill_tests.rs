@@ -454,4 +454,15 @@ fn moe_prefill_q8_experts_match_reference() {
     // pipeline), split too.
     run_case(&ctx, q6, (300, 257), 105, true, 2, (QForm::Q4K, QForm::Q6K));
     run_case(&ctx, q6, (50, 50), 106, false, 1, (QForm::Q4K, QForm::Q6K));
+    // Q5_K, and a `Q5_K_M` layer (down Q6_K).
+    run_case(
+        &ctx,
+        q6,
+        (300, 257),
+        107,
+        false,
+        2,
+        (QForm::Q5K, QForm::Q5K),
+    );
+    run_case(&ctx, q6, (50, 50), 108, true, 1, (QForm::Q5K, QForm::Q6K));
 }

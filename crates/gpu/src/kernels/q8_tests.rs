@@ -10,7 +10,9 @@ use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile};
 use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
 use crate::numerics::Numerics;
 use crate::state::RunState;
-use crate::tensor::{repack_mlx_a8, repack_q4_k, repack_q6_k, repack_q8_0, Q4Matrix, QForm};
+use crate::tensor::{
+    repack_mlx_a8, repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0, Q4Matrix, QForm,
+};
 use crate::testing::{dequant, gpu, rand_f32, rand_mlx_a8, rand_q4_0, rand_q6_k, rand_q8_0, rng};
 use nibble_quant::DType;
 
@@ -45,11 +47,12 @@ fn decode_q6(qs: &[u32], scales: &[u16]) -> Vec<f32> {
 }
 
 /// The byte forms with their file dtype and random bytes for `[rows, cols]`.
-const FORMS: [(QForm, DType); 4] = [
+const FORMS: [(QForm, DType); 5] = [
     (QForm::Q8_0, DType::Q8_0),
     (QForm::Affine8, DType::MLX_A8),
     (QForm::Q6K, DType::Q6_K),
     (QForm::Q4K, DType::Q4_K),
+    (QForm::Q5K, DType::Q5_K),
 ];
 
 fn rand_bytes(r: &mut impl rand::Rng, dt: DType, rows: usize, cols: usize) -> Vec<u8> {
@@ -59,28 +62,32 @@ fn rand_bytes(r: &mut impl rand::Rng, dt: DType, rows: usize, cols: usize) -> Ve
 
 /// Whether `dt` stores rows of `cols` weights (the K-quants: whole super-blocks of 256).
 fn fits(dt: DType, cols: usize) -> bool {
-    !matches!(dt, DType::Q6_K | DType::Q4_K) || cols % 256 == 0
+    !matches!(dt, DType::Q6_K | DType::Q4_K | DType::Q5_K) || cols % 256 == 0
 }
 
 /// Per row, the scale of the rounding of the kernels' sums: `Σ |w x|` for Q8_0 and Q6_K; for MLX's
 /// groups, whose dot the kernels take as `s Σ (q - 128) x + (b + 128 s) Σ x`, those terms'
 /// magnitudes (`Σ |w x|` may cancel below them).
 pub(super) fn mag_of(dt: DType, bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
-    if dt == DType::Q4_K {
-        // The kernels take a block's dot as `c0 Σ (q - 8) x + c1 Σ x` with `c0 = d sc`,
-        // `c1 = 8 c0 - dmin m`: those terms' magnitudes.
-        let spr = cols / 256;
+    if let DType::Q4_K | DType::Q5_K = dt {
+        // The kernels take a block's dot as `c0 Σ (q - off) x + c1 Σ x` with `c0 = d sc`,
+        // `c1 = off c0 - dmin m` (`off` 8 for Q4_K's nibbles, 128 for Q5_K's bytes): those
+        // terms' magnitudes.
+        let (spr, bb, off) = match dt {
+            DType::Q4_K => (cols / 256, 144, 8.0),
+            _ => (cols / 256, 176, 128.0),
+        };
         return (0..rows)
             .map(|r| {
                 (0..spr * 8)
                     .map(|j| {
-                        let o = (r * spr + j / 8) * 144;
+                        let o = (r * spr + j / 8) * bb;
                         let d = half::f16::from_le_bytes([bytes[o], bytes[o + 1]]).to_f32();
                         let dm = half::f16::from_le_bytes([bytes[o + 2], bytes[o + 3]]).to_f32();
                         let (sc, m) =
                             nibble_quant::kquants::scale_min(j % 8, &bytes[o + 4..o + 16]);
                         let c0 = d * sc as f32;
-                        let coef = 8.0 * c0.abs() + (8.0 * c0 - dm * m as f32).abs();
+                        let coef = off * c0.abs() + (off * c0 - dm * m as f32).abs();
                         coef * x[j * 32..j * 32 + 32].iter().map(|v| v.abs()).sum::<f32>()
                     })
                     .sum()
@@ -538,5 +545,51 @@ fn q4_k_repack_decodes_to_the_reference_weights() {
         let mut bytes = crate::testing::rand_q4_k(&mut r, 2, 512);
         bytes[3 * 144 + at..3 * 144 + at + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
         assert_eq!(repack_q4_k(bytes.chunks_exact(144)).err(), Some(3));
+    }
+}
+
+#[test]
+fn q5_k_repack_decodes_to_the_reference_weights() {
+    let mut r = rng(91);
+    for (rows, cols) in [(1usize, 256usize), (3, 768), (17, 2048)] {
+        let bytes = crate::testing::rand_q5_k(&mut r, rows, cols);
+        let (qs, words) = repack_q5_k(bytes.chunks_exact(176)).unwrap();
+        assert_eq!(qs.len(), rows * cols / 4, "eight words per block of 32");
+        assert_eq!(
+            words.len(),
+            rows * cols / 32,
+            "two words per pair of blocks"
+        );
+        // As the kernels read them (tensor.rs `Q4_SB_K`, the byte payload's levels as is):
+        // (d sc) q - dmin m, one rounding.
+        let got: Vec<f32> = qs
+            .chunks_exact(8)
+            .enumerate()
+            .flat_map(|(blk, q)| {
+                let (x, y) = (words[2 * (blk / 2)], words[2 * (blk / 2) + 1]);
+                let d = half::f16::from_bits(x as u16).to_f32();
+                let dmin = half::f16::from_bits((x >> 16) as u16).to_f32();
+                let sm = y >> (12 * (blk % 2));
+                let (s, b) = (d * (sm & 63) as f32, -(dmin * ((sm >> 6) & 63) as f32));
+                let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
+                assert!(bytes.iter().all(|l| *l < 32), "5-bit levels");
+                bytes
+                    .into_iter()
+                    .map(|l| s.mul_add(l as f32, b))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let want = dequant(DType::Q5_K, &bytes, rows, cols);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "[{rows}, {cols}]"
+        );
+    }
+    // The first non-finite d or dmin is named (by super-block).
+    for at in [0, 2] {
+        let mut bytes = crate::testing::rand_q5_k(&mut r, 2, 512);
+        bytes[3 * 176 + at..3 * 176 + at + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+        assert_eq!(repack_q5_k(bytes.chunks_exact(176)).err(), Some(3));
     }
 }

@@ -171,13 +171,14 @@ mod tests {
                 &format!("affine fold E{e} H{h} Q{q}"),
             );
         }
-        // The byte forms of the o-proj (Q8_0, MLX's 8-bit groups, Q6_K) and Q4_K.
+        // The byte forms of the o-proj (Q8_0, MLX's 8-bit groups, Q6_K, Q5_K) and Q4_K.
         for &(e, h, q, form) in &[
             (3, 32, 64, QForm::Q8_0),
             (7, 160, 320, QForm::Q8_0),
             (5, 96, 192, QForm::Affine8),
             (5, 96, 512, QForm::Q6K),
             (3, 64, 512, QForm::Q4K),
+            (3, 64, 768, QForm::Q5K),
         ] {
             let (wo_b, dt) = crate::testing::rand_form(&mut r, form, h, q);
             let wr = rand_f32(&mut r, e * h, -1.0, 1.0);

@@ -22,7 +22,7 @@ pub fn mlx_bits(mix: QuantMix) -> Option<u32> {
     match mix {
         QuantMix::Q4_0 => Some(4),
         QuantMix::Q8_0 => Some(8),
-        QuantMix::Q4KM | QuantMix::Q6K | QuantMix::Q4K => None,
+        QuantMix::Q4KM | QuantMix::Q6K | QuantMix::Q4K | QuantMix::Q5KM => None,
     }
 }
 
