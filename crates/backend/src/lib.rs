@@ -23,6 +23,16 @@ pub use reference::RefBackend;
 /// oracle's trace names ([`reference::TRACE_NAMES`], per-layer ones as `l{layer}.{name}`).
 pub type StepTrace = Vec<(String, Vec<f32>)>;
 
+/// One layer of a traced prefill ([`Backend::trace_prefill`]): every prompt token's residual
+/// stream after the layer and the experts it routed to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillLayerTrace {
+    /// `[tokens, H]`: the residual stream after the layer.
+    pub h: Vec<f32>,
+    /// `[tokens, K]`: each token's expert ids in rank order.
+    pub experts: Vec<u32>,
+}
+
 /// GPU time of one kind of op over one decode step ([`Backend::profile_step`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpTime {
@@ -162,6 +172,15 @@ pub trait Backend: Send {
     /// default, `Ok(None)`, means tracing is not supported and nothing was appended.
     fn trace_step(&mut self, token: u32) -> anyhow::Result<Option<StepTrace>> {
         let _ = token;
+        Ok(None)
+    }
+    /// Diagnostics: prefill `tokens` from position 0 on the batched path a prompt of that
+    /// length takes, one layer per submit, and return per layer every token's residual stream
+    /// and experts (a parity tool compares them with the oracle's per-token traces to find
+    /// the first token and layer where a batched prefill departs). Leaves the position at
+    /// `tokens.len()`. The default, `Ok(None)`: not supported (nothing was appended).
+    fn trace_prefill(&mut self, tokens: &[u32]) -> anyhow::Result<Option<Vec<PrefillLayerTrace>>> {
+        let _ = tokens;
         Ok(None)
     }
 

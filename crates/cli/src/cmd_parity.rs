@@ -51,6 +51,11 @@ pub struct Args {
     /// TENSOR one of qkv, o, router, gate, up, down (e.g. `2:o`).
     #[arg(long, hide = true)]
     plant_error: Option<String>,
+    /// Diagnostics: also prefill each prompt on the fast backend's batched path one layer at a
+    /// time and name the first layer and token where it departs from the oracle's
+    /// token-by-token run, with the oracle's router gap there (on stderr).
+    #[arg(long)]
+    trace_prefill: bool,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -331,6 +336,18 @@ pub fn run(a: Args) -> Result<()> {
         let mut r = compare(&mut oracle, fast.as_mut(), &ids, a.tokens, bars)?;
         r.prompt = text.chars().take(40).collect();
         reports.push(r);
+    }
+    if a.trace_prefill {
+        let k = model.weights.config().num_experts_per_tok;
+        for (i, text) in texts.iter().enumerate() {
+            let ids = prompt_ids(tok.as_ref(), text, i)?;
+            eprintln!("{:?}:", text.chars().take(40).collect::<String>());
+            for line in
+                crate::prefill_trace::describe(&mut oracle, fast.as_mut(), &ids, k, a.trace_tol)?
+            {
+                eprintln!("  {line}");
+            }
+        }
     }
     let mut sampled = vec![];
     if let Some(seed) = a.sampled {

@@ -10,6 +10,7 @@ mod cmd_parity;
 mod cmd_serve;
 mod cmd_synth;
 mod plot;
+mod prefill_trace;
 mod sampling_args;
 mod tokenizer;
 

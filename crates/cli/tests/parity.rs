@@ -186,6 +186,58 @@ fn planted_error_fails_parity_and_names_layer_2() {
     planted("2:down", "l2.moe_out");
 }
 
+/// `--trace-prefill`: the GEMM prefill traced layer by layer against the oracle's per-token
+/// run finds no departure on a clean copy, and with layer 1's o-proj corrupted names layer 1
+/// (token 0, the first traced there) and not layer 0.
+#[test]
+fn prefill_trace_names_the_first_departing_layer() {
+    if !have_gpu("prefill_trace_names_the_first_departing_layer") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, "The capital of France is\n").unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "-n",
+            "2",
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--prefill-gemm-min",
+            "2",
+            "--trace-prefill",
+        ];
+        args.extend(extra);
+        let (out, _) = parity(&args);
+        text(&out.stderr)
+    };
+    let clean = run(&[]);
+    assert!(
+        clean.contains("worst residual rel err per layer: l0 ")
+            && clean.contains("first departure: none beyond 1e-3")
+            && clean.contains("the oracle's nearest routing tie: gap"),
+        "{clean}"
+    );
+    let bad = run(&["--plant-error", "1:o"]);
+    assert!(
+        bad.contains("first departure: layer 1 token 0: residual rel err"),
+        "{bad}"
+    );
+    // A prompt under the GEMM prefill's minimum takes the column prefill: said, not traced.
+    let (out, _) = parity(&[
+        "-n",
+        "2",
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--trace-prefill",
+    ]);
+    assert!(
+        text(&out.stderr).contains("does not take a traceable batched prefill"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn bad_plant_spec_is_a_clear_error() {
     for (spec, msg) in [

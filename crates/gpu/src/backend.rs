@@ -606,6 +606,15 @@ impl Backend for GpuBackend {
         self.profile_gemm_prefill(tokens)
     }
 
+    /// The GEMM prefill one layer per submit ([`crate::prefill::PrefillPlan::trace`]); `None`
+    /// where a prompt of this length takes another prefill.
+    fn trace_prefill(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<Option<Vec<nibble_backend::PrefillLayerTrace>>> {
+        self.trace_gemm_prefill(tokens)
+    }
+
     /// One op per submit with a readback each ([`DecodePlan::trace_step`]).
     fn trace_step(&mut self, token: u32) -> Result<Option<StepTrace>> {
         self.check_token(token)?;

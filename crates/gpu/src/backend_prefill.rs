@@ -282,6 +282,35 @@ impl GpuBackend {
         b.prefill_slot(slot, prompt, start)
     }
 
+    /// [`PrefillPlan::trace`] of `tokens` from position 0: the GEMM prefill's, where a prompt
+    /// of that length takes it (`None` otherwise, or past one chunk).
+    pub(super) fn trace_gemm_prefill(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<Option<Vec<nibble_backend::PrefillLayerTrace>>> {
+        self.lone_idle("a traced prefill")?;
+        for t in tokens {
+            self.check_token(*t)?;
+        }
+        ensure!(
+            !tokens.is_empty() && tokens.len() <= self.context_len(),
+            "a traced prefill of {} tokens (1..={})",
+            tokens.len(),
+            self.context_len()
+        );
+        if !self.takes_gemm(tokens.len()) {
+            return Ok(None);
+        }
+        self.pos = 0;
+        let g = self.gemm_prefill()?.expect("takes_gemm: not off");
+        if tokens.len() > g.chunk() as usize {
+            return Ok(None);
+        }
+        let layers = g.trace(tokens, 0)?;
+        self.pos = tokens.len();
+        Ok(Some(layers))
+    }
+
     /// [`PrefillPlan::profile`] of `tokens` from position 0 (the GEMM prefill only; `None`
     /// without it).
     pub(super) fn profile_gemm_prefill(&mut self, tokens: &[u32]) -> Result<Option<Vec<OpTime>>> {

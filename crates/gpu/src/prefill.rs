@@ -560,18 +560,7 @@ impl PrefillPlan {
         for (c, group) in chunks.iter().enumerate() {
             let p0 = pos + c * self.chunk as usize;
             let n = group.len() as u32;
-            let cs: Vec<Col> = group
-                .iter()
-                .enumerate()
-                .map(|(j, &t)| Col::active(t, (p0 + j) as u32, slot))
-                .collect();
-            self.ctx.write(&self.cols, 0, bytemuck::cast_slice(&cs));
-            let bound = (p0 + group.len() - 1) as u32;
-            self.ctx.write(
-                &self.dims,
-                0,
-                bytemuck::cast_slice(&self.dims_for(n, bound)),
-            );
+            let bound = self.load_chunk(group, p0, slot);
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
@@ -594,6 +583,25 @@ impl PrefillPlan {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
+    /// Write a chunk's columns (`tokens` at positions `p0..` of stream slot `slot`) and its
+    /// `dims`; returns the chunk's last position (the attention's bound).
+    fn load_chunk(&self, tokens: &[u32], p0: usize, slot: u32) -> u32 {
+        let cs: Vec<Col> = tokens
+            .iter()
+            .enumerate()
+            .map(|(j, &t)| Col::active(t, (p0 + j) as u32, slot))
+            .collect();
+        self.ctx.write(&self.cols, 0, bytemuck::cast_slice(&cs));
+        let bound = (p0 + tokens.len() - 1) as u32;
+        let n = tokens.len() as u32;
+        self.ctx.write(
+            &self.dims,
+            0,
+            bytemuck::cast_slice(&self.dims_for(n, bound)),
+        );
+        bound
+    }
+
     /// The embedding and every layer over the chunk's first `n` columns; `mark` runs after
     /// every op with its name (the profile's timestamps; a no-op otherwise).
     fn record_layers(
@@ -604,46 +612,60 @@ impl PrefillPlan {
         pos_bound: u32,
         mark: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
     ) -> GpuResult<()> {
-        let tall = (n >= TALL_TILE_TOKENS) as usize;
         self.embed_k.record_n(pass, &self.embed, n);
         mark(pass, "embed");
         for l in &self.layers {
-            self.norm_k.record(pass, &l.norm, n);
-            mark(pass, "attn norm");
-            self.gemm.record(pass, &l.qkv[tall], n);
-            if let (0, Some(r)) = (tall, &l.qkv_sum) {
-                self.reduce.record(pass, r, n);
-            }
-            mark(pass, "qkv gemm");
-            let attn = match target {
-                Target::Main => &l.attn,
-                Target::Stream(_) => l
-                    .attn_streams
-                    .as_ref()
-                    .expect("prefill() checked the stream slots are bound"),
-            };
-            match attn {
-                Attn::Tiles(write, attend) => {
-                    self.attn_k.record_kv_write(pass, write, n)?;
-                    self.tiles_k
-                        .as_ref()
-                        .expect("tile bindings come from the tile kernel")
-                        .record(pass, attend, n, pos_bound);
-                }
-                Attn::Columns(b) => self.attn_k.record_cols(pass, b, pos_bound, n)?,
-            }
-            mark(pass, "attention (kv write + attend)");
-            self.gemm.record(pass, &l.o[tall], n);
-            if let (0, Some(r)) = (tall, &l.o_sum) {
-                self.reduce.record(pass, r, n);
-            }
-            mark(pass, "o gemm +=");
-            self.norm_k.record(pass, &l.ffn_norm, n);
-            mark(pass, "ffn norm");
-            self.gemm.record(pass, &l.router, n);
-            mark(pass, "router gemm");
-            self.moe.record_marked(pass, &self.gemm, &l.moe, n, mark);
+            self.record_layer(pass, l, target, n, pos_bound, mark)?;
         }
+        Ok(())
+    }
+
+    /// One layer of [`Self::record_layers`].
+    fn record_layer(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        l: &Layer,
+        target: Target,
+        n: u32,
+        pos_bound: u32,
+        mark: &mut dyn FnMut(&mut wgpu::ComputePass<'_>, &'static str),
+    ) -> GpuResult<()> {
+        let tall = (n >= TALL_TILE_TOKENS) as usize;
+        self.norm_k.record(pass, &l.norm, n);
+        mark(pass, "attn norm");
+        self.gemm.record(pass, &l.qkv[tall], n);
+        if let (0, Some(r)) = (tall, &l.qkv_sum) {
+            self.reduce.record(pass, r, n);
+        }
+        mark(pass, "qkv gemm");
+        let attn = match target {
+            Target::Main => &l.attn,
+            Target::Stream(_) => l
+                .attn_streams
+                .as_ref()
+                .expect("prefill() checked the stream slots are bound"),
+        };
+        match attn {
+            Attn::Tiles(write, attend) => {
+                self.attn_k.record_kv_write(pass, write, n)?;
+                self.tiles_k
+                    .as_ref()
+                    .expect("tile bindings come from the tile kernel")
+                    .record(pass, attend, n, pos_bound);
+            }
+            Attn::Columns(b) => self.attn_k.record_cols(pass, b, pos_bound, n)?,
+        }
+        mark(pass, "attention (kv write + attend)");
+        self.gemm.record(pass, &l.o[tall], n);
+        if let (0, Some(r)) = (tall, &l.o_sum) {
+            self.reduce.record(pass, r, n);
+        }
+        mark(pass, "o gemm +=");
+        self.norm_k.record(pass, &l.ffn_norm, n);
+        mark(pass, "ffn norm");
+        self.gemm.record(pass, &l.router, n);
+        mark(pass, "router gemm");
+        self.moe.record_marked(pass, &self.gemm, &l.moe, n, mark);
         Ok(())
     }
 
@@ -664,18 +686,7 @@ impl PrefillPlan {
             self.chunk
         );
         let n = tokens.len() as u32;
-        let cs: Vec<Col> = tokens
-            .iter()
-            .enumerate()
-            .map(|(j, &t)| Col::active(t, (pos + j) as u32, 0))
-            .collect();
-        self.ctx.write(&self.cols, 0, bytemuck::cast_slice(&cs));
-        let bound = (pos + tokens.len() - 1) as u32;
-        self.ctx.write(
-            &self.dims,
-            0,
-            bytemuck::cast_slice(&self.dims_for(n, bound)),
-        );
+        let bound = self.load_chunk(tokens, pos, 0);
         let marks = 2 + 11 * self.layers.len() as u32;
         let set = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("prefill.profile"),
@@ -777,6 +788,9 @@ fn fit_chunk(want: u32, budget: u64, per_token: &[u64]) -> u32 {
     let most = per_token.iter().max().copied().unwrap_or(1).max(1);
     want.min((budget / most).clamp(1, u32::MAX as u64) as u32)
 }
+
+#[path = "prefill_trace.rs"]
+mod trace;
 
 #[cfg(test)]
 mod chunk_tests {

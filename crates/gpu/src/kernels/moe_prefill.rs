@@ -52,6 +52,9 @@ pub struct MoePrefill {
     act: wgpu::Buffer,
     /// `[TK, H]` f32.
     dn: wgpu::Buffer,
+    /// `[TK]` u32: each token's K expert ids in rank order (the route's; read by the
+    /// diagnostics, prefill_trace.rs).
+    rid: wgpu::Buffer,
     _keep: Vec<wgpu::Buffer>,
 }
 
@@ -212,8 +215,20 @@ impl MoePrefill {
             plan,
             act,
             dn,
-            _keep: vec![rid, rw, cnt],
+            rid,
+            _keep: vec![rw, cnt],
         })
+    }
+
+    /// `[tokens_max, K]` u32: the last recorded layer's expert ids per token, rank order
+    /// (diagnostics).
+    pub fn route_ids(&self) -> &wgpu::Buffer {
+        &self.rid
+    }
+
+    /// Experts per token.
+    pub fn top_k(&self) -> u32 {
+        self.dims.top_k
     }
 
     /// Bind one layer's expert GEMMs: `xn [T, H]` is the normalised input (the router's), the
