@@ -27,7 +27,7 @@ use crate::kernels::moe::Routing;
 use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions};
 use crate::stream::GreedyRuns;
-use crate::weights::GpuWeights;
+use crate::weights::{DenseForms, GpuWeights};
 use anyhow::{bail, ensure, Result};
 use nibble_backend::{argmax, Backend, DeviceSampling, OpTime, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
@@ -206,7 +206,12 @@ impl GpuBackend {
             cfg.max_position_embeddings
         );
         ensure!(opts.fold > 0, "fold must be at least 1");
-        let weights = GpuWeights::upload(ctx, source)?;
+        // The quantised and bfp24 matvecs read Q4_0 only: other dense forms are widened for them.
+        let dense = match opts.numerics {
+            Numerics::F32 => DenseForms::Any,
+            _ => DenseForms::Q4_0Only,
+        };
+        let weights = GpuWeights::upload_with(ctx, source, dense)?;
         let mut plan = DecodePlan::new(
             ctx,
             weights,

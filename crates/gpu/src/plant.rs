@@ -84,10 +84,12 @@ fn corrupt(plan: &DecodePlan, m: &Q4Matrix, group: u32) -> Result<()> {
             .iter()
             .find(|p| (p.row_start..p.row_start + p.rows).contains(&row))
             .context("a row outside every part of the matrix")?;
-        // The row's scales are halves b0..b0+bpr of the part's buffer; whole words are written
-        // (queue writes are 4-byte aligned), which may also hit a neighbouring row's scale.
+        // The row's blocks are b0..b0+bpr of the part; their scale words (one per pair of
+        // blocks, `wpp` u32 each: two for the K-quants' forms) are overwritten whole (queue
+        // writes are 4-byte aligned), which may also hit a neighbouring row's.
         let b0 = (row - part.row_start) as usize * bpr;
-        let (w0, w1) = (b0 / 2, (b0 + bpr).div_ceil(2));
+        let wpp = (part.form.scale_word_bytes() / 4) as usize;
+        let (w0, w1) = (b0 / 2 * wpp, (b0 + bpr).div_ceil(2) * wpp);
         let words = vec![word; w1 - w0];
         plan.ctx
             .write(&part.scales, w0 as u64 * 4, bytemuck::cast_slice(&words));

@@ -89,17 +89,30 @@ fn rows_cols(w: &Weight<'_>) -> (usize, usize) {
     (w.elements() / cols.max(1), cols)
 }
 
+/// Which dense matrices (qkv, o-proj, lm_head) stay packed: the f32-activation kernels read
+/// every form, the quantised and bfp24 numerics' Q4_0 only (llama.cpp's Q4_0 files store the
+/// lm_head as Q6_K: widened for them, exactly, as before per-tensor forms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseForms {
+    Any,
+    Q4_0Only,
+}
+
 /// Upload several weights with the same column count as one row-stacked matrix: if every one
-/// is of a type the kernels read packed, each run of one type stays packed as a part of its
-/// form ([`Q4Matrix::stack`]; one run, one upload, as before); otherwise all are widened
-/// ([`widened`]).
-fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>]) -> Result<Matrix> {
+/// is of a type the kernels read packed (and `dense` allows), each run of one type stays packed
+/// as a part of its form ([`Q4Matrix::stack`]; one run, one upload, as before); otherwise all
+/// are widened ([`widened`]).
+fn matrix(ctx: &Context, label: &str, ws: &[Weight<'_>], dense: DenseForms) -> Result<Matrix> {
     let cols = rows_cols(&ws[0]).1;
     ensure!(
         ws.iter().all(|w| rows_cols(w).1 == cols),
         "{label}: stacked tensors differ in width"
     );
-    if !ws.iter().all(|w| QForm::of(w.dtype).is_some()) {
+    let packed = |w: &Weight<'_>| match dense {
+        DenseForms::Any => QForm::of(w.dtype).is_some(),
+        DenseForms::Q4_0Only => w.dtype == DType::Q4_0,
+    };
+    if !ws.iter().all(packed) {
         return widened(ctx, label, ws);
     }
     let mut runs = Vec::new();
@@ -226,8 +239,18 @@ fn lend<T>(
 }
 
 impl GpuWeights {
-    /// Upload every tensor of `src` (shapes were checked by the source against its config).
+    /// Upload every tensor of `src` (shapes were checked by the source against its config),
+    /// every dense matrix of a packed type packed ([`DenseForms::Any`]).
     pub fn upload(ctx: &Context, src: &dyn WeightSource) -> Result<GpuWeights> {
+        Self::upload_with(ctx, src, DenseForms::Any)
+    }
+
+    /// [`Self::upload`] with the dense matrices `dense` allows packed, the others widened.
+    pub fn upload_with(
+        ctx: &Context,
+        src: &dyn WeightSource,
+        dense: DenseForms,
+    ) -> Result<GpuWeights> {
         let cfg = src.config().clone();
         cfg.validate()?;
         check_supported(src)?;
@@ -240,7 +263,7 @@ impl GpuWeights {
             let vec = |t: LayerTensor, s: &str| lend(src, key(t), |w| vector(ctx, &name(s), w));
             let mat = |t: LayerTensor, s: &str| {
                 lend(src, key(t), |w| {
-                    matrix(ctx, &name(s), std::slice::from_ref(w))
+                    matrix(ctx, &name(s), std::slice::from_ref(w), dense)
                 })
             };
             let experts = |t: LayerTensor, s: &str, row_multiple: usize| {
@@ -251,7 +274,12 @@ impl GpuWeights {
             let qkv = lend(src, key(T::AttnQ), |q| {
                 lend(src, key(T::AttnK), |k| {
                     lend(src, key(T::AttnV), |v| {
-                        matrix(ctx, &name("attn_qkv"), &[q.clone(), k.clone(), v.clone()])
+                        matrix(
+                            ctx,
+                            &name("attn_qkv"),
+                            &[q.clone(), k.clone(), v.clone()],
+                            dense,
+                        )
                     })
                 })
             })?;
@@ -280,7 +308,7 @@ impl GpuWeights {
             None
         } else {
             Some(lend(src, TensorKey::Output, |w| {
-                matrix(ctx, "output", std::slice::from_ref(w))
+                matrix(ctx, "output", std::slice::from_ref(w), dense)
             })?)
         };
         let vec_bytes = |b: &wgpu::Buffer| b.size();

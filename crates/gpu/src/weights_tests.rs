@@ -1,10 +1,15 @@
 //! [`check_supported`]: which mixtures of stored types the GPU backend takes (each tensor in
 //! its own form, as llama.cpp's `Q4_K_M` files store them) and the clear refusals before any
 //! upload: an embedding or expert tensor of a type the kernels do not read packed, and a
-//! layer whose gate and up differ. No adapter is needed: only the types are read.
+//! layer whose gate and up differ (no adapter needed: only the types are read); and which
+//! dense matrices stay packed for which numerics ([`DenseForms`]).
 
-use super::check_supported;
+use super::{check_supported, DenseForms, GpuWeights, HeadRef};
+use crate::backend::{GpuBackend, GpuOptions};
 use crate::backend_tests::{model_with_vocab, Mem};
+use crate::numerics::Numerics;
+use crate::testing::{cosine, gpu};
+use nibble_backend::{Backend, RefBackend};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use nibble_quant::DType;
@@ -84,4 +89,61 @@ fn mixed_packed_types_are_taken_and_others_refused_by_name() {
             && e.contains("--backend cpu"),
         "{e}"
     );
+}
+
+/// The tiny model with its lm_head re-encoded as Q8_0 (a dense matrix in another packed type
+/// than the model's Q4_0, as llama.cpp's Q4_0 files hold a Q6_K one), read by both backends.
+struct Q8Head {
+    inner: Arc<Mem>,
+    head: Vec<u8>,
+}
+
+impl WeightSource for Q8Head {
+    fn config(&self) -> &Qwen3MoeConfig {
+        self.inner.config()
+    }
+    fn weight(&self, key: TensorKey) -> anyhow::Result<Weight<'_>> {
+        let mut w = self.inner.weight(key)?;
+        if key == TensorKey::Output {
+            w.dtype = DType::Q8_0;
+            w.parts = vec![self.head.as_slice()];
+        }
+        Ok(w)
+    }
+}
+
+#[test]
+fn dense_matrices_of_other_forms_stay_packed_for_f32_and_are_widened_for_int8() {
+    let Some(ctx) =
+        gpu("dense_matrices_of_other_forms_stay_packed_for_f32_and_are_widened_for_int8")
+    else {
+        return;
+    };
+    let inner = model_with_vocab(6, false, 512);
+    let w = inner.weight(TensorKey::Output).unwrap();
+    let mut vals = vec![0f32; w.elements()];
+    nibble_quant::dequantize(w.dtype, w.parts[0], &mut vals).unwrap();
+    let head = nibble_quant::encode_float(DType::Q8_0, &vals);
+    let src = Arc::new(Q8Head { inner, head });
+    let packed = GpuWeights::upload_with(&ctx, src.as_ref(), DenseForms::Any).unwrap();
+    assert!(
+        matches!(packed.head(), HeadRef::Q4(m) if m.form() == Some(crate::tensor::QForm::Q8_0))
+    );
+    let wide = GpuWeights::upload_with(&ctx, src.as_ref(), DenseForms::Q4_0Only).unwrap();
+    assert!(matches!(wide.head(), HeadRef::F32(_)));
+    // Both numerics decode the model: the logits of a short prompt against the oracle's.
+    let prompt = [3u32, 141, 59, 26];
+    let mut rb = RefBackend::new(src.clone(), 64).unwrap();
+    let want = rb.prefill(&prompt).unwrap();
+    for numerics in [Numerics::F32, Numerics::Int8] {
+        let o = GpuOptions {
+            context_len: 64,
+            numerics,
+            ..Default::default()
+        };
+        let mut gb = GpuBackend::with_context(&ctx, src.as_ref(), o).unwrap();
+        let got = gb.prefill(&prompt).unwrap();
+        let c = cosine(&got, &want);
+        assert!(c >= 0.999, "{numerics}: cosine {c} with the oracle");
+    }
 }
