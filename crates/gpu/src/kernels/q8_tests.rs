@@ -502,6 +502,16 @@ fn q6_k_upload_refuses_lying_sizes_and_nan_scales() {
     assert!(e.to_string().contains("Q6_K"), "{e}");
 }
 
+/// Block `blk`'s `(d sc, -dmin m)` from the K-quants' scale words as the kernels read them
+/// (tensor.rs `Q4_SB_K`).
+fn k_sb(words: &[u32], blk: usize) -> (f32, f32) {
+    let (x, y) = (words[2 * (blk / 2)], words[2 * (blk / 2) + 1]);
+    let d = half::f16::from_bits(x as u16).to_f32();
+    let dmin = half::f16::from_bits((x >> 16) as u16).to_f32();
+    let sm = y >> (12 * (blk % 2));
+    (d * (sm & 63) as f32, -(dmin * ((sm >> 6) & 63) as f32))
+}
+
 #[test]
 fn q4_k_repack_decodes_to_the_reference_weights() {
     let mut r = rng(89);
@@ -519,11 +529,7 @@ fn q4_k_repack_decodes_to_the_reference_weights() {
             .chunks_exact(4)
             .enumerate()
             .flat_map(|(blk, q)| {
-                let (x, y) = (words[2 * (blk / 2)], words[2 * (blk / 2) + 1]);
-                let d = half::f16::from_bits(x as u16).to_f32();
-                let dmin = half::f16::from_bits((x >> 16) as u16).to_f32();
-                let sm = y >> (12 * (blk % 2));
-                let (s, b) = (d * (sm & 63) as f32, -(dmin * ((sm >> 6) & 63) as f32));
+                let (s, b) = k_sb(&words, blk);
                 let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
                 (0..32)
                     .map(|e| {
@@ -566,11 +572,7 @@ fn q5_k_repack_decodes_to_the_reference_weights() {
             .chunks_exact(8)
             .enumerate()
             .flat_map(|(blk, q)| {
-                let (x, y) = (words[2 * (blk / 2)], words[2 * (blk / 2) + 1]);
-                let d = half::f16::from_bits(x as u16).to_f32();
-                let dmin = half::f16::from_bits((x >> 16) as u16).to_f32();
-                let sm = y >> (12 * (blk % 2));
-                let (s, b) = (d * (sm & 63) as f32, -(dmin * ((sm >> 6) & 63) as f32));
+                let (s, b) = k_sb(&words, blk);
                 let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
                 assert!(bytes.iter().all(|l| *l < 32), "5-bit levels");
                 bytes
