@@ -9,7 +9,7 @@ use crate::state::with_state;
 
 /// The bfp24 conversion dispatch: `rmsnorm(h)` into [`BfpActs`] by one workgroup (the same
 /// blocks the bfp24 norm-on-load matvec stages), for matvecs that then read it as
-/// [`Act::Bfp`] with no per-workgroup staging (`--tune head=3`: the lm_head).
+/// [`crate::numerics::Act::Bfp`] with no per-workgroup staging (`--tune head=3`: the lm_head).
 pub struct BfpQuantKernel {
     pipeline: wgpu::ComputePipeline,
 }
@@ -27,7 +27,7 @@ impl BfpQuantKernel {
         })
     }
 
-    /// `out = bfp24(rmsnorm(x.h))` for `out.n` elements (at most [`NORM_ON_LOAD_MAX`]).
+    /// `out = bfp24(rmsnorm(x.h))` for `out.n` elements (at most [`super::NORM_ON_LOAD_MAX`]).
     pub fn bind(
         &self,
         ctx: &Context,
