@@ -53,7 +53,7 @@ pub struct MoePrefill {
     /// `[TK, H]` f32.
     dn: wgpu::Buffer,
     /// `[TK]` u32: each token's K expert ids in rank order (the route's; read by the
-    /// diagnostics, prefill_trace.rs).
+    /// diagnostics, prefill_diag.rs).
     rid: wgpu::Buffer,
     _keep: Vec<wgpu::Buffer>,
 }
