@@ -75,8 +75,8 @@ const Q4_K_M: Kind = Kind {
     forms: "Q6_K+Q4_K",
 };
 
-/// llama.cpp's `Q5_K_M` mixture on the small model: Q5_K (the byte payload with Q4_K's scale
-/// words) and Q6_K as in [`Q4_K_M`]; 32 tokens (Q6_K's run holds the 128).
+/// llama.cpp's `Q5_K_M` mixture on the small model: Q5_K (nibbles and a word of fifth bits per
+/// block, with Q4_K's scale words) and Q6_K as in [`Q4_K_M`]; 32 tokens (Q6_K's run holds the 128).
 const Q5_K_M: Kind = Kind {
     tokens: 32,
     preset: "small",

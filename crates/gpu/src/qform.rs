@@ -1,6 +1,6 @@
 //! The block forms a GPU matrix may hold ([`QForm`]) and the WGSL each compiles into the
 //! kernels that read it: the payload (`QB`, `qb_dot`, `qb_levels`: [`Q4_PAYLOAD`],
-//! [`Q8_PAYLOAD`], [`Q6_PAYLOAD`]), the scale word (`SW`, `q4_sb`: [`Q4_SB`], [`Q4_SB_K`]) and
+//! [`Q8_PAYLOAD`], [`Q6_PAYLOAD`], [`Q5_PAYLOAD`]), the scale word (`SW`, `q4_sb`: [`Q4_SB`], [`Q4_SB_K`]) and
 //! the coefficients every dot shares ([`Q4_COEF`]). The layouts themselves are described in
 //! `tensor.rs`'s module docs ("module docs" below).
 
@@ -44,6 +44,8 @@ fn qb_levels(w: QB, k: u32) -> vec4<f32> {
     let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
     return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
 }
+alias QBY = QB;
+fn qb_bytes(w: QB) -> QBY { return w; }
 ";
 
 /// WGSL payload of the 6-bit form (Q6_K, module docs): the byte form's `QB`, `dq8` masking
@@ -82,6 +84,54 @@ fn qb_levels(w: QB, k: u32) -> vec4<f32> {
     let q = vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(63u));
     return fma(vec4<f32>(sc), q - 32.0, vec4<f32>(32.0));
 }
+alias QBY = QB;
+fn qb_bytes(w: QB) -> QBY { return w; }
+";
+
+/// WGSL payload of the 5-bit K form (Q5_K, module docs): `QB` is five words, Q4_0's nibble
+/// words and one word of fifth bits (bit `e` = element `e`'s), 20 bytes per block.
+/// `qb_bytes(w)` = the block as the byte form's two vec4s (byte `j` = element `j`'s level,
+/// 0..31): each nibble word's four nibbles with their four fifth bits moved to bits 4, 12, 20
+/// and 28 by one multiply (`b · 0x02040810` puts bit `i` of `b` at `8i + 4`, among others that
+/// the mask drops; no two products share a bit, so nothing carries). `dq8` is the byte form's
+/// with the offset 16 (`Q_OFF`), the centre of the levels, so that `c1 = 16 c0 - dmin m` stays
+/// as small as the weights; `qb_dot` and `qb_levels` as [`Q8_PAYLOAD`]'s over those bytes.
+pub const Q5_PAYLOAD: &str = "
+struct QB { w0: u32, w1: u32, w2: u32, w3: u32, h: u32 };
+struct QBY { lo: vec4<u32>, hi: vec4<u32> };
+fn q5_spread(h: vec4<u32>) -> vec4<u32> {
+    return ((h & vec4<u32>(15u)) * 0x02040810u) & vec4<u32>(0x10101010u);
+}
+fn qb_bytes(w: QB) -> QBY {
+    let q = vec4<u32>(w.w0, w.w1, w.w2, w.w3);
+    let h = vec4<u32>(w.h);
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    return QBY((q & m) | q5_spread(h >> vec4<u32>(0u, 4u, 8u, 12u)),
+               ((q >> vec4<u32>(4u)) & m) | q5_spread(h >> vec4<u32>(16u, 20u, 24u, 28u)));
+}
+fn dq8(w: u32) -> vec4<f32> {
+    let s = w >> 16u;
+    return bitcast<vec4<f32>>((vec4<u32>(w, w, s, s) & vec4<u32>(0xFFu, 0xFF00u, 0xFFu, 0xFF00u))
+        | vec4<u32>(0x4B000000u)) - vec4<f32>(8388624.0, 8392704.0, 8388624.0, 8392704.0);
+}
+const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+fn qb_dot(v: QB, x: array<vec4<f32>, 8>) -> f32 {
+    let w = qb_bytes(v);
+    var a = dq8(w.lo.x) * x[0];
+    var b = dq8(w.hi.x) * x[4];
+    a = fma(dq8(w.lo.y), x[1], a);
+    b = fma(dq8(w.hi.y), x[5], b);
+    a = fma(dq8(w.lo.z), x[2], a);
+    b = fma(dq8(w.hi.z), x[6], b);
+    a = fma(dq8(w.lo.w), x[3], a);
+    b = fma(dq8(w.hi.w), x[7], b);
+    return dot(a, DQ8_S) + dot(b, DQ8_S);
+}
+fn qb_levels(v: QB, k: u32) -> vec4<f32> {
+    let w = qb_bytes(v);
+    let u = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
+    return vec4<f32>((vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+}
 ";
 
 /// The block form of a [`crate::tensor::Q4Matrix`]: what a block's payload words and its scale word hold.
@@ -109,8 +159,9 @@ pub enum QForm {
     /// ggml's Q4_K: nibbles as Q4_0's (each super-block of 256 its eight blocks of 32), scale
     /// words of two u32 per pair of blocks (module docs), weight `d sc q - dmin m`.
     Q4K,
-    /// ggml's Q5_K: bytes as [`QForm::Affine8`]'s (each super-block's eight blocks of 32, the
-    /// 5-bit level `q` stored as is) with [`QForm::Q4K`]'s scale words, weight `d sc q - dmin m`.
+    /// ggml's Q5_K: Q4_0's nibbles plus a word of fifth bits per block ([`Q5_PAYLOAD`], each
+    /// super-block's eight blocks of 32) with [`QForm::Q4K`]'s scale words, weight `d sc q -
+    /// dmin m`.
     Q5K,
 }
 
@@ -162,7 +213,8 @@ impl QForm {
         }
     }
 
-    /// Whether a block's payload is bytes (two vec4s) rather than nibbles (one).
+    /// Whether a block's dot is the byte forms' (`qb_dot` over `qb_bytes`, levels past 4 bits)
+    /// rather than the nibbles' (`dq_block`).
     pub fn wide(self) -> bool {
         matches!(self, QForm::Q8_0 | QForm::Affine8 | QForm::Q6K | QForm::Q5K)
     }
@@ -188,12 +240,13 @@ impl QForm {
         }
     }
 
-    /// Bytes of one 32-weight block's payload in `qs`.
+    /// Bytes of one 32-weight block's payload in `qs`: 16 for nibbles, 32 for bytes, 20 for
+    /// Q5_K's nibbles and fifth bits.
     pub fn block_bytes(self) -> u64 {
-        if self.wide() {
-            32
-        } else {
-            16
+        match self {
+            QForm::Q5K => 20,
+            f if f.wide() => 32,
+            _ => 16,
         }
     }
 
@@ -227,12 +280,15 @@ impl QForm {
     }
 
     /// WGSL prepended to a kernel reading matrices of this form: `const Q4_AFFINE`, `const
-    /// Q_OFF` (the offset the stored levels carry: 8 for nibbles, 128 for bytes, 32 for Q6_K),
-    /// [`Q4_COEF`] and the payload ([`Q4_PAYLOAD`], [`Q8_PAYLOAD`] or [`Q6_PAYLOAD`]: the block
-    /// type `QB`, `qb_dot`, `qb_levels`). Kernels declare their weight bindings `array<QB>`.
+    /// Q_OFF` (the offset the stored levels carry: 8 for nibbles, 128 for bytes, 32 for Q6_K,
+    /// 16 for Q5_K), [`Q4_COEF`] and the payload ([`Q4_PAYLOAD`], [`Q8_PAYLOAD`],
+    /// [`Q6_PAYLOAD`] or [`Q5_PAYLOAD`]: the block type `QB`, `qb_dot`, `qb_levels`, and for
+    /// the wide forms `qb_bytes`, the block as two vec4s of bytes). Kernels declare their weight
+    /// bindings `array<QB>`.
     pub fn wgsl(self) -> String {
         let (off, payload) = match self {
             QForm::Q6K => ("32.0", Q6_PAYLOAD),
+            QForm::Q5K => ("16.0", Q5_PAYLOAD),
             f if f.wide() => ("128.0", Q8_PAYLOAD),
             _ => ("8.0", Q4_PAYLOAD),
         };

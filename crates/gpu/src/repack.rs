@@ -176,29 +176,30 @@ pub fn repack_q4_k<'a>(
 }
 
 /// Repack ggml Q5_K super-blocks (176 bytes: as Q4_K's with `qh[32]` before `qs[128]`) into
-/// the [`QForm::Q5K`] form's (`qs` words: 64 per super-block, its eight blocks of 32 in order,
-/// byte `j` of block `b` = element `32 b + j`'s 5-bit level as is; scale words as Q4_K's). The
-/// level of element `l` of block `b` is nibble `b % 2` of `qs[32 (b / 2) + l]` with bit `b` of
-/// `qh[l]` on top (the reference decoder's order). Super-blocks are repacked in parallel; the
-/// index of the first whose `d` or `dmin` is not finite is the error.
+/// the [`QForm::Q5K`] form's (`qs` words: 40 per super-block, its eight blocks of 32 in order,
+/// five words each: Q4_0's nibble words of the levels' low four bits, then a word whose bit `j`
+/// is element `j`'s fifth bit; scale words as Q4_K's). The level of element `l` of block `b` is
+/// nibble `b % 2` of `qs[32 (b / 2) + l]` with bit `b` of `qh[l]` on top (the reference
+/// decoder's order). Super-blocks are repacked in parallel; the index of the first whose `d` or
+/// `dmin` is not finite is the error.
 ///
 /// [`QForm::Q5K`]: crate::tensor::QForm::Q5K
 pub fn repack_q5_k<'a>(
     supers: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u32>), usize> {
-    repack_supers(supers, 64, 8, |c, q, w| {
+    repack_supers(supers, 40, 8, |c, q, w| {
         if !k_scale_words(c, w) {
             return false;
         }
-        let level = |b: usize, l: usize| {
-            let nib = (c[48 + 32 * (b / 2) + l] >> (4 * (b % 2))) & 0xF;
-            (nib | ((c[16 + l] >> b) & 1) << 4) as u32
-        };
-        for (k, out) in q.iter_mut().enumerate() {
-            let (b, j0) = (k / 8, 4 * (k % 8));
-            *out = (0..4)
-                .map(|t| level(b, j0 + t) << (8 * t))
-                .fold(0, |a, v| a | v);
+        let nib = |b: usize, l: usize| ((c[48 + 32 * (b / 2) + l] >> (4 * (b % 2))) & 0xF) as u32;
+        let fifth = |b: usize, l: usize| ((c[16 + l] >> b) & 1) as u32;
+        for (b, out) in q.chunks_exact_mut(5).enumerate() {
+            for (k, word) in out[..4].iter_mut().enumerate() {
+                *word = (0..4)
+                    .map(|t| (nib(b, 4 * k + t) | nib(b, 4 * k + t + 16) << 4) << (8 * t))
+                    .fold(0, |a, v| a | v);
+            }
+            out[4] = (0..32).map(|l| fifth(b, l) << l).fold(0, |a, v| a | v);
         }
         true
     })

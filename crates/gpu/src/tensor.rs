@@ -49,14 +49,16 @@
 //! -dmin m)` and every affine kernel path reads it; 5 bits per weight against the file's 4.5.
 //!
 //! The 5-bit K form ([`QForm::Q5K`], from ggml's Q5_K: Q4_K's super-block with a fifth bit per
-//! weight) is the 8-bit affine form's payload (byte `j` of a block = element `j`'s level `q`,
-//! 0..31, as is) with the K form's scale words: affine with `(s, b) = (d sc, -dmin m)`, 9 bits
-//! per weight against the file's 5.5.
+//! weight) keeps each block's low four bits as Q4_0's nibble words and adds a fifth word whose
+//! bit `j` is element `j`'s fifth bit (20 bytes per block, `QB` five u32: [`Q5_PAYLOAD`], whose
+//! `qb_bytes` makes the byte form's two vec4s of it for the byte kernels' products), with the
+//! K form's scale words: affine with `(s, b) = (d sc, -dmin m)` and `Q_OFF` 16, 6 bits per weight
+//! against the file's 5.5.
 //!
 //! A kernel computes a block's dot as `c0 · Σ (q - off) x + c1 · Σ x` with `(c0, c1)` from
 //! [`Q4_COEF`]: `(d, 0)` for Q4_0, Q8_0 and Q6_K, `(s, b + off s)` for the affine forms (the `Σ x`
-//! term is skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes, 32 for Q6_K
-//! (`Q_OFF`). Every
+//! term is skipped where `Q4_AFFINE` is false); `off` is 8 for nibbles, 128 for bytes, 32 for Q6_K,
+//! 16 for Q5_K (`Q_OFF`). Every
 //! pipeline that reads block matrices is compiled for one [`QForm`] ([`QForm::wgsl`]). The form
 //! belongs to each part ([`Q4Part::form`]): the dense kernels (matvec, matmul, GEMM) pick a
 //! pipeline per part, so a stacked matrix may mix forms; the MoE, embedding and folded-router
@@ -68,7 +70,9 @@
 //!   the second term lets the matvec subtract the Q4_0 offset of 8 with one multiply per block.
 
 use crate::context::{Context, GpuError, Result};
-pub use crate::qform::{QForm, Q4_COEF, Q4_PAYLOAD, Q4_SB, Q4_SB_K, Q6_PAYLOAD, Q8_PAYLOAD};
+pub use crate::qform::{
+    QForm, Q4_COEF, Q4_PAYLOAD, Q4_SB, Q4_SB_K, Q5_PAYLOAD, Q6_PAYLOAD, Q8_PAYLOAD,
+};
 pub use crate::repack::{
     repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0,
 };

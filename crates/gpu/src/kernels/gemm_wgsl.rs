@@ -226,8 +226,22 @@ fn coef_of(v: GSW, i: u32) -> vec2<f32> {
 }
 "
         };
-        s += "struct QB8 { lo: vec4<u32>, hi: vec4<u32> };
-@group(0) @binding(0) var<storage, read> qs: array<QB8>; // [rows * bpr] byte blocks
+        // `q8_half(q, h)`: half h of the block as 4 words of bytes (byte j = element 16 h + j's
+        // level); Q5_K's blocks are nibbles and a word of fifth bits (qform.rs `Q5_PAYLOAD`).
+        s += if qform == QForm::Q5K {
+            "struct QB8 { w0: u32, w1: u32, w2: u32, w3: u32, h: u32 };
+fn q8_half(q: QB8, h: u32) -> vec4<u32> {
+    let n = (vec4<u32>(q.w0, q.w1, q.w2, q.w3) >> vec4<u32>(4u * h)) & vec4<u32>(0x0F0F0F0Fu);
+    let b = (vec4<u32>(q.h >> (16u * h)) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
+    return n | ((b * 0x02040810u) & vec4<u32>(0x10101010u));
+}
+"
+        } else {
+            "struct QB8 { lo: vec4<u32>, hi: vec4<u32> };
+fn q8_half(q: QB8, h: u32) -> vec4<u32> { return select(q.lo, q.hi, h == 1u); }
+"
+        };
+        s += "@group(0) @binding(0) var<storage, read> qs: array<QB8>; // [rows * bpr] byte blocks
 @group(0) @binding(1) var<storage, read> sc: array<GSW>; // [rows * bpr / 2] scale words
 struct WReg { q: vec4<u32>, d: f32, b: f32 };
 ";
@@ -247,7 +261,7 @@ struct WReg { q: vec4<u32>, d: f32, b: f32 };
         v = sc2[blk >> 1u];
     }
     let c = coef_of(v, blk);
-    return WReg(select(q.lo, q.hi, h == 1u), c.x, c.y);
+    return WReg(q8_half(q, h), c.x, c.y);
 }
 @group(0) @binding(6) var<storage, read> qs2: array<QB8>; // up bytes
 @group(0) @binding(7) var<storage, read> sc2: array<GSW>; // up scale words
@@ -255,7 +269,7 @@ struct WReg { q: vec4<u32>, d: f32, b: f32 };
         } else {
             s += "    let q = qs[blk];
     let c = coef_of(sc[blk >> 1u], blk);
-    return WReg(select(q.lo, q.hi, h == 1u), c.x, c.y);
+    return WReg(q8_half(q, h), c.x, c.y);
 }
 ";
         }

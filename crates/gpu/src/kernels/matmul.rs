@@ -344,17 +344,22 @@ fn coef(blk: &str, affine: bool) -> String {
 }
 
 /// One block for every (row, column): each row's words dequantised once (nibbles: 4 words,
-/// `q{r}_{k}l/h` by `dq_lo`/`dq_hi`; bytes: 8 words, `q{r}_{k}` by `dq8`), then per column its 8
+/// `q{r}_{k}l/h` by `dq_lo`/`dq_hi`; bytes: 8 words of `qb_bytes`, `q{r}_{k}` by `dq8`), then per column its 8
 /// staged vec4s (`x0..x7`, swizzled slots) and per row the form's exact sequence of products
 /// (`dq_block`'s or `qb_dot`'s), then `a = fma(scale, dot, a)` as the matvec.
 fn body_lines(r: u32, c: u32, form: QForm) -> String {
     let affine = form.affine();
     let mut s = String::new();
     for i in 0..r {
+        if form.wide() {
+            // The block as bytes (`qb_bytes`: itself for the byte forms, Q5_K's nibbles with
+            // their fifth bits).
+            s += &format!("let y{i} = qb_bytes(w{i});\n                ");
+        }
         for (k, comp) in ["x", "y", "z", "w"].iter().enumerate() {
             s += &match form.wide() {
                 true => format!(
-                    "let q{i}_{k} = dq8(w{i}.lo.{comp}); let q{i}_{} = dq8(w{i}.hi.{comp});
+                    "let q{i}_{k} = dq8(y{i}.lo.{comp}); let q{i}_{} = dq8(y{i}.hi.{comp});
                 ",
                     k + 4
                 ),
@@ -374,7 +379,7 @@ fn body_lines(r: u32, c: u32, form: QForm) -> String {
     if form == QForm::Q6K {
         for i in 0..r {
             s += &format!(
-                "let t{i} = vec2<f32>(q6_sub(w{i}.lo.x), q6_sub(w{i}.hi.x));
+                "let t{i} = vec2<f32>(q6_sub(y{i}.lo.x), q6_sub(y{i}.hi.x));
                 "
             );
         }

@@ -404,7 +404,7 @@ impl MoeKernel {
                 consts_rows(p, gate_up_t, gate_up_rows, p.hidden),
                 tune.late_norm,
                 down_warm_loads(p, p.inter / (WG / gate_up_t * gate_up_rows), down_form),
-                down_form.block_bytes() / 16,
+                down_form.block_bytes(),
                 down_form.scale_word_bytes(),
                 gu_form.wgsl(),
                 gu_form.with_dot(include_str!("../shaders/moe_gate_up_f32.wgsl"))

@@ -41,13 +41,13 @@ pub struct MoeFolded<'a> {
 }
 
 /// Sector loads per thread of `gate_up_folded_warm` (`DW_LOADS`): one expert's down blocks
-/// (`H x I/32` of `form`: two nibble blocks or one byte block per 32-byte sector) and scale
+/// (`H x I/32` of `form`, `QForm::block_bytes` each, in 32-byte sectors) and scale
 /// words (`QForm::scale_word_bytes` per pair of blocks) over the `nx` workgroups of a slot.
 pub(super) fn down_warm_loads(p: &MoeParams, nx: u32, form: QForm) -> u32 {
     let blocks = p.hidden * (p.inter / BLOCK as u32);
-    let units = blocks * (form.block_bytes() / 16) as u32;
+    let q_bytes = blocks * form.block_bytes() as u32;
     let scale_bytes = blocks.div_ceil(2) * form.scale_word_bytes() as u32;
-    let sectors = units.div_ceil(2) + scale_bytes.div_ceil(32);
+    let sectors = q_bytes.div_ceil(32) + scale_bytes.div_ceil(32);
     sectors.div_ceil(nx.max(1)).div_ceil(WG).max(1)
 }
 

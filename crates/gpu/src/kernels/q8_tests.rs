@@ -71,11 +71,11 @@ fn fits(dt: DType, cols: usize) -> bool {
 pub(super) fn mag_of(dt: DType, bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
     if let DType::Q4_K | DType::Q5_K = dt {
         // The kernels take a block's dot as `c0 Σ (q - off) x + c1 Σ x` with `c0 = d sc`,
-        // `c1 = off c0 - dmin m` (`off` 8 for Q4_K's nibbles, 128 for Q5_K's bytes): those
+        // `c1 = off c0 - dmin m` (`off` 8 for Q4_K's nibbles, 16 for Q5_K's levels): those
         // terms' magnitudes.
         let (spr, bb, off) = match dt {
             DType::Q4_K => (cols / 256, 144, 8.0),
-            _ => (cols / 256, 176, 128.0),
+            _ => (cols / 256, 176, 16.0),
         };
         return (0..rows)
             .map(|r| {
@@ -560,24 +560,27 @@ fn q5_k_repack_decodes_to_the_reference_weights() {
     for (rows, cols) in [(1usize, 256usize), (3, 768), (17, 2048)] {
         let bytes = crate::testing::rand_q5_k(&mut r, rows, cols);
         let (qs, words) = repack_q5_k(bytes.chunks_exact(176)).unwrap();
-        assert_eq!(qs.len(), rows * cols / 4, "eight words per block of 32");
+        assert_eq!(qs.len(), rows * cols / 32 * 5, "five words per block of 32");
         assert_eq!(
             words.len(),
             rows * cols / 32,
             "two words per pair of blocks"
         );
-        // As the kernels read them (tensor.rs `Q4_SB_K`, the byte payload's levels as is):
-        // (d sc) q - dmin m, one rounding.
+        // As the kernels read them (tensor.rs `Q4_SB_K`; qform.rs `Q5_PAYLOAD`: element j's
+        // low bits in Q4_0's nibble order, its fifth bit at bit j of word 4): (d sc) q - dmin m,
+        // one rounding.
         let got: Vec<f32> = qs
-            .chunks_exact(8)
+            .chunks_exact(5)
             .enumerate()
             .flat_map(|(blk, q)| {
                 let (s, b) = k_sb(&words, blk);
-                let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
-                assert!(bytes.iter().all(|l| *l < 32), "5-bit levels");
-                bytes
-                    .into_iter()
-                    .map(|l| s.mul_add(l as f32, b))
+                let nib: Vec<u8> = q[..4].iter().flat_map(|w| w.to_le_bytes()).collect();
+                (0..32)
+                    .map(|j| {
+                        let low = (nib[j % 16] >> (4 * (j / 16))) & 0xF;
+                        let l = low as u32 | ((q[4] >> j) & 1) << 4;
+                        s.mul_add(l as f32, b)
+                    })
                     .collect::<Vec<_>>()
             })
             .collect();

@@ -282,8 +282,8 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
 // blocks and scales (H rows of I / 32 blocks), DW_LOADS per thread (a host constant), issued
 // together; returns their xor (consumed after the rows, so nothing waits on them before).
 fn down_warm(e: u32, bx: u32, nx: u32, li: u32) -> u32 {
-    // DW_QB: 16-byte units per block (1 nibbles, 2 bytes; a host constant, QForm::block_bytes).
-    let qsec = (H * (I / 32u) * DW_QB + 1u) / 2u; // 2 units of 16 bytes per sector
+    // DW_QB: bytes per block (16 nibbles, 32 bytes, 20 Q5_K; a host constant, QForm::block_bytes).
+    let qsec = (H * (I / 32u) * DW_QB + 31u) / 32u; // sectors of 32 bytes
     // DW_SB: scale bytes per pair of blocks (4, Q4_K's 8; QForm::scale_word_bytes).
     let ssec = ((H * (I / 32u) + 1u) / 2u * DW_SB + 31u) / 32u;
     let tot = qsec + ssec;
@@ -296,7 +296,7 @@ fn down_warm(e: u32, bx: u32, nx: u32, li: u32) -> u32 {
         let s = bx * per + k * WG + li;
         if (s < end) {
             if (s < qsec) {
-                t ^= dwarm_q[min((e * qsec + s) * 8u, nq - 1u)];
+                t ^= dwarm_q[min((e * H * (I / 32u) * DW_QB / 32u + s) * 8u, nq - 1u)];
             } else {
                 t ^= dwarm_s[min((e * ssec + s - qsec) * 8u, ns - 1u)];
             }
