@@ -48,26 +48,41 @@ alias QBY = QB;
 fn qb_bytes(w: QB) -> QBY { return w; }
 ";
 
-/// WGSL payload of the 6-bit form (Q6_K, module docs): the byte form's `QB`, `dq8` masking
-/// each byte to its 6-bit level (`q - 32` exactly, by the same mantissa trick), and
-/// `q6_sub(word)` = the i8 sub-scale held in the top two bits of the word's four bytes.
-/// `qb_dot(w, x)` = Σ sc (q - 32) x (each half's sum times its sub-scale: the integers
-/// `sc (q - 32)` are what the block's `d` multiplies); `qb_levels(w, k)` = `sc (q - 32) + 32`
-/// for elements 4k .. 4k + 3, so that `(level - Q_OFF) d` is the weight, exactly.
+/// WGSL payload of the 6-bit form (Q6_K, module docs): `QB` is seven words, 28 bytes per
+/// block: Q4_0's nibble words of the levels' low four bits, two words of their top two bits
+/// (`h0` elements 0-15, `h1` 16-31, two bits each, element `e` at bit `2e`), and `s`, the two
+/// i8 sub-scales (elements 0-15 in byte 0, 16-31 in byte 1). `qb_bytes(w)` = the block as the
+/// byte form's two vec4s (byte `j` = element `j`'s level; `q6_spread` moves four 2-bit
+/// fields to bits 0-1 of four bytes); `dq8` masks each byte to its 6-bit level (`q - 32`
+/// exactly, by the mantissa trick); `q6_sub(w, half)` = a half's sub-scale. `qb_dot(w, x)` =
+/// Σ sc (q - 32) x (each half's sum times its sub-scale: the integers `sc (q - 32)` are what
+/// the block's `d` multiplies); `qb_levels(w, k)` = `sc (q - 32) + 32` for elements 4k ..
+/// 4k + 3, so that `(level - Q_OFF) d` is the weight, exactly.
 pub const Q6_PAYLOAD: &str = "
-struct QB { lo: vec4<u32>, hi: vec4<u32> };
+struct QB { w0: u32, w1: u32, w2: u32, w3: u32, h0: u32, h1: u32, s: u32 };
+struct QBY { lo: vec4<u32>, hi: vec4<u32> };
+fn q6_spread(v: vec4<u32>) -> vec4<u32> {
+    let x = (v & vec4<u32>(0xFFu)) | ((v & vec4<u32>(0xF0u)) << vec4<u32>(12u));
+    return (x | (x << vec4<u32>(6u))) & vec4<u32>(0x03030303u);
+}
+fn qb_bytes(w: QB) -> QBY {
+    let q = vec4<u32>(w.w0, w.w1, w.w2, w.w3);
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    let sh = vec4<u32>(0u, 8u, 16u, 24u);
+    return QBY((q & m) | (q6_spread(vec4<u32>(w.h0) >> sh) << vec4<u32>(4u)),
+               ((q >> vec4<u32>(4u)) & m) | (q6_spread(vec4<u32>(w.h1) >> sh) << vec4<u32>(4u)));
+}
 fn dq8(w: u32) -> vec4<f32> {
     let s = w >> 16u;
     return bitcast<vec4<f32>>((vec4<u32>(w, w, s, s) & vec4<u32>(0x3Fu, 0x3F00u, 0x3Fu, 0x3F00u))
         | vec4<u32>(0x4B000000u)) - vec4<f32>(8388640.0, 8396800.0, 8388640.0, 8396800.0);
 }
 const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
-fn q6_sub(w: u32) -> f32 {
-    let t = (w >> 6u) & 0x03030303u;
-    let u = (t & 3u) | ((t >> 6u) & 0xCu) | ((t >> 12u) & 0x30u) | ((t >> 18u) & 0xC0u);
-    return f32(bitcast<i32>(u << 24u) >> 24u);
+fn q6_sub(w: QB, half: u32) -> f32 {
+    return f32(bitcast<i32>(w.s << (24u - 8u * half)) >> 24u);
 }
-fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
+fn qb_dot(v: QB, x: array<vec4<f32>, 8>) -> f32 {
+    let w = qb_bytes(v);
     var a = dq8(w.lo.x) * x[0];
     var b = dq8(w.hi.x) * x[4];
     a = fma(dq8(w.lo.y), x[1], a);
@@ -76,16 +91,15 @@ fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
     b = fma(dq8(w.hi.z), x[6], b);
     a = fma(dq8(w.lo.w), x[3], a);
     b = fma(dq8(w.hi.w), x[7], b);
-    return fma(q6_sub(w.lo.x), dot(a, DQ8_S), q6_sub(w.hi.x) * dot(b, DQ8_S));
+    return fma(q6_sub(v, 0u), dot(a, DQ8_S), q6_sub(v, 1u) * dot(b, DQ8_S));
 }
-fn qb_levels(w: QB, k: u32) -> vec4<f32> {
-    let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
-    let sc = q6_sub(select(w.lo.x, w.hi.x, k >= 4u));
-    let q = vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(63u));
+fn qb_levels(v: QB, k: u32) -> vec4<f32> {
+    let w = qb_bytes(v);
+    let u = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
+    let sc = q6_sub(v, select(0u, 1u, k >= 4u));
+    let q = vec4<f32>((vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(63u));
     return fma(vec4<f32>(sc), q - 32.0, vec4<f32>(32.0));
 }
-alias QBY = QB;
-fn qb_bytes(w: QB) -> QBY { return w; }
 ";
 
 /// WGSL payload of the 5-bit K form (Q5_K, module docs): `QB` is five words, Q4_0's nibble
@@ -152,9 +166,9 @@ pub enum QForm {
     /// `q` stored as is, so `q - 128` is what the payload's dot sees), one word per group with
     /// the bf16 scale and bias as [`QForm::Affine4`]'s, weight `s q + b`.
     Affine8,
-    /// ggml's Q6_K: the byte layout with 6-bit levels and each 16 weights' i8 sub-scale in
-    /// the bytes' top bits (module docs), the super-block's f16 `d` per block as Q4_0's
-    /// scales, weight `d sc (q - 32)`.
+    /// ggml's Q6_K: nibbles, two top bits and each 16 weights' i8 sub-scale per block
+    /// ([`Q6_PAYLOAD`]), the super-block's f16 `d` per block as Q4_0's scales, weight
+    /// `d sc (q - 32)`.
     Q6K,
     /// ggml's Q4_K: nibbles as Q4_0's (each super-block of 256 its eight blocks of 32), scale
     /// words of two u32 per pair of blocks (module docs), weight `d sc q - dmin m`.
@@ -241,10 +255,11 @@ impl QForm {
     }
 
     /// Bytes of one 32-weight block's payload in `qs`: 16 for nibbles, 32 for bytes, 20 for
-    /// Q5_K's nibbles and fifth bits.
+    /// Q5_K's nibbles and fifth bits, 28 for Q6_K's nibbles, top bits and sub-scales.
     pub fn block_bytes(self) -> u64 {
         match self {
             QForm::Q5K => 20,
+            QForm::Q6K => 28,
             f if f.wide() => 32,
             _ => 16,
         }

@@ -108,17 +108,18 @@ fn repack_mlx_groups<'a>(
 }
 
 /// Repack ggml Q6_K super-blocks (210 bytes: `ql[128]`, `qh[64]`, sixteen i8 scales, f16 `d`)
-/// into the [`QForm::Q6K`] form's (`qs` words: 64 per super-block, its eight blocks of 32 in
-/// order; f16 scale bits: the super-block's `d` once per block). Byte `j` of block `b` is
-/// element `32 b + j`'s 6-bit level, with bits `2k, 2k + 1` of sub-scale `2b` (`2b + 1`) in the
-/// top two bits of byte `k` (`16 + k`), `k < 4`. Super-blocks are repacked in parallel; the
-/// index of the first one whose `d` is not finite is the error.
+/// into the [`QForm::Q6K`] form's (`qs` words: 56 per super-block, its eight blocks of 32 in
+/// order; f16 scale bits: the super-block's `d` once per block). Block `b`'s seven words:
+/// Q4_0's nibble words of its levels' low four bits, the top two bits of elements 0-15 (word
+/// 4) and 16-31 (word 5), element `e` at bits `2e, 2e + 1`, and sub-scales `2b` and `2b + 1`
+/// in bytes 0 and 1 of word 6 (qform.rs `Q6_PAYLOAD`). Super-blocks are repacked in parallel;
+/// the index of the first one whose `d` is not finite is the error.
 ///
 /// [`QForm::Q6K`]: crate::tensor::QForm::Q6K
 pub fn repack_q6_k<'a>(
     supers: impl Iterator<Item = &'a [u8]>,
 ) -> std::result::Result<(Vec<u32>, Vec<u16>), usize> {
-    repack_supers(supers, 64, 8, |c, q, d| {
+    repack_supers(supers, 56, 8, |c, q, d| {
         let dv = f16::from_le_bytes([c[208], c[209]]);
         if !dv.is_finite() {
             return false;
@@ -133,17 +134,19 @@ pub fn repack_q6_k<'a>(
             let qh = (c[128 + 32 * h + l] >> (2 * k)) & 3;
             (ql | qh << 4) as u32
         };
-        for (w, out) in q.iter_mut().enumerate() {
-            let (b, j0) = (w / 8, 4 * (w % 8));
-            // Words 0 and 4 of a block carry its two sub-scales in their bytes' top bits.
-            let sub = match w % 8 {
-                0 => c[192 + 2 * b] as u32,
-                4 => c[192 + 2 * b + 1] as u32,
-                _ => 0,
-            };
-            *out = (0..4)
-                .map(|k| (level(32 * b + j0 + k) | ((sub >> (2 * k)) & 3) << 6) << (8 * k))
-                .fold(0, |a, v| a | v);
+        for (b, out) in q.chunks_exact_mut(7).enumerate() {
+            let lv = |j: usize| level(32 * b + j);
+            for (k, word) in out[..4].iter_mut().enumerate() {
+                *word = (0..4)
+                    .map(|t| ((lv(4 * k + t) & 0xF) | (lv(16 + 4 * k + t) & 0xF) << 4) << (8 * t))
+                    .fold(0, |a, v| a | v);
+            }
+            for half in 0..2 {
+                out[4 + half] = (0..16)
+                    .map(|e| (lv(16 * half + e) >> 4) << (2 * e))
+                    .fold(0, |a, v| a | v);
+            }
+            out[6] = c[192 + 2 * b] as u32 | (c[192 + 2 * b + 1] as u32) << 8;
         }
         true
     })

@@ -30,13 +30,14 @@
 //! are) with the affine form's scale words (one `scale | bias << 16` per group).
 //!
 //! The 6-bit form ([`QForm::Q6K`], from ggml's Q6_K super-blocks of 256: weight
-//! `d · sc · (q - 32)` with an i8 scale `sc` per 16 weights and an f16 `d` per super-block) is
-//! the byte form's layout with each super-block split into its eight blocks of 32:
-//! - `qs`: byte `j` of a block = element `j`'s 6-bit level `q` in bits 0-5; bits 6-7 of bytes
-//!   0-3 hold the first sub-block's `sc` (bits `2k, 2k + 1` in byte `k`, two's complement), of
-//!   bytes 16-19 the second's; the other top bits are zero. The sub-scales ride in the payload
-//!   so that a block keeps one coefficient, `d`, and every kernel's `c0 · dot` stays as it is:
-//!   the form's `qb_dot` scales each half's sum by its `sc` ([`Q6_PAYLOAD`]).
+//! `d · sc · (q - 32)` with an i8 scale `sc` per 16 weights and an f16 `d` per super-block)
+//! splits each super-block into its eight blocks of 32:
+//! - `qs`: seven words per block (28 bytes, [`Q6_PAYLOAD`]): the levels' low four bits as
+//!   Q4_0's nibble words, their top two bits (elements 0-15 in word 4, 16-31 in word 5, element
+//!   `e` at bits `2 (e % 16)`), and the two sub-blocks' `sc` in bytes 0 and 1 of word 6. The
+//!   sub-scales ride in the payload so that a block keeps one coefficient, `d`, and every
+//!   kernel's `c0 · dot` stays as it is: the form's `qb_dot` scales each half's sum by its
+//!   `sc`. 7.5 bits per weight with the scales, against the file's 6.56.
 //! - `scales`: Q4_0's f16 words, each block holding its super-block's `d`.
 //!
 //! The K form ([`QForm::Q4K`], from ggml's Q4_K super-blocks of 256: weight `d · sc · q - dmin

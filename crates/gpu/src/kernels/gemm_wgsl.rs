@@ -72,7 +72,7 @@ const WSTORE_F32_A8: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
 ";
 
 /// [`WSTORE_F32_Q8`] for Q6_K's 6-bit form: `WReg.q` is half `h` of the block (one 16-weight
-/// sub-block), its i8 sub-scale `sc` in the top bits of word 0's bytes (tensor.rs); each
+/// sub-block), its i8 sub-scale `sc` in the top bits of word 0's bytes (`q8_half` puts it there); each
 /// weight is `d (sc (q - 32))`, the integer exact and the product exact (11 + 7 + 5 significant
 /// bits), as the oracle's.
 const WSTORE_F32_Q6: &str = "fn gm_wstore(r: WReg, nn: u32, h: u32) {
@@ -228,7 +228,24 @@ fn coef_of(v: GSW, i: u32) -> vec2<f32> {
         };
         // `q8_half(q, h)`: half h of the block as 4 words of bytes (byte j = element 16 h + j's
         // level); Q5_K's blocks are nibbles and a word of fifth bits (qform.rs `Q5_PAYLOAD`).
-        s += if qform == QForm::Q5K {
+        s += if qform == QForm::Q6K {
+            // Q6_K's blocks are nibbles, two words of top bits and a word of two sub-scales
+            // (qform.rs `Q6_PAYLOAD`); the half's sub-scale goes back into the top bits of its
+            // first four bytes, where `WSTORE_F32_Q6` reads it.
+            "struct QB8 { w0: u32, w1: u32, w2: u32, w3: u32, h0: u32, h1: u32, s: u32 };
+fn q6_spread(v: vec4<u32>) -> vec4<u32> {
+    let x = (v & vec4<u32>(0xFFu)) | ((v & vec4<u32>(0xF0u)) << vec4<u32>(12u));
+    return (x | (x << vec4<u32>(6u))) & vec4<u32>(0x03030303u);
+}
+fn q8_half(q: QB8, h: u32) -> vec4<u32> {
+    let n = (vec4<u32>(q.w0, q.w1, q.w2, q.w3) >> vec4<u32>(4u * h)) & vec4<u32>(0x0F0F0F0Fu);
+    let t = q6_spread(vec4<u32>(select(q.h0, q.h1, h == 1u)) >> vec4<u32>(0u, 8u, 16u, 24u));
+    let sc = q6_spread(vec4<u32>(q.s >> (8u * h))).x << 6u;
+    let b = n | (t << vec4<u32>(4u));
+    return vec4<u32>(b.x | sc, b.yzw);
+}
+"
+        } else if qform == QForm::Q5K {
             "struct QB8 { w0: u32, w1: u32, w2: u32, w3: u32, h: u32 };
 fn q8_half(q: QB8, h: u32) -> vec4<u32> {
     let n = (vec4<u32>(q.w0, q.w1, q.w2, q.w3) >> vec4<u32>(4u * h)) & vec4<u32>(0x0F0F0F0Fu);

@@ -379,7 +379,7 @@ fn body_lines(r: u32, c: u32, form: QForm) -> String {
     if form == QForm::Q6K {
         for i in 0..r {
             s += &format!(
-                "let t{i} = vec2<f32>(q6_sub(y{i}.lo.x), q6_sub(y{i}.hi.x));
+                "let t{i} = vec2<f32>(q6_sub(w{i}, 0u), q6_sub(w{i}, 1u));
                 "
             );
         }

@@ -30,17 +30,19 @@ fn decode_q8(qs: &[u32], scales: &[u16]) -> Vec<f32> {
 }
 
 /// The weights the 6-bit form holds, decoded on the host from the repacked words as the
-/// kernels read them: byte `j` of a block = element `j`'s level in bits 0-5, the sub-scales in
-/// the top bits of bytes 0-3 and 16-19 (two bits per byte, low first).
+/// kernels read them (qform.rs `Q6_PAYLOAD`): seven words per block, element `j`'s low four
+/// bits in Q4_0's nibble order, its top two at bits `2 (j % 16)` of word `4 + j / 16`, and the
+/// halves' i8 sub-scales in bytes 0 and 1 of word 6.
 fn decode_q6(qs: &[u32], scales: &[u16]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(qs.len() * 4);
-    for (blk, w) in qs.chunks_exact(8).enumerate() {
+    let mut out = Vec::with_capacity(qs.len() * 32 / 7);
+    for (blk, w) in qs.chunks_exact(7).enumerate() {
         let d = half::f16::from_bits(scales[blk]).to_f32();
-        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let sub = |o: usize| (0..4).fold(0u8, |a, k| a | (bytes[o + k] >> 6) << (2 * k)) as i8;
-        for (j, b) in bytes.iter().enumerate() {
-            let sc = sub(if j < 16 { 0 } else { 16 }) as f32;
-            out.push(d * (sc * ((b & 63) as i32 - 32) as f32));
+        let nib: Vec<u8> = w[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
+        for j in 0..32 {
+            let low = ((nib[j % 16] >> (4 * (j / 16))) & 0xF) as i32;
+            let top = ((w[4 + j / 16] >> (2 * (j % 16))) & 3) as i32;
+            let sc = (w[6] >> (8 * (j / 16))) as u8 as i8 as f32;
+            out.push(d * (sc * (low + 16 * top - 32) as f32));
         }
     }
     out
@@ -440,7 +442,11 @@ fn q6_k_repack_decodes_to_the_reference_weights() {
     for (rows, cols) in [(1usize, 256usize), (3, 768), (17, 2048)] {
         let bytes = rand_q6_k(&mut r, rows, cols);
         let (qs, scales) = repack_q6_k(bytes.chunks_exact(210)).unwrap();
-        assert_eq!(qs.len(), rows * cols / 4, "eight words per block of 32");
+        assert_eq!(
+            qs.len(),
+            rows * cols / 32 * 7,
+            "seven words per block of 32"
+        );
         assert_eq!(
             scales.len(),
             rows * cols / 32,
@@ -472,8 +478,8 @@ fn q6_k_upload_refuses_lying_sizes_and_nan_scales() {
     ok.check_layout("w").unwrap();
     assert_eq!(
         ok.bytes(),
-        4 * 16 * 32 + 4 * 16 * 2,
-        "32 payload bytes and an f16 per block"
+        4 * 16 * 28 + 4 * 16 * 2,
+        "28 payload bytes and an f16 per block"
     );
     let err = |e: crate::context::GpuError| e.to_string();
     let short = Q4Matrix::upload_q6_k(&ctx, "w", 4, 512, 1, &[&bytes[..bytes.len() - 210]]);
