@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -123,6 +123,18 @@ if has profile; then
   # Where one step's GPU time goes in the real plan (timestamps after every op), at three depths.
   say "bench gpu --profile 64,1024,4096: per-op GPU time of one greedy step"
   timeout 300 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 3 --depth 0 --profile 64,1024,4096 --ctx 4200 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has kprof; then
+  # Per-op GPU time of one greedy step from position 64 for each GGUF block type in $KPROF_QUANTS
+  # (default "q4_k_m q4_k": where the mixed file's decode loses against the pure one), each
+  # written here from seed 0 and deleted after (disk).
+  for q in ${KPROF_QUANTS:-q4_k_m q4_k}; do
+    f=/tmp/q30-prof-$q.gguf
+    say "bench gpu --profile 64 on the $q model"
+    $N synth --preset qwen3-30b-a3b --quant $q --seed 0 --tokenizer "$TOK" -o $f --quiet 2>&1 | tee -a "$S"
+    timeout 200 $N bench -m $f --backend gpu -p 0 -n 64 --reps 3 --depth 0 --profile 64 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+    rm -f $f
+  done
 fi
 if has routerab; then
   # The same bench with the router in its own dispatch (--router-dispatch): the A/B of the router
