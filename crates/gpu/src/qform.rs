@@ -30,15 +30,8 @@ fn dq8(w: u32) -> vec4<f32> {
 // Scales lanes (e, 256 e, e, 256 e) of dq8's products back to one.
 const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
 fn qb_dot(w: QB, x: array<vec4<f32>, 8>) -> f32 {
-    var a = dq8(w.lo.x) * x[0];
-    var b = dq8(w.hi.x) * x[4];
-    a = fma(dq8(w.lo.y), x[1], a);
-    b = fma(dq8(w.hi.y), x[5], b);
-    a = fma(dq8(w.lo.z), x[2], a);
-    b = fma(dq8(w.hi.z), x[6], b);
-    a = fma(dq8(w.lo.w), x[3], a);
-    b = fma(dq8(w.hi.w), x[7], b);
-    return dot(a, DQ8_S) + dot(b, DQ8_S);
+    let h = qb_sums(w, x);
+    return h.x + h.y;
 }
 fn qb_levels(w: QB, k: u32) -> vec4<f32> {
     let v = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
@@ -82,16 +75,8 @@ fn q6_sub(w: QB, half: u32) -> f32 {
     return f32(bitcast<i32>(w.s << (24u - 8u * half)) >> 24u);
 }
 fn qb_dot(v: QB, x: array<vec4<f32>, 8>) -> f32 {
-    let w = qb_bytes(v);
-    var a = dq8(w.lo.x) * x[0];
-    var b = dq8(w.hi.x) * x[4];
-    a = fma(dq8(w.lo.y), x[1], a);
-    b = fma(dq8(w.hi.y), x[5], b);
-    a = fma(dq8(w.lo.z), x[2], a);
-    b = fma(dq8(w.hi.z), x[6], b);
-    a = fma(dq8(w.lo.w), x[3], a);
-    b = fma(dq8(w.hi.w), x[7], b);
-    return fma(q6_sub(v, 0u), dot(a, DQ8_S), q6_sub(v, 1u) * dot(b, DQ8_S));
+    let h = qb_sums(qb_bytes(v), x);
+    return fma(q6_sub(v, 0u), h.x, q6_sub(v, 1u) * h.y);
 }
 fn qb_levels(v: QB, k: u32) -> vec4<f32> {
     let w = qb_bytes(v);
@@ -130,7 +115,21 @@ fn dq8(w: u32) -> vec4<f32> {
 }
 const DQ8_S = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
 fn qb_dot(v: QB, x: array<vec4<f32>, 8>) -> f32 {
+    let h = qb_sums(qb_bytes(v), x);
+    return h.x + h.y;
+}
+fn qb_levels(v: QB, k: u32) -> vec4<f32> {
     let w = qb_bytes(v);
+    let u = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
+    return vec4<f32>((vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+}
+";
+
+/// WGSL every wide payload's `qb_dot` shares, after the payload (`QBY`, `dq8`, `DQ8_S`):
+/// `qb_sums(w, x)` = the sums over the block's two halves of `level - Q_OFF` times x, each half
+/// one chain of four vec4 fmas over `dq8`'s words, the two chains interleaved.
+pub const BYTE_SUMS: &str = "
+fn qb_sums(w: QBY, x: array<vec4<f32>, 8>) -> vec2<f32> {
     var a = dq8(w.lo.x) * x[0];
     var b = dq8(w.hi.x) * x[4];
     a = fma(dq8(w.lo.y), x[1], a);
@@ -139,12 +138,7 @@ fn qb_dot(v: QB, x: array<vec4<f32>, 8>) -> f32 {
     b = fma(dq8(w.hi.z), x[6], b);
     a = fma(dq8(w.lo.w), x[3], a);
     b = fma(dq8(w.hi.w), x[7], b);
-    return dot(a, DQ8_S) + dot(b, DQ8_S);
-}
-fn qb_levels(v: QB, k: u32) -> vec4<f32> {
-    let w = qb_bytes(v);
-    let u = select(w.lo[k & 3u], w.hi[k & 3u], k >= 4u);
-    return vec4<f32>((vec4<u32>(u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+    return vec2<f32>(dot(a, DQ8_S), dot(b, DQ8_S));
 }
 ";
 
@@ -298,8 +292,8 @@ impl QForm {
     /// Q_OFF` (the offset the stored levels carry: 8 for nibbles, 128 for bytes, 32 for Q6_K,
     /// 16 for Q5_K), [`Q4_COEF`] and the payload ([`Q4_PAYLOAD`], [`Q8_PAYLOAD`],
     /// [`Q6_PAYLOAD`] or [`Q5_PAYLOAD`]: the block type `QB`, `qb_dot`, `qb_levels`, and for
-    /// the wide forms `qb_bytes`, the block as two vec4s of bytes). Kernels declare their weight
-    /// bindings `array<QB>`.
+    /// the wide forms `qb_bytes`, the block as two vec4s of bytes, and [`BYTE_SUMS`]). Kernels
+    /// declare their weight bindings `array<QB>`.
     pub fn wgsl(self) -> String {
         let (off, payload) = match self {
             QForm::Q6K => ("32.0", Q6_PAYLOAD),
@@ -311,8 +305,9 @@ impl QForm {
             true => Q4_SB_K,
             false => Q4_SB,
         };
+        let sums = if self.wide() { BYTE_SUMS } else { "" };
         format!(
-            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{sb}{Q4_COEF}{payload}",
+            "const Q4_AFFINE: bool = {};\nconst Q_OFF: f32 = {off};\n{sb}{Q4_COEF}{payload}{sums}",
             self.affine()
         )
     }
