@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || has ab || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -147,11 +147,19 @@ fi
 if has ab; then
   # A/B of builds: every binary carried in target/ab/ (e.g. nibble-<commit>, built here from
   # each commit), tg128 and pp512 (or the bench arguments in AB_ARGS), two rounds interleaved so
-  # drift hits all alike.
+  # drift hits all alike. On the Q4_0 model, or with AB_QUANT (e.g. q4_k_m) on a model of that
+  # type written here as /tmp/q30-ab-$AB_QUANT.gguf (AB_MODEL: another path, kept for the steps
+  # after, e.g. /tmp/q30-q4km.gguf for q4km).
+  AM=$MODEL
+  if [ -n "${AB_QUANT:-}" ]; then
+    AM=${AB_MODEL:-/tmp/q30-ab-$AB_QUANT.gguf}
+    say "synth qwen3-30b-a3b --quant $AB_QUANT for the A/B: $AM"
+    [ -s $AM ] || $N synth --preset qwen3-30b-a3b --quant $AB_QUANT --seed 0 --tokenizer "$TOK" -o $AM --quiet 2>&1 | tee -a "$S"
+  fi
   for round in 1 2; do
     for b in target/ab/nibble-*; do
       say "ab round $round: $(basename $b) tg128"
-      timeout 150 $b bench -m $MODEL --backend gpu ${AB_ARGS:--p 512 -n 128 --reps 3 --depth 0 --ctx 1024} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+      timeout 150 $b bench -m $AM --backend gpu ${AB_ARGS:--p 512 -n 128 --reps 3 --depth 0 --ctx 1024} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
 fi

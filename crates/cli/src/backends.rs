@@ -118,7 +118,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
         eprintln!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
              {} weights, numerics {}, fold {}, {}, attention combine {:?}, MoE down slot \
-             groups {}, tune {}{}{}",
+             groups {}, L2 warming {}, tune {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
@@ -131,6 +131,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
             },
             g.plan().attention_combine(),
             g.plan().moe_down_split(),
+            g.warming_summary(),
             args.tune.unwrap_or_default(),
             if args.per_token {
                 " (per-token path)"

@@ -157,6 +157,14 @@ fn decodes_on_the_gpu_with_oracle_parity(k: &Kind) {
         err.contains(&format!("{} weights, numerics f32", k.forms)) && err.contains("f32 fmas"),
         "{err}"
     );
+    // Every layer's qkv warms its o-proj and every down the next qkv, a qkv of two forms
+    // (a `Q4_K_M` file's v in Q6_K: a dispatch per form) too.
+    let layers = if k.preset == "tiny" { 4 } else { 8 };
+    let warm = format!(
+        "L2 warming qkv -> o-proj in {layers} layers, down -> next qkv in {},",
+        layers - 1
+    );
+    assert!(err.contains(&warm), "{err}");
     // Every prompt through the GEMM prefill (its f32 kernel reads the byte form; the matrix
     // units do not): parity too.
     let err = parity_passes(

@@ -313,6 +313,19 @@ impl GpuBackend {
 
     /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
     /// resident bytes, prefill chunk, and the multi-stream path when there is one.
+    /// Which dispatches warm which weights into L2 (kernels/warm.rs), in how many layers:
+    /// "off", or e.g. "qkv -> o-proj in 48 layers, down -> next qkv in 47, gate/up -> down in 0".
+    pub fn warming_summary(&self) -> String {
+        match self.plan.warmed_layers() {
+            (0, 0, 0) => "off".to_string(),
+            (q, d, g) => {
+                format!(
+                    "qkv -> o-proj in {q} layers, down -> next qkv in {d}, gate/up -> down in {g}"
+                )
+            }
+        }
+    }
+
     pub fn describe(&self) -> String {
         let info = &self.plan.ctx.info;
         let o = &self.plan.opts;
@@ -354,12 +367,7 @@ impl GpuBackend {
             },
             self.plan.moe_down_split(),
             self.plan.head_form(),
-            match self.plan.warmed_layers() {
-                (0, 0, 0) => "off".to_string(),
-                (q, d, g) => format!(
-                    "qkv -> o-proj in {q} layers, down -> next qkv in {d}, gate/up -> down in {g}"
-                ),
-            },
+            self.warming_summary(),
             o.tune,
             self.prefill_summary(),
             self.resident_bytes(),

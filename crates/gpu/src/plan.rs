@@ -427,6 +427,14 @@ impl DecodePlan {
                 _ => None,
             }
         }
+        // The largest part of a stacked qkv (a `Q4_K_M` file's q and k in Q4_K, v in Q6_K:
+        // q and k are 85% of its bytes), warmed by the layer before.
+        fn main_part(m: &Matrix) -> Option<&crate::tensor::Q4Part> {
+            match m {
+                Matrix::Q4(m) => m.parts.iter().max_by_key(|p| p.qs.size()),
+                _ => None,
+            }
+        }
         let mut warmed = (0, 0, 0);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, lw) in weights.layers.iter().enumerate() {
@@ -480,7 +488,7 @@ impl DecodePlan {
             if let (Some(fold), Matrix::Q4(qkv), Matrix::Q4(o)) = (folds.get(l), &lw.qkv, &lw.o) {
                 // L2 warming (`--tune warm`): the down reads the next layer's qkv, the qkv
                 // this layer's o-proj.
-                let next_qkv = weights.layers.get(l + 1).and_then(|n| one_part(&n.qkv));
+                let next_qkv = weights.layers.get(l + 1).and_then(|n| main_part(&n.qkv));
                 let folded = MoeFolded {
                     a: &a.a,
                     norm_w: &lw.ffn_norm,
@@ -494,8 +502,7 @@ impl DecodePlan {
                 let moe = k.moe.bind_folded(ctx, &moe_bufs, &folded)?;
                 warmed.2 += moe.warms_down() as usize;
                 let e = cfg.num_experts as u32;
-                let qkv_b = match one_part(&lw.o).filter(|_| warm & 1 != 0 && qkv.parts.len() == 1)
-                {
+                let qkv_b = match one_part(&lw.o).filter(|_| warm & 1 != 0) {
                     Some(op) => {
                         warmed.0 += 1;
                         k.matvec.bind_q4_norm_warm(

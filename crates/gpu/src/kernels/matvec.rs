@@ -295,7 +295,7 @@ impl MatvecKernel {
                     // (docs/BENCHMARKS.md run 113).
                     // SAFETY: every index of matvec_q4f.wgsl and its snippets (matvec_wgsl.rs) stays
                     // in bounds for every binding this kernel makes, because its only binders
-                    // (`bind_q4_parts`, `bind_q4_router`, `bind_q4_norm_warm`) check on the host:
+                    // (`bind_q4_parts`, `bind_q4_router`, `bind_norm_parts`) check on the host:
                     // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
                     //   each part's qs >= part rows * bpr blocks of the form (`QB`s) and scales >= ceil(that / 2) words,
                     //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
@@ -421,7 +421,7 @@ impl MatvecKernel {
             ),
             _ => (Which::Q4(x.numerics(), rows_per_team >= 2), x.entries(2, 3)),
         };
-        self.bind_q4_parts(ctx, m, which, entries, y, state, rows_per_team, 0.0)
+        self.bind_q4_parts(ctx, m, which, entries, y, state, rows_per_team)
     }
 
     /// `y[0..rows] += m · x` (f32 `x[cols]`): the matvec with the residual add after it.
@@ -443,7 +443,7 @@ impl MatvecKernel {
         let rpt = self.rows_per_team(m.rows);
         let which = Which::Q4F(rows_index(rpt)?, Fused::Acc, 0);
         let entries = vec![(2, x.as_entire_binding())];
-        self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, 0.0)
+        self.bind_q4_parts(ctx, m, which, entries, y, state, rpt)
     }
 
     /// `a[0..rows] = m · x` (f32 `x[cols]`) and, in the same dispatch, the folded router's
@@ -516,7 +516,10 @@ impl MatvecKernel {
         })
     }
 
-    /// `y[0..rows] = m · rmsnorm(h)`: the RMSNorm before the matvec fused into it.
+    /// `y[0..rows] = m · rmsnorm(h)`: the RMSNorm before the matvec fused into it. A matrix
+    /// of several parts (a `Q4_K_M` qkv: v in Q6_K) takes one dispatch per part, each part's
+    /// rows per team chosen for its own rows (the 512 rows of a Q6_K v over 64 workgroups
+    /// rather than 16).
     pub fn bind_q4_norm(
         &self,
         ctx: &Context,
@@ -525,19 +528,12 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
     ) -> Result<MatvecBinding> {
-        check_norm_input(&x, m.cols, "matvec_q4 (norm)")?;
-        let rpt = self.rows_per_team(m.rows);
-        let which = Which::Q4F(rows_index(rpt)?, Fused::Norm, 0);
-        let entries = vec![
-            (2, x.h.as_entire_binding()),
-            (3, x.weight.as_entire_binding()),
-        ];
-        self.bind_q4_parts(ctx, m, which, entries, y, state, rpt, x.eps)
+        self.bind_norm_parts(ctx, m, x, y, state, None)
     }
 
-    /// [`Self::bind_q4_norm`] whose dispatch also reads `warm` (another matrix's part, read
-    /// by a later dispatch of the step, and [`warm::sink`]) into L2 in extra workgroups
-    /// (kernels/warm.rs): the same `y`. `m` must be one binding.
+    /// [`Self::bind_q4_norm`] whose first dispatch also reads `warm` (another matrix's part,
+    /// read by a later dispatch of the step, and [`warm::sink`]) into L2 in extra workgroups
+    /// (kernels/warm.rs): the same `y`.
     pub fn bind_q4_norm_warm(
         &self,
         ctx: &Context,
@@ -545,53 +541,73 @@ impl MatvecKernel {
         x: NormInput<'_>,
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
-        (warm_part, sink): (&Q4Part, &wgpu::Buffer),
+        warm: (&Q4Part, &wgpu::Buffer),
     ) -> Result<MatvecBinding> {
-        m.check_layout("matvec_q4 (norm, warm)")?;
-        check_norm_input(&x, m.cols, "matvec_q4 (norm, warm)")?;
-        check_out(y, m.rows, "matvec_q4 (norm, warm)")?;
-        let [part] = m.parts.as_slice() else {
-            return Err(GpuError::Shape(format!(
-                "matvec_q4 (norm, warm): [{}, {}] in {} parts (need one)",
-                m.rows,
-                m.cols,
-                m.parts.len()
-            )));
-        };
-        let rpt = self.rows_per_team(m.rows);
-        let which = self.for_form(
-            Which::Q4F(rows_index(rpt)?, Fused::NormWarm, 0),
-            part.form,
-            "matvec_q4 (norm, warm)",
-        )?;
-        let n_rows = m.rows.div_ceil(8 * rpt);
-        let grid = ctx.grid(n_rows + warm::workgroups(warm_part));
-        let words = [
-            m.rows,
-            m.cols / BLOCK as u32,
-            0,
-            grid.0,
-            x.eps.to_bits(),
-            n_rows,
-            0,
-            0,
-        ];
-        let p = ctx.uniform("matvec.params", bytemuck::cast_slice(&words))?;
-        let mut entries = vec![
-            (0, part.qs.as_entire_binding()),
-            (1, part.scales.as_entire_binding()),
-            (2, x.h.as_entire_binding()),
-            (3, x.weight.as_entire_binding()),
-            (4, y.as_entire_binding()),
-            (5, p.as_entire_binding()),
-            (6, state.as_entire_binding()),
-        ];
-        entries.extend(warm::entries(warm_part, sink, WARM_BINDINGS));
-        let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-        let bg = ctx.bind_group_at("matvec_q4.norm_warm", self.pipeline(which), &ids, &res)?;
-        Ok(MatvecBinding {
-            dispatches: vec![(which, bg, grid)],
-        })
+        self.bind_norm_parts(ctx, m, x, y, state, Some(warm))
+    }
+
+    fn bind_norm_parts(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        x: NormInput<'_>,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        warm: Option<(&Q4Part, &wgpu::Buffer)>,
+    ) -> Result<MatvecBinding> {
+        m.check_layout("matvec_q4 (norm)")?;
+        check_norm_input(&x, m.cols, "matvec_q4 (norm)")?;
+        check_out(y, m.rows, "matvec_q4 (norm)")?;
+        let bpr = m.cols / BLOCK as u32;
+        let mut dispatches = Vec::with_capacity(m.parts.len());
+        for (i, part) in m.parts.iter().enumerate() {
+            // A whole matrix keeps the rows per team of its rows (and any override of them).
+            let rpt = self.rows_per_team(if m.parts.len() == 1 {
+                m.rows
+            } else {
+                part.rows
+            });
+            let warm = warm.filter(|_| i == 0);
+            let fused = if warm.is_some() {
+                Fused::NormWarm
+            } else {
+                Fused::Norm
+            };
+            let which = self.for_form(
+                Which::Q4F(rows_index(rpt)?, fused, 0),
+                part.form,
+                "matvec_q4 (norm)",
+            )?;
+            let n_rows = part.rows.div_ceil(8 * rpt);
+            let grid = ctx.grid(n_rows + warm.map_or(0, |(w, _)| warm::workgroups(w)));
+            let words = [
+                part.rows,
+                bpr,
+                part.row_start,
+                grid.0,
+                x.eps.to_bits(),
+                n_rows,
+                0,
+                0,
+            ];
+            let p = ctx.uniform("matvec.params", bytemuck::cast_slice(&words))?;
+            let mut entries = vec![
+                (0, part.qs.as_entire_binding()),
+                (1, part.scales.as_entire_binding()),
+                (2, x.h.as_entire_binding()),
+                (3, x.weight.as_entire_binding()),
+                (4, y.as_entire_binding()),
+                (5, p.as_entire_binding()),
+                (6, state.as_entire_binding()),
+            ];
+            if let Some((wp, sink)) = warm {
+                entries.extend(warm::entries(wp, sink, WARM_BINDINGS));
+            }
+            let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
+            let bg = ctx.bind_group_at("matvec_q4.norm", self.pipeline(which), &ids, &res)?;
+            dispatches.push((which, bg, grid));
+        }
+        Ok(MatvecBinding { dispatches })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -604,7 +620,6 @@ impl MatvecKernel {
         y: &wgpu::Buffer,
         state: &wgpu::Buffer,
         rows_per_team: u32,
-        eps: f32,
     ) -> Result<MatvecBinding> {
         m.check_layout("matvec_q4")?;
         check_out(y, m.rows, "matvec_q4")?;
@@ -617,7 +632,7 @@ impl MatvecKernel {
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for part in &m.parts {
             let which = self.for_form(which, part.form, "matvec_q4")?;
-            let (p, grid) = params(ctx, part.rows, bpr, part.row_start, rows_per_wg, eps)?;
+            let (p, grid) = params(ctx, part.rows, bpr, part.row_start, rows_per_wg, 0.0)?;
             let mut entries = vec![
                 (0, part.qs.as_entire_binding()),
                 (1, part.scales.as_entire_binding()),

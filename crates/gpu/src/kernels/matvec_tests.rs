@@ -389,6 +389,8 @@ fn q4_norm_warm_writes_the_norm_forms_bits() {
             );
         }
     }
+    // A matrix of several bindings: its first dispatch warms, every part's rows come out with
+    // the bits of the whole matrix's.
     let k = MatvecKernel::new(&ctx).unwrap();
     let wb = rand_q4_0(&mut r, 300, 64);
     let split = Q4Matrix::upload(
@@ -401,18 +403,36 @@ fn q4_norm_warm_writes_the_norm_forms_bits() {
     )
     .unwrap();
     assert!(split.parts.len() > 1);
-    let h = ctx.storage("h", 64 * 4).unwrap();
+    let whole = Q4Matrix::upload(&ctx, "w", 300, 64, 1, &[&wb]).unwrap();
+    let h = ctx
+        .storage_init("h", bytemuck::cast_slice(&rand_f32(&mut r, 64, -3.0, 3.0)))
+        .unwrap();
+    let nw = ctx
+        .storage_init("nw", bytemuck::cast_slice(&rand_f32(&mut r, 64, 0.5, 1.5)))
+        .unwrap();
     let y = ctx.storage("y", 300 * 4).unwrap();
     let input = NormInput {
         h: &h,
-        weight: &h,
+        weight: &nw,
         eps: 1e-6,
     };
-    let e = k
-        .bind_q4_norm_warm(&ctx, &split, input, &y, &state, (&split.parts[0], &sink))
-        .err()
+    let mut outs = Vec::new();
+    for (m, warmed) in [(&whole, false), (&split, false), (&split, true)] {
+        ctx.write(&y, 0, &vec![0xFF; 300 * 4]);
+        let b = if warmed {
+            k.bind_q4_norm_warm(&ctx, m, input, &y, &state, (&whole.parts[0], &sink))
+        } else {
+            k.bind_q4_norm(&ctx, m, input, &y, &state)
+        }
         .unwrap();
-    assert!(e.to_string().contains("parts"), "{e}");
+        assert_eq!(b.dispatch_count(), m.parts.len());
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, 300).unwrap();
+        assert!(got.iter().all(|v| v.is_finite() && *v != 0.0));
+        outs.push(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+    assert_eq!(outs[0], outs[1], "split");
+    assert_eq!(outs[0], outs[2], "split, warmed");
 }
 
 #[test]

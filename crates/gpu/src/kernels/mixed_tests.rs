@@ -93,6 +93,7 @@ fn stacked_forms_through_the_matvec_match_the_reference() {
         return;
     };
     let state = RunState::default().buffer(&ctx).unwrap();
+    let sink = crate::kernels::warm::sink(&ctx).unwrap();
     let forms = [QForm::Q4K, QForm::Q6K];
     let k = MatvecKernel::with_forms(&ctx, Numerics::F32, false, &forms).unwrap();
     let late = MatvecKernel::with_forms(&ctx, Numerics::F32, true, &forms).unwrap();
@@ -150,9 +151,22 @@ fn stacked_forms_through_the_matvec_match_the_reference() {
         for (kern, what) in [(&k, "norm"), (&late, "late norm")] {
             ctx.write(&y, 0, &vec![0xFF; rows * 4]);
             let b = kern.bind_q4_norm(&ctx, &s.m, input, &y, &state).unwrap();
+            assert_eq!(b.dispatch_count(), pieces.len(), "a dispatch per part");
             ctx.run_pass(|p| kern.record(p, &b)).unwrap();
             let got = ctx.read_f32(&y, rows).unwrap();
             assert_within(&got, &want, &mag, 4e-6, &format!("{pieces:?} {what}"));
+            // The decode's qkv warms the o-proj from its first part's dispatch: the same
+            // bits in every row, warm workgroups or not.
+            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+            let last = s.m.parts.last().unwrap();
+            let b = kern
+                .bind_q4_norm_warm(&ctx, &s.m, input, &y, &state, (last, &sink))
+                .unwrap();
+            assert_eq!(b.dispatch_count(), pieces.len(), "{what} warm");
+            ctx.run_pass(|p| kern.record(p, &b)).unwrap();
+            let warm = ctx.read_f32(&y, rows).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&warm), bits(&got), "{pieces:?} {what} warm");
         }
     }
     // A kernel without one of the stack's forms refuses it by name.
