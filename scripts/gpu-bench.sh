@@ -127,11 +127,16 @@ fi
 if has kprof; then
   # Per-op GPU time of one greedy step from position 64 for each GGUF block type in $KPROF_QUANTS
   # (default "q4_k_m q4_k": where the mixed file's decode loses against the pure one), each
-  # written here from seed 0 and deleted after (disk).
+  # written here from seed 0 and deleted after (disk). Each quant named in $KPROF_PARITY also
+  # gets a greedy parity check against the oracle first (default prefills, 3 prompts x 32).
   for q in ${KPROF_QUANTS:-q4_k_m q4_k}; do
     f=/tmp/q30-prof-$q.gguf
     say "bench gpu --profile 64 on the $q model"
     $N synth --preset qwen3-30b-a3b --quant $q --seed 0 --tokenizer "$TOK" -o $f --quiet 2>&1 | tee -a "$S"
+    if [[ " ${KPROF_PARITY:-} " == *" $q "* ]]; then
+      say "parity gpu vs oracle on the $q model [default] (3 built-in prompts x 32 tokens)"
+      timeout 300 $N parity -m $f --backend gpu -n 32 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+    fi
     timeout 200 $N bench -m $f --backend gpu -p 0 -n 64 --reps 3 --depth 0 --profile 64 --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
     rm -f $f
   done
