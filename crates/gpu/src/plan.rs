@@ -281,7 +281,8 @@ impl DecodePlan {
                 cfg.q_dim() as u32 + 2 * cfg.kv_dim() as u32,
                 opts.tune.qkv_rows,
             )
-            .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows),
+            .with_rows_per_team(cfg.hidden_size as u32, opts.tune.o_rows)
+            .with_pair_forms(opts.tune.qkv_pair.unwrap_or(1) != 0),
             norm: RmsNormKernel::new(ctx)?,
             embed: EmbedKernel::new_for(ctx, weights.embed.one_form("token_embd")?)?,
             argmax: ArgmaxKernel::new(ctx)?,

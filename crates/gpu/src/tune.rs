@@ -76,6 +76,10 @@ pub struct Tune {
     /// MoE gate/up workgroup its share of its expert's down weights; 0 none. Unset:
     /// [`DEFAULT_WARM`].
     pub warm: Option<u32>,
+    /// 1 or unset (the default since run 147): the norm-on-load qkv over a stack of two forms
+    /// (a `Q4_K_M` file's: q and k Q4_K, v Q6_K) in one dispatch, each part's workgroups in
+    /// its form (matvec_wgsl.rs `q4f_pair_body`); 0: a dispatch per part.
+    pub qkv_pair: Option<u32>,
 }
 
 /// The lm_head form when `head` is unset ([`Tune::head`]; run 67 chose 3, run 104 its
@@ -89,7 +93,7 @@ pub const DEFAULT_HEAD: u32 = 4;
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 19] = [
+pub const KEYS: [&str; 20] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -109,6 +113,7 @@ pub const KEYS: [&str; 19] = [
     "prefill_coop_affine",
     "qkv_attn",
     "warm",
+    "qkv_pair",
 ];
 
 impl Tune {
@@ -133,6 +138,7 @@ impl Tune {
             "prefill_coop_affine" => &mut self.prefill_coop_affine,
             "qkv_attn" => &mut self.qkv_attn,
             "warm" => &mut self.warm,
+            "qkv_pair" => &mut self.qkv_pair,
             _ => return None,
         })
     }
@@ -226,6 +232,7 @@ impl std::fmt::Display for Tune {
             self.prefill_coop_affine,
             self.qkv_attn,
             self.warm,
+            self.qkv_pair,
         ];
         let set: Vec<String> = KEYS
             .iter()

@@ -16,12 +16,13 @@
 //! extra workgroups of the same dispatch (`Fused::Router`, kernels/router_fold.rs). The WGSL
 //! those forms are assembled from is in matvec_wgsl.rs.
 
-use super::matvec_wgsl::{f32_input, q4f_body, q4f_input};
+use super::matvec_wgsl::{f32_input, q4f_body, q4f_input, q4f_pair_body, PAIR_BINDINGS};
 use super::warm;
 use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
 use crate::tensor::{F32Matrix, Q4Matrix, Q4Part, QForm, BLOCK};
+use std::sync::{Arc, Mutex};
 
 /// The norm-on-load WGSL, which the multi-stream router (router_cols.rs) adapts.
 pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
@@ -65,6 +66,8 @@ pub struct MatvecBinding {
     /// Per matrix part: its pipeline (the int4 x f32 forms' for the part's block form), bind
     /// group and grid.
     dispatches: Vec<(Which, wgpu::BindGroup, (u32, u32))>,
+    /// The pipeline of a [`Which::Pair`] dispatch (compiled for the matrix's two forms).
+    pair: Option<Arc<wgpu::ComputePipeline>>,
 }
 
 /// What an int4 x f32 matvec does around the product.
@@ -107,6 +110,8 @@ enum Which {
     Q4F(usize, Fused, usize),
     /// f32 matrix: wide (one row per workgroup) or not, norm-on-load or not.
     F32(bool, bool),
+    /// Both parts of a two-form stack in one dispatch: the binding's own pipeline.
+    Pair,
 }
 
 impl MatvecBinding {
@@ -173,7 +178,20 @@ pub struct MatvecKernel {
     /// matrix's parts may differ: each part's dispatch takes its own); the
     /// quantised-activation forms (`q4`) read Q4_0 only.
     forms: Vec<QForm>,
+    /// The norm-on-load pipelines over a two-form stack in one dispatch
+    /// ([`MatvecKernel::bind_q4_norm`]), compiled at a model's first such matrix: key (rows per
+    /// team, forms, warm) of its two parts.
+    pairs: Mutex<Vec<(PairKey, Arc<wgpu::ComputePipeline>)>>,
+    /// Whether the norm-on-load forms scale late (`with_options`), for the pair pipelines.
+    late_norm: bool,
+    /// Whether a two-form stack takes one norm-on-load dispatch (true unless turned off by
+    /// [`MatvecKernel::with_pair_forms`]).
+    pair_forms: bool,
 }
+
+/// What a two-form pipeline is compiled for: each part's rows per team and form, and whether
+/// it warms.
+type PairKey = ((u32, u32), (QForm, QForm), bool);
 
 fn q4_index(n: Numerics) -> usize {
     Numerics::ALL.iter().position(|m| *m == n).unwrap_or(0)
@@ -328,6 +346,9 @@ impl MatvecKernel {
             f32,
             rows_override: Vec::new(),
             forms,
+            pairs: Mutex::new(Vec::new()),
+            late_norm: late_norm && !bfp,
+            pair_forms: true,
         })
     }
 
@@ -351,6 +372,13 @@ impl MatvecKernel {
             w if form == QForm::Q4_0 => Ok(w),
             _ => Err(reads(QForm::Q4_0.name().into())),
         }
+    }
+
+    /// This kernel with a norm-on-load matrix stacked from two forms bound as one dispatch
+    /// (`on`, the default) or one per part ([`crate::tune::Tune::qkv_pair`]).
+    pub fn with_pair_forms(mut self, on: bool) -> Self {
+        self.pair_forms = on;
+        self
     }
 
     /// This kernel with matrices of `rows` rows bound at `rows_per_team` (int4 x f32 forms;
@@ -510,9 +538,10 @@ impl MatvecKernel {
             (9, z.as_entire_binding()),
         ];
         let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-        let bg = ctx.bind_group_at("matvec_q4.router", self.pipeline(which), &ids, &res)?;
+        let bg = ctx.bind_group_at("matvec_q4.router", self.pipeline(which)?, &ids, &res)?;
         Ok(MatvecBinding {
             dispatches: vec![(which, bg, grid)],
+            pair: None,
         })
     }
 
@@ -558,6 +587,11 @@ impl MatvecKernel {
         m.check_layout("matvec_q4 (norm)")?;
         check_norm_input(&x, m.cols, "matvec_q4 (norm)")?;
         check_out(y, m.rows, "matvec_q4 (norm)")?;
+        if let [a, b] = m.parts.as_slice() {
+            if a.form != b.form && self.pair_forms {
+                return self.bind_norm_pair(ctx, m, x, y, state, warm);
+            }
+        }
         let bpr = m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(m.parts.len());
         for (i, part) in m.parts.iter().enumerate() {
@@ -604,10 +638,110 @@ impl MatvecKernel {
                 entries.extend(warm::entries(wp, sink, WARM_BINDINGS));
             }
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let bg = ctx.bind_group_at("matvec_q4.norm", self.pipeline(which), &ids, &res)?;
+            let bg = ctx.bind_group_at("matvec_q4.norm", self.pipeline(which)?, &ids, &res)?;
             dispatches.push((which, bg, grid));
         }
-        Ok(MatvecBinding { dispatches })
+        Ok(MatvecBinding {
+            dispatches,
+            pair: None,
+        })
+    }
+
+    /// [`Self::bind_norm_parts`] for a stack of two parts in two forms: one dispatch
+    /// (matvec_wgsl.rs `q4f_pair_body`), its first workgroups on the first part, the next on
+    /// the second, then any warm ones.
+    fn bind_norm_pair(
+        &self,
+        ctx: &Context,
+        m: &Q4Matrix,
+        x: NormInput<'_>,
+        y: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        warm: Option<(&Q4Part, &wgpu::Buffer)>,
+    ) -> Result<MatvecBinding> {
+        let [a, b] = m.parts.as_slice() else {
+            return Err(GpuError::Shape(format!(
+                "matvec_q4 (norm, two forms): {} parts",
+                m.parts.len()
+            )));
+        };
+        // check_layout: the parts tile the rows in order, so b starts where a ends.
+        let (ra, rb) = (self.rows_per_team(a.rows), self.rows_per_team(b.rows));
+        // Both forms must be this kernel's, as for a dispatch per part.
+        for (part, r) in [(a, ra), (b, rb)] {
+            let which = Which::Q4F(rows_index(r)?, Fused::Norm, 0);
+            self.for_form(which, part.form, "matvec_q4 (norm, two forms)")?;
+        }
+        let key = ((ra, rb), (a.form, b.form), warm.is_some());
+        let pipe = self.pair_pipeline(ctx, key)?;
+        let (na, nb) = (a.rows.div_ceil(8 * ra), b.rows.div_ceil(8 * rb));
+        let grid = ctx.grid(na + nb + warm.map_or(0, |(w, _)| warm::workgroups(w)));
+        let words = [
+            a.rows,
+            m.cols / BLOCK as u32,
+            a.row_start,
+            grid.0,
+            x.eps.to_bits(),
+            na + nb,
+            na,
+            b.rows,
+        ];
+        let p = ctx.uniform("matvec.params", bytemuck::cast_slice(&words))?;
+        let (qb, sb) = PAIR_BINDINGS;
+        let mut entries = vec![
+            (0, a.qs.as_entire_binding()),
+            (1, a.scales.as_entire_binding()),
+            (2, x.h.as_entire_binding()),
+            (3, x.weight.as_entire_binding()),
+            (4, y.as_entire_binding()),
+            (5, p.as_entire_binding()),
+            (6, state.as_entire_binding()),
+            (qb, b.qs.as_entire_binding()),
+            (sb, b.scales.as_entire_binding()),
+        ];
+        if let Some((wp, sink)) = warm {
+            entries.extend(warm::entries(wp, sink, WARM_BINDINGS));
+        }
+        let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
+        let bg = ctx.bind_group_at("matvec_q4.norm_pair", &pipe, &ids, &res)?;
+        Ok(MatvecBinding {
+            dispatches: vec![(Which::Pair, bg, grid)],
+            pair: Some(pipe),
+        })
+    }
+
+    /// The two-form norm-on-load pipeline of `key`, compiled at its first use.
+    fn pair_pipeline(&self, ctx: &Context, key: PairKey) -> Result<Arc<wgpu::ComputePipeline>> {
+        let mut pairs = self
+            .pairs
+            .lock()
+            .map_err(|_| GpuError::Shape("matvec: the pipeline cache was poisoned".into()))?;
+        if let Some((_, p)) = pairs.iter().find(|(k, _)| *k == key) {
+            return Ok(p.clone());
+        }
+        let ((ra, rb), (fa, fb), warmed) = key;
+        let f = if warmed { Fused::NormWarm } else { Fused::Norm };
+        let wgsl = with_state(&format!(
+            "{}const R: u32 = {ra}u;\n{}",
+            q4f_input(f, false, self.late_norm),
+            q4f_pair_body((ra, rb), (fa, fb))
+        ));
+        let label = format!(
+            "matvec_q4f.pair.r{ra}.r{rb}.{f:?}.{}.{}",
+            fa.name(),
+            fb.name()
+        );
+        // SAFETY: as for the one-form pipelines (`with_forms`): `bind_norm_pair` binds the
+        // checked parts of one matrix (`check_layout`: each part's blocks and scale words
+        // cover its rows x bpr, the parts tile the rows in order, so the second part's rows
+        // are stored from row_start + rows of the first, below m.rows = y's checked size);
+        // workgroup wg < p2 reads the first part's rows below p.rows (past it: row 0), the
+        // others the second's below p3 (past it: row 0, and rows beyond either part are never
+        // stored); the staged input and the warm workgroups are the one-form kernel's; `red`
+        // holds the larger part's 8R TP partials.
+        let pipe = Arc::new(unsafe { ctx.compute_unchecked(&label, &wgsl, "main")? });
+        pairs.push((key, pipe.clone()));
+        Ok(pipe)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -642,10 +776,13 @@ impl MatvecKernel {
             ];
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let bg = ctx.bind_group_at("matvec_q4", self.pipeline(which), &ids, &res)?;
+            let bg = ctx.bind_group_at("matvec_q4", self.pipeline(which)?, &ids, &res)?;
             dispatches.push((which, bg, grid));
         }
-        Ok(MatvecBinding { dispatches })
+        Ok(MatvecBinding {
+            dispatches,
+            pair: None,
+        })
     }
 
     /// `y[0..rows] = m · x` for an f32 matrix `[rows, cols]` and f32 `x[cols]`.
@@ -728,18 +865,27 @@ impl MatvecKernel {
             ];
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let bg = ctx.bind_group_at("matvec_f32", self.pipeline(which), &ids, &res)?;
+            let bg = ctx.bind_group_at("matvec_f32", self.pipeline(which)?, &ids, &res)?;
             dispatches.push((which, bg, grid));
         }
-        Ok(MatvecBinding { dispatches })
+        Ok(MatvecBinding {
+            dispatches,
+            pair: None,
+        })
     }
 
-    fn pipeline(&self, w: Which) -> &wgpu::ComputePipeline {
-        match w {
+    /// The pipeline of `w` from the tables ([`Which::Pair`] dispatches carry their own).
+    fn pipeline(&self, w: Which) -> Result<&wgpu::ComputePipeline> {
+        Ok(match w {
             Which::Q4(n, two) => &self.q4[q4_index(n) * Q4_ROWS_PER_TEAM.len() + two as usize],
             Which::Q4F(ri, f, slot) => &self.q4f[slot][f.index() * F32_ROWS_PER_TEAM.len() + ri],
             Which::F32(wide, norm) => &self.f32[wide as usize * 2 + norm as usize],
-        }
+            Which::Pair => {
+                return Err(GpuError::Shape(
+                    "matvec: a two-form dispatch has no table pipeline".into(),
+                ))
+            }
+        })
     }
 
     /// Record the dispatches (one per matrix part).
@@ -748,7 +894,15 @@ impl MatvecKernel {
         for (which, bg, (gx, gy)) in &b.dispatches {
             // Parts of one form share a pipeline: set it once for them.
             if last != Some(*which) {
-                pass.set_pipeline(self.pipeline(*which));
+                let pipe = match (which, &b.pair) {
+                    (Which::Pair, Some(p)) => p.as_ref(),
+                    (w, _) => match self.pipeline(*w) {
+                        Ok(p) => p,
+                        // Not reached: every binding holds the pipelines it names.
+                        Err(_) => continue,
+                    },
+                };
+                pass.set_pipeline(pipe);
                 last = Some(*which);
             }
             pass.set_bind_group(0, bg, &[]);

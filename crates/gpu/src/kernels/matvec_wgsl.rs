@@ -5,6 +5,7 @@
 
 use super::matvec::Fused;
 use crate::numerics::{BFP_DOT, F32_DEQ};
+use crate::tensor::QForm;
 
 /// WGSL (a macro, so that [`NORM_ON_LOAD`] and the bfp24 norm can both be built from it with
 /// `concat!`): `nol_inv(li, n4, eps)` = `1 / sqrt(mean(h^2) + eps)` of `nol_h` (`[n4]` vec4s;
@@ -213,10 +214,123 @@ fn bfp_nol_stage(pre: &str, value: &str) -> String {
 /// `nol_inv`, so the same `h * inv * w` values.
 const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
 
-/// matvec_q4f.wgsl with its per-row lines written out for `r` rows per team, for Q4_0 or
-/// (`affine`) the affine form: each block adds `c1 · Σ x` (tensor.rs `Q4_COEF`), the block's
-/// sum computed once per lane and block for all the team's rows.
-pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
+/// matvec_q4f.wgsl over one form: [`q4f_rows`] for `r` rows per team, called for the part the
+/// dispatch binds (the host prepends `const R: u32 = r`).
+pub(super) fn q4f_body(r: u32, form: QForm) -> String {
+    form.wgsl()
+        + &include_str!("../shaders/matvec_q4f.wgsl")
+            .replace(
+                "//ROWS_FNS",
+                &format!("const RED_R: u32 = R;\n{}", q4f_rows(r, form, (0, 1))),
+            )
+            .replace(
+                "//ROWS_CALL",
+                "mv_rows(wid.x + wid.y * p.gx, li, p.rows, p.row_start);",
+            )
+}
+
+/// Bindings of the second part's blocks and scale words in [`q4f_pair_body`].
+pub(super) const PAIR_BINDINGS: (u32, u32) = (10, 11);
+
+/// matvec_q4f.wgsl over a stack of two parts in two forms (a `Q4_K_M` qkv: q and k in Q4_K,
+/// v in Q6_K) in one dispatch instead of one per part: `(r, form)` of each part. The first
+/// `p.p2` workgroups take the first part (`p.rows` rows from `p.row_start`, bindings 0 and 1,
+/// `r.0` rows per team, the host's `const R`), the next ones the second (`p.p3` rows right
+/// after it, bindings [`PAIR_BINDINGS`], `r.1` rows per team): a copy of the second form's
+/// WGSL and of [`q4f_rows`] with every name they define suffixed `_b` ([`suffixed`]), so the
+/// two forms' `QB`, `SW`, `q4_coef`, .. live side by side. The staged input, the partials'
+/// `red` (sized for the larger `R`) and everything after the rows are shared.
+pub(super) fn q4f_pair_body(r: (u32, u32), forms: (QForm, QForm)) -> String {
+    let second = format!(
+        "const R: u32 = {}u;\n{}{}",
+        r.1,
+        forms.1.wgsl(),
+        q4f_rows(r.1, forms.1, PAIR_BINDINGS)
+    );
+    let mut names = defined_names(&second);
+    names.extend(["qs", "sc", "scale", "mv_rows"].map(String::from));
+    let fns = format!(
+        "const RED_R: u32 = {}u;\n{}\n{}",
+        r.0.max(r.1),
+        q4f_rows(r.0, forms.0, (0, 1)),
+        suffixed(&second, &names, "_b")
+    );
+    let call = "let wg = wid.x + wid.y * p.gx;
+    if (wg < p.p2) {
+        mv_rows(wg, li, p.rows, p.row_start);
+    } else {
+        mv_rows_b(wg - p.p2, li, p.p3, p.row_start + p.rows);
+    }";
+    forms.0.wgsl()
+        + &include_str!("../shaders/matvec_q4f.wgsl")
+            .replace("//ROWS_FNS", &fns)
+            .replace("//ROWS_CALL", call)
+}
+
+/// The names a WGSL source declares at module scope (`fn`, `alias`, `struct`, `const`,
+/// `var<..>`), which [`suffixed`] renames.
+fn defined_names(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in src.lines() {
+        let t = line.trim_start();
+        // Only module-scope declarations start a line unindented.
+        if t.len() != line.len() {
+            continue;
+        }
+        let rest = ["fn ", "alias ", "struct ", "const "]
+            .iter()
+            .find_map(|k| t.strip_prefix(k))
+            .or_else(|| {
+                t.strip_prefix("var<")
+                    .and_then(|v| v.split_once('>'))
+                    .map(|v| v.1)
+            });
+        if let Some(rest) = rest {
+            let name: String = rest
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// `src` with every identifier in `names` (whole words; not inside numbers such as
+/// `0x0F0Fu`, not after a `.`, which would be a member) followed by `suffix`.
+fn suffixed(src: &str, names: &[String], suffix: &str) -> String {
+    let mut out = String::with_capacity(src.len() + 256);
+    let b = src.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i] as char;
+        if c.is_ascii_alphanumeric() || c == '_' {
+            let start = i;
+            while i < b.len() && ((b[i] as char).is_ascii_alphanumeric() || b[i] == b'_') {
+                i += 1;
+            }
+            let word = &src[start..i];
+            out.push_str(word);
+            let member = start > 0 && b[start - 1] == b'.';
+            if !c.is_ascii_digit() && !member && names.iter().any(|n| n == word) {
+                out.push_str(suffix);
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// matvec_q4f_rows.wgsl (`mv_rows`, reading its blocks and scale words at bindings `at`) with
+/// its per-row lines written out for `r` rows per team, for a nibble or a byte form and, where
+/// `form` is affine, each block adding `c1 · Σ x` (tensor.rs `Q4_COEF`), the block's sum
+/// computed once per lane and block for all the team's rows.
+fn q4f_rows(r: u32, form: QForm, at: (u32, u32)) -> String {
     let affine = form.affine();
     let dot = form.dot_fn();
     let (mut pre, mut decl, mut first) = (String::new(), String::new(), String::new());
@@ -230,7 +344,7 @@ pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
         store += &format!("red[(team * R + {i}u) * TP + lane] = acc{i};\n    ");
         if affine {
             pre += &format!(
-                "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
+                "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < rows); \
                  let pq{i} = qs[r{i} * p.bpr + b0]; \
                  let ps{i} = q4_coef(sc[(r{i} * p.bpr + b0) >> 1u], r{i} * p.bpr + b0);\n    "
             );
@@ -242,7 +356,7 @@ pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
             continue;
         }
         pre += &format!(
-            "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < p.rows); \
+            "let r{i} = select(0u, row0 + {i}u, row0 + {i}u < rows); \
              let pq{i} = qs[r{i} * p.bpr + b0]; let ps{i} = scale(r{i} * p.bpr + b0);\n    "
         );
         first += &format!("acc{i} = ps{i} * {dot}(pq{i}, x);\n        ");
@@ -251,13 +365,14 @@ pub(super) fn q4f_body(r: u32, form: crate::tensor::QForm) -> String {
              acc{i} = fma(scale(blk), {dot}(qs[blk], x), acc{i}); }}\n        "
         );
     }
-    form.wgsl()
-        + &include_str!("../shaders/matvec_q4f.wgsl")
-            .replace("//ROWS_PREFETCH", &pre)
-            .replace("//ROWS_DECL", &decl)
-            .replace("//ROWS_FIRST", &first)
-            .replace("//ROWS_BODY", &body)
-            .replace("//ROWS_STORE", &store)
+    include_str!("../shaders/matvec_q4f_rows.wgsl")
+        .replace("QS_BINDING", &at.0.to_string())
+        .replace("SC_BINDING", &at.1.to_string())
+        .replace("//ROWS_PREFETCH", &pre)
+        .replace("//ROWS_DECL", &decl)
+        .replace("//ROWS_FIRST", &first)
+        .replace("//ROWS_BODY", &body)
+        .replace("//ROWS_STORE", &store)
 }
 
 /// WGSL: `extra_rows` of every matvec_q4f form but the folded router's.

@@ -97,6 +97,13 @@ fn stacked_forms_through_the_matvec_match_the_reference() {
     let forms = [QForm::Q4K, QForm::Q6K];
     let k = MatvecKernel::with_forms(&ctx, Numerics::F32, false, &forms).unwrap();
     let late = MatvecKernel::with_forms(&ctx, Numerics::F32, true, &forms).unwrap();
+    // The norm-on-load forms with a dispatch per part (`--tune qkv_pair=0`).
+    let split = |late| {
+        MatvecKernel::with_forms(&ctx, Numerics::F32, late, &forms)
+            .unwrap()
+            .with_pair_forms(false)
+    };
+    let (k_split, late_split) = (split(false), split(true));
     let mut r = rng(94);
     // Odd row counts (a part that ends mid-workgroup), the real qkv's split (q + k, v) and a
     // Q6_K piece between two Q4_K ones.
@@ -148,13 +155,26 @@ fn stacked_forms_through_the_matvec_match_the_reference() {
         };
         let want = matvec_f32_ref(&s.deq, rows, cols, &xn);
         let mag = s.mag(&xn);
-        for (kern, what) in [(&k, "norm"), (&late, "late norm")] {
+        // Two parts take one dispatch, their workgroups in their two forms; three, one each.
+        let one = if pieces.len() == 2 { 1 } else { pieces.len() };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (kern, apart, what) in [(&k, &k_split, "norm"), (&late, &late_split, "late norm")] {
+            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+            let b = apart.bind_q4_norm(&ctx, &s.m, input, &y, &state).unwrap();
+            assert_eq!(b.dispatch_count(), pieces.len(), "a dispatch per part");
+            ctx.run_pass(|p| apart.record(p, &b)).unwrap();
+            let per_part = ctx.read_f32(&y, rows).unwrap();
             ctx.write(&y, 0, &vec![0xFF; rows * 4]);
             let b = kern.bind_q4_norm(&ctx, &s.m, input, &y, &state).unwrap();
-            assert_eq!(b.dispatch_count(), pieces.len(), "a dispatch per part");
+            assert_eq!(b.dispatch_count(), one, "{what}");
             ctx.run_pass(|p| kern.record(p, &b)).unwrap();
             let got = ctx.read_f32(&y, rows).unwrap();
             assert_within(&got, &want, &mag, 4e-6, &format!("{pieces:?} {what}"));
+            assert_eq!(
+                bits(&got),
+                bits(&per_part),
+                "{pieces:?} {what}: one dispatch"
+            );
             // The decode's qkv warms the o-proj from its first part's dispatch: the same
             // bits in every row, warm workgroups or not.
             ctx.write(&y, 0, &vec![0xFF; rows * 4]);
@@ -162,10 +182,9 @@ fn stacked_forms_through_the_matvec_match_the_reference() {
             let b = kern
                 .bind_q4_norm_warm(&ctx, &s.m, input, &y, &state, (last, &sink))
                 .unwrap();
-            assert_eq!(b.dispatch_count(), pieces.len(), "{what} warm");
+            assert_eq!(b.dispatch_count(), one, "{what} warm");
             ctx.run_pass(|p| kern.record(p, &b)).unwrap();
             let warm = ctx.read_f32(&y, rows).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&warm), bits(&got), "{pieces:?} {what} warm");
         }
     }
@@ -180,6 +199,65 @@ fn stacked_forms_through_the_matvec_match_the_reference() {
         .unwrap()
         .to_string();
     assert!(e.contains("reads Q4_K") && e.contains("is Q6_K"), "{e}");
+}
+
+#[test]
+fn two_form_stacks_take_one_norm_dispatch_in_every_pairing() {
+    let Some(ctx) = gpu("two_form_stacks_take_one_norm_dispatch_in_every_pairing") else {
+        return;
+    };
+    // Each payload as the first and as the second (renamed) form: nibbles, bytes, the 5- and
+    // 6-bit K forms, affine and not.
+    let state = RunState::default().buffer(&ctx).unwrap();
+    let forms = [QForm::Q4_0, QForm::Q8_0, QForm::Q6K, QForm::Q4K, QForm::Q5K];
+    let k = MatvecKernel::with_forms(&ctx, Numerics::F32, true, &forms).unwrap();
+    let mut r = rng(99);
+    let cols = 256;
+    for (i, pair) in [
+        (QForm::Q6K, QForm::Q4K),
+        (QForm::Q5K, QForm::Q6K),
+        (QForm::Q4_0, QForm::Q8_0),
+        (QForm::Q8_0, QForm::Q5K),
+        (QForm::Q4K, QForm::Q4_0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = Stack::new(&ctx, 100 + i as u64, &[(pair.0, 19), (pair.1, 9)], cols);
+        let h = rand_f32(&mut r, cols, -30.0, 30.0);
+        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
+        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
+        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+        let wb = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+        let input = NormInput {
+            h: &hb,
+            weight: &wb,
+            eps: 1e-6,
+        };
+        let y = ctx.storage("y", 28 * 4).unwrap();
+        ctx.write(&y, 0, &[0xFF; 28 * 4]);
+        let b = k.bind_q4_norm(&ctx, &s.m, input, &y, &state).unwrap();
+        assert_eq!(b.dispatch_count(), 1, "{pair:?}");
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, 28).unwrap();
+        let want = matvec_f32_ref(&s.deq, 28, cols, &xn);
+        assert_within(&got, &want, &s.mag(&xn), 4e-6, &format!("{pair:?}"));
+    }
+    // A kernel without one of the two forms refuses the stack by name.
+    let s = Stack::new(&ctx, 110, &[(QForm::Q4K, 8), (QForm::Q6K, 8)], 256);
+    let only = MatvecKernel::with_form(&ctx, Numerics::F32, false, QForm::Q4K).unwrap();
+    let h = ctx.storage("h", 256 * 4).unwrap();
+    let y = ctx.storage("y", 16 * 4).unwrap();
+    let input = NormInput {
+        h: &h,
+        weight: &h,
+        eps: 1e-6,
+    };
+    let e = only
+        .bind_q4_norm(&ctx, &s.m, input, &y, &state)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("is Q6_K"), "{e}");
 }
 
 #[test]

@@ -23,66 +23,25 @@
 // in the form `dq_block` takes: 8 vec4<f32> (f32 numerics), or a `BfpBlock` (bfp24: the staging
 // turned the input into block floating point, numerics.rs BFP_DOT).
 struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32, eps: f32, p1: u32, p2: u32, p3: u32 };
-@group(0) @binding(0) var<storage, read> qs: array<QB>;             // [rows * bpr] blocks (tensor.rs QForm)
-@group(0) @binding(1) var<storage, read> sc: array<SW>;             // [rows * bpr / 2] scale words (tensor.rs QForm)
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;       // [row_start + rows ..]
 @group(0) @binding(5) var<uniform> p: Params;
 @group(0) @binding(6) var<storage, read> state: State;
 
 const T: u32 = 32u;
 const TP: u32 = T + 1u;
-var<workgroup> red: array<f32, 8u * R * TP>; // [8R rows, TP] per-lane partials (lane < T)
+var<workgroup> red: array<f32, 8u * RED_R * TP>; // [8R rows, TP] per-lane partials (lane < T)
 
-fn scale(i: u32) -> f32 {
-    return q4_coef(sc[i >> 1u], i).x;
-}
+//ROWS_FNS
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     // Uniform across the dispatch, so no barrier is skipped by only part of a workgroup.
     if (state.done != 0u) { return; }
-    // Workgroups past the matrix's (the folded router's rows, matvec.rs Fused::Router) run
-    // `extra_rows` instead; the test is uniform per workgroup.
+    // Workgroups past the matrix's (the folded router's rows, matvec.rs Fused::Router; the
+    // warm workgroups, Fused::NormWarm) run `extra_rows` instead; the test is uniform per
+    // workgroup.
     if (extra_rows(wid.x + wid.y * p.gx, li)) { return; }
-    let team = li / T;
-    let lane = li % T;
-    let row0 = (wid.x + wid.y * p.gx) * (8u * R) + team * R;
-    // ROWS_PREFETCH, ROWS_DECL, ROWS_FIRST, ROWS_BODY, ROWS_STORE: expanded by the host once
-    // per row of the team (acc0, acc1, ..): separate variables, since a per-thread array indexed
-    // in a loop may be placed in slow local memory by the driver's compiler. Rows past the end
-    // read row 0 (always there) and are never written.
-    // The lane's first block of each row is loaded before the staging, so those loads are in
-    // flight while the workgroup stages (and normalises) the input instead of after it.
-    let b0 = min(lane, p.bpr - 1u);
-    //ROWS_PREFETCH
-    nol_stage(li, p.bpr * 8u, p.eps);
-    //ROWS_DECL
-    if (lane < p.bpr) {
-        let x = xblock(lane);
-        //ROWS_FIRST
-    }
-    for (var b = lane + T; b < p.bpr; b += T) {
-        let x = xblock(b);
-        //ROWS_BODY
-    }
-    //ROWS_STORE
-    workgroupBarrier();
-    if (li < 8u * R) {
-        var s = 0.0;
-        for (var j = 0u; j < T; j++) {
-            s += red[li * TP + j];
-        }
-        // 1.0 (exact) except in the late-norm form, where it is the RMSNorm's scale.
-        s *= nol_scale(p.eps, p.bpr * 8u);
-        let row = (wid.x + wid.y * p.gx) * (8u * R) + li;
-        if (row < p.rows) {
-            if (ACC) {
-                y[p.row_start + row] += s;
-            } else {
-                y[p.row_start + row] = s;
-            }
-        }
-    }
+    //ROWS_CALL
     // TAIL: the qkv + attention form (qkv_attention.rs) calls its attention tail here; every
     // other form leaves this comment.
 }
