@@ -1,5 +1,7 @@
 // int4 (repacked Q4_0, tensor.rs layout) x f32 activations -> f32, one matrix part, R rows per
-// team. Prepended by the host: state.wgsl, `dq_block` (numerics.rs F32_DEQ), `const R: u32`,
+// team (or two parts in two forms: matvec_wgsl.rs q4f_pair_body). The rows themselves are
+// `mv_rows` (matvec_q4f_rows.wgsl, put at ROWS_FNS with `const RED_R`, the most rows per team
+// of its copies; ROWS_CALL calls it for the dispatch's part or parts). Prepended by the host: state.wgsl, `dq_block` (numerics.rs F32_DEQ), `const R: u32`,
 // `const ACC: bool` (add into y: the o-proj's residual add) and the input form: either the plain
 // f32 vector (`act_x` at binding 2 read from global memory, `nol_stage` a no-op) or the
 // norm-on-load form (matvec.rs NORM_ON_LOAD: binding 2 is the residual stream h, binding 3 the
