@@ -76,9 +76,10 @@ pub struct Tune {
     /// MoE gate/up workgroup its share of its expert's down weights; 0 none. Unset:
     /// [`DEFAULT_WARM`].
     pub warm: Option<u32>,
-    /// 1 or unset (the default since run 147): the norm-on-load qkv over a stack of two forms
-    /// (a `Q4_K_M` file's: q and k Q4_K, v Q6_K) in one dispatch, each part's workgroups in
-    /// its form (matvec_wgsl.rs `q4f_pair_body`); 0: a dispatch per part.
+    /// 1 or unset (the default since run 147: Q4_K_M tg128 289.4 against 276.7): the
+    /// norm-on-load qkv over a stack of two forms (a `Q4_K_M` file's: q and k Q4_K, v Q6_K)
+    /// in one dispatch, each part's workgroups in its form (matvec_wgsl.rs `q4f_pair_body`);
+    /// 0: a dispatch per part.
     pub qkv_pair: Option<u32>,
 }
 
