@@ -59,7 +59,7 @@ impl MatvecKernel {
         check_out(y, m.rows, "matvec_q4 (norm)")?;
         if let [a, b] = m.parts.as_slice() {
             if a.form != b.form && self.pair_forms {
-                return self.bind_norm_pair(ctx, m, x, y, state, warm);
+                return self.bind_norm_pair(ctx, (a, b), m.cols, x, (y, state), warm);
             }
         }
         let bpr = m.cols / BLOCK as u32;
@@ -112,21 +112,16 @@ impl MatvecKernel {
     /// [`Self::bind_norm_parts`] for a stack of two parts in two forms: one dispatch
     /// (matvec_wgsl.rs `q4f_pair_body`), its first workgroups on the first part, the next on
     /// the second, then any warm ones.
+    /// The parts are a checked matrix's two, of `cols` columns.
     fn bind_norm_pair(
         &self,
         ctx: &Context,
-        m: &Q4Matrix,
+        (a, b): (&Q4Part, &Q4Part),
+        cols: u32,
         x: NormInput<'_>,
-        y: &wgpu::Buffer,
-        state: &wgpu::Buffer,
+        (y, state): (&wgpu::Buffer, &wgpu::Buffer),
         warm: Option<(&Q4Part, &wgpu::Buffer)>,
     ) -> Result<MatvecBinding> {
-        let [a, b] = m.parts.as_slice() else {
-            return Err(GpuError::Shape(format!(
-                "matvec_q4 (norm, two forms): {} parts",
-                m.parts.len()
-            )));
-        };
         // check_layout: the parts tile the rows in order, so b starts where a ends.
         let (ra, rb) = (self.rows_per_team(a.rows), self.rows_per_team(b.rows));
         // Both forms must be this kernel's, as for a dispatch per part.
@@ -140,7 +135,7 @@ impl MatvecKernel {
         let grid = ctx.grid(na + nb + warm.map_or(0, |(w, _)| warm::workgroups(w)));
         let words = [
             a.rows,
-            m.cols / BLOCK as u32,
+            cols / BLOCK as u32,
             a.row_start,
             grid.0,
             x.eps.to_bits(),

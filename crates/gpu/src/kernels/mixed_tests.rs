@@ -57,6 +57,21 @@ impl Stack {
     }
 }
 
+/// A random residual stream `h [cols]` and RMSNorm weight on the GPU, and `rmsnorm(h)` (eps
+/// 1e-6) on the host: the norm-on-load matvec's input and its reference.
+fn norm_input(
+    ctx: &crate::context::Context,
+    r: &mut impl rand::Rng,
+    cols: usize,
+) -> (wgpu::Buffer, wgpu::Buffer, Vec<f32>) {
+    let h = rand_f32(r, cols, -30.0, 30.0);
+    let nw = rand_f32(r, cols, 0.5, 1.5);
+    let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
+    let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+    let wb = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+    (hb, wb, xn)
+}
+
 #[test]
 fn a_stack_keeps_each_parts_form_and_refuses_unequal_widths() {
     let Some(ctx) = gpu("a_stack_keeps_each_parts_form_and_refuses_unequal_widths") else {
@@ -143,11 +158,7 @@ fn stacked_forms_through_the_matvec_match_the_reference() {
         let mag_acc: Vec<f32> = mag.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
         assert_within(&got, &want_acc, &mag_acc, 2e-6, &format!("{pieces:?} acc"));
         // The norm-on-load forms (the decode's qkv), plain and late-scaled.
-        let h = rand_f32(&mut r, cols, -30.0, 30.0);
-        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
-        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
-        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
-        let wb = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+        let (hb, wb, xn) = norm_input(&ctx, &mut r, cols);
         let input = NormInput {
             h: &hb,
             weight: &wb,
@@ -224,11 +235,7 @@ fn two_form_stacks_take_one_norm_dispatch_in_every_pairing() {
     .enumerate()
     {
         let s = Stack::new(&ctx, 100 + i as u64, &[(pair.0, 19), (pair.1, 9)], cols);
-        let h = rand_f32(&mut r, cols, -30.0, 30.0);
-        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
-        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
-        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
-        let wb = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+        let (hb, wb, xn) = norm_input(&ctx, &mut r, cols);
         let input = NormInput {
             h: &hb,
             weight: &wb,
