@@ -19,6 +19,8 @@ pub mod matmul;
 mod matmul_tests;
 pub mod matvec;
 #[cfg(test)]
+mod matvec_norm_tests;
+#[cfg(test)]
 mod matvec_tests;
 mod matvec_wgsl;
 #[cfg(test)]
