@@ -311,8 +311,6 @@ impl GpuBackend {
         }
     }
 
-    /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
-    /// resident bytes, prefill chunk, and the multi-stream path when there is one.
     /// Which dispatches warm which weights into L2 (kernels/warm.rs), in how many layers:
     /// "off", or e.g. "qkv -> o-proj in 48 layers, down -> next qkv in 47, gate/up -> down in 0".
     pub fn warming_summary(&self) -> String {
@@ -326,6 +324,8 @@ impl GpuBackend {
         }
     }
 
+    /// A multi-line summary for `--verbose`: adapter, numerics, fold, dispatches per token,
+    /// resident bytes, prefill chunk, and the multi-stream path when there is one.
     pub fn describe(&self) -> String {
         let info = &self.plan.ctx.info;
         let o = &self.plan.opts;
