@@ -99,20 +99,23 @@ impl Default for F32Tuning {
     }
 }
 
-/// Workgroup bytes of moe_gate_up_f32.wgsl at `rg` rows per team: xs `[H]`, lg `[E]`, top_e
+/// Workgroup bytes of moe_gate_up_f32.wgsl at `rg` rows per team: xs `[H]`, xsum_s `[H/32]`, lg `[E]`, top_e
 /// `[K]`, red_g and red_u `[rg, WG + WG / 8]` (bank-spread partials), slot_e; the column union
 /// form's col_rank and users `[8]`, n_users.
 pub(super) fn gate_up_f32_shared(p: &MoeParams, rg: u32) -> u64 {
     let red = 2 * (rg * (WG + WG / 8)) as u64;
-    (p.hidden as u64 + p.experts as u64 + p.top_k as u64 + red + 1 + 17) * 4
+    let xsum = p.hidden as u64 / BLOCK as u64;
+    (p.hidden as u64 + xsum + p.experts as u64 + p.top_k as u64 + red + 1 + 17) * 4
 }
 
 /// Workgroup bytes of moe_down_f32.wgsl at `t` lanes per row, `rt` rows per team and `ds` slot
-/// groups: xs `[K/ds*I]`, red `[WG/t*rt, t+1]` (bank-spread partials), ids and wts `[K/ds]`,
+/// groups: xs `[K/ds*I]`, the affine forms' block sums `[K/ds*I/32]`, red `[WG/t*rt, t+1]` (bank-spread partials), ids and wts `[K/ds]`,
 /// dlast.
 pub(super) fn down_f32_shared(p: &MoeParams, t: u32, rt: u32, ds: u32) -> u64 {
     let ks = (p.top_k / ds) as u64;
-    (ks * p.inter as u64 + (WG / t * rt * (t + 1)) as u64 + 2 * ks + 1) * 4
+    // xs, then the affine forms' block sums (counted for every form: a bound, not exact).
+    let xsum = ks * p.inter as u64 / BLOCK as u64;
+    (ks * p.inter as u64 + xsum + (WG / t * rt * (t + 1)) as u64 + 2 * ks + 1) * 4
 }
 
 /// Bytes of the down slot groups' scratch for `ds` groups of `nrb` row blocks over up to 8
@@ -126,13 +129,52 @@ pub(super) fn down_scratch_bytes(p: &MoeParams, ds: u32, nrb: u32) -> (u64, u64)
     (cols * (ds * p.hidden) as u64 * 4, cols * nrb as u64 * 4)
 }
 
+/// moe_down_f32.wgsl's staging of the group's h slots for the non-affine forms: one vec4 per
+/// thread and pass, consecutive threads on consecutive vec4s; slots the part does not hold
+/// are zeros.
+const STAGE_VEC4S: &str = "for (var i = li; i < KSNB * 8u; i += WG) {
+        var v = vec4<f32>(0.0);
+        if (held(ids[i / (NB * 8u)])) {
+            v = h[hb + i];
+        }
+        xs[xs_slot(i)] = v;
+    }";
+
+/// The affine forms' staging: one block of 32 per thread and pass, whose sum `q4_xsum` (the
+/// `c1 Σ x` term of every row's dot with that block) goes to `xsum_s` once for the
+/// workgroup, where computing it per item cost each team the same sums again (the dots read
+/// the same bits either way: the same function of the same values).
+const STAGE_BLOCKS: &str = "for (var b = li; b < KSNB; b += WG) {
+        var x = array<vec4<f32>, 8>();
+        if (held(ids[b / NB])) {
+            let o = hb + b * 8u;
+            x = array<vec4<f32>, 8>(h[o], h[o + 1u], h[o + 2u], h[o + 3u], h[o + 4u], h[o + 5u],
+                                    h[o + 6u], h[o + 7u]);
+        }
+        let s = b * 8u;
+        xs[xs_slot(s)] = x[0];
+        xs[xs_slot(s + 1u)] = x[1];
+        xs[xs_slot(s + 2u)] = x[2];
+        xs[xs_slot(s + 3u)] = x[3];
+        xs[xs_slot(s + 4u)] = x[4];
+        xs[xs_slot(s + 5u)] = x[5];
+        xs[xs_slot(s + 6u)] = x[6];
+        xs[xs_slot(s + 7u)] = x[7];
+        xsum_s[b] = q4_xsum(x);
+    }";
+
+/// The affine forms' block sums of the staged h: `[KSNB]` f32.
+const XSUM_DECL: &str = "var<workgroup> xsum_s: array<f32, KSNB>;";
+
 /// moe_down_f32.wgsl with its per-item and per-row lines written out for `t` lanes per row and
 /// `rt` rows per team and `ds` slot groups, one variable each (a per-thread array indexed in a
 /// loop may be placed in slow local memory): item j of a lane is `it = lane + j * t`,
 /// ceil(K / ds * NB / t) of them (3 at the real shape with 16 lanes and 4 groups). The weight and scale loads come first (in flight
 /// during the staging), the dots after; each staged block is read once for the team's rows.
 /// `form`: the blocks' form; the affine one's (tensor.rs): each item adds `w c1 Σ x` with the staged
-/// block's sum computed once for the team's rows.
+/// block's sum computed once for the workgroup while staging ([`STAGE_BLOCKS`]: Q4_K tg128
+/// 335 against 320 tok/s per step on the H100, BENCHMARKS run 151; the non-affine forms keep
+/// the vec4 staging, faster for them: run 152).
 pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm) -> String {
     let affine = form.affine();
     let dotf = form.dot_fn();
@@ -151,7 +193,7 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm
              let on = item_on(it{j});\n        "
         );
         if affine {
-            dot += "let xsum = q4_xsum(x);\n        ";
+            dot += &format!("let xsum = xsum_s[min(it{j}, KSNB - 1u)];\n        ");
         }
         for r in 0..rt {
             if affine {
@@ -175,10 +217,17 @@ pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm
         }
         dot += "}\n    ";
     }
+    let (stage, decl) = if affine {
+        (STAGE_BLOCKS, XSUM_DECL)
+    } else {
+        (STAGE_VEC4S, "")
+    };
     let (wq, ws, wsink) = super::DOWN_WARM_BINDINGS;
     form.wgsl()
         + &super::super::warm::wgsl(wq, ws, wsink)
         + &include_str!("../shaders/moe_down_f32.wgsl")
+            .replace("//XSUM_DECL", decl)
+            .replace("//STAGE", stage)
             .replace("//ITEMS_LOAD", &load)
             .replace("//ITEMS_DOT", &dot)
             .replace("//ROWS_STORE", &store)

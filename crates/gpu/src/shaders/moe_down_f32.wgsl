@@ -51,6 +51,7 @@ struct Params { e_lo: u32, e_hi: u32, accumulate: u32, pad: u32 };
 @group(0) @binding(8) var<storage, read> cols: array<Col, 8>;
 
 var<workgroup> xs: array<vec4<f32>, KSNB * 8u>; // [KS*I/4] the group's h, swizzled (zeros for slots not held)
+//XSUM_DECL
 const ROWS: u32 = (WG / T) * RT;
 
 // [ROWS, TP] per-lane partials (lane < T): rows TP = T + 1 words apart, so the ROWS readers of
@@ -229,14 +230,11 @@ fn down_rows(rb: u32, g: u32, li: u32, col: u32) -> f32 {
     // `it{j}`, and per item and row the weight block `q{j}_{r}` and its scale `s{j}_{r}`.
     //ITEMS_LOAD
     // Stage the group's h slots this part holds; the others are zeros (never read uninitialised).
+    // STAGE (host-expanded): one vec4 per thread and pass, or for the affine forms a whole block
+    // per thread and pass with its sum `q4_xsum` into `xsum_s` (each block's sum computed once
+    // for the workgroup's ROWS rows instead of once per team).
     let hb = (col * K + g * KS) * NB * 8u;
-    for (var i = li; i < KSNB * 8u; i += WG) {
-        var v = vec4<f32>(0.0);
-        if (held(ids[i / (NB * 8u)])) {
-            v = h[hb + i];
-        }
-        xs[xs_slot(i)] = v;
-    }
+    //STAGE
     workgroupBarrier();
     // ITEMS_DOT: acc{r} += w_k * s{j}_{r} * (q{j}_{r} . staged block it{j}) for the items on.
     //ITEMS_DOT

@@ -26,7 +26,11 @@
 // Every workgroup first copies x into workgroup memory (swizzled, moe_stage_f32.wgsl); the
 // barriers of the routing (or of the expert-id broadcast) publish it. Then lane l of a row's team
 // takes blocks l, l + T, ...: one 16-byte load per block for gate and one for up, both dotted
-// with the one staged activation block (int4 -> f32 by the mantissa trick of `dq_block`).
+// with the one staged activation block (int4 -> f32 by the mantissa trick of `dq_block`). The
+// affine forms' `c1 Σ x` term reads each block's Σ x from `xsum_s`, summed once per workgroup:
+// by the folded routing between its barriers (late norm), else by `expert_rows` before its
+// dots (one barrier more). Per team and item, those sums cost Q4_K tg128 1.4% on the H100
+// (BENCHMARKS run 152).
 //
 // logits [E] f32 (column form: [nb, E])
 // x      [H] f32 at binding 4 (column form: [nb, H])
@@ -51,6 +55,9 @@ struct Params { e_lo: u32, e_hi: u32, write_route: u32, pad: u32 };
 @group(0) @binding(13) var<storage, read> cols: array<Col, 8>;
 
 var<workgroup> xs: array<vec4<f32>, NB * 8u>; // [H/4] x, swizzled
+// [NB] the affine forms' block sums of xs (`q4_xsum`), once per workgroup (folded_route or
+// expert_rows).
+var<workgroup> xsum_s: array<f32, NB>;
 // [WG] per-lane partials, thread i's at rp(i) = i + i / T: a team's T partials and one spare
 // word, so the row sums' readers (lane 0 of every team, T apart) hit different banks instead of
 // one or two (T = 16 or 32 on NVIDIA's 32 banks). WG / 8 spare words cover T >= 8 and the
@@ -93,7 +100,7 @@ fn gu_block(wrow: u32, b: u32) -> vec2<f32> {
     let x = xs_block(b);
     if (Q4_AFFINE) {
         // tensor.rs's affine form: c0 Σ (q - 8) x + c1 Σ x per block.
-        let xsum = q4_xsum(x);
+        let xsum = xsum_s[b];
         let cg = q4_coef(gate_sc[blk >> 1u], blk);
         let cu = q4_coef(up_sc[blk >> 1u], blk);
         return vec2<f32>(fma(cg.x, dq_block(g, x), cg.y * xsum),
@@ -112,7 +119,7 @@ fn gu_block2(wrow: u32, b: u32) -> vec4<f32> {
     let u1 = up_qs[blk + NB];
     let x = xs_block(b);
     if (Q4_AFFINE) {
-        let xsum = q4_xsum(x);
+        let xsum = xsum_s[b];
         let cg0 = q4_coef(gate_sc[blk >> 1u], blk);
         let cu0 = q4_coef(up_sc[blk >> 1u], blk);
         let cg1 = q4_coef(gate_sc[(blk + NB) >> 1u], blk + NB);
@@ -143,8 +150,10 @@ fn row_out(o: u32, li: u32, hbase: u32, k: u32, row: u32, sc: f32) {
 // Rows [R wid.x, +R) of expert e for slot k, written to h [hbase + k*I..] (hbase: the column's
 // first h element), each row's gate and up sums multiplied by `sc` (the late norm's 1 / rms;
 // 1.0, an exact no-op, elsewhere). `e` is workgroup-uniform; every thread calls it (it has a
-// barrier), a part that does not hold e computes nothing.
-fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32, sc: f32) {
+// barrier), a part that does not hold e computes nothing. `sums_done` (uniform): the caller has
+// already put the staged blocks' sums in `xsum_s` (the folded late-norm routing); else the
+// affine forms sum them here.
+fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32, sc: f32, sums_done: bool) {
     let held = e >= params.e_lo && e < params.e_hi;
     let team = li / T;
     let lane = li % T;
@@ -152,6 +161,13 @@ fn expert_rows(e: u32, k: u32, bx: u32, li: u32, hbase: u32, sc: f32) {
     let wrow = (select(params.e_lo, e, held) - params.e_lo) * I + row;
     var acc = vec2<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
+    if (Q4_AFFINE && !sums_done) {
+        // Each block's Σ x once for the workgroup rather than once per team and item.
+        for (var b = li; b < NB; b += WG) {
+            xsum_s[b] = q4_xsum(xs_block(b));
+        }
+        workgroupBarrier();
+    }
     if (held) {
         // A constant trip count lets the compiler unroll and issue the lane's weight loads
         // together (few workgroups: latency, not bandwidth, limits).
@@ -201,7 +217,7 @@ fn gate_up(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         slot_e = min(route[k], E - 1u);
     }
     // workgroupUniformLoad's barrier also publishes the staged x.
-    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, 0u, 1.0);
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, 0u, 1.0, false);
 }
 
 @compute @workgroup_size(WG)
@@ -239,7 +255,7 @@ fn routed(wid: vec2<u32>, li: u32, col: u32) {
             route[col * 2u * K + K + k] = bitcast<u32>(route_weight(k));
         }
     }
-    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, col * K * I, 1.0);
+    expert_rows(workgroupUniformLoad(&slot_e), k, wid.x, li, col * K * I, 1.0, false);
 }
 
 // Folded router (router_fold.rs, the fused single-token plan): the input is rmsnorm(h + a) and
@@ -269,7 +285,7 @@ fn gate_up_folded(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         return;
     }
     let f = folded_route(wid, li);
-    expert_rows(f.e, wid.y, wid.x, li, 0u, f.sc);
+    expert_rows(f.e, wid.y, wid.x, li, 0u, f.sc, LATE_NORM);
 }
 
 // Expert e's down weights (the part bound at 20, 21: one binding of all experts) for
@@ -318,7 +334,7 @@ fn gate_up_folded_warm(
     }
     let f = folded_route(wid, li);
     let t = down_warm(f.e, wid.x, nwg.x, li);
-    expert_rows(f.e, wid.y, wid.x, li, 0u, f.sc);
+    expert_rows(f.e, wid.y, wid.x, li, 0u, f.sc, LATE_NORM);
     // Depends on every warm load; nothing reads the sink.
     if (t == 0x2545f491u) {
         dwarm_sink[0] = t;
@@ -402,7 +418,14 @@ fn folded_route(wid: vec3<u32>, li: u32) -> Folded {
     for (var e = li; e < E; e += WG) {
         lg[e] = lg[e] * inv;
     }
-    // Publishes xs, lg (the normalised logits the weights use) and top_e.
+    if (Q4_AFFINE && LATE_NORM) {
+        // The staged (h + a) ⊙ w is final since the first barrier: its block sums here, so
+        // expert_rows needs no barrier of its own for them.
+        for (var b = li; b < NB; b += WG) {
+            xsum_s[b] = q4_xsum(xs_block(b));
+        }
+    }
+    // Publishes xs, lg (the normalised logits the weights use), top_e and xsum_s.
     workgroupBarrier();
     let k = wid.y;
     let e = top_e[k];
