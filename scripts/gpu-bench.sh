@@ -43,7 +43,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || has flagsets || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -306,11 +306,19 @@ fi
 if has flagsets; then
   # The default build bare and with each ';'-separated flag set of FLAGSETS (e.g.
   # "--tune o_rows=1;--tune down_split=8"), two interleaved rounds (FS_ARGS: bench arguments).
+  # On the Q4_0 model, or with FS_QUANT (e.g. q4_k_m) on a model of that type written here as
+  # /tmp/q30-fs-$FS_QUANT.gguf (kept for the steps after).
   IFS=';' read -ra SETS <<< "${FLAGSETS:?set FLAGSETS}"
+  FM=$MODEL
+  if [ -n "${FS_QUANT:-}" ]; then
+    FM=/tmp/q30-fs-$FS_QUANT.gguf
+    say "synth qwen3-30b-a3b --quant $FS_QUANT for the flag sets: $FM"
+    [ -s $FM ] || $N synth --preset qwen3-30b-a3b --quant $FS_QUANT --seed 0 --tokenizer "$TOK" -o $FM --quiet 2>&1 | tee -a "$S"
+  fi
   for round in 1 2; do
     for fs in "" "${SETS[@]}"; do
       say "flagsets round $round: [${fs:-default}]"
-      timeout 150 $N bench -m $MODEL --backend gpu $fs ${FS_ARGS:--p 0 -n 128 --reps 3 --ctx 512} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
+      timeout 150 $N bench -m $FM --backend gpu $fs ${FS_ARGS:--p 0 -n 128 --reps 3 --ctx 512} 2>&1 | grep -E "^tg|^pp" | tee -a "$S"
     done
   done
 fi
