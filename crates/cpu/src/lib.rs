@@ -10,7 +10,7 @@
 //!   chose it;
 //! - each layer costs six fork-joins (q/k/v together, the attention, the o-proj, the router, the
 //!   gate/up of every chosen expert together, their down rows together);
-//! - concurrent sequences ([`streams`], the server's requests) share each forward pass.
+//! - concurrent sequences (`streams.rs`, the server's requests) share each forward pass.
 //!
 //! Numerics: f32 activations and sums (see [`matmul`]); the KV cache is f32. A token gives the
 //! same bits whether it was prefilled in a chunk or decoded alone, and whatever the thread count.
@@ -89,7 +89,7 @@ struct Place {
 /// The main sequence's cache (`prefill`/`step`); stream `s` uses cache `1 + s`.
 const MAIN: usize = 0;
 
-/// The CPU backend: the main sequence and up to `streams` independent ones ([`streams`]), each
+/// The CPU backend: the main sequence and up to `streams` independent ones (`streams.rs`), each
 /// with an f32 KV cache of `context_len` positions.
 pub struct CpuBackend {
     source: Arc<dyn WeightSource>,
@@ -128,7 +128,7 @@ impl CpuBackend {
     }
 
     /// [`CpuBackend::new`] with a multi-stream path of `streams` sequences (at most
-    /// [`streams::MAX_STREAMS`]), each with a cache of `context_len` positions.
+    /// `streams::MAX_STREAMS`), each with a cache of `context_len` positions.
     pub fn with_streams(
         source: Arc<dyn WeightSource>,
         context_len: usize,

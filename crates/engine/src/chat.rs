@@ -8,7 +8,7 @@
 //!   `minijinja-contrib`'s `pycompat`;
 //! * `raise_exception(msg)` turns into an [`Error::Template`];
 //! * `tojson` behaves like Python's `json.dumps(x, ensure_ascii=False)`: `", "`/`": "` separators,
-//!   no HTML escaping, keys in insertion order (see [`pyjson`]).
+//!   no HTML escaping, keys in insertion order (see `pyjson`).
 //!
 //! Context variables: `messages`, `add_generation_prompt`, `tools` (none when absent), and
 //! `enable_thinking` only when given: Qwen's template tests `enable_thinking is defined`, so

@@ -114,10 +114,10 @@ pub enum Act<'a> {
 }
 
 /// A vector of `n` activations as [`Numerics::Bfp24`] blocks in global memory (the form
-/// [`BFP_GLOBAL_IN`] reads): `parts [6, n/32]` vec4<u32>, part-major (part j of block b at
+/// [`BFP_GLOBAL_IN`] reads): `parts [6, n/32]` `vec4<u32>`, part-major (part j of block b at
 /// `j * n/32 + b`: the hi, mid and lo words of elements 0-15 and 16-31, as `BfpBlock::p`), so
 /// the lanes of a matvec reading part j of consecutive blocks read consecutive 16 bytes; and
-/// `recs [n/32]` vec2<u32> `(d bits, 8 Σ q)`.
+/// `recs [n/32]` `vec2<u32>` `(d bits, 8 Σ q)`.
 #[derive(Debug)]
 pub struct BfpActs {
     pub parts: wgpu::Buffer,

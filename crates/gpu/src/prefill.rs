@@ -70,7 +70,7 @@ const TALL_TILE_TOKENS: u32 = 256;
 /// chunk's length (docs/BENCHMARKS.md run 126).
 const ROUTER_K_SPLITS: u32 = 16;
 
-/// K splits of the qkv and o-proj GEMMs of a chunk under [`TALL_TILE_TOKENS`] tokens (its
+/// K splits of the qkv and o-proj GEMMs of a chunk under `TALL_TILE_TOKENS` tokens (its
 /// 32-token tiles): 64 tokens give the o-proj's 2048 rows 32 tiles, each walking 128 blocks
 /// of K, on a GPU of 132 SMs. Each split writes partial sums that a reduce dispatch
 /// (kernels/gemm_reduce.rs) adds into the qkv or the residual stream. 8 splits ran pp64 /

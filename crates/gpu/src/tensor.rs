@@ -88,7 +88,7 @@ pub struct Q4Part {
     pub row_start: u32,
     /// Rows held by this part.
     pub rows: u32,
-    /// `[rows * cols/32]` vec4<u32> nibble blocks.
+    /// `[rows * cols/32]` `vec4<u32>` nibble blocks.
     pub qs: wgpu::Buffer,
     /// `[rows * cols/32]` f16 scales, two per u32 (the part's form's scale words).
     pub scales: wgpu::Buffer,
@@ -531,7 +531,7 @@ pub struct QuantActs {
     pub precise: bool,
     /// `[n/4]` u32, four i8 per word (`[n/2]` when precise).
     pub q: wgpu::Buffer,
-    /// `[n/32]` vec2<f32> = (d, d * Σq) (vec4 `(d1, Σhi, d2, Σlo)` when precise).
+    /// `[n/32]` `vec2<f32>` = (d, d * Σq) (vec4 `(d1, Σhi, d2, Σlo)` when precise).
     pub s: wgpu::Buffer,
 }
 

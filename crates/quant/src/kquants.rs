@@ -11,7 +11,7 @@
 //! - `Q5_K` (176): as Q4_K with `qh[32]` before `qs`: bit `2c` of `qh[l]` is the fifth bit of
 //!   weight `64c + l`, bit `2c + 1` that of weight `64c + 32 + l`.
 //! - `Q6_K` (210): `ql[128]`, `qh[64]`, `scales[16]` (i8), `d: f16` (last). Sixteen sub-blocks of
-//!   16 weights; weight = `(d·scale)·(q − 32)`, q six bits (layout in [`dequantize_q6_k`]).
+//!   16 weights; weight = `(d·scale)·(q − 32)`, q six bits (layout in `dequantize_q6_k`).
 //!
 //! Exactness: `d·sc` (an f16 times a 6- or 8-bit integer) and `dmin·m` are exact in f32, and so
 //! is their product with `q`, so each weight is one f32 rounding of the exact

@@ -10,7 +10,7 @@
 //! inputs:
 //! * [`Scheduler::schedule`] admits queued jobs until `max_streams` are admitted (blocking only when
 //!   none is) and returns a [`Step`]: the admitted sequences;
-//! * [`Worker::run`] advances them. On a multi-stream backend (`Backend::max_streams() > 0`, the
+//! * `Worker::run` advances them. On a multi-stream backend (`Backend::max_streams() > 0`, the
 //!   GPU with `--max-streams`), every admitted request gets a stream slot (prefilled when it
 //!   joins) and ONE device run advances all of them together (continuous batching: a request
 //!   that arrives mid-run joins at the next run, a finished or cancelled one frees its slot at
@@ -19,7 +19,7 @@
 //!   else one step returning each stream's logits (the sampled streams pick on the host, the
 //!   greedy ones take the argmax). On a backend without streams each request
 //!   runs alone on the main sequence from prompt to end (with prefix reuse);
-//! * [`Worker::postprocess`] sends the final events, retires finished sequences and updates metrics.
+//! * `Worker::postprocess` sends the final events, retires finished sequences and updates metrics.
 //!
 //! `--max-streams` bounds how many requests are admitted at once (the `nibble_active_streams`
 //! gauge) and, with `--queue`, how many are held at all (`max_streams + queue`).

@@ -10,8 +10,8 @@
 //!    whose chunk holds `pos` (one per kv head) also norms and ropes k, writes the roped k and
 //!    the raw v to cache row `pos`, and uses those values for that row rather than the cache
 //!    (writes within a dispatch are not visible to other loads). The chunk length is chosen
-//!    from the position on the GPU ([`Split`]): `params.chunk` positions while that gives at most
-//!    ~[`TARGET_WORKGROUPS`] workgroups, longer chunks after (up to a cap), so short contexts
+//!    from the position on the GPU (`Split`): `params.chunk` positions while that gives at most
+//!    ~`TARGET_WORKGROUPS` workgroups, longer chunks after (up to a cap), so short contexts
 //!    still fill a big GPU and long ones do not flood the combine. K and V pass through
 //!    coalesced shared-memory tiles; no thread walks a long serial chain of global loads.
 //! 2. `combine`: per query head, rescale the chunk partials by `exp(m_c - M)` and normalise,
@@ -27,7 +27,7 @@
 //! after each dispatch.
 //!
 //! When the host's position bound guarantees one chunk (`pos_bound + 1 <= ` the minimum chunk
-//! length, or more generally [`Split::chunks_bound`] of 1) and the output is f32 only, the
+//! length, or more generally `Split::chunks_bound` of 1) and the output is f32 only, the
 //! `single` variant of `chunk` normalises and writes the output itself: one dispatch per layer.
 //! [`AttentionKernel::dispatches`] says which.
 //!
@@ -109,7 +109,7 @@ pub struct AttentionParams {
     /// Cache rows (maximum positions).
     pub ctx: u32,
     /// Minimum positions per attention chunk (the unit of sequence parallelism); longer
-    /// contexts use longer chunks (see [`Split`]).
+    /// contexts use longer chunks (see `Split`).
     pub chunk: u32,
     pub rope_theta: f32,
     pub eps: f32,
@@ -230,7 +230,7 @@ pub struct AttentionBuffers<'a> {
 }
 
 /// Chunk partials, reusable by every layer: `part_o [B, Hq, NC, D]`, `part_ml [B, Hq, NC] (m, l)`
-/// with `NC` = [`Split::slots`] and `B` columns (1 from [`AttentionKernel::scratch`]).
+/// with `NC` = `Split::slots` and `B` columns (1 from [`AttentionKernel::scratch`]).
 #[derive(Debug)]
 pub struct AttentionScratch {
     part_o: wgpu::Buffer,

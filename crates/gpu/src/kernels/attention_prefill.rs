@@ -12,7 +12,7 @@
 //! second dispatch merges them ([`AttentionPrefillKernel::splits`] says how many).
 //!
 //! The chunk's own K/V rows must be in the cache first (the column attention's KV write,
-//! [`super::AttentionKernel::record_kv_write`]). Buffers: `qkv [T, (Hq + 2 Hkv) D]`, the caches
+//! [`crate::kernels::attention::AttentionKernel::record_kv_write`]). Buffers: `qkv [T, (Hq + 2 Hkv) D]`, the caches
 //! `[slots, ctx, Hkv, D]`, `out [T, Hq D]`, the chunk's `[T]` columns (position, slot), the
 //! `[T, S, 0, 0]` uniform and the partials (which also hold the roped q while the kernel runs).
 //! Shapes: `G = Hq / Hkv` divides 64 and `D % 16 == 0` ([`AttentionPrefillKernel::supports`]);
@@ -198,7 +198,7 @@ impl AttentionPrefillKernel {
         })
     }
 
-    /// At most `n` key splits (1..=[`MAX_SPLITS`]; 1: never split), for comparisons.
+    /// At most `n` key splits (1..=`MAX_SPLITS`; 1: never split), for comparisons.
     pub fn with_max_splits(mut self, n: u32) -> Result<Self> {
         if !(1..=MAX_SPLITS).contains(&n) {
             return Err(GpuError::Shape(format!(
@@ -209,7 +209,7 @@ impl AttentionPrefillKernel {
         Ok(self)
     }
 
-    /// The partials for chunks of up to `tokens` tokens (at least [`SPLIT_ROWS`] rows where a
+    /// The partials for chunks of up to `tokens` tokens (at least `SPLIT_ROWS` rows where a
     /// binding holds them).
     pub fn scratch(&self, ctx: &Context, tokens: u32) -> Result<AttentionPrefillScratch> {
         let hq = self.params.heads as u64;
@@ -225,7 +225,7 @@ impl AttentionPrefillKernel {
     }
 
     /// Splits of the keys for a chunk of `tokens` tokens whose last position is `pos_bound`:
-    /// enough for [`SPLIT_TARGET`] workgroups, each split at least [`MIN_TILES_PER_SPLIT`] K/V
+    /// enough for `SPLIT_TARGET` workgroups, each split at least `MIN_TILES_PER_SPLIT` K/V
     /// tiles of the longest query tile, `S tokens` within `rows` (the partials); 1 = no split.
     pub fn splits(&self, tokens: u32, pos_bound: u32, rows: u32) -> u32 {
         let groups = tokens.div_ceil(self.bq).max(1) * self.params.kv_heads;

@@ -6,8 +6,8 @@
 //!
 //! Numerics: f32-class, not f16-class. Each staged value is split into two f16s, `v = hi + lo`
 //! (an activation: `hi` = `v` cut to 11 significant bits by masking, `lo = f16(v - hi)`; a
-//! Q4_0 weight: [`WSTORE_COOP`]'s exact split of its scale; an affine (MLX) one: split as an
-//! activation is, [`WSTORE_COOP_AFFINE`]), and a product is
+//! Q4_0 weight: `WSTORE_COOP`'s exact split of its scale; an affine (MLX) one: split as an
+//! activation is, `WSTORE_COOP_AFFINE`), and a product is
 //! `xh·wh + xl·wh + xh·wl`, accumulated in f32 by the matrix unit: what is dropped is `xl·wl`
 //! (`xl` below 2^-10 of x, `wl` below 2^-7 of w: below 2^-17 of the term, always shrinking it)
 //! and the rounding of `xl` (2^-21). A weight's split is exact whenever its parts are normal
@@ -311,7 +311,7 @@ pub fn double_buffered(tm: u32, dbuf: bool) -> bool {
 /// The WGSL of `form` (an int4 form: `DenseF32` stays on the f32 kernel) with `tm` tokens per
 /// thread of the f32 kernel's tiling (tile height `16 tm`: 2 or 4 token tiles); `dbuf`: two
 /// staging buffers where [`double_buffered`] allows (`--tune prefill_dbuf=1`); `affine`: int4
-/// weights in the affine (MLX) form ([`WSTORE_COOP_AFFINE`]), else Q4_0.
+/// weights in the affine (MLX) form (`WSTORE_COOP_AFFINE`), else Q4_0.
 pub fn shader(
     form: GemmForm,
     tm: u32,

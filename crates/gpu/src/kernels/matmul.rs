@@ -69,9 +69,9 @@ impl Tile {
     /// (qkv: 2048 inputs) 8 lanes x 2 rows per team (8 blocks per lane); else the most
     /// workgroups (one row per team, as many lanes as the chunk allows: 8 or 16 rows per
     /// workgroup). Measured on the H200 over every compiled tile
-    /// (docs/runs/2026-11-29-h200-matmul-tiles.txt): qkv [5120x2048] at nb = 1/2/4/8 takes
+    /// (docs/runs/2026-11-29-h200-matmul-tiles.txt): qkv `[5120x2048]` at nb = 1/2/4/8 takes
     /// 9.9/11.2/15.2/23.1 us with 8 lanes x 2 rows against 15.6/17.2/23.6/34.3 with the widest
-    /// teams, while o_proj [2048x4096] is fastest with the widest teams.
+    /// teams, while o_proj `[2048x4096]` is fastest with the widest teams.
     pub fn for_shape(rows: u32, inputs: u32, nb: u32) -> Result<Tile> {
         check_nb(nb)?;
         let cols = COLUMN_VARIANTS

@@ -40,9 +40,9 @@ pub const Q4_ROWS_PER_TEAM: [u32; 2] = [1, 2];
 pub const F32_ROWS_PER_TEAM: [u32; 3] = [1, 2, 4];
 
 /// Rows per team for an int4 x f32 matrix of `rows` rows: more rows per team share each
-/// staged activation block; measured on an H200 (kernel_bench, 2026-11-29): qkv [5120x2048]
-/// 11.4 / 9.6 / 8.9 us at 1 / 2 / 4 rows, o-proj [2048x4096] 7.5 / 7.5 / 9.3 us, lm_head
-/// [151936x2048] 255 / 161 / 116 us. In the whole decode step (docs/BENCHMARKS.md runs 42-44,
+/// staged activation block; measured on an H200 (kernel_bench, 2026-11-29): qkv `[5120x2048]`
+/// 11.4 / 9.6 / 8.9 us at 1 / 2 / 4 rows, o-proj `[2048x4096]` 7.5 / 7.5 / 9.3 us, lm_head
+/// `[151936x2048]` 255 / 161 / 116 us. In the whole decode step (docs/BENCHMARKS.md runs 42-44,
 /// tg128 side by side with the base of the same call) qkv at 1 / 2 / 8 rows lost 8.6% / 3.5% /
 /// 2.3% against 4, and the o-proj at 2 rows gained 4.1% over 1 and 3.5% over 4: the step, not
 /// the kernel alone, decides. Small matrices keep 1 row so enough workgroups are in flight.

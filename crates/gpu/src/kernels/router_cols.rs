@@ -17,7 +17,7 @@ use crate::kernels::matvec::{NormInput, F32_WIDE_COLS, NORM_ON_LOAD, NORM_ON_LOA
 use crate::tensor::F32Matrix;
 
 /// The router-over-columns pipelines: narrow (8 rows x 32 lanes) and wide (one row x 256
-/// lanes, from [`F32_WIDE_COLS`] columns), as the single-column f32 matvec picks them.
+/// lanes, from `F32_WIDE_COLS` columns), as the single-column f32 matvec picks them.
 pub struct RouterColsKernel {
     narrow: wgpu::ComputePipeline,
     wide: wgpu::ComputePipeline,
