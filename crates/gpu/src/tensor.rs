@@ -77,6 +77,7 @@ pub use crate::qform::{
 pub use crate::repack::{
     repack_mlx_a4, repack_mlx_a8, repack_q4_0, repack_q4_k, repack_q5_k, repack_q6_k, repack_q8_0,
 };
+use nibble_quant::DType;
 
 /// Elements per quantisation block (Q4_0 and int8 activations).
 pub const BLOCK: usize = 32;
@@ -174,78 +175,60 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        let form = Form {
-            name: "Q4_0",
-            unit_bytes: 18,
-            unit_cols: BLOCK,
-            form: QForm::Q4_0,
-            bad: "block {} has a non-finite scale",
-        };
-        upload_parts(
-            ctx,
-            label,
-            (rows, cols, row_multiple),
-            src,
-            &form,
-            |units| repack_q4_0(units.iter().copied()),
-        )
+        Self::upload_dtype(ctx, label, DType::Q4_0, rows, cols, row_multiple, src)
     }
 
-    /// Upload a matrix of blocks in `dtype`: Q4_0 ([`Self::upload`]), MLX's affine `MLX_A4`
-    /// ([`Self::upload_mlx`]), Q8_0 ([`Self::upload_q8_0`]), `MLX_A8` ([`Self::upload_mlx8`])
-    /// or Q6_K ([`Self::upload_q6_k`]); any other dtype is an error.
+    /// Upload a matrix of blocks in `dtype`, repacked into the form the kernels read (module
+    /// docs; [`Form::of`] lists the types and their units): Q4_0, MLX's affine `MLX_A4` and
+    /// `MLX_A8` (`cols % 64 == 0`), Q8_0, and the K-quants Q6_K, Q4_K and Q5_K (`cols % 256 ==
+    /// 0`). A non-finite scale (or bias, or `dmin`) is an error naming its unit; any other
+    /// dtype is an error. Parts as [`Self::upload`]'s.
     pub fn upload_dtype(
         ctx: &Context,
         label: &str,
-        dtype: nibble_quant::DType,
+        dtype: DType,
         rows: usize,
         cols: usize,
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        match dtype {
-            nibble_quant::DType::Q4_0 => Self::upload(ctx, label, rows, cols, row_multiple, src),
-            nibble_quant::DType::MLX_A4 => {
-                Self::upload_mlx(ctx, label, rows, cols, row_multiple, src)
-            }
-            nibble_quant::DType::Q8_0 => {
-                Self::upload_q8_0(ctx, label, rows, cols, row_multiple, src)
-            }
-            nibble_quant::DType::MLX_A8 => {
-                Self::upload_mlx8(ctx, label, rows, cols, row_multiple, src)
-            }
-            nibble_quant::DType::Q6_K => {
-                Self::upload_q6_k(ctx, label, rows, cols, row_multiple, src)
-            }
-            nibble_quant::DType::Q4_K => {
-                Self::upload_q4_k(ctx, label, rows, cols, row_multiple, src)
-            }
-            // Q5_K (176-byte super-blocks of 256) into the [`QForm::Q5K`] form (module docs);
-            // a non-finite `d` or `dmin` is an error.
-            nibble_quant::DType::Q5_K => upload_parts(
-                ctx,
-                label,
-                (rows, cols, row_multiple),
-                src,
-                &Form {
-                    name: "Q5_K",
-                    unit_bytes: 176,
-                    unit_cols: 256,
-                    form: QForm::Q5K,
-                    bad: "super-block {} has a non-finite scale",
-                },
-                |units| repack_q5_k(units.iter().copied()),
-            ),
-            other => Err(GpuError::Shape(format!(
+        let not_read = || {
+            GpuError::Shape(format!(
                 "{label}: {} is not a block type the GPU kernels read (Q4_0, MLX_A4, Q8_0, \
                  MLX_A8, Q6_K, Q4_K, Q5_K)",
-                other.name()
-            ))),
+                dtype.name()
+            ))
+        };
+        let form = Form::of(dtype).ok_or_else(not_read)?;
+        let (shape, f) = ((rows, cols, row_multiple), &form);
+        // One arm per type: the repacked scale words differ in type (tensor.rs `QForm`).
+        match dtype {
+            DType::Q4_0 => upload_parts(ctx, label, shape, src, f, |u| {
+                repack_q4_0(u.iter().copied())
+            }),
+            DType::MLX_A4 => upload_parts(ctx, label, shape, src, f, |u| {
+                repack_mlx_a4(u.iter().copied())
+            }),
+            DType::Q8_0 => upload_parts(ctx, label, shape, src, f, |u| {
+                repack_q8_0(u.iter().copied())
+            }),
+            DType::MLX_A8 => upload_parts(ctx, label, shape, src, f, |u| {
+                repack_mlx_a8(u.iter().copied())
+            }),
+            DType::Q6_K => upload_parts(ctx, label, shape, src, f, |u| {
+                repack_q6_k(u.iter().copied())
+            }),
+            DType::Q4_K => upload_parts(ctx, label, shape, src, f, |u| {
+                repack_q4_k(u.iter().copied())
+            }),
+            DType::Q5_K => upload_parts(ctx, label, shape, src, f, |u| {
+                repack_q5_k(u.iter().copied())
+            }),
+            _ => Err(not_read()),
         }
     }
 
-    /// Repack and upload an `MLX_A4` matrix (36-byte groups of 64, `nibble_quant::mlx`) into the
-    /// affine form (module docs). `cols % 64 == 0`; a non-finite scale or bias is an error.
+    /// [`Self::upload_dtype`] of an `MLX_A4` matrix (36-byte groups of 64, `nibble_quant::mlx`).
     pub fn upload_mlx(
         ctx: &Context,
         label: &str,
@@ -254,25 +237,10 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        let form = Form {
-            name: "MLX_A4",
-            unit_bytes: 36,
-            unit_cols: 64,
-            form: QForm::Affine4,
-            bad: "group {} has a non-finite scale or bias",
-        };
-        upload_parts(
-            ctx,
-            label,
-            (rows, cols, row_multiple),
-            src,
-            &form,
-            |units| repack_mlx_a4(units.iter().copied()),
-        )
+        Self::upload_dtype(ctx, label, DType::MLX_A4, rows, cols, row_multiple, src)
     }
 
-    /// Repack and upload a Q8_0 matrix (34-byte ggml blocks) into the [`QForm::Q8_0`] form
-    /// (module docs); a non-finite scale is an error.
+    /// [`Self::upload_dtype`] of a Q8_0 matrix (34-byte ggml blocks).
     pub fn upload_q8_0(
         ctx: &Context,
         label: &str,
@@ -281,26 +249,10 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        let form = Form {
-            name: "Q8_0",
-            unit_bytes: 34,
-            unit_cols: BLOCK,
-            form: QForm::Q8_0,
-            bad: "block {} has a non-finite scale",
-        };
-        upload_parts(
-            ctx,
-            label,
-            (rows, cols, row_multiple),
-            src,
-            &form,
-            |units| repack_q8_0(units.iter().copied()),
-        )
+        Self::upload_dtype(ctx, label, DType::Q8_0, rows, cols, row_multiple, src)
     }
 
-    /// Repack and upload an `MLX_A8` matrix (68-byte groups of 64) into the
-    /// [`QForm::Affine8`] form (module docs). `cols % 64 == 0`; a non-finite scale or bias is an
-    /// error.
+    /// [`Self::upload_dtype`] of an `MLX_A8` matrix (68-byte groups of 64).
     pub fn upload_mlx8(
         ctx: &Context,
         label: &str,
@@ -309,25 +261,10 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        let form = Form {
-            name: "MLX_A8",
-            unit_bytes: 68,
-            unit_cols: 64,
-            form: QForm::Affine8,
-            bad: "group {} has a non-finite scale or bias",
-        };
-        upload_parts(
-            ctx,
-            label,
-            (rows, cols, row_multiple),
-            src,
-            &form,
-            |units| repack_mlx_a8(units.iter().copied()),
-        )
+        Self::upload_dtype(ctx, label, DType::MLX_A8, rows, cols, row_multiple, src)
     }
 
-    /// Repack and upload a Q6_K matrix (210-byte super-blocks of 256) into the [`QForm::Q6K`]
-    /// form (module docs). `cols % 256 == 0`; a non-finite `d` is an error.
+    /// [`Self::upload_dtype`] of a Q6_K matrix (210-byte super-blocks of 256).
     pub fn upload_q6_k(
         ctx: &Context,
         label: &str,
@@ -336,25 +273,10 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        let form = Form {
-            name: "Q6_K",
-            unit_bytes: 210,
-            unit_cols: 256,
-            form: QForm::Q6K,
-            bad: "super-block {} has a non-finite scale",
-        };
-        upload_parts(
-            ctx,
-            label,
-            (rows, cols, row_multiple),
-            src,
-            &form,
-            |units| repack_q6_k(units.iter().copied()),
-        )
+        Self::upload_dtype(ctx, label, DType::Q6_K, rows, cols, row_multiple, src)
     }
 
-    /// Repack and upload a Q4_K matrix (144-byte super-blocks of 256) into the [`QForm::Q4K`]
-    /// form (module docs). `cols % 256 == 0`; a non-finite `d` or `dmin` is an error.
+    /// [`Self::upload_dtype`] of a Q4_K matrix (144-byte super-blocks of 256).
     pub fn upload_q4_k(
         ctx: &Context,
         label: &str,
@@ -363,21 +285,7 @@ impl Q4Matrix {
         row_multiple: usize,
         src: &[&[u8]],
     ) -> Result<Q4Matrix> {
-        let form = Form {
-            name: "Q4_K",
-            unit_bytes: 144,
-            unit_cols: 256,
-            form: QForm::Q4K,
-            bad: "super-block {} has a non-finite scale",
-        };
-        upload_parts(
-            ctx,
-            label,
-            (rows, cols, row_multiple),
-            src,
-            &form,
-            |units| repack_q4_k(units.iter().copied()),
-        )
+        Self::upload_dtype(ctx, label, DType::Q4_K, rows, cols, row_multiple, src)
     }
 
     /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
@@ -448,7 +356,7 @@ pub fn plan_rows(
     Ok(fit.min(rows))
 }
 
-/// What [`upload_parts`] needs of a file's int4 type.
+/// What [`upload_parts`] needs of a file's block type.
 struct Form {
     /// The dtype's name in errors.
     name: &'static str,
@@ -459,6 +367,30 @@ struct Form {
     form: QForm,
     /// The error for a non-finite unit, `{}` being its index in the matrix.
     bad: &'static str,
+}
+
+impl Form {
+    /// The stored unit of each type the kernels read (`None` for the others): Q4_0 and Q8_0
+    /// blocks of 32, MLX groups of 64, K-quant super-blocks of 256.
+    fn of(dtype: DType) -> Option<Form> {
+        let (unit_bytes, unit_cols, bad) = match dtype {
+            DType::Q4_0 => (18, BLOCK, "block {} has a non-finite scale"),
+            DType::Q8_0 => (34, BLOCK, "block {} has a non-finite scale"),
+            DType::MLX_A4 => (36, 64, "group {} has a non-finite scale or bias"),
+            DType::MLX_A8 => (68, 64, "group {} has a non-finite scale or bias"),
+            DType::Q6_K => (210, 256, "super-block {} has a non-finite scale"),
+            DType::Q4_K => (144, 256, "super-block {} has a non-finite scale"),
+            DType::Q5_K => (176, 256, "super-block {} has a non-finite scale"),
+            _ => return None,
+        };
+        Some(Form {
+            name: dtype.name(),
+            unit_bytes,
+            unit_cols,
+            form: QForm::of(dtype)?,
+            bad,
+        })
+    }
 }
 
 /// Split `[rows, cols]` (shape `(rows, cols, row_multiple)`, as for [`Q4Matrix::upload`]) into
