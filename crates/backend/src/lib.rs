@@ -9,9 +9,9 @@
 //! - Logits are returned as `[V]` f32, V = `config().vocab_size`.
 //! - Bad input (token id >= V, overflowing the context, an empty prefill) is an error, never a panic.
 //!
-//! [`reference`](mod@reference) holds [`RefBackend`], the oracle: a plain scalar forward pass that every fast
-//! backend is judged against; [`divergence`] names the first intermediate where two backends'
-//! [`Backend::trace_step`]s part.
+//! [`reference`](mod@reference) holds [`RefBackend`], the oracle: a plain scalar forward pass
+//! that every fast backend is judged against; [`divergence`] names the first intermediate where
+//! two backends' [`Backend::trace_step`]s part.
 
 pub mod divergence;
 pub mod reference;

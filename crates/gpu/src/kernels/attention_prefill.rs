@@ -12,8 +12,8 @@
 //! second dispatch merges them ([`AttentionPrefillKernel::splits`] says how many).
 //!
 //! The chunk's own K/V rows must be in the cache first (the column attention's KV write,
-//! [`crate::kernels::attention::AttentionKernel::record_kv_write`]). Buffers: `qkv [T, (Hq + 2 Hkv) D]`, the caches
-//! `[slots, ctx, Hkv, D]`, `out [T, Hq D]`, the chunk's `[T]` columns (position, slot), the
+//! [`crate::kernels::attention::AttentionKernel::record_kv_write`]). Buffers:
+//! `qkv [T, (Hq + 2 Hkv) D]`, the caches `[slots, ctx, Hkv, D]`, `out [T, Hq D]`, the chunk's `[T]` columns (position, slot), the
 //! `[T, S, 0, 0]` uniform and the partials (which also hold the roped q while the kernel runs).
 //! Shapes: `G = Hq / Hkv` divides 64 and `D % 16 == 0` ([`AttentionPrefillKernel::supports`]);
 //! the prefill plan falls back to the column attention otherwise.

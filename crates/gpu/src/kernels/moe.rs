@@ -264,6 +264,9 @@ fn consts_rows(p: &MoeParams, t: u32, rg: u32, cols: u32) -> String {
 /// - workgroup arrays: lg / rank_hi below E, top_e below K, the partials at rp(i) = i + i / T
 ///   (T >= 8) and the norm's li + li / NRED, (NRED + 1) li + j (li < 16, j < NRED = WG / 16)
 ///   all below RS = WG + WG / 8; down's red below ROWS TP, ids / wts below KS (item_k clamps);
+///   the affine forms' block sums `xsum_s` written at b < NB (gate/up) or b < KSNB (down: its
+///   block staging reads h at b * 8 + k < KSNB * 8, the vec4 staging's range) and read at a
+///   lane's block below NB or at `min(it, KSNB - 1)`;
 /// - the slot groups' dpart / darrive (DS > 1) are allocated for MAX_COLUMNS columns of
 ///   DS H / NRB (`down_scratch_bytes`), indexed at column 0 here; DS = 1 never touches them;
 /// - the warm loads index below arrayLength (kernels/warm.rs, `down_warm`'s `min`);

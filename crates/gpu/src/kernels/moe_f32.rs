@@ -99,9 +99,9 @@ impl Default for F32Tuning {
     }
 }
 
-/// Workgroup bytes of moe_gate_up_f32.wgsl at `rg` rows per team: xs `[H]`, xsum_s `[H/32]`, lg `[E]`, top_e
-/// `[K]`, red_g and red_u `[rg, WG + WG / 8]` (bank-spread partials), slot_e; the column union
-/// form's col_rank and users `[8]`, n_users.
+/// Workgroup bytes of moe_gate_up_f32.wgsl at `rg` rows per team: xs `[H]`, xsum_s `[H/32]`,
+/// lg `[E]`, top_e `[K]`, red_g and red_u `[rg, WG + WG / 8]` (bank-spread partials), slot_e;
+/// the column union form's col_rank and users `[8]`, n_users.
 pub(super) fn gate_up_f32_shared(p: &MoeParams, rg: u32) -> u64 {
     let red = 2 * (rg * (WG + WG / 8)) as u64;
     let xsum = p.hidden as u64 / BLOCK as u64;
@@ -109,8 +109,8 @@ pub(super) fn gate_up_f32_shared(p: &MoeParams, rg: u32) -> u64 {
 }
 
 /// Workgroup bytes of moe_down_f32.wgsl at `t` lanes per row, `rt` rows per team and `ds` slot
-/// groups: xs `[K/ds*I]`, the affine forms' block sums `[K/ds*I/32]`, red `[WG/t*rt, t+1]` (bank-spread partials), ids and wts `[K/ds]`,
-/// dlast.
+/// groups: xs `[K/ds*I]`, the affine forms' block sums `[K/ds*I/32]`, red `[WG/t*rt, t+1]`
+/// (bank-spread partials), ids and wts `[K/ds]`, dlast.
 pub(super) fn down_f32_shared(p: &MoeParams, t: u32, rt: u32, ds: u32) -> u64 {
     let ks = (p.top_k / ds) as u64;
     // xs, then the affine forms' block sums (counted for every form: a bound, not exact).
@@ -173,8 +173,8 @@ const XSUM_DECL: &str = "var<workgroup> xsum_s: array<f32, KSNB>;";
 /// during the staging), the dots after; each staged block is read once for the team's rows.
 /// `form`: the blocks' form; the affine one's (tensor.rs): each item adds `w c1 Σ x` with the staged
 /// block's sum computed once for the workgroup while staging ([`STAGE_BLOCKS`]: Q4_K tg128
-/// 335 against 320 tok/s per step on the H100, BENCHMARKS run 151; the non-affine forms keep
-/// the vec4 staging, faster for them: run 152).
+/// 336.5 against 320.0 tok/s on the H100, BENCHMARKS run 151; the non-affine forms keep the
+/// vec4 staging, faster for them: run 152).
 pub(super) fn down_f32_body(p: &MoeParams, t: u32, rt: u32, ds: u32, form: QForm) -> String {
     let affine = form.affine();
     let dotf = form.dot_fn();
