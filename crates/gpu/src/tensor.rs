@@ -179,7 +179,7 @@ impl Q4Matrix {
     }
 
     /// Upload a matrix of blocks in `dtype`, repacked into the form the kernels read (module
-    /// docs; [`Form::of`] lists the types and their units): Q4_0, MLX's affine `MLX_A4` and
+    /// docs; `Form::of` lists the types and their units): Q4_0, MLX's affine `MLX_A4` and
     /// `MLX_A8` (`cols % 64 == 0`), Q8_0, and the K-quants Q6_K, Q4_K and Q5_K (`cols % 256 ==
     /// 0`). A non-finite scale (or bias, or `dmin`) is an error naming its unit; any other
     /// dtype is an error. Parts as [`Self::upload`]'s.
