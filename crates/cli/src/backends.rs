@@ -130,7 +130,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
                 None => "qkv and attention in dispatches of their own".to_string(),
             },
             g.plan().attention_combine(),
-            g.plan().moe_down_split(),
+            g.plan().moe_down_splits(),
             g.warming_summary(),
             args.tune.unwrap_or_default(),
             if args.per_token {

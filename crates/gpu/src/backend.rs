@@ -365,7 +365,7 @@ impl GpuBackend {
                 Combine::Fused => "fused into the chunks",
                 Combine::Dispatch => "in its own dispatch",
             },
-            self.plan.moe_down_split(),
+            self.plan.moe_down_splits(),
             self.plan.head_form(),
             self.warming_summary(),
             o.tune,

@@ -344,7 +344,11 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
             tune.o_rows.unwrap(),
             "{s}"
         );
-        assert_eq!(g.plan().moe_down_split(), tune.down_split.unwrap(), "{s}");
+        assert_eq!(
+            g.plan().moe_down_splits(),
+            tune.down_split.unwrap().to_string(),
+            "{s}"
+        );
         let head = [
             "one-column matmul",
             "matvec",

@@ -30,9 +30,10 @@ impl DecodePlan {
         &self.k.matvec
     }
 
-    /// Slot groups of the MoE down kernel (1: one workgroup sums a row block's K slots).
-    pub fn moe_down_split(&self) -> u32 {
-        self.k.moe.first().down_split()
+    /// Slot groups of the MoE down kernels (1: one workgroup sums a row block's K slots), per
+    /// down form where they differ ([`crate::kernels::moe::MoeSet::down_splits`]).
+    pub fn moe_down_splits(&self) -> String {
+        self.k.moe.down_splits()
     }
 
     /// Where the attention merges chunk partials ([`Combine`]).

@@ -5,8 +5,9 @@
 //! new split is judged by running the step both ways in one process (`scripts/gpu-bench.sh`
 //! step `flagsets`). Every field left `None` keeps its default; values are checked where the
 //! kernels are built (one the kernels cannot take is a clear error). The one adjustment:
-//! `down_split` becomes the largest power of two up to it that divides K, and 1 where its
-//! scratch would pass the binding limit (`F32Tuning`); `-v` prints the slot groups in use.
+//! `down_split` (`down_split_wide` for a down of a byte form) becomes the largest power of two
+//! up to it that divides K, and 1 where its scratch would pass the binding limit
+//! (`F32Tuning`); `-v` prints the slot groups in use.
 
 use crate::context::{Context, Result};
 use crate::kernels::attention::{AttentionKernel, AttentionParams, Combine};
@@ -26,6 +27,7 @@ pub struct Tune {
     pub down_lanes: Option<u32>,
     pub down_rows: Option<u32>,
     pub down_split: Option<u32>,
+    pub down_split_wide: Option<u32>,
     /// The attention's split: target workgroups over all kv heads (default 1024), cache loads
     /// per thread per tile (1..=16, default 2), and the most chunks per kv head the fused
     /// combine serves (default 16; Vulkan).
@@ -94,7 +96,7 @@ pub const DEFAULT_HEAD: u32 = 4;
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 20] = [
+pub const KEYS: [&str; 21] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -102,6 +104,7 @@ pub const KEYS: [&str; 20] = [
     "down_lanes",
     "down_rows",
     "down_split",
+    "down_split_wide",
     "attn_workgroups",
     "attn_tile_loads",
     "attn_fused_max",
@@ -127,6 +130,7 @@ impl Tune {
             "down_lanes" => &mut self.down_lanes,
             "down_rows" => &mut self.down_rows,
             "down_split" => &mut self.down_split,
+            "down_split_wide" => &mut self.down_split_wide,
             "attn_workgroups" => &mut self.attn_workgroups,
             "attn_tile_loads" => &mut self.attn_tile_loads,
             "attn_fused_max" => &mut self.attn_fused_max,
@@ -153,6 +157,7 @@ impl Tune {
             down_lanes: self.down_lanes.unwrap_or(t.down_lanes),
             down_rows: self.down_rows.unwrap_or(t.down_rows),
             down_split: self.down_split.unwrap_or(t.down_split),
+            down_split_wide: self.down_split_wide.unwrap_or(t.down_split_wide),
             late_norm: self.moe_late_norm.map_or(t.late_norm, |v| v != 0),
         }
     }
@@ -221,6 +226,7 @@ impl std::fmt::Display for Tune {
             self.down_lanes,
             self.down_rows,
             self.down_split,
+            self.down_split_wide,
             self.attn_workgroups,
             self.attn_tile_loads,
             self.attn_fused_max,
@@ -254,16 +260,17 @@ mod tests {
 
     #[test]
     fn parses_round_trips_and_rejects_bad_input() {
-        let t: Tune =
-            "o_rows=1, down_split=8,qkv_rows=2,attn_fused_max=4,late_norm=1,moe_late_norm=0"
-                .parse()
-                .unwrap();
+        let t: Tune = "o_rows=1, down_split=8,qkv_rows=2,attn_fused_max=4,late_norm=1,\
+                       moe_late_norm=0,down_split_wide=2"
+            .parse()
+            .unwrap();
         assert_eq!(
             t,
             Tune {
                 qkv_rows: Some(2),
                 o_rows: Some(1),
                 down_split: Some(8),
+                down_split_wide: Some(2),
                 attn_fused_max: Some(4),
                 late_norm: Some(1),
                 moe_late_norm: Some(0),
@@ -272,7 +279,8 @@ mod tests {
         );
         assert_eq!(
             t.to_string(),
-            "qkv_rows=2,o_rows=1,down_split=8,attn_fused_max=4,late_norm=1,moe_late_norm=0"
+            "qkv_rows=2,o_rows=1,down_split=8,down_split_wide=2,attn_fused_max=4,late_norm=1,\
+             moe_late_norm=0"
         );
         assert_eq!(t.to_string().parse::<Tune>().unwrap(), t);
         assert!("".parse::<Tune>().unwrap().is_default());

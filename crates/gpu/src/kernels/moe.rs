@@ -359,7 +359,7 @@ impl MoeKernel {
         let f32 = !numerics.quantized();
         // Down slot groups whose scratch would not fit one binding (tests' tiny limits) fall
         // back to one group, decided before the staging budget is checked with them.
-        let want = tune.split_for(p.top_k);
+        let want = tune.split_for(down_form, p.top_k);
         let nrb_staged = p.hidden.div_ceil(WG / tune.down_lanes * tune.down_rows);
         let want = if down_scratch_bytes(p, want, nrb_staged).0 > ctx.max_binding_bytes() {
             1

@@ -31,6 +31,13 @@ pub struct F32Tuning {
     /// which adds their sums (moe_down_f32.wgsl). More than 1 needs cross-workgroup memory
     /// ordering: Vulkan only ([`F32Tuning::for_context`]).
     pub down_split: u32,
+    /// [`F32Tuning::down_split`] for a down matrix of a byte form ([`QForm::wide`]: Q5_K, Q6_K,
+    /// Q8_0, MLX 8-bit), whose dot costs more ALU per weight byte, so that more and shorter
+    /// workgroups pay: 8. Runs 155-156 (H100, tg128 against 4 for every form): `Q5_K_M` (Q5_K
+    /// downs, Q6_K in half the layers) +4.3%, `Q4_K_M` +0.4%; 8 for the nibble forms too lost
+    /// 0.5% on pure Q4_K (and 2.1% on Q4_0 in run 42), so those keep 4. Pure Q6_K and Q8_0
+    /// files at 8 are not measured.
+    pub down_split_wide: u32,
     /// The folded gate/up (`gate_up_folded`) stages `(h + a) ⊙ w` and multiplies each row's
     /// gate and up sums by `1 / rms(h + a)` instead of normalising the staged input before its
     /// weight loads (`LATE_NORM` in moe_gate_up_f32.wgsl). A form, not a split; the default
@@ -49,6 +56,7 @@ impl F32Tuning {
         down_lanes: 16,
         down_rows: 1,
         down_split: 4,
+        down_split_wide: 8,
         late_norm: true,
     };
 
@@ -56,9 +64,15 @@ impl F32Tuning {
     /// can publish to each other ([`Context::publishes_across_workgroups`]: Vulkan; Metal's and
     /// D3D's barrier translations promise no memory ordering across workgroups).
     pub fn for_context(ctx: &Context) -> F32Tuning {
+        let publish = ctx.publishes_across_workgroups();
         F32Tuning {
-            down_split: if ctx.publishes_across_workgroups() {
+            down_split: if publish {
                 F32Tuning::DEFAULT.down_split
+            } else {
+                1
+            },
+            down_split_wide: if publish {
+                F32Tuning::DEFAULT.down_split_wide
             } else {
                 1
             },
@@ -73,6 +87,7 @@ impl F32Tuning {
             || ![1, 2].contains(&self.gate_up_rows)
             || ![1, 2, 4].contains(&self.down_rows)
             || ![1, 2, 4, 8].contains(&self.down_split)
+            || ![1, 2, 4, 8].contains(&self.down_split_wide)
         {
             return Err(GpuError::Shape(format!(
                 "MoE {self:?}: lanes per row must be powers of two in 8..={WG}, gate/up rows per \
@@ -82,10 +97,15 @@ impl F32Tuning {
         Ok(())
     }
 
-    /// The slot groups the down kernel uses for `k` slots: the largest power of two up to
-    /// `down_split` that divides `k`.
-    pub(super) fn split_for(&self, k: u32) -> u32 {
-        let mut d = self.down_split;
+    /// The slot groups the down kernel uses for `k` slots of a down matrix in `form`: the
+    /// largest power of two up to `down_split` (`down_split_wide` for a byte form) that
+    /// divides `k`.
+    pub(super) fn split_for(&self, form: QForm, k: u32) -> u32 {
+        let mut d = if form.wide() {
+            self.down_split_wide
+        } else {
+            self.down_split
+        };
         while k % d != 0 {
             d /= 2;
         }

@@ -47,7 +47,7 @@ fn run_f32(
         .expect("kernel");
     assert_eq!(
         kern.down_split(),
-        tune.split_for(p.top_k),
+        tune.split_for(c.down_form, p.top_k),
         "{tune:?}: slot groups fell back"
     );
     let state = ctx
@@ -236,9 +236,13 @@ pub(super) fn rows2(t: F32Tuning) -> F32Tuning {
     }
 }
 
-/// `t` with `down_split` down slot groups.
+/// `t` with `down_split` down slot groups for a down of any form (the byte forms' too).
 pub(super) fn split(t: F32Tuning, down_split: u32) -> F32Tuning {
-    F32Tuning { down_split, ..t }
+    F32Tuning {
+        down_split,
+        down_split_wide: down_split,
+        ..t
+    }
 }
 
 #[test]
@@ -556,6 +560,20 @@ fn moe_f32_q8_experts() {
     )
     .unwrap();
     assert_eq!(set.len(), 2, "one kernel per distinct pair");
+    // The byte form's down takes its own slot groups (8 by default), the nibble form's 4.
+    assert_eq!(set.down_splits(), "Q4_K 4, Q6_K 8");
+    let four = F32Tuning {
+        down_split_wide: 4,
+        ..F32Tuning::DEFAULT
+    };
+    let set4 = MoeSet::new(
+        &ctx,
+        km.p,
+        Numerics::F32,
+        four,
+        &[(QForm::Q4K, QForm::Q4K), (QForm::Q4K, QForm::Q6K)],
+    );
+    assert_eq!(set4.unwrap().down_splits(), "4");
     assert!(set.bind(&ctx, &bufs, Routing::Fused).is_ok());
     let odd = Case::new_q8(params(6, 3, 192, 128, false), 80);
     check_f32(&ctx, &odd, F32Tuning::DEFAULT, Routing::Fused, true, None);

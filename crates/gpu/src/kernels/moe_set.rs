@@ -40,10 +40,26 @@ impl MoeSet {
         Ok(MoeSet { kernels })
     }
 
-    /// The first kernel: every kernel of the set shares its shapes, numerics and work split,
-    /// so its answers (grids, splits, dispatch counts) hold for all.
-    pub fn first(&self) -> &MoeKernel {
-        &self.kernels[0]
+    /// The down slot groups in use, as `-v` prints them: one number where every kernel has
+    /// the same, else each down form's (`Q6_K 8, Q4_K 4`: a byte form's down takes
+    /// [`F32Tuning::down_split_wide`]).
+    pub fn down_splits(&self) -> String {
+        let first = self.kernels[0].down_split();
+        if self.kernels.iter().all(|k| k.down_split() == first) {
+            return first.to_string();
+        }
+        let mut seen: Vec<(QForm, u32)> = Vec::new();
+        for k in &self.kernels {
+            let d = (k.forms().1, k.down_split());
+            if !seen.contains(&d) {
+                seen.push(d);
+            }
+        }
+        let parts: Vec<String> = seen
+            .iter()
+            .map(|(f, d)| format!("{} {d}", f.name()))
+            .collect();
+        parts.join(", ")
     }
 
     /// Kernels compiled (one per distinct pair of forms).
