@@ -41,7 +41,8 @@ impl MoeSet {
     }
 
     /// The down slot groups in use, as `-v` prints them: one number where every kernel has
-    /// the same, else each down form's (`Q6_K 8, Q4_K 4`: a byte form's down takes
+    /// the same, else each down form's in the order first asked for (`Q6_K 8, Q4_K 4` for a
+    /// `Q4_K_M` file, whose layer 0 has the Q6_K down; a byte form's down takes
     /// [`F32Tuning::down_split_wide`]).
     pub fn down_splits(&self) -> String {
         let first = self.kernels[0].down_split();
