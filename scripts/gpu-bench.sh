@@ -13,6 +13,10 @@
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
 # --no-run`, then copy the executable it names).
 set -uo pipefail
+# Every step's `timeout` stays in the script's process group (--foreground), so a timeout around
+# the whole script (the device call's) also stops the bench a step is running: a plain `timeout`
+# leads a group of its own, and its bench outlived the script and held the GPU's memory (run 156).
+timeout() { command timeout --foreground "$@"; }
 cd "$(dirname "$0")/.."
 OUT="${OUT:?set OUT}"
 STEPS="${1:-fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k}"
