@@ -64,18 +64,16 @@ impl F32Tuning {
     /// can publish to each other ([`Context::publishes_across_workgroups`]: Vulkan; Metal's and
     /// D3D's barrier translations promise no memory ordering across workgroups).
     pub fn for_context(ctx: &Context) -> F32Tuning {
-        let publish = ctx.publishes_across_workgroups();
+        let groups = |d: u32| {
+            if ctx.publishes_across_workgroups() {
+                d
+            } else {
+                1
+            }
+        };
         F32Tuning {
-            down_split: if publish {
-                F32Tuning::DEFAULT.down_split
-            } else {
-                1
-            },
-            down_split_wide: if publish {
-                F32Tuning::DEFAULT.down_split_wide
-            } else {
-                1
-            },
+            down_split: groups(F32Tuning::DEFAULT.down_split),
+            down_split_wide: groups(F32Tuning::DEFAULT.down_split_wide),
             ..F32Tuning::DEFAULT
         }
     }
