@@ -190,13 +190,8 @@ impl BatchPlan {
         let f32s = |label: &str, n: usize| ctx.storage(label, (bs * n) as u64 * 4);
         let ap = AttentionParams::from_config(cfg, context_len)?;
         let attn_k = tune.attention(ctx, ap, merge)?;
-        let moe_k = MoeSet::new(
-            ctx,
-            MoeParams::from_config(cfg)?,
-            numerics,
-            tune.moe(ctx),
-            &w.moe_forms(),
-        )?;
+        let mp = MoeParams::from_config(cfg)?;
+        let moe_k = MoeSet::new(ctx, mp, numerics, tune.moe(ctx, &mp), &w.moe_forms())?;
         let state = RunState::default().buffer(ctx)?;
         let cols = columns::buffer(ctx, &[])?;
         let hb = f32s("b.h", h)?;

@@ -296,7 +296,7 @@ impl DecodePlan {
                 ctx,
                 mp,
                 opts.numerics,
-                opts.tune.moe(ctx),
+                opts.tune.moe(ctx, &mp),
                 &weights.moe_forms(),
             )?,
             advance: AdvanceKernel::new(ctx)?,

@@ -11,7 +11,7 @@
 
 use crate::context::{Context, Result};
 use crate::kernels::attention::{AttentionKernel, AttentionParams, Combine};
-use crate::kernels::moe::F32Tuning;
+use crate::kernels::moe::{F32Tuning, MoeParams};
 use std::str::FromStr;
 
 /// Overrides of the kernels' work splits; `Tune::default()` changes nothing.
@@ -148,9 +148,10 @@ impl Tune {
         })
     }
 
-    /// The MoE work split on `ctx`: [`F32Tuning::for_context`] with these overrides.
-    pub fn moe(&self, ctx: &Context) -> F32Tuning {
-        let t = F32Tuning::for_context(ctx);
+    /// The MoE work split on `ctx` for the shapes `p`: [`F32Tuning::for_shapes`] with these
+    /// overrides.
+    pub fn moe(&self, ctx: &Context, p: &MoeParams) -> F32Tuning {
+        let t = F32Tuning::for_shapes(ctx, p);
         F32Tuning {
             gate_up_lanes: self.gate_up_lanes.unwrap_or(t.gate_up_lanes),
             gate_up_rows: self.gate_up_rows.unwrap_or(t.gate_up_rows),

@@ -4,8 +4,9 @@
 //! quantiser the int8 forms read from is in quantize.rs (re-exported here).
 //!
 //! Every matvec uses 256-thread workgroups and a shared-memory reduction, so no subgroup
-//! size is assumed: 8 rows x 32 lanes for int4 x int8; 8 teams x 32 lanes of 1, 2 or 4 rows each
-//! for int4 x f32 (matvec_q4f.wgsl, conversion-free dequantisation, [`f32_rows_per_team`]); for f32, one row x 256 lanes when rows have at
+//! size is assumed: 8 rows x 32 lanes for int4 x int8; 8 teams x 32 lanes (32 x 8 for short rows,
+//! [`f32_lanes_per_row`]) of 1, 2 or 4 rows each for int4 x f32 (matvec_q4f.wgsl,
+//! conversion-free dequantisation, [`f32_rows_per_team`]); for f32, one row x 256 lanes when rows have at
 //! least `F32_WIDE_COLS` (2048) columns (the router has only 128 rows, and 8 rows per workgroup left a
 //! big GPU with 16 workgroups), else 8 rows x 32 lanes. A matrix split across bindings is one dispatch
 //! per part, each writing its rows at `row_start` of the one output vector. All kernels return
@@ -22,7 +23,7 @@ use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_in_wgsl, Numerics, BFP_DOT, BFP_GLOBAL_IN};
 use crate::state::with_state;
 use crate::tensor::{F32Matrix, Q4Matrix, QForm, BLOCK};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The norm-on-load WGSL, which the multi-stream router (router_cols.rs) adapts.
 pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
@@ -36,8 +37,25 @@ const ROWS_PER_WG: u32 = 8;
 pub(crate) const WARM_BINDINGS: (u32, u32, u32) = (7, 8, 9);
 /// Rows per team of the int4 x quantised-activation matvec (`R2` in matvec_q4.wgsl).
 pub const Q4_ROWS_PER_TEAM: [u32; 2] = [1, 2];
-/// Rows per team of the int4 x f32 matvec (`R` in matvec_q4f.wgsl; 8 teams per workgroup).
+/// Rows per team of the int4 x f32 matvec (`R` in matvec_q4f.wgsl; 256 / lanes teams per
+/// workgroup).
 pub const F32_ROWS_PER_TEAM: [u32; 3] = [1, 2, 4];
+/// Lanes per row of the int4 x f32 matvec (`T` in matvec_q4f.wgsl), [`f32_lanes_per_row`].
+pub const F32_LANES: [u32; 2] = [32, 8];
+
+/// Lanes per row of the int4 x f32 matvec for rows of `bpr` blocks: 32 (8 teams per workgroup)
+/// from 32 blocks on, which every matrix of the real models has (2048 columns and more: the
+/// kernel measured on the H200), else 8 (32 teams). Lane l takes blocks l, l + T, .., so at 32
+/// lanes a row of 8 blocks (the small synthetic model's 256 columns) idles 24 lanes of 32, and
+/// lavapipe, a CPU, pays for idle lanes: at 8 lanes the small `Q4_K_M` model decoded 10.6
+/// instead of 3.9 tok/s there (its lm_head 56 instead of 130 ms per step).
+pub fn f32_lanes_per_row(bpr: u32) -> u32 {
+    if bpr >= 32 {
+        32
+    } else {
+        8
+    }
+}
 
 /// Rows per team for an int4 x f32 matrix of `rows` rows: more rows per team share each
 /// staged activation block; measured on an H200 (kernel_bench, 2026-11-29): qkv `[5120x2048]`
@@ -105,9 +123,9 @@ impl Fused {
 enum Which {
     /// int4 x quantised activations: numerics, two rows per team ([`Q4_ROWS_PER_TEAM`]).
     Q4(Numerics, bool),
-    /// int4 x f32 activations: index into [`F32_ROWS_PER_TEAM`], fused op, and the block
-    /// form's slot in [`MatvecKernel`]'s `forms`.
-    Q4F(usize, Fused, usize),
+    /// int4 x f32 activations: index into [`F32_ROWS_PER_TEAM`], fused op, the block form's
+    /// slot in [`MatvecKernel`]'s `forms`, and lanes per row ([`f32_lanes_per_row`]).
+    Q4F(usize, Fused, usize, u32),
     /// f32 matrix: wide (one row per workgroup) or not, norm-on-load or not.
     F32(bool, bool),
     /// Both parts of a two-form stack in one dispatch: the binding's own pipeline.
@@ -167,8 +185,9 @@ pub struct MatvecKernel {
     /// One block-per-lane pipeline per activation form, in [`Numerics::ALL`] order (f32
     /// activations take `q4f`, and this form only past [`NORM_ON_LOAD_MAX`] columns).
     q4: Vec<wgpu::ComputePipeline>,
-    /// int4 x f32, `[form slot][fused.index() * 3 + rows-per-team index]`.
-    q4f: Vec<Vec<wgpu::ComputePipeline>>,
+    /// int4 x f32, `[form slot][q4f_index(..)]` (lanes, fused op, rows per team), each
+    /// compiled at the first binding that uses it: a model uses a few of the 30 per lane count.
+    q4f: Vec<Vec<OnceLock<wgpu::ComputePipeline>>>,
     /// f32 matrix: `[wide as usize * 2 + norm as usize]` (8 rows x 32 lanes, or one row x 256).
     f32: Vec<wgpu::ComputePipeline>,
     /// `(rows, rows per team)`: the int4 x f32 split for matrices of that many rows instead of
@@ -182,16 +201,18 @@ pub struct MatvecKernel {
     /// ([`MatvecKernel::bind_q4_norm`]), compiled at a model's first such matrix: key (rows per
     /// team, forms, warm) of its two parts.
     pairs: Mutex<Vec<(PairKey, Arc<wgpu::ComputePipeline>)>>,
-    /// Whether the norm-on-load forms scale late (`with_options`), for the pair pipelines.
+    /// Whether the norm-on-load forms scale late (`with_options`; never in bfp24).
     late_norm: bool,
+    /// Whether the int4 x f32 forms multiply in bfp24 ([`Numerics::Bfp24`]).
+    bfp: bool,
     /// Whether a two-form stack takes one norm-on-load dispatch (true unless turned off by
     /// [`MatvecKernel::with_pair_forms`]).
     pair_forms: bool,
 }
 
-/// What a two-form pipeline is compiled for: each part's rows per team and form, and whether
-/// it warms.
-type PairKey = ((u32, u32), (QForm, QForm), bool);
+/// What a two-form pipeline is compiled for: each part's rows per team and form, whether it
+/// warms, and the lanes per row.
+type PairKey = ((u32, u32), (QForm, QForm), bool, u32);
 
 fn q4_index(n: Numerics) -> usize {
     Numerics::ALL.iter().position(|m| *m == n).unwrap_or(0)
@@ -289,57 +310,11 @@ impl MatvecKernel {
                 )?);
             }
         }
-        let mut q4f = Vec::with_capacity(forms.len());
-        for &form in &forms {
-            let mut pipes = Vec::with_capacity(Fused::ALL.len() * F32_ROWS_PER_TEAM.len());
-            for f in Fused::ALL {
-                for r in F32_ROWS_PER_TEAM {
-                    let label = format!(
-                        "matvec_q4f.r{r}.{f:?}.{}{}",
-                        form.name(),
-                        if bfp { ".bfp" } else { "" }
-                    );
-                    let wgsl = src(&format!(
-                        "{}const R: u32 = {r}u;\n{}",
-                        q4f_input(
-                            f,
-                            bfp,
-                            late_norm && matches!(f, Fused::Norm | Fused::NormWarm)
-                        ),
-                        q4f_body(r, form)
-                    ));
-                    // Compiled without naga's runtime bounds checks: with them the whole decode
-                    // step (qkv, o-proj + folded router, lm_head) ran 6.8% slower on the H200
-                    // (docs/BENCHMARKS.md run 113).
-                    // SAFETY: every index of matvec_q4f.wgsl and its snippets (matvec_wgsl.rs) stays
-                    // in bounds for every binding this kernel makes, because its only binders
-                    // (`bind_q4_parts`, `bind_q4_router`, `bind_norm_parts`) check on the host:
-                    // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
-                    //   each part's qs >= part rows * bpr blocks of the form (`QB`s) and scales >= ceil(that / 2) words,
-                    //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
-                    //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both (the affine
-                    //   form reads the same scale word, blk >> 1, as Q4_0's `scale(blk)`);
-                    // - `y` holds m.rows floats (`check_out`) and stores go to row_start + row with
-                    //   row < part rows, row_start + part rows <= m.rows;
-                    // - the staged input has bpr * 8 = cols / 4 vec4s, cols <= NORM_ON_LOAD_MAX (so
-                    //   below nol_xs' 1024 slots; the swizzle permutes within a group of 8, and
-                    //   n4 is a multiple of 8), read from act_x / nol_h / nol_w which hold cols
-                    //   floats (`check_x`, `check_norm_input`); bfp24's bfp_amax / bfp_ps /
-                    //   bfp_d are indexed below n4 / n4 / n4 / 8, each thread's i = li + 256 t < n4;
-                    // - red (8R TP >= 264 floats): row partials at (team R + i) TP + lane with
-                    //   team < 8, i < R, lane < T, sums of li < 8R over j < T; nol_red's
-                    //   li + li / 16 <= 270 < 272, 17 li + j <= 270 for li, j < 16;
-                    // - the folded router's workgroups (wg >= p1): e = wg - p1 is used only when
-                    //   e < p2 = E; fold_w holds E (cols + rows) floats, c < c4 = cols/4 + rows/4,
-                    //   act_x read below cols / 4, fold_h (rows floats) below rows / 4; its tree
-                    //   reads red[li + st] < 256; fold_z holds E;
-                    // - the warm workgroups index their bindings below arrayLength (warm.rs);
-                    // - loops run to bpr, n4, T or constants, and every divisor is a constant.
-                    pipes.push(unsafe { ctx.compute_unchecked(&label, &wgsl, "main")? });
-                }
-            }
-            q4f.push(pipes);
-        }
+        let per_form = F32_LANES.len() * Fused::ALL.len() * F32_ROWS_PER_TEAM.len();
+        let q4f = forms
+            .iter()
+            .map(|_| (0..per_form).map(|_| OnceLock::new()).collect())
+            .collect();
         Ok(MatvecKernel {
             q4,
             q4f,
@@ -348,6 +323,7 @@ impl MatvecKernel {
             forms,
             pairs: Mutex::new(Vec::new()),
             late_norm: late_norm && !bfp,
+            bfp,
             pair_forms: true,
         })
     }
@@ -362,8 +338,8 @@ impl MatvecKernel {
             ))
         };
         match which {
-            Which::Q4F(r, f, _) => match self.forms.iter().position(|g| *g == form) {
-                Some(slot) => Ok(Which::Q4F(r, f, slot)),
+            Which::Q4F(r, f, _, t) => match self.forms.iter().position(|g| *g == form) {
+                Some(slot) => Ok(Which::Q4F(r, f, slot, t)),
                 None => {
                     let names: Vec<&str> = self.forms.iter().map(|f| f.name()).collect();
                     Err(reads(names.join(" or ")))
@@ -444,7 +420,7 @@ impl MatvecKernel {
         let (which, entries) = match x {
             // The staged form holds at most NORM_ON_LOAD_MAX activations in shared memory.
             Act::F32(xb) if m.cols <= NORM_ON_LOAD_MAX => (
-                Which::Q4F(rows_index(rows_per_team)?, Fused::Plain, 0),
+                q4f(rows_per_team, Fused::Plain, m.cols)?,
                 vec![(2, xb.as_entire_binding())],
             ),
             _ => (Which::Q4(x.numerics(), rows_per_team >= 2), x.entries(2, 3)),
@@ -469,7 +445,7 @@ impl MatvecKernel {
             )));
         }
         let rpt = self.rows_per_team(m.rows);
-        let which = Which::Q4F(rows_index(rpt)?, Fused::Acc, 0);
+        let which = q4f(rpt, Fused::Acc, m.cols)?;
         let entries = vec![(2, x.as_entire_binding())];
         self.bind_q4_parts(ctx, m, which, entries, y, state, rpt)
     }
@@ -509,11 +485,11 @@ impl MatvecKernel {
         let rpt = self.rows_per_team(m.rows);
         let part = &m.parts[0];
         let which = self.for_form(
-            Which::Q4F(rows_index(rpt)?, Fused::Router, 0),
+            q4f(rpt, Fused::Router, m.cols)?,
             part.form,
             "matvec_q4 (router)",
         )?;
-        let n_rows = m.rows.div_ceil(8 * rpt);
+        let n_rows = m.rows.div_ceil(q4f_rows_per_wg(which, rpt));
         let grid = ctx.grid(n_rows + experts);
         let words = [
             m.rows,
@@ -538,7 +514,7 @@ impl MatvecKernel {
             (9, z.as_entire_binding()),
         ];
         let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-        let bg = ctx.bind_group_at("matvec_q4.router", self.pipeline(which)?, &ids, &res)?;
+        let bg = ctx.bind_group_at("matvec_q4.router", self.ready(ctx, which)?, &ids, &res)?;
         Ok(MatvecBinding {
             dispatches: vec![(which, bg, grid)],
             pair: None,
@@ -559,7 +535,7 @@ impl MatvecKernel {
         m.check_layout("matvec_q4")?;
         check_out(y, m.rows, "matvec_q4")?;
         let rows_per_wg = match which {
-            Which::Q4F(..) => 8 * rows_per_team,
+            Which::Q4F(..) => q4f_rows_per_wg(which, rows_per_team),
             Which::Q4(_, true) => 2 * ROWS_PER_WG,
             _ => ROWS_PER_WG,
         };
@@ -577,7 +553,7 @@ impl MatvecKernel {
             ];
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let bg = ctx.bind_group_at("matvec_q4", self.pipeline(which)?, &ids, &res)?;
+            let bg = ctx.bind_group_at("matvec_q4", self.ready(ctx, which)?, &ids, &res)?;
             dispatches.push((which, bg, grid));
         }
         Ok(MatvecBinding {
@@ -666,7 +642,7 @@ impl MatvecKernel {
             ];
             entries.extend(x_entries.iter().cloned());
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let bg = ctx.bind_group_at("matvec_f32", self.pipeline(which)?, &ids, &res)?;
+            let bg = ctx.bind_group_at("matvec_f32", self.ready(ctx, which)?, &ids, &res)?;
             dispatches.push((which, bg, grid));
         }
         Ok(MatvecBinding {
@@ -675,11 +651,16 @@ impl MatvecKernel {
         })
     }
 
-    /// The pipeline of `w` from the tables ([`Which::Pair`] dispatches carry their own).
+    /// The pipeline of `w` from the tables ([`Which::Pair`] dispatches carry their own); an
+    /// int4 x f32 one only once [`Self::ready`] has compiled it.
     fn pipeline(&self, w: Which) -> Result<&wgpu::ComputePipeline> {
         Ok(match w {
             Which::Q4(n, two) => &self.q4[q4_index(n) * Q4_ROWS_PER_TEAM.len() + two as usize],
-            Which::Q4F(ri, f, slot) => &self.q4f[slot][f.index() * F32_ROWS_PER_TEAM.len() + ri],
+            Which::Q4F(ri, f, slot, t) => {
+                self.q4f[slot][q4f_index(ri, f, t)].get().ok_or_else(|| {
+                    GpuError::Shape("matvec: a pipeline used before its binding".into())
+                })?
+            }
             Which::F32(wide, norm) => &self.f32[wide as usize * 2 + norm as usize],
             Which::Pair => {
                 return Err(GpuError::Shape(
@@ -687,6 +668,60 @@ impl MatvecKernel {
                 ))
             }
         })
+    }
+
+    /// [`Self::pipeline`], compiling an int4 x f32 one at its first binding.
+    fn ready(&self, ctx: &Context, w: Which) -> Result<&wgpu::ComputePipeline> {
+        let Which::Q4F(ri, f, slot, t) = w else {
+            return self.pipeline(w);
+        };
+        let cell = &self.q4f[slot][q4f_index(ri, f, t)];
+        if cell.get().is_none() {
+            let (r, form) = (F32_ROWS_PER_TEAM[ri], self.forms[slot]);
+            let label = format!(
+                "matvec_q4f.r{r}.t{t}.{f:?}.{}{}",
+                form.name(),
+                if self.bfp { ".bfp" } else { "" }
+            );
+            let late = self.late_norm && matches!(f, Fused::Norm | Fused::NormWarm);
+            let wgsl = with_state(&format!(
+                "{}const R: u32 = {r}u;\n{}",
+                q4f_input(f, self.bfp, late),
+                q4f_body(r, t, form)
+            ));
+            // Compiled without naga's runtime bounds checks: with them the whole decode
+            // step (qkv, o-proj + folded router, lm_head) ran 6.8% slower on the H200
+            // (docs/BENCHMARKS.md run 113).
+            // SAFETY: every index of matvec_q4f.wgsl and its snippets (matvec_wgsl.rs) stays
+            // in bounds for every binding this kernel makes, because its only binders
+            // (`bind_q4_parts`, `bind_q4_router`, `bind_norm_parts`) check on the host:
+            // - `Q4Matrix::check_layout`: cols % 32 == 0, rows >= 1, parts tiling the rows,
+            //   each part's qs >= part rows * bpr blocks of the form (`QB`s) and scales >= ceil(that / 2) words,
+            //   so a block r * bpr + b with r < part rows (rows past the end read row 0) and
+            //   b < bpr, b0 = min(lane, bpr - 1) with bpr >= 1, is in both (the affine
+            //   form reads the same scale word, blk >> 1, as Q4_0's `scale(blk)`);
+            // - `y` holds m.rows floats (`check_out`) and stores go to row_start + row with
+            //   row < part rows, row_start + part rows <= m.rows;
+            // - the staged input has bpr * 8 = cols / 4 vec4s, cols <= NORM_ON_LOAD_MAX (so
+            //   below nol_xs' 1024 slots; the swizzle permutes within a group of 8, and
+            //   n4 is a multiple of 8), read from act_x / nol_h / nol_w which hold cols
+            //   floats (`check_x`, `check_norm_input`); bfp24's bfp_amax / bfp_ps /
+            //   bfp_d are indexed below n4 / n4 / n4 / 8, each thread's i = li + 256 t < n4;
+            // - red (NT R TP floats, NT = 256 / T teams: 264 at T = 32 and 288 at T = 8 for
+            //   R = 1): row partials at (team R + i) TP + lane with team < NT, i < R,
+            //   lane < T, sums of li < NT R over j < T; nol_red's li + li / 16 <= 270 < 272,
+            //   17 li + j <= 270 for li, j < 16;
+            // - the folded router's workgroups (wg >= p1): e = wg - p1 is used only when
+            //   e < p2 = E; fold_w holds E (cols + rows) floats, c < c4 = cols/4 + rows/4,
+            //   act_x read below cols / 4, fold_h (rows floats) below rows / 4; its tree
+            //   reads red[li + st] < 256 <= red's size;
+            // - the warm workgroups index their bindings below arrayLength (warm.rs);
+            // - loops run to bpr, n4, T or constants, and every divisor is a constant.
+            let pipe = unsafe { ctx.compute_unchecked(&label, &wgsl, "main")? };
+            // Another thread may have compiled the same source meanwhile: either copy serves.
+            let _ = cell.set(pipe);
+        }
+        self.pipeline(w)
     }
 
     /// Record the dispatches (one per matrix part).
@@ -710,6 +745,32 @@ impl MatvecKernel {
             pass.dispatch_workgroups(*gx, *gy, 1);
         }
     }
+}
+
+/// The int4 x f32 matvec at `rpt` rows per team doing `f`, for rows of `cols` columns (its
+/// lanes per row, [`f32_lanes_per_row`]); form slot 0 until [`MatvecKernel::for_form`].
+fn q4f(rpt: u32, f: Fused, cols: u32) -> Result<Which> {
+    Ok(Which::Q4F(
+        rows_index(rpt)?,
+        f,
+        0,
+        f32_lanes_per_row(cols / BLOCK as u32),
+    ))
+}
+
+/// Rows per workgroup of an int4 x f32 `which` at `rpt` rows per team: its 256 / lanes teams'.
+fn q4f_rows_per_wg(which: Which, rpt: u32) -> u32 {
+    match which {
+        Which::Q4F(_, _, _, t) => 256 / t * rpt,
+        _ => 8 * rpt,
+    }
+}
+
+/// Index of the int4 x f32 pipeline at rows-per-team index `ri`, op `f` and `t` lanes per
+/// row in a form's table.
+fn q4f_index(ri: usize, f: Fused, t: u32) -> usize {
+    let ti = F32_LANES.iter().position(|l| *l == t).unwrap_or(0);
+    (ti * Fused::ALL.len() + f.index()) * F32_ROWS_PER_TEAM.len() + ri
 }
 
 pub(crate) fn rows_index(rows_per_team: u32) -> Result<usize> {

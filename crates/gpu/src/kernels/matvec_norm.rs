@@ -5,8 +5,8 @@
 //! over a pipeline compiled for that pair at its first use (matvec_wgsl.rs `q4f_pair_body`).
 
 use super::{
-    check_norm_input, check_out, rows_index, warm, Fused, MatvecBinding, MatvecKernel, NormInput,
-    PairKey, Which, WARM_BINDINGS,
+    check_norm_input, check_out, f32_lanes_per_row, q4f, q4f_rows_per_wg, warm, Fused,
+    MatvecBinding, MatvecKernel, NormInput, PairKey, Which, WARM_BINDINGS,
 };
 use crate::context::{Context, GpuError, Result};
 use crate::kernels::matvec_wgsl::{q4f_input, q4f_pair_body, PAIR_BINDINGS};
@@ -77,12 +77,8 @@ impl MatvecKernel {
             } else {
                 Fused::Norm
             };
-            let which = self.for_form(
-                Which::Q4F(rows_index(rpt)?, fused, 0),
-                part.form,
-                "matvec_q4 (norm)",
-            )?;
-            let n_rows = part.rows.div_ceil(8 * rpt);
+            let which = self.for_form(q4f(rpt, fused, m.cols)?, part.form, "matvec_q4 (norm)")?;
+            let n_rows = part.rows.div_ceil(q4f_rows_per_wg(which, rpt));
             let grid = ctx.grid(n_rows + warm.map_or(0, |(w, _)| warm::workgroups(w)));
             let words = [
                 part.rows,
@@ -100,7 +96,7 @@ impl MatvecKernel {
                 entries.extend(warm::entries(wp, sink, WARM_BINDINGS));
             }
             let (ids, res): (Vec<u32>, Vec<_>) = entries.into_iter().unzip();
-            let bg = ctx.bind_group_at("matvec_q4.norm", self.pipeline(which)?, &ids, &res)?;
+            let bg = ctx.bind_group_at("matvec_q4.norm", self.ready(ctx, which)?, &ids, &res)?;
             dispatches.push((which, bg, grid));
         }
         Ok(MatvecBinding {
@@ -126,12 +122,14 @@ impl MatvecKernel {
         let (ra, rb) = (self.rows_per_team(a.rows), self.rows_per_team(b.rows));
         // Both forms must be this kernel's, as for a dispatch per part.
         for (part, r) in [(a, ra), (b, rb)] {
-            let which = Which::Q4F(rows_index(r)?, Fused::Norm, 0);
+            let which = q4f(r, Fused::Norm, cols)?;
             self.for_form(which, part.form, "matvec_q4 (norm, two forms)")?;
         }
-        let key = ((ra, rb), (a.form, b.form), warm.is_some());
+        let lanes = f32_lanes_per_row(cols / BLOCK as u32);
+        let key = ((ra, rb), (a.form, b.form), warm.is_some(), lanes);
         let pipe = self.pair_pipeline(ctx, key)?;
-        let (na, nb) = (a.rows.div_ceil(8 * ra), b.rows.div_ceil(8 * rb));
+        let teams = 256 / lanes;
+        let (na, nb) = (a.rows.div_ceil(teams * ra), b.rows.div_ceil(teams * rb));
         let grid = ctx.grid(na + nb + warm.map_or(0, |(w, _)| warm::workgroups(w)));
         let words = [
             a.rows,
@@ -170,15 +168,15 @@ impl MatvecKernel {
         if let Some((_, p)) = pairs.iter().find(|(k, _)| *k == key) {
             return Ok(p.clone());
         }
-        let ((ra, rb), (fa, fb), warmed) = key;
+        let ((ra, rb), (fa, fb), warmed, lanes) = key;
         let f = if warmed { Fused::NormWarm } else { Fused::Norm };
         let wgsl = with_state(&format!(
             "{}const R: u32 = {ra}u;\n{}",
             q4f_input(f, false, self.late_norm),
-            q4f_pair_body((ra, rb), (fa, fb))
+            q4f_pair_body((ra, rb), lanes, (fa, fb))
         ));
         let label = format!(
-            "matvec_q4f.pair.r{ra}.r{rb}.{f:?}.{}.{}",
+            "matvec_q4f.pair.r{ra}.r{rb}.t{lanes}.{f:?}.{}.{}",
             fa.name(),
             fb.name()
         );
@@ -189,7 +187,7 @@ impl MatvecKernel {
         // workgroup wg < p2 reads the first part's rows below p.rows (past it: row 0), the
         // others the second's below p3 (past it: row 0, and rows beyond either part are never
         // stored); the staged input and the warm workgroups are the one-form kernel's; `red`
-        // holds the larger part's 8R TP partials.
+        // holds the larger part's NT R TP partials.
         let pipe = Arc::new(unsafe { ctx.compute_unchecked(&label, &wgsl, "main")? });
         pairs.push((key, pipe.clone()));
         Ok(pipe)

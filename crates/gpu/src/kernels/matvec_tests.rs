@@ -7,7 +7,8 @@ use crate::state::RunState;
 use crate::tensor::{pack_i8, quantize_acts_ref, F32Matrix, Q4Matrix, QuantActs};
 use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
 
-/// Odd shapes on purpose: 1 row, rows not a multiple of 8, cols = 32, non-power-of-two rows.
+/// Odd shapes on purpose: 1 row, rows not a multiple of 8, cols = 32, non-power-of-two rows;
+/// rows of 31 and 32 blocks on either side of the f32 forms' lane switch (8 lanes, 32 lanes).
 const SHAPES: &[(usize, usize)] = &[
     (1, 32),
     (7, 64),
@@ -15,7 +16,19 @@ const SHAPES: &[(usize, usize)] = &[
     (100, 256),
     (257, 160),
     (1000, 512),
+    (37, 992),
+    (33, 1024),
 ];
+
+#[test]
+fn f32_lanes_per_row_keeps_the_real_shapes_at_32() {
+    // The real models' rows (2048 and 4096 columns: 64 and 128 blocks) keep the 32 lanes
+    // measured on the H200; rows under 32 blocks take 8.
+    for (bpr, lanes) in [(1, 8), (8, 8), (31, 8), (32, 32), (64, 32), (128, 32)] {
+        assert_eq!(f32_lanes_per_row(bpr), lanes, "{bpr} blocks");
+        assert!(F32_LANES.contains(&lanes));
+    }
+}
 
 /// Upload int8 activations computed by the reference quantiser (so the matvec is tested alone).
 fn upload_acts(ctx: &Context, x: &[f32]) -> (QuantActs, Vec<i8>, Vec<[f32; 2]>) {
@@ -407,7 +420,14 @@ fn q4_with_folded_router_matches_reference() {
     let state = RunState::default().buffer(&ctx).unwrap();
     let mut r = rng(15);
     // (H = o rows, Q = o cols, E): odd expert counts, rows not a multiple of 8, Q != H.
-    for &(hd, q, e) in &[(32, 32, 1), (40, 64, 5), (96, 160, 16), (4096, 32, 2)] {
+    // Q = 1024: a row of 32 blocks at 32 lanes, the others at 8.
+    for &(hd, q, e) in &[
+        (32, 32, 1),
+        (40, 64, 5),
+        (96, 160, 16),
+        (4096, 32, 2),
+        (48, 1024, 3),
+    ] {
         let wb = rand_q4_0(&mut r, hd, q);
         let att = rand_f32(&mut r, q, -1.0, 1.0);
         let h = rand_f32(&mut r, hd, -2.0, 2.0);

@@ -214,11 +214,16 @@ fn bfp_nol_stage(pre: &str, value: &str) -> String {
 /// `nol_inv`, so the same `h * inv * w` values.
 const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
 
-/// matvec_q4f.wgsl over one form: [`q4f_rows`] for `r` rows per team, called for the part the
-/// dispatch binds (the host prepends `const R: u32 = r`).
-pub(super) fn q4f_body(r: u32, form: QForm) -> String {
+/// matvec_q4f.wgsl with `lanes` lanes per row (matvec.rs `f32_lanes_per_row`).
+fn q4f_shader(lanes: u32) -> String {
+    include_str!("../shaders/matvec_q4f.wgsl").replace("LANES_PER_ROW", &lanes.to_string())
+}
+
+/// matvec_q4f.wgsl over one form: [`q4f_rows`] for `r` rows per team of `lanes` lanes each,
+/// called for the part the dispatch binds (the host prepends `const R: u32 = r`).
+pub(super) fn q4f_body(r: u32, lanes: u32, form: QForm) -> String {
     form.wgsl()
-        + &include_str!("../shaders/matvec_q4f.wgsl")
+        + &q4f_shader(lanes)
             .replace(
                 "//ROWS_FNS",
                 &format!("const RED_R: u32 = R;\n{}", q4f_rows(r, form, (0, 1))),
@@ -239,8 +244,9 @@ pub(super) const PAIR_BINDINGS: (u32, u32) = (10, 11);
 /// after it, bindings [`PAIR_BINDINGS`], `r.1` rows per team): a copy of the second form's
 /// WGSL and of [`q4f_rows`] with every name they define suffixed `_b` ([`suffixed`]), so the
 /// two forms' `QB`, `SW`, `q4_coef`, .. live side by side. The staged input, the partials'
-/// `red` (sized for the larger `R`) and everything after the rows are shared.
-pub(super) fn q4f_pair_body(r: (u32, u32), forms: (QForm, QForm)) -> String {
+/// `red` (sized for the larger `R`), the `lanes` per row (the parts' columns are the same) and
+/// everything after the rows are shared.
+pub(super) fn q4f_pair_body(r: (u32, u32), lanes: u32, forms: (QForm, QForm)) -> String {
     let second = format!(
         "const R: u32 = {}u;\n{}{}",
         r.1,
@@ -262,7 +268,7 @@ pub(super) fn q4f_pair_body(r: (u32, u32), forms: (QForm, QForm)) -> String {
         mv_rows_b(wg - p.p2, li, p.p3, p.row_start + p.rows);
     }";
     forms.0.wgsl()
-        + &include_str!("../shaders/matvec_q4f.wgsl")
+        + &q4f_shader(lanes)
             .replace("//ROWS_FNS", &fns)
             .replace("//ROWS_CALL", call)
 }

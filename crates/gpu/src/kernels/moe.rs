@@ -304,9 +304,10 @@ impl MoeKernel {
     }
 
     /// As [`Self::new`] with activations in the form `numerics` (and the work split of
-    /// [`F32Tuning::for_context`]).
+    /// [`F32Tuning::for_shapes`]).
     pub fn with_numerics(ctx: &Context, params: MoeParams, numerics: Numerics) -> Result<Self> {
-        Self::with_f32_tuning(ctx, params, numerics, F32Tuning::for_context(ctx))
+        let tune = F32Tuning::for_shapes(ctx, &params);
+        Self::with_f32_tuning(ctx, params, numerics, tune)
     }
 
     /// As [`Self::with_numerics`] with the work split of the staged f32 kernels chosen (for

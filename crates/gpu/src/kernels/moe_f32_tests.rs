@@ -427,6 +427,25 @@ fn moe_f32_done_flag_and_bad_lanes() {
         let k = MoeKernel::with_numerics(&ctx, c.p, n).unwrap();
         assert_eq!(k.f32_staged(), (false, false), "{n}");
     }
+    // The shapes' default lanes: 8 per row of under 16 blocks (the small models), the
+    // measured defaults at the real shape (H 2048 = 64 blocks, I 768 = 24).
+    let t = F32Tuning::for_context(&ctx);
+    let lanes = |h, i| {
+        let s = F32Tuning::for_shapes(&ctx, &params(128, 8, h, i, true));
+        assert_eq!(
+            s,
+            F32Tuning {
+                gate_up_lanes: s.gate_up_lanes,
+                down_lanes: s.down_lanes,
+                ..t
+            }
+        );
+        (s.gate_up_lanes, s.down_lanes)
+    };
+    assert_eq!(lanes(2048, 768), (t.gate_up_lanes, t.down_lanes));
+    assert_eq!(lanes(256, 256), (8, 8));
+    assert_eq!(lanes(512, 480), (16, 8));
+    assert_eq!(lanes(480, 512), (8, 16));
     for bad in [
         tuning(4, 32, 1),
         tuning(16, 512, 1),

@@ -293,7 +293,9 @@ impl QkvAttentionKernel {
 /// matvec_q4f.wgsl for `r` rows per team with `y` coherent (the last arriver reads the rows of
 /// other workgroups) and the tail called after the row stores.
 fn matvec_part(r: u32) -> String {
-    let body = q4f_body(r, crate::tensor::QForm::Q4_0);
+    // 32 lanes per row (8 teams), which `rpw` and the workgroup memory above count: this form
+    // is off by default and measured at the real shape only.
+    let body = q4f_body(r, 32, crate::tensor::QForm::Q4_0);
     let decl = "@group(0) @binding(4) var<storage, read_write> y";
     let tail = "    // TAIL:";
     debug_assert!(body.contains(decl) && body.contains(tail));

@@ -14,7 +14,7 @@ fn scale(i: u32) -> f32 {
 fn mv_rows(wg: u32, li: u32, rows: u32, row_start: u32) {
     let team = li / T;
     let lane = li % T;
-    let row0 = wg * (8u * R) + team * R;
+    let row0 = wg * (NT * R) + team * R;
     // ROWS_PREFETCH, ROWS_DECL, ROWS_FIRST, ROWS_BODY, ROWS_STORE: expanded by the host once
     // per row of the team (acc0, acc1, ..): separate variables, since a per-thread array indexed
     // in a loop may be placed in slow local memory by the driver's compiler. Rows past the end
@@ -35,14 +35,14 @@ fn mv_rows(wg: u32, li: u32, rows: u32, row_start: u32) {
     }
     //ROWS_STORE
     workgroupBarrier();
-    if (li < 8u * R) {
+    if (li < NT * R) {
         var s = 0.0;
         for (var j = 0u; j < T; j++) {
             s += red[li * TP + j];
         }
         // 1.0 (exact) except in the late-norm form, where it is the RMSNorm's scale.
         s *= nol_scale(p.eps, p.bpr * 8u);
-        let row = wg * (8u * R) + li;
+        let row = wg * (NT * R) + li;
         if (row < rows) {
             if (ACC) {
                 y[row_start + row] += s;
