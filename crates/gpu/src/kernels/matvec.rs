@@ -4,8 +4,9 @@
 //! quantiser the int8 forms read from is in quantize.rs (re-exported here).
 //!
 //! Every matvec uses 256-thread workgroups and a shared-memory reduction, so no subgroup
-//! size is assumed: 8 rows x 32 lanes for int4 x int8; 8 teams x 32 lanes (32 x 8 for short rows,
-//! [`f32_lanes_per_row`]) of 1, 2 or 4 rows each for int4 x f32 (matvec_q4f.wgsl,
+//! size is assumed: the int4 forms put 256 / T teams of T lanes in a workgroup (T = 32, or 8 or 2
+//! for short rows: [`lanes_per_row`]), a row per team for int4 x int8 and 1, 2 or 4 rows per
+//! team for int4 x f32 (matvec_q4f.wgsl,
 //! conversion-free dequantisation, [`f32_rows_per_team`]); for f32, one row x 256 lanes when rows have at
 //! least `F32_WIDE_COLS` (2048) columns (the router has only 128 rows, and 8 rows per workgroup left a
 //! big GPU with 16 workgroups), else 8 rows x 32 lanes. A matrix split across bindings is one dispatch
@@ -31,8 +32,6 @@ pub(crate) use super::matvec_wgsl::NORM_ON_LOAD;
 pub use super::quantize::{QuantizeBinding, QuantizeKernel};
 pub use crate::numerics::Act;
 
-/// Teams per int4 x quantised-activation matvec workgroup (must match `RPW` in the shader).
-const ROWS_PER_WG: u32 = 8;
 /// Bindings of the warm workgroups in [`Fused::NormWarm`] (matvec_wgsl.rs `WARM_ROWS`).
 pub(crate) const WARM_BINDINGS: (u32, u32, u32) = (7, 8, 9);
 /// Rows per team of the int4 x quantised-activation matvec (`R2` in matvec_q4.wgsl).
@@ -40,21 +39,22 @@ pub const Q4_ROWS_PER_TEAM: [u32; 2] = [1, 2];
 /// Rows per team of the int4 x f32 matvec (`R` in matvec_q4f.wgsl; 256 / lanes teams per
 /// workgroup).
 pub const F32_ROWS_PER_TEAM: [u32; 3] = [1, 2, 4];
-/// Lanes per row of the int4 x f32 matvec (`T` in matvec_q4f.wgsl), [`f32_lanes_per_row`].
-pub const F32_LANES: [u32; 2] = [32, 8];
+/// Lanes per row of the int4 matvecs (`T` in matvec_q4f.wgsl and matvec_q4.wgsl),
+/// [`lanes_per_row`].
+pub const LANES: [u32; 5] = [32, 16, 8, 4, 2];
 
-/// Lanes per row of the int4 x f32 matvec for rows of `bpr` blocks: 32 (8 teams per workgroup)
-/// from 32 blocks on, which every matrix of the real models has (2048 columns and more: the
-/// kernel measured on the H200), else 8 (32 teams). Lane l takes blocks l, l + T, .., so at 32
-/// lanes a row of 8 blocks (the small synthetic model's 256 columns) idles 24 lanes of 32, and
-/// lavapipe, a CPU, pays for idle lanes: at 8 lanes the small `Q4_K_M` model decoded 10.6
-/// instead of 3.9 tok/s there (its lm_head 56 instead of 130 ms per step).
-pub fn f32_lanes_per_row(bpr: u32) -> u32 {
-    if bpr >= 32 {
-        32
-    } else {
-        8
-    }
+/// Lanes per row of the int4 matvecs for rows of `bpr` blocks: 32 (8 teams per workgroup) from
+/// 32 blocks on, which every matrix of the real models has (2048 columns and more: the kernels
+/// measured on the H200); for shorter rows the power of two from 2 that holds a block per lane
+/// (256 / T teams). Lane l takes blocks l, l + T, .., so at 32 lanes a row of 8 blocks (the
+/// small synthetic model's 256 columns) idles 24 lanes of 32, and lavapipe, a CPU, pays for
+/// idle lanes: on the 2-core dev machine the small `Q4_K_M` model decoded 3.3x faster at 8
+/// lanes (with the MoE's, `F32Tuning::for_shapes`), the tiny Q4_0 model (64 columns: 2 blocks)
+/// about 7x faster at 2, its lm_head from 233 to 17 ms a step. With a block per lane the sums
+/// add the same partials in the same order as at 32 lanes (the idle lanes' zeros last): the
+/// same bits (the qkv + attention form, built at 32 lanes, checks them).
+pub fn lanes_per_row(bpr: u32) -> u32 {
+    bpr.clamp(2, 32).next_power_of_two()
 }
 
 /// Rows per team for an int4 x f32 matrix of `rows` rows: more rows per team share each
@@ -121,10 +121,11 @@ impl Fused {
 
 #[derive(Clone, Copy, PartialEq)]
 enum Which {
-    /// int4 x quantised activations: numerics, two rows per team ([`Q4_ROWS_PER_TEAM`]).
-    Q4(Numerics, bool),
+    /// int4 x quantised activations: numerics, two rows per team ([`Q4_ROWS_PER_TEAM`]), and
+    /// lanes per row ([`lanes_per_row`]).
+    Q4(Numerics, bool, u32),
     /// int4 x f32 activations: index into [`F32_ROWS_PER_TEAM`], fused op, the block form's
-    /// slot in [`MatvecKernel`]'s `forms`, and lanes per row ([`f32_lanes_per_row`]).
+    /// slot in [`MatvecKernel`]'s `forms`, and lanes per row ([`lanes_per_row`]).
     Q4F(usize, Fused, usize, u32),
     /// f32 matrix: wide (one row per workgroup) or not, norm-on-load or not.
     F32(bool, bool),
@@ -182,9 +183,10 @@ pub const NORM_ON_LOAD_MAX: u32 = 4096;
 
 /// The matvec pipelines (compiled once per context).
 pub struct MatvecKernel {
-    /// One block-per-lane pipeline per activation form, in [`Numerics::ALL`] order (f32
+    /// The block-per-lane pipelines, `[q4_table_index(..)]` (activation form in
+    /// [`Numerics::ALL`] order, rows per team, lanes), each compiled at its first binding (f32
     /// activations take `q4f`, and this form only past [`NORM_ON_LOAD_MAX`] columns).
-    q4: Vec<wgpu::ComputePipeline>,
+    q4: Vec<OnceLock<wgpu::ComputePipeline>>,
     /// int4 x f32, `[form slot][q4f_index(..)]` (lanes, fused op, rows per team), each
     /// compiled at the first binding that uses it: a model uses a few of the 30 per lane count.
     q4f: Vec<Vec<OnceLock<wgpu::ComputePipeline>>>,
@@ -214,8 +216,12 @@ pub struct MatvecKernel {
 /// warms, and the lanes per row.
 type PairKey = ((u32, u32), (QForm, QForm), bool, u32);
 
-fn q4_index(n: Numerics) -> usize {
-    Numerics::ALL.iter().position(|m| *m == n).unwrap_or(0)
+/// Index of the block-per-lane pipeline for activations `n`, two rows per team or one, and
+/// `t` lanes per row.
+fn q4_table_index(n: Numerics, two: bool, t: u32) -> usize {
+    let ni = Numerics::ALL.iter().position(|m| *m == n).unwrap_or(0);
+    let ti = LANES.iter().position(|l| *l == t).unwrap_or(0);
+    (ni * Q4_ROWS_PER_TEAM.len() + two as usize) * LANES.len() + ti
 }
 
 /// The f32 norm-on-load inputs of a fused matvec.
@@ -279,22 +285,8 @@ impl MatvecKernel {
         let mut forms = forms.to_vec();
         forms.dedup();
         let src = |s: &str| with_state(s);
-        let body = include_str!("../shaders/matvec_q4.wgsl");
-        let q4 = Numerics::ALL
-            .into_iter()
-            .flat_map(|n| Q4_ROWS_PER_TEAM.map(|r| (n, r)))
-            .map(|(n, r)| {
-                let label = format!("matvec_q4.{n}.r{r}");
-                // bfp24 here reads blocks converted in global memory ([`Act::Bfp`]); f32
-                // inputs never take this pipeline under bfp24 (they take `q4f`'s).
-                let input = match n {
-                    Numerics::Bfp24 => format!("{BFP_DOT}{BFP_GLOBAL_IN}"),
-                    n => act_in_wgsl(n, 2, 3),
-                };
-                let rows = format!("const R2: u32 = {r}u;\n");
-                ctx.compute(&label, &src(&format!("{rows}{input}{body}")), "main")
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let q4_count = Numerics::ALL.len() * Q4_ROWS_PER_TEAM.len() * LANES.len();
+        let q4 = (0..q4_count).map(|_| OnceLock::new()).collect();
         let mut f32 = Vec::with_capacity(4);
         for rpw in [8u32, 1] {
             for norm in [false, true] {
@@ -310,7 +302,7 @@ impl MatvecKernel {
                 )?);
             }
         }
-        let per_form = F32_LANES.len() * Fused::ALL.len() * F32_ROWS_PER_TEAM.len();
+        let per_form = LANES.len() * Fused::ALL.len() * F32_ROWS_PER_TEAM.len();
         let q4f = forms
             .iter()
             .map(|_| (0..per_form).map(|_| OnceLock::new()).collect())
@@ -423,7 +415,13 @@ impl MatvecKernel {
                 q4f(rows_per_team, Fused::Plain, m.cols)?,
                 vec![(2, xb.as_entire_binding())],
             ),
-            _ => (Which::Q4(x.numerics(), rows_per_team >= 2), x.entries(2, 3)),
+            _ => {
+                let t = lanes_per_row(m.cols / BLOCK as u32);
+                (
+                    Which::Q4(x.numerics(), rows_per_team >= 2, t),
+                    x.entries(2, 3),
+                )
+            }
         };
         self.bind_q4_parts(ctx, m, which, entries, y, state, rows_per_team)
     }
@@ -536,8 +534,8 @@ impl MatvecKernel {
         check_out(y, m.rows, "matvec_q4")?;
         let rows_per_wg = match which {
             Which::Q4F(..) => q4f_rows_per_wg(which, rows_per_team),
-            Which::Q4(_, true) => 2 * ROWS_PER_WG,
-            _ => ROWS_PER_WG,
+            Which::Q4(_, two, t) => 256 / t * (1 + two as u32),
+            _ => 8,
         };
         let bpr = m.cols / BLOCK as u32;
         let mut dispatches = Vec::with_capacity(m.parts.len());
@@ -655,7 +653,9 @@ impl MatvecKernel {
     /// int4 x f32 one only once [`Self::ready`] has compiled it.
     fn pipeline(&self, w: Which) -> Result<&wgpu::ComputePipeline> {
         Ok(match w {
-            Which::Q4(n, two) => &self.q4[q4_index(n) * Q4_ROWS_PER_TEAM.len() + two as usize],
+            Which::Q4(n, two, t) => self.q4[q4_table_index(n, two, t)].get().ok_or_else(|| {
+                GpuError::Shape("matvec: a pipeline used before its binding".into())
+            })?,
             Which::Q4F(ri, f, slot, t) => {
                 self.q4f[slot][q4f_index(ri, f, t)].get().ok_or_else(|| {
                     GpuError::Shape("matvec: a pipeline used before its binding".into())
@@ -670,8 +670,27 @@ impl MatvecKernel {
         })
     }
 
-    /// [`Self::pipeline`], compiling an int4 x f32 one at its first binding.
+    /// [`Self::pipeline`], compiling an int4 one at its first binding.
     fn ready(&self, ctx: &Context, w: Which) -> Result<&wgpu::ComputePipeline> {
+        if let Which::Q4(n, two, t) = w {
+            let cell = &self.q4[q4_table_index(n, two, t)];
+            if cell.get().is_none() {
+                let r = if two { 2 } else { 1 };
+                // bfp24 here reads blocks converted in global memory ([`Act::Bfp`]); f32
+                // inputs never take this pipeline under bfp24 (they take `q4f`'s).
+                let input = match n {
+                    Numerics::Bfp24 => format!("{BFP_DOT}{BFP_GLOBAL_IN}"),
+                    n => act_in_wgsl(n, 2, 3),
+                };
+                let body = include_str!("../shaders/matvec_q4.wgsl")
+                    .replace("LANES_PER_ROW", &t.to_string());
+                let wgsl = with_state(&format!("const R2: u32 = {r}u;\n{input}{body}"));
+                let pipe = ctx.compute(&format!("matvec_q4.{n}.r{r}.t{t}"), &wgsl, "main")?;
+                // Another thread may have compiled the same source meanwhile: either serves.
+                let _ = cell.set(pipe);
+            }
+            return self.pipeline(w);
+        }
         let Which::Q4F(ri, f, slot, t) = w else {
             return self.pipeline(w);
         };
@@ -707,10 +726,10 @@ impl MatvecKernel {
             //   n4 is a multiple of 8), read from act_x / nol_h / nol_w which hold cols
             //   floats (`check_x`, `check_norm_input`); bfp24's bfp_amax / bfp_ps /
             //   bfp_d are indexed below n4 / n4 / n4 / 8, each thread's i = li + 256 t < n4;
-            // - red (NT R TP floats, NT = 256 / T teams: 264 at T = 32 and 288 at T = 8 for
-            //   R = 1): row partials at (team R + i) TP + lane with team < NT, i < R,
-            //   lane < T, sums of li < NT R over j < T; nol_red's li + li / 16 <= 270 < 272,
-            //   17 li + j <= 270 for li, j < 16;
+            // - red (NT R TP floats, NT = 256 / T teams: 264, 272, 288, 320 and 384 at
+            //   T = 32, 16, 8, 4 and 2 for R = 1): row partials at (team R + i) TP + lane with team < NT, i < R,
+            //   lane < T, sums of rows k < NT R (k = li + 256 i) over j < T; nol_red's
+            //   li + li / 16 <= 270 < 272, 17 li + j <= 270 for li, j < 16;
             // - the folded router's workgroups (wg >= p1): e = wg - p1 is used only when
             //   e < p2 = E; fold_w holds E (cols + rows) floats, c < c4 = cols/4 + rows/4,
             //   act_x read below cols / 4, fold_h (rows floats) below rows / 4; its tree
@@ -748,13 +767,13 @@ impl MatvecKernel {
 }
 
 /// The int4 x f32 matvec at `rpt` rows per team doing `f`, for rows of `cols` columns (its
-/// lanes per row, [`f32_lanes_per_row`]); form slot 0 until [`MatvecKernel::for_form`].
+/// lanes per row, [`lanes_per_row`]); form slot 0 until [`MatvecKernel::for_form`].
 fn q4f(rpt: u32, f: Fused, cols: u32) -> Result<Which> {
     Ok(Which::Q4F(
         rows_index(rpt)?,
         f,
         0,
-        f32_lanes_per_row(cols / BLOCK as u32),
+        lanes_per_row(cols / BLOCK as u32),
     ))
 }
 
@@ -769,7 +788,7 @@ fn q4f_rows_per_wg(which: Which, rpt: u32) -> u32 {
 /// Index of the int4 x f32 pipeline at rows-per-team index `ri`, op `f` and `t` lanes per
 /// row in a form's table.
 fn q4f_index(ri: usize, f: Fused, t: u32) -> usize {
-    let ti = F32_LANES.iter().position(|l| *l == t).unwrap_or(0);
+    let ti = LANES.iter().position(|l| *l == t).unwrap_or(0);
     (ti * Fused::ALL.len() + f.index()) * F32_ROWS_PER_TEAM.len() + ri
 }
 

@@ -5,8 +5,8 @@
 //! over a pipeline compiled for that pair at its first use (matvec_wgsl.rs `q4f_pair_body`).
 
 use super::{
-    check_norm_input, check_out, f32_lanes_per_row, q4f, q4f_rows_per_wg, warm, Fused,
-    MatvecBinding, MatvecKernel, NormInput, PairKey, Which, WARM_BINDINGS,
+    check_norm_input, check_out, lanes_per_row, q4f, q4f_rows_per_wg, warm, Fused, MatvecBinding,
+    MatvecKernel, NormInput, PairKey, Which, WARM_BINDINGS,
 };
 use crate::context::{Context, GpuError, Result};
 use crate::kernels::matvec_wgsl::{q4f_input, q4f_pair_body, PAIR_BINDINGS};
@@ -125,7 +125,7 @@ impl MatvecKernel {
             let which = q4f(r, Fused::Norm, cols)?;
             self.for_form(which, part.form, "matvec_q4 (norm, two forms)")?;
         }
-        let lanes = f32_lanes_per_row(cols / BLOCK as u32);
+        let lanes = lanes_per_row(cols / BLOCK as u32);
         let key = ((ra, rb), (a.form, b.form), warm.is_some(), lanes);
         let pipe = self.pair_pipeline(ctx, key)?;
         let teams = 256 / lanes;

@@ -8,7 +8,7 @@ use crate::tensor::{pack_i8, quantize_acts_ref, F32Matrix, Q4Matrix, QuantActs};
 use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
 
 /// Odd shapes on purpose: 1 row, rows not a multiple of 8, cols = 32, non-power-of-two rows;
-/// rows of 31 and 32 blocks on either side of the f32 forms' lane switch (8 lanes, 32 lanes).
+/// rows of 1 to 32 blocks at every lane count (2, 4, 8, 16 and 32 lanes).
 const SHAPES: &[(usize, usize)] = &[
     (1, 32),
     (7, 64),
@@ -18,15 +18,26 @@ const SHAPES: &[(usize, usize)] = &[
     (1000, 512),
     (37, 992),
     (33, 1024),
+    (11, 224),
 ];
 
 #[test]
-fn f32_lanes_per_row_keeps_the_real_shapes_at_32() {
+fn lanes_per_row_keeps_the_real_shapes_at_32() {
     // The real models' rows (2048 and 4096 columns: 64 and 128 blocks) keep the 32 lanes
-    // measured on the H200; rows under 32 blocks take 8.
-    for (bpr, lanes) in [(1, 8), (8, 8), (31, 8), (32, 32), (64, 32), (128, 32)] {
-        assert_eq!(f32_lanes_per_row(bpr), lanes, "{bpr} blocks");
-        assert!(F32_LANES.contains(&lanes));
+    // measured on the H200; shorter rows a lane per block (at least 2).
+    let short = [
+        (1, 2),
+        (2, 2),
+        (3, 4),
+        (7, 8),
+        (8, 8),
+        (9, 16),
+        (17, 32),
+        (31, 32),
+    ];
+    for (bpr, lanes) in short.into_iter().chain([(32, 32), (64, 32), (128, 32)]) {
+        assert_eq!(lanes_per_row(bpr), lanes, "{bpr} blocks");
+        assert!(LANES.contains(&lanes));
     }
 }
 

@@ -214,7 +214,7 @@ fn bfp_nol_stage(pre: &str, value: &str) -> String {
 /// `nol_inv`, so the same `h * inv * w` values.
 const BFP_NORM_PRE: &str = "    let inv = nol_inv(li, n4, eps);\n";
 
-/// matvec_q4f.wgsl with `lanes` lanes per row (matvec.rs `f32_lanes_per_row`).
+/// matvec_q4f.wgsl with `lanes` lanes per row (matvec.rs `lanes_per_row`).
 fn q4f_shader(lanes: u32) -> String {
     include_str!("../shaders/matvec_q4f.wgsl").replace("LANES_PER_ROW", &lanes.to_string())
 }

@@ -1,8 +1,9 @@
 // int4 (repacked Q4_0, tensor.rs layout) x activations -> f32, one matrix part. The activation
 // form (f32, int8, precise int8) comes from the numerics snippet prepended by the host, which
 // declares bindings 2 (and 3) and `act_dot` (numerics.rs). Prepended too: state.wgsl.
-// 256 threads = 8 teams x 32 lanes; team t owns rows [R2 t, R2 t + R2) of the workgroup's 8 R2
-// (R2 = 1 or 2, prepended by the host); lanes stride over the row's blocks, then a shared-memory
+// 256 threads = RPW teams x T lanes (T set by the host: 32, or a lane per block for rows
+// of fewer than 32 blocks, matvec.rs lanes_per_row); team t owns rows [R2 t, R2 t + R2) of the workgroup's
+// RPW R2 (R2 = 1 or 2, prepended by the host); lanes stride over the row's blocks, then a shared-memory
 // tree reduction (no subgroup-size assumption). With R2 = 2 each activation block a lane loads
 // serves both rows (`act_dot2`: the same per-row dots as `act_dot`, so the same bits), halving
 // the activation loads per weight byte: the bfp24 lm_head's lanes load 7 words of activations
@@ -14,8 +15,8 @@ struct Params { rows: u32, bpr: u32, row_start: u32, gx: u32 };
 @group(0) @binding(5) var<uniform> p: Params;
 @group(0) @binding(6) var<storage, read> state: State;
 
-const T: u32 = 32u;
-const RPW: u32 = 8u;
+const T: u32 = LANES_PER_ROWu;
+const RPW: u32 = 256u / T;
 var<workgroup> red: array<f32, 256u * R2>; // [R2, 256] per-lane partials
 
 fn scale(i: u32) -> f32 {

@@ -7,8 +7,8 @@
 // norm-on-load form (matvec.rs NORM_ON_LOAD: binding 2 is the residual stream h, binding 3 the
 // RMSNorm weight, and `nol_stage` writes h / rms(h) * w into shared memory first: the RMSNorm
 // dispatch before this matvec is gone, every workgroup recomputes the 2-8 KiB reduction).
-// 256 threads = NT teams x T lanes (T set by the host: 32, or 8 for rows of fewer than 32
-// blocks, matvec.rs f32_lanes_per_row); team t owns rows [R t, R t + R) of the
+// 256 threads = NT teams x T lanes (T set by the host: 32, or a lane per block for rows
+// of fewer than 32 blocks, matvec.rs lanes_per_row); team t owns rows [R t, R t + R) of the
 // workgroup's NT R rows.
 // First every workgroup stages the input vector (normalised, in the Norm form) into shared memory;
 // then lane l takes blocks l, l + T, ...: one 16-byte weight load per block and lane (wide loads

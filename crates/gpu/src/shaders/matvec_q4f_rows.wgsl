@@ -35,14 +35,16 @@ fn mv_rows(wg: u32, li: u32, rows: u32, row_start: u32) {
     }
     //ROWS_STORE
     workgroupBarrier();
-    if (li < NT * R) {
+    // A thread per row of the workgroup's NT R; at 2 lanes and 4 rows per team (512 rows) a
+    // thread takes two, 256 apart.
+    for (var k = li; k < NT * R; k += 256u) {
         var s = 0.0;
         for (var j = 0u; j < T; j++) {
-            s += red[li * TP + j];
+            s += red[k * TP + j];
         }
         // 1.0 (exact) except in the late-norm form, where it is the RMSNorm's scale.
         s *= nol_scale(p.eps, p.bpr * 8u);
-        let row = wg * (NT * R) + li;
+        let row = wg * (NT * R) + k;
         if (row < rows) {
             if (ACC) {
                 y[row_start + row] += s;
