@@ -228,66 +228,6 @@ impl Q4Matrix {
         }
     }
 
-    /// [`Self::upload_dtype`] of an `MLX_A4` matrix (36-byte groups of 64, `nibble_quant::mlx`).
-    pub fn upload_mlx(
-        ctx: &Context,
-        label: &str,
-        rows: usize,
-        cols: usize,
-        row_multiple: usize,
-        src: &[&[u8]],
-    ) -> Result<Q4Matrix> {
-        Self::upload_dtype(ctx, label, DType::MLX_A4, rows, cols, row_multiple, src)
-    }
-
-    /// [`Self::upload_dtype`] of a Q8_0 matrix (34-byte ggml blocks).
-    pub fn upload_q8_0(
-        ctx: &Context,
-        label: &str,
-        rows: usize,
-        cols: usize,
-        row_multiple: usize,
-        src: &[&[u8]],
-    ) -> Result<Q4Matrix> {
-        Self::upload_dtype(ctx, label, DType::Q8_0, rows, cols, row_multiple, src)
-    }
-
-    /// [`Self::upload_dtype`] of an `MLX_A8` matrix (68-byte groups of 64).
-    pub fn upload_mlx8(
-        ctx: &Context,
-        label: &str,
-        rows: usize,
-        cols: usize,
-        row_multiple: usize,
-        src: &[&[u8]],
-    ) -> Result<Q4Matrix> {
-        Self::upload_dtype(ctx, label, DType::MLX_A8, rows, cols, row_multiple, src)
-    }
-
-    /// [`Self::upload_dtype`] of a Q6_K matrix (210-byte super-blocks of 256).
-    pub fn upload_q6_k(
-        ctx: &Context,
-        label: &str,
-        rows: usize,
-        cols: usize,
-        row_multiple: usize,
-        src: &[&[u8]],
-    ) -> Result<Q4Matrix> {
-        Self::upload_dtype(ctx, label, DType::Q6_K, rows, cols, row_multiple, src)
-    }
-
-    /// [`Self::upload_dtype`] of a Q4_K matrix (144-byte super-blocks of 256).
-    pub fn upload_q4_k(
-        ctx: &Context,
-        label: &str,
-        rows: usize,
-        cols: usize,
-        row_multiple: usize,
-        src: &[&[u8]],
-    ) -> Result<Q4Matrix> {
-        Self::upload_dtype(ctx, label, DType::Q4_K, rows, cols, row_multiple, src)
-    }
-
     /// Error unless the parts tile rows `[0, rows)` in order and each part's buffers hold its
     /// blocks and scales: the kernels compiled without runtime bounds checks (matvec's int4 x
     /// f32 forms, the MoE's staged f32 kernels, the prefill's int4 GEMMs) index `qs` and

@@ -70,15 +70,24 @@ fn mlx_upload_refuses_bad_shapes_and_lying_sizes() {
     assert_eq!(ok.form(), Some(QForm::Affine4));
     ok.check_layout("w").unwrap();
     let err = |e: crate::context::GpuError| e.to_string();
-    let short = Q4Matrix::upload_mlx(&ctx, "w", 4, 128, 1, &[&bytes[..bytes.len() - 36]]);
+    let short = Q4Matrix::upload_dtype(
+        &ctx,
+        "w",
+        DType::MLX_A4,
+        4,
+        128,
+        1,
+        &[&bytes[..bytes.len() - 36]],
+    );
     assert!(err(short.unwrap_err()).contains("36-byte groups"));
-    let narrow = Q4Matrix::upload_mlx(&ctx, "w", 8, 32, 1, &[&bytes[..8 * 36 / 2]]);
+    let narrow =
+        Q4Matrix::upload_dtype(&ctx, "w", DType::MLX_A4, 8, 32, 1, &[&bytes[..8 * 36 / 2]]);
     assert!(err(narrow.unwrap_err()).contains("cols % 64"));
     let q8 = Q4Matrix::upload_dtype(&ctx, "w", DType::Q8_0, 4, 128, 1, &[&bytes]);
     assert!(err(q8.unwrap_err()).contains("Q8_0"));
     let mut nan = bytes.clone();
     nan[36..38].copy_from_slice(&0x7FC0u16.to_le_bytes());
-    let bad = Q4Matrix::upload_mlx(&ctx, "w", 4, 128, 1, &[&nan]);
+    let bad = Q4Matrix::upload_dtype(&ctx, "w", DType::MLX_A4, 4, 128, 1, &[&nan]);
     assert!(err(bad.unwrap_err()).contains("group 1"));
 }
 
@@ -95,7 +104,8 @@ fn embedding_reads_affine_tables_exactly_across_parts() {
             None => (*ctx).clone(),
         };
         let table = rand_mlx_a4(&mut r, vocab, hidden);
-        let m = Q4Matrix::upload_mlx(&c, "embd", vocab, hidden, 1, &[&table]).unwrap();
+        let m =
+            Q4Matrix::upload_dtype(&c, "embd", DType::MLX_A4, vocab, hidden, 1, &[&table]).unwrap();
         if limit.is_some() {
             assert_eq!(m.parts.len(), vocab.div_ceil(7));
         }
@@ -127,7 +137,16 @@ fn embedding_reads_affine_tables_exactly_across_parts() {
     let h = ctx.storage("h", 64 * 4).unwrap();
     let state = RunState::default().buffer(&ctx).unwrap();
     assert!(k.bind(&ctx, &q4, &h, &state).is_err());
-    let aff = Q4Matrix::upload_mlx(&ctx, "a", 4, 64, 1, &[&rand_mlx_a4(&mut r, 4, 64)]).unwrap();
+    let aff = Q4Matrix::upload_dtype(
+        &ctx,
+        "a",
+        DType::MLX_A4,
+        4,
+        64,
+        1,
+        &[&rand_mlx_a4(&mut r, 4, 64)],
+    )
+    .unwrap();
     assert!(EmbedKernel::new(&ctx)
         .unwrap()
         .bind(&ctx, &aff, &h, &state)
@@ -181,7 +200,7 @@ fn affine_matvec_forms_match_the_reference() {
     ] {
         let wb = rand_mlx_a4(&mut r, rows, cols);
         let deq = dequant(DType::MLX_A4, &wb, rows, cols);
-        let w = Q4Matrix::upload_mlx(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        let w = Q4Matrix::upload_dtype(&ctx, "w", DType::MLX_A4, rows, cols, 1, &[&wb]).unwrap();
         // Mixed magnitudes, so the Σ x term is far from the dot's.
         let x: Vec<f32> = rand_f32(&mut r, cols, -1.0, 1.0)
             .iter()
@@ -245,7 +264,16 @@ fn affine_matvec_forms_match_the_reference() {
         .unwrap();
     let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
     assert!(k.bind_q4(&ctx, &q4, Act::F32(&x), &y, &state).is_err());
-    let aff = Q4Matrix::upload_mlx(&ctx, "a", 4, 64, 1, &[&rand_mlx_a4(&mut r, 4, 64)]).unwrap();
+    let aff = Q4Matrix::upload_dtype(
+        &ctx,
+        "a",
+        DType::MLX_A4,
+        4,
+        64,
+        1,
+        &[&rand_mlx_a4(&mut r, 4, 64)],
+    )
+    .unwrap();
     let plain = MatvecKernel::new(&ctx).unwrap();
     assert!(plain.bind_q4(&ctx, &aff, Act::F32(&x), &y, &state).is_err());
     assert!(MatvecKernel::with_form(&ctx, Numerics::Bfp24, false, QForm::Affine4).is_err());
@@ -264,7 +292,7 @@ fn affine_matmul_matches_the_reference_for_every_tile() {
     for &(rows, cols) in &[(13usize, 128usize), (300, 2048)] {
         let wb = rand_mlx_a4(&mut r, rows, cols);
         let deq = dequant(DType::MLX_A4, &wb, rows, cols);
-        let w = Q4Matrix::upload_mlx(&ctx, "w", rows, cols, 1, &[&wb]).unwrap();
+        let w = Q4Matrix::upload_dtype(&ctx, "w", DType::MLX_A4, rows, cols, 1, &[&wb]).unwrap();
         let nbmax = 8usize;
         let x = rand_f32(&mut r, nbmax * cols, -2.0, 2.0);
         let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();

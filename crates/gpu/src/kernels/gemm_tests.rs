@@ -211,7 +211,7 @@ fn gemm_affine_dense_matches_reference() {
     ] {
         let wb = rand_mlx_a4(&mut r, rows, cols);
         let deq = dequant(DType::MLX_A4, &wb, rows, cols);
-        let w = Q4Matrix::upload_mlx(c, "w", rows, cols, 1, &[&wb]).unwrap();
+        let w = Q4Matrix::upload_dtype(c, "w", DType::MLX_A4, rows, cols, 1, &[&wb]).unwrap();
         assert!(c.max_binding_bytes() == whole.max_binding_bytes() || w.parts.len() > 1);
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
@@ -239,7 +239,7 @@ fn gemm_affine_dense_matches_reference() {
         rand_mlx_a4(&mut r, rows, cols),
         rand_q4_0(&mut r, rows, cols),
     );
-    let wa = Q4Matrix::upload_mlx(&ctx, "wa", rows, cols, 1, &[&ba]).unwrap();
+    let wa = Q4Matrix::upload_dtype(&ctx, "wa", DType::MLX_A4, rows, cols, 1, &[&ba]).unwrap();
     let w0 = Q4Matrix::upload(&ctx, "w0", rows, cols, 1, &[&b0]).unwrap();
     let q4_0 = GemmKernel::new(&ctx).unwrap();
     let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
@@ -286,7 +286,7 @@ fn gemm_q8_dense_matches_reference() {
     ] {
         let wb = crate::testing::rand_q8_0(&mut r, rows, cols);
         let deq = dequant(DType::Q8_0, &wb, rows, cols);
-        let w = Q4Matrix::upload_q8_0(c, "w", rows, cols, 1, &[&wb]).unwrap();
+        let w = Q4Matrix::upload_dtype(c, "w", DType::Q8_0, rows, cols, 1, &[&wb]).unwrap();
         assert!(c.max_binding_bytes() == whole.max_binding_bytes() || w.parts.len() > 1);
         let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
         let want = reference(&deq, rows, cols, &x, m);
@@ -306,7 +306,7 @@ fn gemm_q8_dense_matches_reference() {
     }
     let (m, rows, cols) = (5, 4, 64);
     let b8 = crate::testing::rand_q8_0(&mut r, rows, cols);
-    let w8 = Q4Matrix::upload_q8_0(&ctx, "w8", rows, cols, 1, &[&b8]).unwrap();
+    let w8 = Q4Matrix::upload_dtype(&ctx, "w8", DType::Q8_0, rows, cols, 1, &[&b8]).unwrap();
     let x = rand_f32(&mut r, (m + PAD_ROWS) * cols, -1.0, 1.0);
     let init = vec![f32::NAN; (m + PAD_ROWS) * (rows + PAD_COLS)];
     let want = reference(&dequant(DType::Q8_0, &b8, rows, cols), rows, cols, &x, m);

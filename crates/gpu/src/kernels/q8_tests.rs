@@ -169,15 +169,23 @@ fn q8_upload_refuses_lying_sizes_and_nan_scales() {
         "32 payload bytes and an f16 per block"
     );
     let err = |e: crate::context::GpuError| e.to_string();
-    let short = Q4Matrix::upload_q8_0(&ctx, "w", 4, 128, 1, &[&bytes[..bytes.len() - 34]]);
+    let short = Q4Matrix::upload_dtype(
+        &ctx,
+        "w",
+        DType::Q8_0,
+        4,
+        128,
+        1,
+        &[&bytes[..bytes.len() - 34]],
+    );
     assert!(err(short.unwrap_err()).contains("34-byte blocks"));
     let mut nan = bytes.clone();
     nan[5 * 34..5 * 34 + 2].copy_from_slice(&0x7E00u16.to_le_bytes());
-    let bad = Q4Matrix::upload_q8_0(&ctx, "w", 4, 128, 1, &[&nan]);
+    let bad = Q4Matrix::upload_dtype(&ctx, "w", DType::Q8_0, 4, 128, 1, &[&nan]);
     assert!(err(bad.unwrap_err()).contains("block 5"));
     // Parts split at the binding limit hold twice the bytes per row of Q4_0's.
     let small = ctx.with_max_binding_bytes(3 * 4 * 32);
-    let split = Q4Matrix::upload_q8_0(&small, "w", 4, 128, 1, &[&bytes]).unwrap();
+    let split = Q4Matrix::upload_dtype(&small, "w", DType::Q8_0, 4, 128, 1, &[&bytes]).unwrap();
     assert_eq!(split.parts.len(), 2);
     split.check_layout("split").unwrap();
 }
@@ -273,7 +281,16 @@ fn q8_matvec_forms_match_the_reference() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("reads Q8_0"), "{e}");
-    let q8 = Q4Matrix::upload_q8_0(&ctx, "b", 4, 64, 1, &[&rand_q8_0(&mut r, 4, 64)]).unwrap();
+    let q8 = Q4Matrix::upload_dtype(
+        &ctx,
+        "b",
+        DType::Q8_0,
+        4,
+        64,
+        1,
+        &[&rand_q8_0(&mut r, 4, 64)],
+    )
+    .unwrap();
     let plain = MatvecKernel::new(&ctx).unwrap();
     assert!(plain.bind_q4(&ctx, &q8, Act::F32(&x), &y, &state).is_err());
     assert!(MatvecKernel::with_form(&ctx, Numerics::Bfp24, false, QForm::Q8_0).is_err());
@@ -482,16 +499,24 @@ fn q6_k_upload_refuses_lying_sizes_and_nan_scales() {
         "28 payload bytes and an f16 per block"
     );
     let err = |e: crate::context::GpuError| e.to_string();
-    let short = Q4Matrix::upload_q6_k(&ctx, "w", 4, 512, 1, &[&bytes[..bytes.len() - 210]]);
+    let short = Q4Matrix::upload_dtype(
+        &ctx,
+        "w",
+        DType::Q6_K,
+        4,
+        512,
+        1,
+        &[&bytes[..bytes.len() - 210]],
+    );
     assert!(err(short.unwrap_err()).contains("210-byte super-blocks"));
-    let narrow = Q4Matrix::upload_q6_k(&ctx, "w", 8, 128, 1, &[&bytes[..4 * 210]]);
+    let narrow = Q4Matrix::upload_dtype(&ctx, "w", DType::Q6_K, 8, 128, 1, &[&bytes[..4 * 210]]);
     assert!(err(narrow.unwrap_err()).contains("cols % 256"));
     let mut nan = bytes.clone();
     nan[5 * 210 + 208..5 * 210 + 210].copy_from_slice(&0x7E00u16.to_le_bytes());
-    let bad = Q4Matrix::upload_q6_k(&ctx, "w", 4, 512, 1, &[&nan]);
+    let bad = Q4Matrix::upload_dtype(&ctx, "w", DType::Q6_K, 4, 512, 1, &[&nan]);
     assert!(err(bad.unwrap_err()).contains("super-block 5"));
     let small = ctx.with_max_binding_bytes(3 * 16 * 32);
-    let split = Q4Matrix::upload_q6_k(&small, "w", 4, 512, 1, &[&bytes]).unwrap();
+    let split = Q4Matrix::upload_dtype(&small, "w", DType::Q6_K, 4, 512, 1, &[&bytes]).unwrap();
     assert_eq!(split.parts.len(), 2);
     split.check_layout("split").unwrap();
     // A Q6_K matrix in a Q8_0 kernel is refused: the forms differ in the payload's bits.

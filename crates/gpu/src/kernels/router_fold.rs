@@ -156,7 +156,9 @@ mod tests {
             let wo_b = crate::testing::rand_mlx_a4(&mut r, h, q);
             let wr = rand_f32(&mut r, e * h, -1.0, 1.0);
             let w = rand_f32(&mut r, h, 0.5, 1.5);
-            let o = Q4Matrix::upload_mlx(&ctx, "o", h, q, 1, &[&wo_b]).unwrap();
+            let o =
+                Q4Matrix::upload_dtype(&ctx, "o", nibble_quant::DType::MLX_A4, h, q, 1, &[&wo_b])
+                    .unwrap();
             let router = F32Matrix::upload(&ctx, "router", e, h, &wr).unwrap();
             let wb = ctx.storage_init("w", bytemuck::cast_slice(&w)).unwrap();
             let got_b = k.fold(&ctx, &o, &router, &wb).unwrap();
