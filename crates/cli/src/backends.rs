@@ -54,18 +54,24 @@ pub struct BackendArgs {
     /// chunk workgroup of each kv head (for comparisons; fused is the default on Vulkan).
     #[arg(long)]
     pub combine_dispatch: bool,
-    /// GPU: override work splits, for comparisons: comma-separated key=value of qkv_rows,
-    /// o_rows (rows per team of those matvecs: 1, 2 or 4), gate_up_lanes, down_lanes,
-    /// down_rows, down_split (the MoE kernels; down_split: each down row block's expert slots
-    /// over 1, 2, 4 or 8 workgroups), attn_workgroups (the attention split's target, default
-    /// 1024), attn_tile_loads (1..=16, default 2), attn_fused_max (chunks per kv head the fused
-    /// combine serves, default 16), prefill_splits (most key splits of the prefill's query-tile
-    /// attention, 1..=16, default 16; 1: none), prefill_ksplits (K splits of a short chunk's
-    /// qkv and o-proj GEMMs, default 8; 1: unsplit), prefill_dbuf (0: the matrix-unit
-    /// prefill GEMM's 32-token tiles with one staging buffer instead of the default two),
-    /// qkv_attn (N: the qkv dispatch also attends
-    /// below position N, 4 dispatches per layer; off by default, slower on the H200). Unset
-    /// keys keep the measured defaults.
+    /// GPU: override work splits and kernel forms, for comparisons: comma-separated key=value
+    /// (crates/gpu/src/tune.rs documents each; unset keys keep the measured defaults). qkv_rows,
+    /// o_rows: rows per team of those matvecs (1, 2 or 4). gate_up_lanes, gate_up_rows,
+    /// down_lanes, down_rows: the staged MoE kernels' lanes per row and rows per team.
+    /// down_split, down_split_wide: each down row block's expert slots over 1, 2, 4 or 8
+    /// workgroups (wide: a down of a byte form, default 8; else 4). attn_workgroups (the
+    /// attention split's target, default 1024), attn_tile_loads (1..=16, default 2),
+    /// attn_fused_max (chunks per kv head the fused combine serves, default 16). late_norm,
+    /// moe_late_norm (1, the default: the qkv and the MoE gate/up scale by 1 / rms after their
+    /// dots; 0: the norm first). head (the lm_head form, 0..=4, default 4). prefill_splits (most
+    /// key splits of the prefill's query-tile attention, 1..=16, default 16; 1: none),
+    /// prefill_ksplits (K splits of a short chunk's qkv and o-proj GEMMs, default 8; 1:
+    /// unsplit), prefill_dbuf (0: the matrix-unit prefill GEMM's 32-token tiles with one staging
+    /// buffer instead of the default two), prefill_coop_affine (1: an MLX model's prefill GEMMs
+    /// on the matrix units; off by default). qkv_attn (N: the qkv dispatch also attends below
+    /// position N, 4 dispatches per layer; off by default, slower on the H200). warm (the L2
+    /// warming's bit mask, default 3; 0: none). qkv_pair (0: a two-form qkv, e.g. Q4_K_M's, in
+    /// a dispatch per part instead of one).
     #[arg(long, value_parser = |s: &str| s.parse::<nibble_gpu::tune::Tune>())]
     pub tune: Option<nibble_gpu::tune::Tune>,
     /// GPU: prompt tokens per chunk of the GEMM prefill (0: the column prefill, 8 tokens per

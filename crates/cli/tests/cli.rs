@@ -262,3 +262,20 @@ fn a_closed_stdout_pipe_ends_a_report_quietly() {
         out.status
     );
 }
+
+#[test]
+fn tune_help_names_every_key() {
+    // `--tune` is how a reader repeats a BENCHMARKS comparison, so its help must not fall
+    // behind the keys the parser takes.
+    for cmd in ["bench", "generate"] {
+        let out = run(&[cmd, "--help"], None);
+        assert!(out.status.success(), "{cmd} --help: {:?}", out.status);
+        let help = text(&out.stdout);
+        for key in nibble_gpu::tune::KEYS {
+            assert!(
+                help.contains(key),
+                "`nibble {cmd} --help` does not name --tune key {key}"
+            );
+        }
+    }
+}
