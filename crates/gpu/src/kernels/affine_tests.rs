@@ -99,38 +99,9 @@ fn embedding_reads_affine_tables_exactly_across_parts() {
     let mut r = rng(74);
     let k = EmbedKernel::new_for(&ctx, QForm::Affine4).unwrap();
     for (vocab, hidden, limit) in [(50usize, 64usize, None), (301, 2048, Some(7 * 64 * 16))] {
-        let c = match limit {
-            Some(l) => ctx.with_max_binding_bytes(l),
-            None => (*ctx).clone(),
-        };
         let table = rand_mlx_a4(&mut r, vocab, hidden);
-        let m =
-            Q4Matrix::upload_dtype(&c, "embd", DType::MLX_A4, vocab, hidden, 1, &[&table]).unwrap();
-        if limit.is_some() {
-            assert_eq!(m.parts.len(), vocab.div_ceil(7));
-        }
-        let full = dequant(DType::MLX_A4, &table, vocab, hidden);
-        let h = ctx.storage("h", hidden as u64 * 4).unwrap();
-        for token in [0, vocab as u32 / 3, vocab as u32 - 1] {
-            let state = RunState {
-                token,
-                ..Default::default()
-            }
-            .buffer(&c)
-            .unwrap();
-            c.write(&h, 0, &vec![0xFF; hidden * 4]);
-            let b = k.bind(&c, &m, &h, &state).unwrap();
-            c.run_pass(|p| k.record(p, &b)).unwrap();
-            let want = &full[token as usize * hidden..(token as usize + 1) * hidden];
-            // s·q is exact in f32 (8 + 4 significant bits), so a fused or unfused add rounds
-            // the same way as the reference: the bits must match.
-            let got = c.read_f32(&h, hidden).unwrap();
-            assert_eq!(
-                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "V={vocab} token {token}"
-            );
-        }
+        let form = (QForm::Affine4, DType::MLX_A4);
+        super::q8_tests::embedding_rows_exact(&ctx, &k, form, &table, (vocab, hidden), limit);
     }
     // A kernel of one form refuses a table of the other.
     let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();

@@ -315,43 +315,57 @@ fn embedding_reads_q8_tables_exactly_across_parts() {
             if !fits(dt, hidden) {
                 continue;
             }
-            let c = match limit {
-                Some(l) => ctx.with_max_binding_bytes(l),
-                None => (*ctx).clone(),
-            };
             let table = rand_bytes(&mut r, dt, vocab, hidden);
-            let m = Q4Matrix::upload_dtype(&c, "embd", dt, vocab, hidden, 1, &[&table]).unwrap();
-            if let Some(l) = limit {
-                // Rows per part: the binding limit over a row's payload bytes.
-                let per = l as usize / (hidden / 32 * form.block_bytes() as usize);
-                assert_eq!(m.parts.len(), vocab.div_ceil(per));
-            }
-            let full = dequant(dt, &table, vocab, hidden);
-            let h = ctx.storage("h", hidden as u64 * 4).unwrap();
-            for token in [0, vocab as u32 / 3, vocab as u32 - 1] {
-                let state = RunState {
-                    token,
-                    ..Default::default()
-                }
-                .buffer(&c)
-                .unwrap();
-                c.write(&h, 0, &vec![0xFF; hidden * 4]);
-                let b = k.bind(&c, &m, &h, &state).unwrap();
-                c.run_pass(|p| k.record(p, &b)).unwrap();
-                let want = &full[token as usize * hidden..(token as usize + 1) * hidden];
-                // q d, and s q + b (s q exact), round as the reference does: the bits must match.
-                let got = c.read_f32(&h, hidden).unwrap();
-                assert_eq!(
-                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{form:?} V={vocab} token {token}"
-                );
-            }
+            embedding_rows_exact(&ctx, &k, (form, dt), &table, (vocab, hidden), limit);
         }
         let q4 = Q4Matrix::upload(&ctx, "q", 4, 64, 1, &[&rand_q4_0(&mut r, 4, 64)]).unwrap();
         let h = ctx.storage("h", 64 * 4).unwrap();
         let state = RunState::default().buffer(&ctx).unwrap();
         assert!(k.bind(&ctx, &q4, &h, &state).is_err());
+    }
+}
+
+/// `k` (an embedding kernel of `form`) looks up rows 0, V / 3 and V - 1 of `table` (`dt`,
+/// `[V, H]` = `shape`) bit for bit as the reference dequantises them, with the table split in
+/// parts of at most `limit` bytes per binding where given: every form's `q d` or `s q + b`
+/// (`s q` exact) rounds as the reference does.
+pub(super) fn embedding_rows_exact(
+    ctx: &crate::context::Context,
+    k: &EmbedKernel,
+    (form, dt): (QForm, DType),
+    table: &[u8],
+    (vocab, hidden): (usize, usize),
+    limit: Option<u64>,
+) {
+    let c = match limit {
+        Some(l) => ctx.with_max_binding_bytes(l),
+        None => ctx.clone(),
+    };
+    let m = Q4Matrix::upload_dtype(&c, "embd", dt, vocab, hidden, 1, &[table]).unwrap();
+    if let Some(l) = limit {
+        // Rows per part: the binding limit over a row's payload bytes.
+        let per = l as usize / (hidden / 32 * form.block_bytes() as usize);
+        assert_eq!(m.parts.len(), vocab.div_ceil(per), "{form:?} V={vocab}");
+    }
+    let full = dequant(dt, table, vocab, hidden);
+    let h = ctx.storage("h", hidden as u64 * 4).unwrap();
+    for token in [0, vocab as u32 / 3, vocab as u32 - 1] {
+        let state = RunState {
+            token,
+            ..Default::default()
+        }
+        .buffer(&c)
+        .unwrap();
+        c.write(&h, 0, &vec![0xFF; hidden * 4]);
+        let b = k.bind(&c, &m, &h, &state).unwrap();
+        c.run_pass(|p| k.record(p, &b)).unwrap();
+        let want = &full[token as usize * hidden..(token as usize + 1) * hidden];
+        let got = c.read_f32(&h, hidden).unwrap();
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{form:?} V={vocab} token {token}"
+        );
     }
 }
 
