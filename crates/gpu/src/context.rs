@@ -36,6 +36,10 @@ pub enum GpuError {
     Map(String),
     #[error("bad shape: {0}")]
     Shape(String),
+    /// Weights whose values the kernels cannot take (a non-finite scale): the file's data is
+    /// wrong, not its shapes.
+    #[error("bad model data: {0}")]
+    Data(String),
 }
 
 pub type Result<T> = std::result::Result<T, GpuError>;

@@ -375,7 +375,7 @@ fn upload_parts<'a, S: bytemuck::Pod>(
         let part: Vec<&[u8]> = units.by_ref().take(n * upr).collect();
         let (qs, scales) = repack(&part).map_err(|u| {
             let at = (row_start * upr + u).to_string();
-            GpuError::Shape(format!("{label}: {}", form.bad.replacen("{}", &at, 1)))
+            GpuError::Data(format!("{label}: {}", form.bad.replacen("{}", &at, 1)))
         })?;
         parts.push(Q4Part {
             row_start: row_start as u32,
