@@ -19,6 +19,8 @@ set -uo pipefail
 timeout() { command timeout --foreground "$@"; }
 cd "$(dirname "$0")/.."
 OUT="${OUT:?set OUT}"
+# A subfolder of the call's $OUT (e.g. OUT=$OUT/a for a second step list) may not exist yet.
+mkdir -p "$OUT"
 STEPS="${1:-fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k}"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 for f in .gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done
