@@ -111,8 +111,8 @@ fn repack_mlx_groups<'a>(
 /// into the [`QForm::Q6K`] form's (`qs` words: 56 per super-block, its eight blocks of 32 in
 /// order; f16 scale bits: the super-block's `d` once per block). Block `b`'s seven words:
 /// Q4_0's nibble words of its levels' low four bits, the top two bits of elements 0-15 (word
-/// 4) and 16-31 (word 5), element `e` at bits `2e, 2e + 1`, and sub-scales `2b` and `2b + 1`
-/// in bytes 0 and 1 of word 6 (qform.rs `Q6_PAYLOAD`). Super-blocks are repacked in parallel;
+/// 4) and 16-31 (word 5), element `e` (of the 16) at bits `8 (e % 4) + 2 (e / 4)`, and
+/// sub-scales `2b` and `2b + 1` in bytes 0 and 1 of word 6 (qform.rs `Q6_PAYLOAD`). Super-blocks are repacked in parallel;
 /// the index of the first one whose `d` is not finite is the error.
 ///
 /// [`QForm::Q6K`]: crate::tensor::QForm::Q6K
@@ -143,7 +143,7 @@ pub fn repack_q6_k<'a>(
             }
             for half in 0..2 {
                 out[4 + half] = (0..16)
-                    .map(|e| (lv(16 * half + e) >> 4) << (2 * e))
+                    .map(|e| (lv(16 * half + e) >> 4) << (8 * (e % 4) + 2 * (e / 4)))
                     .fold(0, |a, v| a | v);
             }
             out[6] = c[192 + 2 * b] as u32 | (c[192 + 2 * b + 1] as u32) << 8;

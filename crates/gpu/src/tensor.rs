@@ -33,8 +33,9 @@
 //! `d · sc · (q - 32)` with an i8 scale `sc` per 16 weights and an f16 `d` per super-block)
 //! splits each super-block into its eight blocks of 32:
 //! - `qs`: seven words per block (28 bytes, [`Q6_PAYLOAD`]): the levels' low four bits as
-//!   Q4_0's nibble words, their top two bits (elements 0-15 in word 4, 16-31 in word 5, element
-//!   `e` at bits `2 (e % 16)`), and the two sub-blocks' `sc` in bytes 0 and 1 of word 6. The
+//!   Q4_0's nibble words, their top two bits (elements 0-15 in word 4, 16-31 in word 5,
+//!   element `4k + t` of the 16 at bits `8t + 2k`, so that nibble word `k`'s are byte-aligned
+//!   already), and the two sub-blocks' `sc` in bytes 0 and 1 of word 6. The
 //!   sub-scales ride in the payload so that a block keeps one coefficient, `d`, and every
 //!   kernel's `c0 · dot` stays as it is: the form's `qb_dot` scales each half's sum by its
 //!   `sc`. 7.5 bits per weight with the scales, against the file's 6.56.

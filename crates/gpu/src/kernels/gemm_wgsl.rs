@@ -233,15 +233,14 @@ fn coef_of(v: GSW, i: u32) -> vec2<f32> {
             // (qform.rs `Q6_PAYLOAD`); the half's sub-scale goes back into the top bits of its
             // first four bytes, where `WSTORE_F32_Q6` reads it.
             "struct QB8 { w0: u32, w1: u32, w2: u32, w3: u32, h0: u32, h1: u32, s: u32 };
-fn q6_spread(v: vec4<u32>) -> vec4<u32> {
-    let x = (v & vec4<u32>(0xFFu)) | ((v & vec4<u32>(0xF0u)) << vec4<u32>(12u));
-    return (x | (x << vec4<u32>(6u))) & vec4<u32>(0x03030303u);
-}
 fn q8_half(q: QB8, h: u32) -> vec4<u32> {
     let n = (vec4<u32>(q.w0, q.w1, q.w2, q.w3) >> vec4<u32>(4u * h)) & vec4<u32>(0x0F0F0F0Fu);
-    let t = q6_spread(vec4<u32>(select(q.h0, q.h1, h == 1u)) >> vec4<u32>(0u, 8u, 16u, 24u));
-    let sc = q6_spread(vec4<u32>(q.s >> (8u * h))).x << 6u;
-    let b = n | (t << vec4<u32>(4u));
+    let t = select(q.h0, q.h1, h == 1u);
+    // The top bits as qform.rs `q6_top` places them; the sub-scale's eight bits two per byte.
+    let b = n | (vec4<u32>(t << 4u, t << 2u, t, t >> 2u) & vec4<u32>(0x30303030u));
+    let v = (q.s >> (8u * h)) & 0xFFu;
+    let x = v | ((v & 0xF0u) << 12u);
+    let sc = ((x | (x << 6u)) & 0x03030303u) << 6u;
     return vec4<u32>(b.x | sc, b.yzw);
 }
 "

@@ -31,8 +31,8 @@ fn decode_q8(qs: &[u32], scales: &[u16]) -> Vec<f32> {
 
 /// The weights the 6-bit form holds, decoded on the host from the repacked words as the
 /// kernels read them (qform.rs `Q6_PAYLOAD`): seven words per block, element `j`'s low four
-/// bits in Q4_0's nibble order, its top two at bits `2 (j % 16)` of word `4 + j / 16`, and the
-/// halves' i8 sub-scales in bytes 0 and 1 of word 6.
+/// bits in Q4_0's nibble order, its top two at bits `8 (e % 4) + 2 (e / 4)` of word
+/// `4 + j / 16` (`e = j % 16`), and the halves' i8 sub-scales in bytes 0 and 1 of word 6.
 fn decode_q6(qs: &[u32], scales: &[u16]) -> Vec<f32> {
     let mut out = Vec::with_capacity(qs.len() * 32 / 7);
     for (blk, w) in qs.chunks_exact(7).enumerate() {
@@ -40,7 +40,8 @@ fn decode_q6(qs: &[u32], scales: &[u16]) -> Vec<f32> {
         let nib: Vec<u8> = w[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
         for j in 0..32 {
             let low = ((nib[j % 16] >> (4 * (j / 16))) & 0xF) as i32;
-            let top = ((w[4 + j / 16] >> (2 * (j % 16))) & 3) as i32;
+            let e = j % 16;
+            let top = ((w[4 + j / 16] >> (8 * (e % 4) + 2 * (e / 4))) & 3) as i32;
             let sc = (w[6] >> (8 * (j / 16))) as u8 as i8 as f32;
             out.push(d * (sc * (low + 16 * top - 32) as f32));
         }
