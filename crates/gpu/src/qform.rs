@@ -89,25 +89,23 @@ fn qb_levels(v: QB, k: u32) -> vec4<f32> {
 ";
 
 /// WGSL payload of the 5-bit K form (Q5_K, module docs): `QB` is five words, Q4_0's nibble
-/// words and one word of fifth bits (bit `e` = element `e`'s), 20 bytes per block.
-/// `qb_bytes(w)` = the block as the byte form's two vec4s (byte `j` = element `j`'s level,
-/// 0..31): each nibble word's four nibbles with their four fifth bits moved to bits 4, 12, 20
-/// and 28 by one multiply (`b · 0x02040810` puts bit `i` of `b` at `8i + 4`, among others that
-/// the mask drops; no two products share a bit, so nothing carries). `dq8` is the byte form's
+/// words and one word of fifth bits, 20 bytes per block. `qb_bytes(w)` = the block as the byte
+/// form's two vec4s (byte `j` = element `j`'s level, 0..31): each nibble word's four nibbles
+/// with their four fifth bits at bits 4, 12, 20 and 28. The fifth bits are stored in the order
+/// that makes this one shift and one mask per word (`q5_top`): element `16 half + 4k + t` at
+/// bit `8t + 4 half + k`, so nibble word `k`'s four sit a byte apart already. `dq8` is the byte form's
 /// with the offset 16 (`Q_OFF`), the centre of the levels, so that `c1 = 16 c0 - dmin m` stays
 /// as small as the weights; `qb_dot` and `qb_levels` as [`Q8_PAYLOAD`]'s over those bytes.
 pub const Q5_PAYLOAD: &str = "
 struct QB { w0: u32, w1: u32, w2: u32, w3: u32, h: u32 };
 struct QBY { lo: vec4<u32>, hi: vec4<u32> };
-fn q5_spread(h: vec4<u32>) -> vec4<u32> {
-    return ((h & vec4<u32>(15u)) * 0x02040810u) & vec4<u32>(0x10101010u);
+fn q5_top(h: u32) -> vec4<u32> {
+    return vec4<u32>(h << 4u, h << 3u, h << 2u, h << 1u) & vec4<u32>(0x10101010u);
 }
 fn qb_bytes(w: QB) -> QBY {
     let q = vec4<u32>(w.w0, w.w1, w.w2, w.w3);
-    let h = vec4<u32>(w.h);
     let m = vec4<u32>(0x0F0F0F0Fu);
-    return QBY((q & m) | q5_spread(h >> vec4<u32>(0u, 4u, 8u, 12u)),
-               ((q >> vec4<u32>(4u)) & m) | q5_spread(h >> vec4<u32>(16u, 20u, 24u, 28u)));
+    return QBY((q & m) | q5_top(w.h), ((q >> vec4<u32>(4u)) & m) | q5_top(w.h >> 4u));
 }
 fn dq8(w: u32) -> vec4<f32> {
     let s = w >> 16u;

@@ -180,10 +180,10 @@ pub fn repack_q4_k<'a>(
 
 /// Repack ggml Q5_K super-blocks (176 bytes: as Q4_K's with `qh[32]` before `qs[128]`) into
 /// the [`QForm::Q5K`] form's (`qs` words: 40 per super-block, its eight blocks of 32 in order,
-/// five words each: Q4_0's nibble words of the levels' low four bits, then a word whose bit `j`
-/// is element `j`'s fifth bit; scale words as Q4_K's). The level of element `l` of block `b` is
-/// nibble `b % 2` of `qs[32 (b / 2) + l]` with bit `b` of `qh[l]` on top (the reference
-/// decoder's order). Super-blocks are repacked in parallel; the index of the first whose `d` or
+/// five words each: Q4_0's nibble words of the levels' low four bits, then a word of their fifth
+/// bits, element `16 half + 4k + t` at bit `8t + 4 half + k`; scale words as Q4_K's). The level
+/// of element `l` of block `b` is nibble `b % 2` of `qs[32 (b / 2) + l]` with bit `b` of `qh[l]`
+/// on top (the reference decoder's order). Super-blocks are repacked in parallel; the index of the first whose `d` or
 /// `dmin` is not finite is the error.
 ///
 /// [`QForm::Q5K`]: crate::tensor::QForm::Q5K
@@ -202,7 +202,10 @@ pub fn repack_q5_k<'a>(
                     .map(|t| (nib(b, 4 * k + t) | nib(b, 4 * k + t + 16) << 4) << (8 * t))
                     .fold(0, |a, v| a | v);
             }
-            out[4] = (0..32).map(|l| fifth(b, l) << l).fold(0, |a, v| a | v);
+            // Element `16 half + 4k + t` at bit `8t + 4 half + k` (qform.rs `Q5_PAYLOAD`).
+            out[4] = (0..32)
+                .map(|l| fifth(b, l) << (8 * (l % 4) + 4 * (l / 16) + (l % 16) / 4))
+                .fold(0, |a, v| a | v);
         }
         true
     })

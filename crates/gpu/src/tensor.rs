@@ -51,8 +51,9 @@
 //! -dmin m)` and every affine kernel path reads it; 5 bits per weight against the file's 4.5.
 //!
 //! The 5-bit K form ([`QForm::Q5K`], from ggml's Q5_K: Q4_K's super-block with a fifth bit per
-//! weight) keeps each block's low four bits as Q4_0's nibble words and adds a fifth word whose
-//! bit `j` is element `j`'s fifth bit (20 bytes per block, `QB` five u32: [`Q5_PAYLOAD`], whose
+//! weight) keeps each block's low four bits as Q4_0's nibble words and adds a fifth word of
+//! the elements' fifth bits, element `16 half + 4k + t` at bit `8t + 4 half + k` so that nibble
+//! word `k`'s are a byte apart (20 bytes per block, `QB` five u32: [`Q5_PAYLOAD`], whose
 //! `qb_bytes` makes the byte form's two vec4s of it for the byte kernels' products), with the
 //! K form's scale words: affine with `(s, b) = (d sc, -dmin m)` and `Q_OFF` 16, 6 bits per weight
 //! against the file's 5.5.

@@ -248,8 +248,9 @@ fn q8_half(q: QB8, h: u32) -> vec4<u32> {
             "struct QB8 { w0: u32, w1: u32, w2: u32, w3: u32, h: u32 };
 fn q8_half(q: QB8, h: u32) -> vec4<u32> {
     let n = (vec4<u32>(q.w0, q.w1, q.w2, q.w3) >> vec4<u32>(4u * h)) & vec4<u32>(0x0F0F0F0Fu);
-    let b = (vec4<u32>(q.h >> (16u * h)) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
-    return n | ((b * 0x02040810u) & vec4<u32>(0x10101010u));
+    // The fifth bits as qform.rs `q5_top` places them.
+    let t = q.h >> (4u * h);
+    return n | (vec4<u32>(t << 4u, t << 3u, t << 2u, t << 1u) & vec4<u32>(0x10101010u));
 }
 "
         } else {

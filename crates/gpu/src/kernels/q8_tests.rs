@@ -618,8 +618,8 @@ fn q5_k_repack_decodes_to_the_reference_weights() {
             "two words per pair of blocks"
         );
         // As the kernels read them (tensor.rs `Q4_SB_K`; qform.rs `Q5_PAYLOAD`: element j's
-        // low bits in Q4_0's nibble order, its fifth bit at bit j of word 4): (d sc) q - dmin m,
-        // one rounding.
+        // low bits in Q4_0's nibble order, its fifth bit at bit 8 (j % 4) + 4 (j / 16) + (j % 16)
+        // / 4 of word 4): (d sc) q - dmin m, one rounding.
         let got: Vec<f32> = qs
             .chunks_exact(5)
             .enumerate()
@@ -629,7 +629,8 @@ fn q5_k_repack_decodes_to_the_reference_weights() {
                 (0..32)
                     .map(|j| {
                         let low = (nib[j % 16] >> (4 * (j / 16))) & 0xF;
-                        let l = low as u32 | ((q[4] >> j) & 1) << 4;
+                        let at = 8 * (j % 4) + 4 * (j / 16) + (j % 16) / 4;
+                        let l = low as u32 | ((q[4] >> at) & 1) << 4;
                         s.mul_add(l as f32, b)
                     })
                     .collect::<Vec<_>>()
