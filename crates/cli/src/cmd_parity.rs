@@ -439,6 +439,19 @@ pub fn run(a: Args) -> Result<()> {
         }
         println!("parity {}", if pass { "PASS" } else { "FAIL" });
     }
+    if !pass && !a.trace_prefill {
+        // A departure already at the first traced step may have been written into the K/V
+        // cache by the prefill, which that step only reads: the op it names is then a symptom
+        // (run 161: a routing tie of 1.65e-5 inside the prefill showed as `l12.attn`).
+        for r in reports.iter().filter(|r| r.traced_step == Some(0)) {
+            eprintln!(
+                "hint: {:?} departs at its first step, whose logits read the K/V rows its \
+                 prefill wrote; --trace-prefill (--prefill-gemm-min 2 for a short prompt) names \
+                 the prefill's first departing layer and token and the oracle's nearest routing tie",
+                r.prompt
+            );
+        }
+    }
     if !pass {
         bail!("parity failed");
     }

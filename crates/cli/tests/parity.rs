@@ -174,7 +174,15 @@ fn planted(spec: &str, want: &str) {
     let op = &p["first_divergence_op"];
     assert_eq!(op["name"].as_str(), Some(want), "{spec}: {p:#}");
     assert!(op["rel_err"].as_f64().unwrap() > 1e-2, "{spec}: {p:#}");
-    assert!(p["traced_step"].as_u64().is_some());
+    // The error is in the prefill too, so the first traced step departs and the hint says
+    // where to look next.
+    assert_eq!(p["traced_step"].as_u64(), Some(0), "{spec}: {p:#}");
+    assert!(
+        text(&out.stderr).contains("departs at its first step")
+            && text(&out.stderr).contains("--trace-prefill"),
+        "{spec}: {}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
