@@ -3,7 +3,7 @@
 //! read the form so far (the embedding), each against the reference on random groups.
 
 use super::embed::EmbedKernel;
-use super::matmul::{MatmulArgs, MatmulInput, MatmulKernel, Tile};
+use super::matmul::MatmulKernel;
 use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
 use crate::numerics::Numerics;
 use crate::state::RunState;
@@ -262,52 +262,17 @@ fn affine_matmul_matches_the_reference_for_every_tile() {
     let state = RunState::default().buffer(&ctx).unwrap();
     for &(rows, cols) in &[(13usize, 128usize), (300, 2048)] {
         let wb = rand_mlx_a4(&mut r, rows, cols);
-        let deq = dequant(DType::MLX_A4, &wb, rows, cols);
-        let w = Q4Matrix::upload_dtype(&ctx, "w", DType::MLX_A4, rows, cols, 1, &[&wb]).unwrap();
-        let nbmax = 8usize;
-        let x = rand_f32(&mut r, nbmax * cols, -2.0, 2.0);
-        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
-        for nb in [1u32, 3, 8] {
-            let n = nb as usize;
-            let y = ctx.storage("y", (n * rows * 4) as u64).unwrap();
-            for tile in Tile::all().filter(|t| t.cols >= nb) {
-                for acc in [false, true] {
-                    let y0 = rand_f32(&mut r, n * rows, -1.0, 1.0);
-                    ctx.write(&y, 0, bytemuck::cast_slice(&y0));
-                    let a = MatmulArgs {
-                        m: &w,
-                        input: match acc {
-                            true => MatmulInput::Acc(&xb),
-                            false => MatmulInput::Plain(&xb),
-                        },
-                        nb,
-                        y: &y,
-                        y_stride: rows as u32,
-                        state: &state,
-                    };
-                    let b = k.bind_tiled(&ctx, &a, tile).unwrap();
-                    ctx.run_pass(|p| k.record(p, &b)).unwrap();
-                    let got = ctx.read_f32(&y, n * rows).unwrap();
-                    for c in 0..n {
-                        let xc = &x[c * cols..(c + 1) * cols];
-                        let mut want = matvec_f32_ref(&deq, rows, cols, xc);
-                        let mut mag = affine_mag(&wb, rows, cols, xc);
-                        if acc {
-                            for i in 0..rows {
-                                want[i] += y0[c * rows + i];
-                                mag[i] += y0[c * rows + i].abs();
-                            }
-                        }
-                        assert_within(
-                            &got[c * rows..(c + 1) * rows],
-                            &want,
-                            &mag,
-                            2e-6,
-                            &format!("[{rows}, {cols}] nb {nb} {tile:?} acc {acc} column {c}"),
-                        );
-                    }
-                }
-            }
-        }
+        let mag = |xc: &[f32]| affine_mag(&wb, rows, cols, xc);
+        let (dt, shape) = (DType::MLX_A4, (rows, cols));
+        super::q8_tests::matmul_every_tile(
+            &ctx,
+            &mut r,
+            (&k, &state),
+            dt,
+            &wb,
+            shape,
+            mag,
+            "MLX_A4",
+        );
     }
 }

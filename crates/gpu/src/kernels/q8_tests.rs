@@ -391,51 +391,80 @@ fn q8_matmul_matches_the_reference_for_every_tile() {
                 continue;
             }
             let wb = rand_bytes(&mut r, dt, rows, cols);
-            let deq = dequant(dt, &wb, rows, cols);
-            let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
-            let nbmax = 8usize;
-            let x = rand_f32(&mut r, nbmax * cols, -2.0, 2.0);
-            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
-            for nb in [1u32, 3, 8] {
-                let n = nb as usize;
-                let y = ctx.storage("y", (n * rows * 4) as u64).unwrap();
-                for tile in Tile::all().filter(|t| t.cols >= nb) {
-                    for acc in [false, true] {
-                        let y0 = rand_f32(&mut r, n * rows, -1.0, 1.0);
-                        ctx.write(&y, 0, bytemuck::cast_slice(&y0));
-                        let a = MatmulArgs {
-                            m: &w,
-                            input: match acc {
-                                true => MatmulInput::Acc(&xb),
-                                false => MatmulInput::Plain(&xb),
-                            },
-                            nb,
-                            y: &y,
-                            y_stride: rows as u32,
-                            state: &state,
-                        };
-                        let b = k.bind_tiled(&ctx, &a, tile).unwrap();
-                        ctx.run_pass(|p| k.record(p, &b)).unwrap();
-                        let got = ctx.read_f32(&y, n * rows).unwrap();
-                        for c in 0..n {
-                            let xc = &x[c * cols..(c + 1) * cols];
-                            let mut want = matvec_f32_ref(&deq, rows, cols, xc);
-                            let mut m = mag_of(dt, &wb, rows, cols, xc);
-                            if acc {
-                                for i in 0..rows {
-                                    want[i] += y0[c * rows + i];
-                                    m[i] += y0[c * rows + i].abs();
-                                }
-                            }
-                            assert_within(
-                                &got[c * rows..(c + 1) * rows],
-                                &want,
-                                &m,
-                                2e-6,
-                                &format!("{form:?} [{rows}, {cols}] nb {nb} {tile:?} acc {acc} column {c}"),
-                            );
+            let mag = |xc: &[f32]| mag_of(dt, &wb, rows, cols, xc);
+            let what = format!("{form:?}");
+            matmul_every_tile(
+                &ctx,
+                &mut r,
+                (&k, &state),
+                dt,
+                &wb,
+                (rows, cols),
+                mag,
+                &what,
+            );
+        }
+    }
+}
+
+/// The matmul on the `[rows, cols]` matrix of file type `dt` held in `wb`, against the
+/// reference for 1, 3 and 8 columns through every tile that serves them, plain and
+/// accumulating into random outputs; `mag(x)` is each row's magnitude of the rounding for one
+/// column `x`. Shared with the 4-bit affine form's test (affine_tests.rs).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_every_tile(
+    ctx: &crate::context::Context,
+    r: &mut impl rand::Rng,
+    (k, state): (&MatmulKernel, &wgpu::Buffer),
+    dt: DType,
+    wb: &[u8],
+    (rows, cols): (usize, usize),
+    mag: impl Fn(&[f32]) -> Vec<f32>,
+    what: &str,
+) {
+    let deq = dequant(dt, wb, rows, cols);
+    let w = Q4Matrix::upload_dtype(ctx, "w", dt, rows, cols, 1, &[wb]).unwrap();
+    let nbmax = 8usize;
+    let x = rand_f32(r, nbmax * cols, -2.0, 2.0);
+    let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
+    for nb in [1u32, 3, 8] {
+        let n = nb as usize;
+        let y = ctx.storage("y", (n * rows * 4) as u64).unwrap();
+        for tile in Tile::all().filter(|t| t.cols >= nb) {
+            for acc in [false, true] {
+                let y0 = rand_f32(r, n * rows, -1.0, 1.0);
+                ctx.write(&y, 0, bytemuck::cast_slice(&y0));
+                let a = MatmulArgs {
+                    m: &w,
+                    input: match acc {
+                        true => MatmulInput::Acc(&xb),
+                        false => MatmulInput::Plain(&xb),
+                    },
+                    nb,
+                    y: &y,
+                    y_stride: rows as u32,
+                    state,
+                };
+                let b = k.bind_tiled(ctx, &a, tile).unwrap();
+                ctx.run_pass(|p| k.record(p, &b)).unwrap();
+                let got = ctx.read_f32(&y, n * rows).unwrap();
+                for c in 0..n {
+                    let xc = &x[c * cols..(c + 1) * cols];
+                    let mut want = matvec_f32_ref(&deq, rows, cols, xc);
+                    let mut m = mag(xc);
+                    if acc {
+                        for i in 0..rows {
+                            want[i] += y0[c * rows + i];
+                            m[i] += y0[c * rows + i].abs();
                         }
                     }
+                    assert_within(
+                        &got[c * rows..(c + 1) * rows],
+                        &want,
+                        &m,
+                        2e-6,
+                        &format!("{what} [{rows}, {cols}] nb {nb} {tile:?} acc {acc} column {c}"),
+                    );
                 }
             }
         }
