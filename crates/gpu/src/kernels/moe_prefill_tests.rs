@@ -208,148 +208,75 @@ fn run_case(
     }
 }
 
-#[test]
-fn moe_prefill_matches_reference() {
-    let Some(ctx) = gpu("moe_prefill_matches_reference") else {
+/// A case of [`run_case`]: dims, (tokens the buffers hold, tokens), seed, split expert
+/// tensors, router partial sums, (gate/up form, down form).
+type Case = (MoeDims, (u32, usize), u64, bool, usize, (QForm, QForm));
+
+fn run_cases(name: &str, cases: &[Case]) {
+    let Some(ctx) = gpu(name) else {
         return;
     };
-    let tiny = MoeDims {
-        hidden: 64,
-        inter: 64,
-        experts: 16,
-        top_k: 4,
-        norm_topk: true,
-    };
-    // One token; a chunk shorter than the buffers; lists long enough for several tiles.
-    run_case(&ctx, tiny, (8, 1), 81, false, 1, (QForm::Q4_0, QForm::Q4_0));
-    run_case(
-        &ctx,
-        tiny,
-        (64, 37),
-        82,
-        false,
-        1,
-        (QForm::Q4_0, QForm::Q4_0),
-    );
-    run_case(
-        &ctx,
-        tiny,
-        (300, 300),
-        83,
-        false,
-        1,
-        (QForm::Q4_0, QForm::Q4_0),
-    );
-    // Logits in 3 partial sums (the router GEMM's K splits): a chunk shorter than the buffers.
-    run_case(
-        &ctx,
-        tiny,
-        (64, 37),
-        87,
-        false,
-        3,
-        (QForm::Q4_0, QForm::Q4_0),
-    );
+    for &(d, ct, seed, split, rs, forms) in cases {
+        run_case(&ctx, d, ct, seed, split, rs, forms);
+    }
+}
+
+const fn dims(hidden: u32, inter: u32, experts: u32, top_k: u32, norm_topk: bool) -> MoeDims {
+    MoeDims {
+        hidden,
+        inter,
+        experts,
+        top_k,
+        norm_topk,
+    }
+}
+
+/// 16 experts, 4 per token, renormalised.
+const TINY: MoeDims = dims(64, 64, 16, 4, true);
+/// Rows of whole 256-weight super-blocks (the K-quants).
+const K256: MoeDims = dims(256, 512, 8, 2, true);
+const Q4: (QForm, QForm) = (QForm::Q4_0, QForm::Q4_0);
+
+#[test]
+fn moe_prefill_matches_reference() {
     // Odd widths (I not a multiple of the 64-column gate/up tile, H of the 128-row down tile),
     // no renormalisation, 64-row tiles (300 x 2 / 8 >= 64 tokens per expert).
-    let odd = MoeDims {
-        hidden: 96,
-        inter: 160,
-        experts: 8,
-        top_k: 2,
-        norm_topk: false,
-    };
-    run_case(
-        &ctx,
-        odd,
-        (300, 257),
-        84,
-        false,
-        1,
-        (QForm::Q4_0, QForm::Q4_0),
-    );
-    run_case(
-        &ctx,
-        odd,
-        (40, 33),
-        85,
-        false,
-        2,
-        (QForm::Q4_0, QForm::Q4_0),
+    let odd = dims(96, 160, 8, 2, false);
+    run_cases(
+        "moe_prefill_matches_reference",
+        &[
+            // One token; a chunk shorter than the buffers; lists long enough for several tiles.
+            (TINY, (8, 1), 81, false, 1, Q4),
+            (TINY, (64, 37), 82, false, 1, Q4),
+            (TINY, (300, 300), 83, false, 1, Q4),
+            // Logits in 3 partial sums (the router GEMM's K splits): a chunk shorter than the
+            // buffers.
+            (TINY, (64, 37), 87, false, 3, Q4),
+            (odd, (300, 257), 84, false, 1, Q4),
+            (odd, (40, 33), 85, false, 2, Q4),
+        ],
     );
 }
 
 #[test]
 fn moe_prefill_split_experts_match_reference() {
-    let Some(ctx) = gpu("moe_prefill_split_experts_match_reference") else {
-        return;
-    };
-    let d = MoeDims {
-        hidden: 64,
-        inter: 64,
-        experts: 16,
-        top_k: 4,
-        norm_topk: true,
-    };
-    run_case(&ctx, d, (50, 50), 86, true, 1, (QForm::Q4_0, QForm::Q4_0));
+    let name = "moe_prefill_split_experts_match_reference";
+    run_cases(name, &[(TINY, (50, 50), 86, true, 1, Q4)]);
 }
 
 /// The expert GEMMs on affine (MLX) weights: one token, several tiles, split expert tensors,
 /// and H not a multiple of the down form's 128-row tile (I stays whole groups of 64).
 #[test]
 fn moe_prefill_affine_experts_match_reference() {
-    let Some(ctx) = gpu("moe_prefill_affine_experts_match_reference") else {
-        return;
-    };
-    let tiny = MoeDims {
-        hidden: 64,
-        inter: 64,
-        experts: 16,
-        top_k: 4,
-        norm_topk: true,
-    };
-    run_case(
-        &ctx,
-        tiny,
-        (8, 1),
-        91,
-        false,
-        1,
-        (QForm::Affine4, QForm::Affine4),
-    );
-    run_case(
-        &ctx,
-        tiny,
-        (300, 300),
-        92,
-        false,
-        1,
-        (QForm::Affine4, QForm::Affine4),
-    );
-    run_case(
-        &ctx,
-        tiny,
-        (50, 50),
-        93,
-        true,
-        1,
-        (QForm::Affine4, QForm::Affine4),
-    );
-    let odd = MoeDims {
-        hidden: 192,
-        inter: 128,
-        experts: 8,
-        top_k: 2,
-        norm_topk: false,
-    };
-    run_case(
-        &ctx,
-        odd,
-        (300, 257),
-        94,
-        false,
-        2,
-        (QForm::Affine4, QForm::Affine4),
+    let a4 = (QForm::Affine4, QForm::Affine4);
+    run_cases(
+        "moe_prefill_affine_experts_match_reference",
+        &[
+            (TINY, (8, 1), 91, false, 1, a4),
+            (TINY, (300, 300), 92, false, 1, a4),
+            (TINY, (50, 50), 93, true, 1, a4),
+            (dims(192, 128, 8, 2, false), (300, 257), 94, false, 2, a4),
+        ],
     );
 }
 
@@ -357,112 +284,32 @@ fn moe_prefill_affine_experts_match_reference() {
 /// split expert tensors, and an odd shape; MLX's 8-bit groups, Q6_K and Q4_K likewise.
 #[test]
 fn moe_prefill_q8_experts_match_reference() {
-    let Some(ctx) = gpu("moe_prefill_q8_experts_match_reference") else {
-        return;
-    };
-    let tiny = MoeDims {
-        hidden: 64,
-        inter: 64,
-        experts: 16,
-        top_k: 4,
-        norm_topk: true,
-    };
-    run_case(&ctx, tiny, (8, 1), 95, false, 1, (QForm::Q8_0, QForm::Q8_0));
-    run_case(
-        &ctx,
-        tiny,
-        (300, 300),
-        96,
-        false,
-        1,
-        (QForm::Q8_0, QForm::Q8_0),
+    let q8 = (QForm::Q8_0, QForm::Q8_0);
+    let a8 = (QForm::Affine8, QForm::Affine8);
+    let (q6, q4k, q5k) = (QForm::Q6K, QForm::Q4K, QForm::Q5K);
+    run_cases(
+        "moe_prefill_q8_experts_match_reference",
+        &[
+            (TINY, (8, 1), 95, false, 1, q8),
+            (TINY, (300, 300), 96, false, 1, q8),
+            (TINY, (50, 50), 97, true, 1, q8),
+            (dims(192, 96, 8, 2, false), (300, 257), 98, false, 2, q8),
+            // MLX's 8-bit groups (I whole groups of 64).
+            (TINY, (300, 300), 99, false, 1, a8),
+            (TINY, (50, 50), 100, true, 1, a8),
+            // Q6_K (rows of whole 256-weight super-blocks), split weights too.
+            (K256, (300, 257), 101, false, 2, (q6, q6)),
+            (K256, (50, 50), 102, true, 1, (q6, q6)),
+            // Q4_K likewise.
+            (K256, (300, 257), 103, false, 2, (q4k, q4k)),
+            (K256, (50, 50), 104, true, 1, (q4k, q4k)),
+            // A `Q4_K_M` layer: gate and up Q4_K, down Q6_K (each GEMM binding takes its own
+            // form's pipeline), split too.
+            (K256, (300, 257), 105, true, 2, (q4k, q6)),
+            (K256, (50, 50), 106, false, 1, (q4k, q6)),
+            // Q5_K, and a `Q5_K_M` layer (down Q6_K).
+            (K256, (300, 257), 107, false, 2, (q5k, q5k)),
+            (K256, (50, 50), 108, true, 1, (q5k, q6)),
+        ],
     );
-    run_case(
-        &ctx,
-        tiny,
-        (50, 50),
-        97,
-        true,
-        1,
-        (QForm::Q8_0, QForm::Q8_0),
-    );
-    let odd = MoeDims {
-        hidden: 192,
-        inter: 96,
-        experts: 8,
-        top_k: 2,
-        norm_topk: false,
-    };
-    run_case(
-        &ctx,
-        odd,
-        (300, 257),
-        98,
-        false,
-        2,
-        (QForm::Q8_0, QForm::Q8_0),
-    );
-    // MLX's 8-bit groups (I whole groups of 64).
-    run_case(
-        &ctx,
-        tiny,
-        (300, 300),
-        99,
-        false,
-        1,
-        (QForm::Affine8, QForm::Affine8),
-    );
-    run_case(
-        &ctx,
-        tiny,
-        (50, 50),
-        100,
-        true,
-        1,
-        (QForm::Affine8, QForm::Affine8),
-    );
-    // Q6_K (rows of whole 256-weight super-blocks), split weights too.
-    let q6 = MoeDims {
-        hidden: 256,
-        inter: 512,
-        experts: 8,
-        top_k: 2,
-        norm_topk: true,
-    };
-    run_case(
-        &ctx,
-        q6,
-        (300, 257),
-        101,
-        false,
-        2,
-        (QForm::Q6K, QForm::Q6K),
-    );
-    run_case(&ctx, q6, (50, 50), 102, true, 1, (QForm::Q6K, QForm::Q6K));
-    // Q4_K likewise.
-    run_case(
-        &ctx,
-        q6,
-        (300, 257),
-        103,
-        false,
-        2,
-        (QForm::Q4K, QForm::Q4K),
-    );
-    run_case(&ctx, q6, (50, 50), 104, true, 1, (QForm::Q4K, QForm::Q4K));
-    // A `Q4_K_M` layer: gate and up Q4_K, down Q6_K (each GEMM binding takes its own form's
-    // pipeline), split too.
-    run_case(&ctx, q6, (300, 257), 105, true, 2, (QForm::Q4K, QForm::Q6K));
-    run_case(&ctx, q6, (50, 50), 106, false, 1, (QForm::Q4K, QForm::Q6K));
-    // Q5_K, and a `Q5_K_M` layer (down Q6_K).
-    run_case(
-        &ctx,
-        q6,
-        (300, 257),
-        107,
-        false,
-        2,
-        (QForm::Q5K, QForm::Q5K),
-    );
-    run_case(&ctx, q6, (50, 50), 108, true, 1, (QForm::Q5K, QForm::Q6K));
 }
