@@ -50,11 +50,12 @@ fn qb_bytes(w: QB) -> QBY { return w; }
 /// four top-bit pairs are byte-aligned already and one shift by `4 - 2k` and one mask put them
 /// at bits 4-5 of their bytes (`q6_top`: 7 operations per half where moving fields stored in
 /// element order took 36, for a form whose decode is bound by its unpacking: pure Q6_K ran at
-/// 265 tok/s reading 7.5 bits per weight, Q8_0 at 314 reading 8.5, run 162). `dq8` masks each byte to its 6-bit level (`q - 32`
-/// exactly, by the mantissa trick); `q6_sub(w, half)` = a half's sub-scale. `qb_dot(w, x)` =
-/// Σ sc (q - 32) x (each half's sum times its sub-scale: the integers `sc (q - 32)` are what
-/// the block's `d` multiplies); `qb_levels(w, k)` = `sc (q - 32) + 32` for elements 4k ..
-/// 4k + 3, so that `(level - Q_OFF) d` is the weight, exactly.
+/// 265 tok/s reading 7.5 bits per weight, Q8_0 at 314 reading 8.5, run 162). `dq8` masks each
+/// byte to its 6-bit level (`q - 32` exactly, by the mantissa trick); `q6_sub(w, half)` = a
+/// half's sub-scale. `qb_dot(w, x)` = Σ sc (q - 32) x (each half's sum times its sub-scale:
+/// the integers `sc (q - 32)` are what the block's `d` multiplies); `qb_levels(w, k)` =
+/// `sc (q - 32) + 32` for elements 4k .. 4k + 3, so that `(level - Q_OFF) d` is the weight,
+/// exactly.
 pub const Q6_PAYLOAD: &str = "
 struct QB { w0: u32, w1: u32, w2: u32, w3: u32, h0: u32, h1: u32, s: u32 };
 struct QBY { lo: vec4<u32>, hi: vec4<u32> };
@@ -93,9 +94,10 @@ fn qb_levels(v: QB, k: u32) -> vec4<f32> {
 /// form's two vec4s (byte `j` = element `j`'s level, 0..31): each nibble word's four nibbles
 /// with their four fifth bits at bits 4, 12, 20 and 28. The fifth bits are stored in the order
 /// that makes this one shift and one mask per word (`q5_top`): element `16 half + 4k + t` at
-/// bit `8t + 4 half + k`, so nibble word `k`'s four sit a byte apart already. `dq8` is the byte form's
-/// with the offset 16 (`Q_OFF`), the centre of the levels, so that `c1 = 16 c0 - dmin m` stays
-/// as small as the weights; `qb_dot` and `qb_levels` as [`Q8_PAYLOAD`]'s over those bytes.
+/// bit `8t + 4 half + k`, so nibble word `k`'s four sit a byte apart already. `dq8` is the byte
+/// form's with the offset 16 (`Q_OFF`), the centre of the levels, so that `c1 = 16 c0 - dmin m`
+/// stays as small as the weights; `qb_dot` and `qb_levels` as [`Q8_PAYLOAD`]'s over those
+/// bytes.
 pub const Q5_PAYLOAD: &str = "
 struct QB { w0: u32, w1: u32, w2: u32, w3: u32, h: u32 };
 struct QBY { lo: vec4<u32>, hi: vec4<u32> };

@@ -112,8 +112,9 @@ fn repack_mlx_groups<'a>(
 /// order; f16 scale bits: the super-block's `d` once per block). Block `b`'s seven words:
 /// Q4_0's nibble words of its levels' low four bits, the top two bits of elements 0-15 (word
 /// 4) and 16-31 (word 5), element `e` (of the 16) at bits `8 (e % 4) + 2 (e / 4)`, and
-/// sub-scales `2b` and `2b + 1` in bytes 0 and 1 of word 6 (qform.rs `Q6_PAYLOAD`). Super-blocks are repacked in parallel;
-/// the index of the first one whose `d` is not finite is the error.
+/// sub-scales `2b` and `2b + 1` in bytes 0 and 1 of word 6 (qform.rs `Q6_PAYLOAD`).
+/// Super-blocks are repacked in parallel; the index of the first one whose `d` is not finite is
+/// the error.
 ///
 /// [`QForm::Q6K`]: crate::tensor::QForm::Q6K
 pub fn repack_q6_k<'a>(
@@ -183,8 +184,8 @@ pub fn repack_q4_k<'a>(
 /// five words each: Q4_0's nibble words of the levels' low four bits, then a word of their fifth
 /// bits, element `16 half + 4k + t` at bit `8t + 4 half + k`; scale words as Q4_K's). The level
 /// of element `l` of block `b` is nibble `b % 2` of `qs[32 (b / 2) + l]` with bit `b` of `qh[l]`
-/// on top (the reference decoder's order). Super-blocks are repacked in parallel; the index of the first whose `d` or
-/// `dmin` is not finite is the error.
+/// on top (the reference decoder's order). Super-blocks are repacked in parallel; the index of
+/// the first whose `d` or `dmin` is not finite is the error.
 ///
 /// [`QForm::Q5K`]: crate::tensor::QForm::Q5K
 pub fn repack_q5_k<'a>(
