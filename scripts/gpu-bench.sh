@@ -156,8 +156,8 @@ if has routerab; then
   timeout 300 $N bench -m $MODEL --backend gpu -p 512 -n 128 --reps 5 --depth 0,4096 --ctx 4700 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has ab; then
-  # A/B of builds: every binary carried in target/ab/ (e.g. nibble-<commit>, built here from
-  # each commit), tg128 and pp512 (or the bench arguments in AB_ARGS), two rounds interleaved so
+  # A/B of builds: every binary carried in target/ab/ (e.g. nibble-<n>-<commit>, built on the
+  # development machine from each commit by scripts/ab-build.sh), tg128 and pp512 (or the bench arguments in AB_ARGS), two rounds interleaved so
   # drift hits all alike. On the Q4_0 model, or with AB_QUANT (e.g. q4_k_m) on a model of that
   # type written here as /tmp/q30-ab-$AB_QUANT.gguf (AB_MODEL: another path, kept for the steps
   # after, e.g. /tmp/q30-q4km.gguf for q4km). AB_ROUNDS: rounds other than 2 (1 for a short
