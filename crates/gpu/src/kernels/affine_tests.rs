@@ -4,7 +4,8 @@
 
 use super::embed::EmbedKernel;
 use super::matmul::MatmulKernel;
-use super::matvec::{matvec_f32_ref, Act, MatvecKernel, NormInput, F32_ROWS_PER_TEAM};
+use super::matvec::{Act, MatvecKernel};
+use super::q8_tests::matvec_every_form;
 use crate::numerics::Numerics;
 use crate::state::RunState;
 use crate::tensor::{repack_mlx_a4, Q4Matrix, QForm};
@@ -143,16 +144,6 @@ fn affine_mag(bytes: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-fn assert_within(got: &[f32], want: &[f32], mag: &[f32], tol: f32, what: &str) {
-    for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * m + 1e-30,
-            "{what}: row {i}: got {g}, want {w}, bound {}",
-            tol * m
-        );
-    }
-}
-
 #[test]
 fn affine_matvec_forms_match_the_reference() {
     let Some(ctx) = gpu("affine_matvec_forms_match_the_reference") else {
@@ -178,54 +169,15 @@ fn affine_matvec_forms_match_the_reference() {
             .enumerate()
             .map(|(i, v)| v * 10f32.powi((i % 5) as i32 - 2))
             .collect();
-        let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
-        let want = matvec_f32_ref(&deq, rows, cols, &x);
-        let mag = affine_mag(&wb, rows, cols, &x);
-        let y = ctx.storage("y", rows as u64 * 4).unwrap();
-        for rpt in F32_ROWS_PER_TEAM {
-            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-            let b = k
-                .bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt)
-                .unwrap();
-            ctx.run_pass(|p| k.record(p, &b)).unwrap();
-            let got = ctx.read_f32(&y, rows).unwrap();
-            assert_within(&got, &want, &mag, 2e-6, &format!("[{rows}, {cols}] r{rpt}"));
-        }
-        // y += m · x.
-        let y0 = rand_f32(&mut r, rows, -1.0, 1.0);
-        ctx.write(&y, 0, bytemuck::cast_slice(&y0));
-        let b = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).unwrap();
-        ctx.run_pass(|p| k.record(p, &b)).unwrap();
-        let got = ctx.read_f32(&y, rows).unwrap();
-        let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
-        let mag_acc: Vec<f32> = mag.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
-        assert_within(
-            &got,
-            &want_acc,
-            &mag_acc,
-            2e-6,
-            &format!("acc [{rows}, {cols}]"),
+        matvec_every_form(
+            &ctx,
+            &mut r,
+            (&k, &late, &state),
+            (&w, &deq),
+            &x,
+            |x| affine_mag(&wb, rows, cols, x),
+            "affine",
         );
-        // The norm-on-load forms, plain and late-scaled.
-        let h = rand_f32(&mut r, cols, -30.0, 30.0);
-        let nw = rand_f32(&mut r, cols, 0.5, 1.5);
-        let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
-        let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
-        let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
-        let input = NormInput {
-            h: &hb,
-            weight: &wbuf,
-            eps: 1e-6,
-        };
-        let want = matvec_f32_ref(&deq, rows, cols, &xn);
-        let mag = affine_mag(&wb, rows, cols, &xn);
-        for (kern, form) in [(&k, "norm"), (&late, "late norm")] {
-            ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-            let b = kern.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
-            ctx.run_pass(|p| kern.record(p, &b)).unwrap();
-            let got = ctx.read_f32(&y, rows).unwrap();
-            assert_within(&got, &want, &mag, 4e-6, &format!("{form} [{rows}, {cols}]"));
-        }
     }
     // Forms are never mixed: a Q4_0 matrix in the affine kernel, an affine one in the Q4_0
     // kernel, and the bfp24 numerics with the affine form are clear errors.

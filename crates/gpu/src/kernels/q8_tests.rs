@@ -222,56 +222,15 @@ fn q8_matvec_forms_match_the_reference() {
             let deq = dequant(dt, &wb, rows, cols);
             let w = Q4Matrix::upload_dtype(&ctx, "w", dt, rows, cols, 1, &[&wb]).unwrap();
             let x = rand_f32(&mut r, cols, -2.0, 2.0);
-            let xb = ctx.storage_init("x", bytemuck::cast_slice(&x)).unwrap();
-            let want = matvec_f32_ref(&deq, rows, cols, &x);
-            let m = mag_of(dt, &wb, rows, cols, &x);
-            let y = ctx.storage("y", rows as u64 * 4).unwrap();
-            for rpt in F32_ROWS_PER_TEAM {
-                ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-                let b = k
-                    .bind_q4_with(&ctx, &w, Act::F32(&xb), &y, &state, rpt)
-                    .unwrap();
-                ctx.run_pass(|p| k.record(p, &b)).unwrap();
-                let got = ctx.read_f32(&y, rows).unwrap();
-                let what = format!("{form:?} [{rows}, {cols}] r{rpt}");
-                assert_within(&got, &want, &m, 2e-6, &what);
-            }
-            // y += m · x.
-            let y0 = rand_f32(&mut r, rows, -1.0, 1.0);
-            ctx.write(&y, 0, bytemuck::cast_slice(&y0));
-            let b = k.bind_q4_acc(&ctx, &w, &xb, &y, &state).unwrap();
-            ctx.run_pass(|p| k.record(p, &b)).unwrap();
-            let got = ctx.read_f32(&y, rows).unwrap();
-            let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
-            let mag_acc: Vec<f32> = m.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
-            assert_within(
-                &got,
-                &want_acc,
-                &mag_acc,
-                2e-6,
-                &format!("{form:?} acc [{rows}, {cols}]"),
+            matvec_every_form(
+                &ctx,
+                &mut r,
+                (&k, &late, &state),
+                (&w, &deq),
+                &x,
+                |x| mag_of(dt, &wb, rows, cols, x),
+                &format!("{form:?}"),
             );
-            // The norm-on-load forms, plain and late-scaled.
-            let h = rand_f32(&mut r, cols, -30.0, 30.0);
-            let nw = rand_f32(&mut r, cols, 0.5, 1.5);
-            let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
-            let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
-            let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
-            let input = NormInput {
-                h: &hb,
-                weight: &wbuf,
-                eps: 1e-6,
-            };
-            let want = matvec_f32_ref(&deq, rows, cols, &xn);
-            let m = mag_of(dt, &wb, rows, cols, &xn);
-            for (kern, what) in [(&k, "norm"), (&late, "late norm")] {
-                ctx.write(&y, 0, &vec![0xFF; rows * 4]);
-                let b = kern.bind_q4_norm(&ctx, &w, input, &y, &state).unwrap();
-                ctx.run_pass(|p| kern.record(p, &b)).unwrap();
-                let got = ctx.read_f32(&y, rows).unwrap();
-                let what = format!("{form:?} {what} [{rows}, {cols}]");
-                assert_within(&got, &want, &m, 4e-6, &what);
-            }
         }
     }
     // Forms are never mixed: a Q4_0 matrix in the byte kernel, a byte one in the Q4_0 kernel,
@@ -404,6 +363,74 @@ fn q8_matmul_matches_the_reference_for_every_tile() {
                 &what,
             );
         }
+    }
+}
+
+/// The matvec kernel `k` and its late-scaled twin `late` on the uploaded matrix `w` (`deq`:
+/// its weights as the reference reads them) against the reference for the input `x`: the
+/// plain product at every rows-per-team, the accumulating `y += m x` into random outputs, and
+/// both norm-on-load forms over a random `h` and norm weight; `mag(x)` is each row's magnitude
+/// of the rounding for the input `x`. Shared with the 4-bit affine form's test
+/// (affine_tests.rs).
+pub(super) fn matvec_every_form(
+    ctx: &crate::context::Context,
+    r: &mut impl rand::Rng,
+    (k, late, state): (&MatvecKernel, &MatvecKernel, &wgpu::Buffer),
+    (w, deq): (&Q4Matrix, &[f32]),
+    x: &[f32],
+    mag: impl Fn(&[f32]) -> Vec<f32>,
+    what: &str,
+) {
+    let (rows, cols) = (w.rows as usize, w.cols as usize);
+    let xb = ctx.storage_init("x", bytemuck::cast_slice(x)).unwrap();
+    let want = matvec_f32_ref(deq, rows, cols, x);
+    let m = mag(x);
+    let y = ctx.storage("y", rows as u64 * 4).unwrap();
+    for rpt in F32_ROWS_PER_TEAM {
+        ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+        let b = k
+            .bind_q4_with(ctx, w, Act::F32(&xb), &y, state, rpt)
+            .unwrap();
+        ctx.run_pass(|p| k.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        assert_within(
+            &got,
+            &want,
+            &m,
+            2e-6,
+            &format!("{what} [{rows}, {cols}] r{rpt}"),
+        );
+    }
+    // y += m · x.
+    let y0 = rand_f32(r, rows, -1.0, 1.0);
+    ctx.write(&y, 0, bytemuck::cast_slice(&y0));
+    let b = k.bind_q4_acc(ctx, w, &xb, &y, state).unwrap();
+    ctx.run_pass(|p| k.record(p, &b)).unwrap();
+    let got = ctx.read_f32(&y, rows).unwrap();
+    let want_acc: Vec<f32> = want.iter().zip(&y0).map(|(a, b)| a + b).collect();
+    let mag_acc: Vec<f32> = m.iter().zip(&y0).map(|(m, b)| m + b.abs()).collect();
+    let acc = format!("{what} acc [{rows}, {cols}]");
+    assert_within(&got, &want_acc, &mag_acc, 2e-6, &acc);
+    // The norm-on-load forms, plain and late-scaled.
+    let h = rand_f32(r, cols, -30.0, 30.0);
+    let nw = rand_f32(r, cols, 0.5, 1.5);
+    let (_, xn) = crate::kernels::norm::rmsnorm_ref(&h, None, &nw, 1e-6);
+    let hb = ctx.storage_init("h", bytemuck::cast_slice(&h)).unwrap();
+    let wbuf = ctx.storage_init("nw", bytemuck::cast_slice(&nw)).unwrap();
+    let input = NormInput {
+        h: &hb,
+        weight: &wbuf,
+        eps: 1e-6,
+    };
+    let want = matvec_f32_ref(deq, rows, cols, &xn);
+    let m = mag(&xn);
+    for (kern, form) in [(k, "norm"), (late, "late norm")] {
+        ctx.write(&y, 0, &vec![0xFF; rows * 4]);
+        let b = kern.bind_q4_norm(ctx, w, input, &y, state).unwrap();
+        ctx.run_pass(|p| kern.record(p, &b)).unwrap();
+        let got = ctx.read_f32(&y, rows).unwrap();
+        let what = format!("{what} {form} [{rows}, {cols}]");
+        assert_within(&got, &want, &m, 4e-6, &what);
     }
 }
 
