@@ -1,6 +1,7 @@
 //! Tests of the affine int4 form (MLX checkpoints' `MLX_A4` groups; `tensor.rs` module docs):
-//! the repacking against the reference decoder, the upload's refusals, and the kernels that
-//! read the form so far (the embedding), each against the reference on random groups.
+//! the repacking against the reference decoder, the upload's refusals, and the embedding,
+//! matvec and matmul kernels, each against the reference on random groups (the matvec and
+//! matmul checks are q8_tests.rs's, shared).
 
 use super::embed::EmbedKernel;
 use super::matmul::MatmulKernel;
