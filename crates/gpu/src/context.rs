@@ -592,3 +592,50 @@ impl Context {
         (groups.max(1).div_ceil(gy), gy)
     }
 }
+
+/// A timestamp query set of `count` marks and the buffer its marks resolve into: a pass writes
+/// marks with `pass.write_timestamp(&t.set, i)`, [`Timestamps::finish`] submits and reads the
+/// gaps back. Shared by the decode profile, the prefill profile and the timing diagnostics;
+/// the caller checks the device's timestamp features first.
+pub struct Timestamps {
+    pub set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+}
+
+impl Timestamps {
+    pub fn new(ctx: &Context, label: &str, count: u32) -> Timestamps {
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some(label),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
+        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: count as u64 * 8,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Timestamps { set, resolve }
+    }
+
+    /// Resolves marks `0..used` at the end of `enc`, submits it, waits, and returns the
+    /// microseconds from each mark to the next (`used - 1` gaps; a clock that ran backwards
+    /// gives a huge gap, which the callers check).
+    pub fn finish(
+        &self,
+        ctx: &Context,
+        mut enc: wgpu::CommandEncoder,
+        used: u32,
+    ) -> Result<Vec<f64>> {
+        enc.resolve_query_set(&self.set, 0..used, &self.resolve, 0);
+        ctx.queue.submit([enc.finish()]);
+        ctx.wait()?;
+        let ticks: Vec<u64> =
+            bytemuck::pod_collect_to_vec(&ctx.read(&self.resolve, 0, used as u64 * 8)?);
+        let period_ns = ctx.queue.get_timestamp_period() as f64;
+        Ok(ticks
+            .windows(2)
+            .map(|w| w[1].wrapping_sub(w[0]) as f64 * period_ns / 1e3)
+            .collect())
+    }
+}

@@ -5,6 +5,7 @@
 //! oracle's per-token traces).
 
 use super::{PrefillPlan, Target};
+use crate::context::Timestamps;
 use anyhow::{ensure, Result};
 use nibble_backend::{OpTime, PrefillLayerTrace};
 
@@ -62,28 +63,18 @@ impl PrefillPlan {
         let n = tokens.len() as u32;
         let bound = self.load_chunk(tokens, pos, 0);
         let marks = 2 + 11 * self.layers.len() as u32;
-        let set = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("prefill.profile"),
-            ty: wgpu::QueryType::Timestamp,
-            count: marks,
-        });
-        let resolve = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("prefill.profile.resolve"),
-            size: marks as u64 * 8,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
+        let ts = Timestamps::new(&self.ctx, "prefill.profile", marks);
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         let mut labels = Vec::new();
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             self.record_layers(&mut pass, Target::Main, n, bound, &mut |_, _| {})?;
             let mut next = 0u32;
-            pass.write_timestamp(&set, next);
+            pass.write_timestamp(&ts.set, next);
             next += 1;
             self.record_layers(&mut pass, Target::Main, n, bound, &mut |p, op| {
                 if next < marks {
-                    p.write_timestamp(&set, next);
+                    p.write_timestamp(&ts.set, next);
                 }
                 next += 1;
                 labels.push(op);
@@ -94,27 +85,8 @@ impl PrefillPlan {
             );
         }
         let used = labels.len() as u32 + 1;
-        enc.resolve_query_set(&set, 0..used, &resolve, 0);
-        self.ctx.queue.submit([enc.finish()]);
-        self.ctx.wait()?;
-        let ticks: Vec<u64> =
-            bytemuck::pod_collect_to_vec(&self.ctx.read(&resolve, 0, used as u64 * 8)?);
-        let period = self.ctx.queue.get_timestamp_period() as f64;
-        let mut out: Vec<OpTime> = Vec::new();
-        for (op, w) in labels.iter().zip(ticks.windows(2)) {
-            let us = w[1].wrapping_sub(w[0]) as f64 * period / 1e3;
-            match out.iter_mut().find(|o| o.op == *op) {
-                Some(o) => {
-                    o.calls += 1;
-                    o.us += us;
-                }
-                None => out.push(OpTime {
-                    op: op.to_string(),
-                    calls: 1,
-                    us,
-                }),
-            }
-        }
+        let gaps = ts.finish(&self.ctx, enc, used)?;
+        let out = crate::profile::sum_by_op(labels.iter().copied().zip(gaps));
         Ok(Some(out))
     }
 }

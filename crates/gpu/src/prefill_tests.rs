@@ -7,6 +7,7 @@ use crate::backend::{GpuBackend, GpuOptions};
 use crate::backend_tests::{model_with_norm_scale, model_with_vocab};
 use crate::testing::{cosine, gpu};
 use nibble_backend::{argmax, Backend, RefBackend};
+use nibble_model::weights::WeightSource;
 
 /// The GEMM prefill for every prompt of 2 tokens or more (the default sends the short ones
 /// through the column prefill: `default_prefill_takes_the_column_prefill_below_the_crossover`).
@@ -307,4 +308,62 @@ fn default_prefill_takes_the_column_prefill_below_the_crossover() {
     let mut r9 = RefBackend::new(m.clone(), 256).unwrap();
     let c = cosine(&short, &r9.prefill(&p[..9]).unwrap());
     assert!(c >= 0.99999, "9-token GEMM prefill: cosine {c}");
+}
+
+/// `bench --profile-prefill`: one chunk's GPU time per op kind, the embedding once and every
+/// layer op once per layer, in recording order, each time finite and not negative. The
+/// profile prefills for real: the greedy decode from the rows it wrote equals the oracle's. A
+/// prompt longer than a chunk is an error.
+#[test]
+fn prefill_profile_names_each_op_per_layer_and_prefills() {
+    let Some(ctx) = gpu("prefill_profile_names_each_op_per_layer_and_prefills") else {
+        return;
+    };
+    let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    if !ctx.features.contains(need) {
+        eprintln!("skipped: no timestamps inside passes on this adapter");
+        return;
+    }
+    let m = model_with_vocab(21, false, 512);
+    let layers = m.config().num_layers;
+    let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(16, 0)).unwrap();
+    let p = prompt(11, 5);
+    let ops = gb
+        .profile_prefill(&p)
+        .unwrap()
+        .expect("timestamps and the GEMM prefill");
+    let names: Vec<&str> = ops.iter().map(|o| o.op.as_str()).collect();
+    let want = [
+        "embed",
+        "attn norm",
+        "qkv gemm",
+        "attention (kv write + attend)",
+        "o gemm +=",
+        "ffn norm",
+        "router gemm",
+        "moe route",
+        "moe plan",
+        "moe gate/up gemm",
+        "moe down gemm",
+        "moe combine",
+    ];
+    assert_eq!(names, want);
+    for o in &ops {
+        let calls = if o.op == "embed" { 1 } else { layers };
+        assert_eq!(o.calls, calls, "{}", o.op);
+        assert!(o.us.is_finite() && o.us >= 0.0, "{}: {} us", o.op, o.us);
+    }
+    assert!(ops.iter().map(|o| o.us).sum::<f64>() > 0.0);
+    assert_eq!(gb.position(), p.len());
+    let mut rb = RefBackend::new(m.clone(), 256).unwrap();
+    let next = argmax(&rb.prefill(&p).unwrap());
+    assert_eq!(
+        gb.decode_greedy(next, 8, &[]).unwrap(),
+        rb.decode_greedy(next, 8, &[]).unwrap(),
+        "greedy decode from the profiled prefill's rows"
+    );
+    assert!(
+        gb.profile_prefill(&prompt(17, 5)).is_err(),
+        "17 tokens, chunk of 16"
+    );
 }

@@ -11,7 +11,7 @@
 //! Needs the device features `TIMESTAMP_QUERY` and `TIMESTAMP_QUERY_INSIDE_PASSES`; without
 //! them there is no profile.
 
-use crate::context::{GpuError, Result};
+use crate::context::{GpuError, Result, Timestamps};
 use crate::plan::{DecodePlan, Pick};
 use nibble_backend::OpTime;
 
@@ -38,18 +38,7 @@ impl DecodePlan {
         if !self.ctx.features.contains(need) {
             return Ok(None);
         }
-        let set = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("profile.ts"),
-            ty: wgpu::QueryType::Timestamp,
-            count: MAX_MARKS,
-        });
-        let resolve = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("profile.resolve"),
-            size: MAX_MARKS as u64 * 8,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let period = self.ctx.queue.get_timestamp_period() as f64;
+        let ts = Timestamps::new(&self.ctx, "profile.ts", MAX_MARKS);
         // All steps in ONE pass and one submit, as a folded run records them (a submit per
         // step, tried first, gave the same totals: BENCHMARKS run 22). The first WARM steps
         // only warm up; each step after writes its timestamps. Positions advance like a run's
@@ -85,12 +74,12 @@ impl DecodePlan {
                 }
                 let mut ops = Vec::new();
                 if next < MAX_MARKS {
-                    pass.write_timestamp(&set, next);
+                    pass.write_timestamp(&ts.set, next);
                 }
                 next += 1;
                 self.record_step_marked(&mut pass, bound, Pick::Argmax, None, &mut |p, op| {
                     if next < MAX_MARKS {
-                        p.write_timestamp(&set, next);
+                        p.write_timestamp(&ts.set, next);
                     }
                     ops.push(op);
                     next += 1;
@@ -100,7 +89,7 @@ impl DecodePlan {
             // Calibration: CALIB timestamps back to back with nothing between them.
             for _ in 0..CALIB {
                 if next < MAX_MARKS {
-                    pass.write_timestamp(&set, next);
+                    pass.write_timestamp(&ts.set, next);
                 }
                 next += 1;
             }
@@ -110,27 +99,20 @@ impl DecodePlan {
                 "profile: {steps} steps need more than {MAX_MARKS} timestamps (fewer reps)"
             )));
         }
-        enc.resolve_query_set(&set, 0..next, &resolve, 0);
-        self.ctx.queue.submit([enc.finish()]);
-        self.ctx.wait()?;
-        let ticks: Vec<u64> =
-            bytemuck::pod_collect_to_vec(&self.ctx.read(&resolve, 0, next as u64 * 8)?);
+        let gaps = ts.finish(&self.ctx, enc, next)?;
         let mut per_rep: Vec<Vec<(&'static str, f64)>> = Vec::new();
         let mut at = 0usize;
         for ops in labels {
-            let t = &ticks[at..at + ops.len() + 1];
+            // The step's gaps, then the one from its last mark to the next step's first.
             per_rep.push(
                 ops.iter()
-                    .zip(t.windows(2))
-                    .map(|(op, w)| (*op, w[1].wrapping_sub(w[0]) as f64 * period / 1e3))
+                    .copied()
+                    .zip(gaps[at..].iter().copied())
                     .collect(),
             );
             at += ops.len() + 1;
         }
-        let mut gaps: Vec<f64> = ticks[at..]
-            .windows(2)
-            .map(|w| w[1].wrapping_sub(w[0]) as f64 * period / 1e3)
-            .collect();
+        let mut gaps = gaps[at..].to_vec();
         gaps.sort_by(f64::total_cmp);
         let mark_us = gaps.get(gaps.len() / 2).copied().unwrap_or(0.0);
         // The step with the median total.
@@ -143,20 +125,7 @@ impl DecodePlan {
         {
             return Err(GpuError::Poll("profile: timestamps out of order".into()));
         }
-        let mut out: Vec<OpTime> = Vec::new();
-        for (op, us) in median {
-            match out.iter_mut().find(|o| o.op == *op) {
-                Some(o) => {
-                    o.calls += 1;
-                    o.us += us;
-                }
-                None => out.push(OpTime {
-                    op: op.to_string(),
-                    calls: 1,
-                    us: *us,
-                }),
-            }
-        }
+        let mut out = sum_by_op(median.iter().copied());
         out.push(OpTime {
             op: MARK_OP.to_string(),
             calls: 1,
@@ -168,4 +137,23 @@ impl DecodePlan {
 
 fn total(ops: &[(&'static str, f64)]) -> f64 {
     ops.iter().map(|(_, us)| us).sum()
+}
+
+/// Per-op `(name, us)` pairs summed per name, in first-seen order, with the calls counted.
+pub(crate) fn sum_by_op<'a>(ops: impl Iterator<Item = (&'a str, f64)>) -> Vec<OpTime> {
+    let mut out: Vec<OpTime> = Vec::new();
+    for (op, us) in ops {
+        match out.iter_mut().find(|o| o.op == op) {
+            Some(o) => {
+                o.calls += 1;
+                o.us += us;
+            }
+            None => out.push(OpTime {
+                op: op.to_string(),
+                calls: 1,
+                us,
+            }),
+        }
+    }
+    out
 }

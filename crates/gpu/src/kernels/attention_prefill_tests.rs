@@ -312,17 +312,7 @@ fn gpu_ms(ctx: &Context, f: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
         ms.sort_by(f64::total_cmp);
         return ms[REPS as usize / 2];
     }
-    let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-        label: Some("timing.ts"),
-        ty: wgpu::QueryType::Timestamp,
-        count: REPS + 1,
-    });
-    let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("timing.resolve"),
-        size: (REPS as u64 + 1) * 8,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
+    let ts = crate::context::Timestamps::new(ctx, "timing.ts", REPS + 1);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
@@ -330,20 +320,16 @@ fn gpu_ms(ctx: &Context, f: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> f64 {
             f(&mut pass);
         }
         for i in 0..REPS {
-            pass.write_timestamp(&set, i);
+            pass.write_timestamp(&ts.set, i);
             f(&mut pass);
         }
-        pass.write_timestamp(&set, REPS);
+        pass.write_timestamp(&ts.set, REPS);
     }
-    enc.resolve_query_set(&set, 0..REPS + 1, &resolve, 0);
-    ctx.queue.submit([enc.finish()]);
-    ctx.wait().unwrap();
-    let ticks: Vec<u64> =
-        bytemuck::pod_collect_to_vec(&ctx.read(&resolve, 0, (REPS as u64 + 1) * 8).unwrap());
-    let period = ctx.queue.get_timestamp_period() as f64;
-    let mut ms: Vec<f64> = ticks
-        .windows(2)
-        .map(|w| w[1].wrapping_sub(w[0]) as f64 * period / 1e6)
+    let mut ms: Vec<f64> = ts
+        .finish(ctx, enc, REPS + 1)
+        .unwrap()
+        .iter()
+        .map(|us| us / 1e3)
         .collect();
     ms.sort_by(f64::total_cmp);
     ms[REPS as usize / 2]
