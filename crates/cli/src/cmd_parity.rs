@@ -12,7 +12,7 @@
 //! to check that this localisation works.
 
 use crate::backends::{self, BackendArgs, BackendKind};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use nibble_backend::divergence::first_divergence;
 use nibble_backend::reference::RefBackend;
 use nibble_backend::{argmax, Backend};
@@ -186,7 +186,7 @@ pub fn compare(
         identical: div.is_none() && fast_seq.len() == seq.len(),
         first_divergence: div,
         oracle_margin_at_divergence: div.map(|i| margin(&o_rows[i])),
-        min_cosine: cos.iter().copied().fold(1.0, f64::min),
+        min_cosine: min_cosine(&cos),
         mean_cosine: cos.iter().sum::<f64>() / cos.len() as f64,
         max_abs_delta,
         oracle_tokens: seq,
@@ -286,6 +286,18 @@ fn sampled_ids(
     Ok(ids)
 }
 
+/// The lowest of the steps' cosines, NaN if any is (`f64::min` skips NaN, which would let a
+/// step with NaN logits pass the bar); 1 for no steps.
+fn min_cosine(cos: &[f64]) -> f64 {
+    cos.iter().fold(1.0, |m: f64, &c| {
+        if m.is_nan() || c.is_nan() {
+            f64::NAN
+        } else {
+            m.min(c)
+        }
+    })
+}
+
 pub fn run(a: Args) -> Result<()> {
     if a.backend.backend == BackendKind::Ref {
         bail!("parity compares a fast backend with the oracle: choose --backend gpu, cpu or auto");
@@ -296,16 +308,23 @@ pub fn run(a: Args) -> Result<()> {
     if !(a.trace_tol.is_finite() && a.trace_tol >= 0.0) {
         bail!("--trace-tol must be a non-negative number");
     }
+    if !(-1.0..=1.0).contains(&a.min_cosine) {
+        bail!("--min-cosine must be a number from -1 to 1");
+    }
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::from_model(&model)?;
     let texts: Vec<String> = match &a.prompts {
-        Some(p) => std::fs::read_to_string(p)?
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("--prompts {}: cannot read", p.display()))?
             .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| l.replace("\\n", "\n"))
             .collect(),
         None => BUILTIN.iter().map(|s| s.to_string()).collect(),
     };
+    if texts.is_empty() {
+        bail!("--prompts: the file has no prompt (every line is blank)");
+    }
     let ctx = a
         .backend
         .ctx
@@ -456,4 +475,15 @@ pub fn run(a: Args) -> Result<()> {
         bail!("parity failed");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_nan_step_makes_the_minimum_cosine_nan() {
+        assert_eq!(super::min_cosine(&[0.5, 0.25, 0.75]), 0.25);
+        assert!(super::min_cosine(&[0.9, f64::NAN, 0.8]).is_nan());
+        assert!(super::min_cosine(&[f64::NAN, 0.8]).is_nan());
+        assert_eq!(super::min_cosine(&[]), 1.0);
+    }
 }

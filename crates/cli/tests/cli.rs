@@ -194,6 +194,18 @@ fn prompt_longer_than_context_is_a_clear_error() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `-n 0` is refused: the first id would be emitted before the length is checked.
+#[test]
+fn zero_max_tokens_is_a_clear_error() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let out = run(&["generate", "-m", m, "-p", "hello", "-n", "0"], None);
+    assert!(!out.status.success());
+    assert!(text(&out.stdout).is_empty(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("(-n) must be at least 1"), "{err}");
+}
+
 #[test]
 fn inspect_reports_the_model() {
     let Some(m) = model() else { return };

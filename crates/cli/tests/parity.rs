@@ -265,6 +265,41 @@ fn bad_plant_spec_is_a_clear_error() {
     }
 }
 
+/// Requests parity refuses with a clear message before any decoding: a cosine bar outside
+/// [-1, 1] or NaN, a prompts file that cannot be read (named), or one with only blank lines
+/// (which would otherwise pass with no prompt checked).
+#[test]
+fn bad_parity_requests_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let blank = dir.path().join("blank.txt");
+    std::fs::write(&blank, "\n  \n\n").unwrap();
+    let missing = dir.path().join("missing.txt");
+    let (blank, missing) = (blank.to_str().unwrap(), missing.to_str().unwrap());
+    for (extra, msg) in [
+        (
+            &["--min-cosine", "nan"][..],
+            "--min-cosine must be a number from -1 to 1",
+        ),
+        (
+            &["--min-cosine", "1.5"][..],
+            "--min-cosine must be a number from -1 to 1",
+        ),
+        (&["--prompts", blank][..], "no prompt (every line is blank)"),
+        (&["--prompts", missing][..], "missing.txt: cannot read"),
+    ] {
+        let out = nibble()
+            .args(["parity", "--backend", "cpu", "-m"])
+            .arg(model())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(msg), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{extra:?}: {err}");
+    }
+}
+
 /// `--profile` errors: a position past the context (before any test runs), and a backend that
 /// cannot time ops on a device (the oracle).
 #[test]

@@ -128,6 +128,10 @@ impl Session {
         if prompt.is_empty() {
             bail!("empty prompt: nothing to condition on");
         }
+        if p.max_tokens == 0 {
+            // The first id is emitted before the length check below.
+            bail!("max tokens (-n) must be at least 1");
+        }
         let ctx = self.backend.context_len();
         if prompt.len() >= ctx {
             bail!(
