@@ -132,7 +132,12 @@ impl RefBackend {
             return Ok(Vec::new());
         }
         let mut x = vec![0f32; h_dim]; // [H]
-        rmsnorm(&h, &vector(&w(TensorKey::OutputNorm)?)?, eps, &mut x);
+        rmsnorm(
+            &h,
+            &vector(&w(TensorKey::OutputNorm)?, || "the output norm".into())?,
+            eps,
+            &mut x,
+        );
         self.emit(pos, None, "final_norm", &x);
         let head = if cfg.tie_word_embeddings {
             TensorKey::TokenEmbd
@@ -161,7 +166,14 @@ impl RefBackend {
             head_dim: cfg.head_dim,
         };
         let mut a = vec![0f32; h.len()]; // [H]
-        rmsnorm(h, &vector(&lw(LayerTensor::AttnNorm)?)?, eps, &mut a);
+        rmsnorm(
+            h,
+            &vector(&lw(LayerTensor::AttnNorm)?, || {
+                format!("layer {l} attn norm")
+            })?,
+            eps,
+            &mut a,
+        );
         self.emit(pos, Some(l), "attn_norm", &a);
 
         let mut q = vec![0f32; q_dim]; // [Hq*D]
@@ -175,8 +187,16 @@ impl RefBackend {
         self.emit(pos, Some(l), "v", &v);
 
         // Per-head QK-norm with one [D] weight shared by all heads, then RoPE (§1.4.3-4).
-        rmsnorm_heads(&mut q, &vector(&lw(LayerTensor::QNorm)?)?, eps);
-        rmsnorm_heads(&mut k, &vector(&lw(LayerTensor::KNorm)?)?, eps);
+        rmsnorm_heads(
+            &mut q,
+            &vector(&lw(LayerTensor::QNorm)?, || format!("layer {l} q norm"))?,
+            eps,
+        );
+        rmsnorm_heads(
+            &mut k,
+            &vector(&lw(LayerTensor::KNorm)?, || format!("layer {l} k norm"))?,
+            eps,
+        );
         self.emit(pos, Some(l), "q_normed", &q);
         self.emit(pos, Some(l), "k_normed", &k);
         rope_heads(&mut q, &self.inv_freq, pos);
@@ -215,7 +235,12 @@ impl RefBackend {
             self.cfg.norm_topk_prob,
         );
         let mut b = vec![0f32; h.len()]; // [H]
-        rmsnorm(h, &vector(&lw(LayerTensor::FfnNorm)?)?, eps, &mut b);
+        rmsnorm(
+            h,
+            &vector(&lw(LayerTensor::FfnNorm)?, || format!("layer {l} ffn norm"))?,
+            eps,
+            &mut b,
+        );
         self.emit(pos, Some(l), "ffn_norm", &b);
 
         let mut logits = vec![0f32; e]; // [E]
@@ -244,10 +269,11 @@ impl RefBackend {
     }
 }
 
-/// Decode a 1-d tensor (a norm weight) to f32.
-fn vector(w: &Weight<'_>) -> anyhow::Result<Vec<f32>> {
+/// Decode a 1-d tensor (a norm weight, named by `what` in errors) to f32.
+fn vector(w: &Weight<'_>, what: impl FnOnce() -> String) -> anyhow::Result<Vec<f32>> {
     let mut out = vec![0f32; w.elements()];
-    nibble_quant::dequantize(w.dtype, w.row(0), &mut out)?;
+    nibble_quant::dequantize(w.dtype, w.row(0), &mut out)
+        .with_context(|| format!("decoding the {} weight", what()))?;
     Ok(out)
 }
 

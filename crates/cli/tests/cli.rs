@@ -206,6 +206,54 @@ fn zero_max_tokens_is_a_clear_error() {
     assert!(err.contains("(-n) must be at least 1"), "{err}");
 }
 
+/// A NaN in a float tensor (a norm weight) is a clear error naming the tensor on the CPU
+/// backend and the oracle, never silent garbage (a greedy argmax over NaN logits picked id 0).
+#[test]
+fn nan_in_a_norm_weight_is_a_clear_error() {
+    let Some(m) = model() else { return };
+    let mut bytes = std::fs::read(m).unwrap();
+    let f = nibble_formats::gguf::GgufFile::from_bytes("tiny.gguf", bytes.clone()).unwrap();
+    let info = f
+        .tensors()
+        .iter()
+        .find(|t| t.name == "blk.1.attn_norm.weight")
+        .unwrap();
+    assert_eq!(info.dtype, nibble_quant::DType::F32);
+    let at = (f.data_offset() + info.offset) as usize + 4 * 3;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("nan-norm.gguf");
+    std::fs::write(&bad, &bytes).unwrap();
+    let bad = bad.to_str().unwrap();
+    for (backend, names) in [("cpu", "Layer(1, AttnNorm)"), ("ref", "layer 1 attn norm")] {
+        let out = run(
+            &[
+                "generate",
+                "-m",
+                bad,
+                "-p",
+                "hello",
+                "-n",
+                "4",
+                "--backend",
+                backend,
+            ],
+            None,
+        );
+        assert!(!out.status.success(), "{backend}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(names) && err.contains("element 3 is not finite"),
+            "{backend}: {err}"
+        );
+        assert!(
+            text(&out.stdout).is_empty(),
+            "{backend}: {}",
+            text(&out.stdout)
+        );
+    }
+}
+
 #[test]
 fn inspect_reports_the_model() {
     let Some(m) = model() else { return };

@@ -48,6 +48,12 @@ pub enum QuantError {
         block: u64,
         scale: f32,
     },
+    #[error("{dtype:?}: element {index} is not finite ({value})")]
+    NonFiniteValue {
+        dtype: DType,
+        index: u64,
+        value: f32,
+    },
     #[error("unknown GGML tensor type id {0}")]
     UnknownTypeId(u32),
 }
@@ -224,7 +230,8 @@ impl DType {
 
 /// Reference dequantize: decode `bytes` (which must hold exactly `out.len()` elements of
 /// `dtype`) into `out`. Scalar and plain on purpose: this is what every kernel is judged by.
-/// A non-finite block scale is an error, never silently propagated as NaN weights.
+/// A non-finite block scale, or a non-finite element of a float type, is an error, never
+/// silently propagated as NaN weights.
 pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     let n = out.len() as u64;
     let expected = dtype.byte_size(n)?;
@@ -281,6 +288,17 @@ pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         DType::Q4_K | DType::Q5_K => kquants::dequantize_q45_k(dtype, bytes, out)?,
         DType::Q6_K => kquants::dequantize_q6_k(bytes, out)?,
         DType::MLX_A4 | DType::MLX_A8 => mlx::dequantize(dtype, bytes, out)?,
+    }
+    // A float tensor's NaN or infinity (a norm weight, a router) would reach the logits as
+    // silent garbage; the quantised types' scales are checked per block above.
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        if let Some(index) = out.iter().position(|v| !v.is_finite()) {
+            return Err(QuantError::NonFiniteValue {
+                dtype,
+                index: index as u64,
+                value: out[index],
+            });
+        }
     }
     Ok(())
 }
@@ -408,6 +426,33 @@ mod tests {
         assert_eq!(out, [1.0, 3.0]);
         dequantize(DType::F32, &[0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0][..], &mut out).unwrap();
         assert_eq!(out, [1.0, -2.0]);
+    }
+
+    #[test]
+    fn float_types_refuse_non_finite_elements() {
+        let mut out = [0f32; 3];
+        // F16 NaN at element 1, BF16 +inf at element 2, F32 -inf at element 0.
+        let cases: [(DType, &[u8], u64); 3] = [
+            (DType::F16, &[0x00, 0x3c, 0x00, 0x7e, 0x00, 0x3c], 1),
+            (DType::BF16, &[0x80, 0x3f, 0x80, 0x3f, 0x80, 0x7f], 2),
+            (
+                DType::F32,
+                &[0, 0, 0x80, 0xff, 0, 0, 0x80, 0x3f, 0, 0, 0x80, 0x3f],
+                0,
+            ),
+        ];
+        for (dtype, bytes, at) in cases {
+            let e = dequantize(dtype, bytes, &mut out).unwrap_err();
+            assert!(
+                matches!(e, QuantError::NonFiniteValue { index, value, .. } if index == at && !value.is_finite()),
+                "{dtype:?}: {e}"
+            );
+            assert!(
+                e.to_string()
+                    .contains(&format!("element {at} is not finite")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
