@@ -251,15 +251,15 @@ impl Qwen3MoeConfig {
                 .iter()
                 .map(|x| {
                     x.as_u64()
-                        .map(|x| x as u32)
+                        .and_then(|x| u32::try_from(x).ok())
                         .ok_or_else(|| err("eos_token_id", format!("bad id {x}")))
                 })
                 .collect::<Result<_, _>>()?,
             Some(v) => {
                 let id = v
                     .as_u64()
-                    .ok_or_else(|| err("eos_token_id", format!("bad id {v}")))?
-                    as u32;
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| err("eos_token_id", format!("bad id {v}")))?;
                 // Qwen3 ends turns with <|im_end|> but also stops on <|endoftext|>.
                 let mut ids = vec![id];
                 if id == 151645 {
@@ -283,9 +283,12 @@ impl Qwen3MoeConfig {
             max_position_embeddings: usize_of(&["max_position_embeddings"])?,
             norm_topk_prob: bool_of("norm_topk_prob", false)?,
             tie_word_embeddings: bool_of("tie_word_embeddings", false)?,
-            bos_token_id: get(&["bos_token_id"])
-                .and_then(Value::as_u64)
-                .map(|x| x as u32),
+            bos_token_id: match get(&["bos_token_id"]).and_then(Value::as_u64) {
+                Some(x) => {
+                    Some(u32::try_from(x).map_err(|_| err("bos_token_id", format!("bad id {x}")))?)
+                }
+                None => None,
+            },
             eos_token_ids,
         };
         cfg.validate()?;
@@ -383,6 +386,22 @@ mod tests {
             ("head_dim", serde_json::json!("x"), "head_dim"),
             ("rms_norm_eps", serde_json::json!(-1.0), "rms_norm_eps"),
             ("model_type", serde_json::json!("llama"), "model_type"),
+            // Ids wider than u32 are refused, not truncated into another id.
+            (
+                "eos_token_id",
+                serde_json::json!(4295061370u64),
+                "eos_token_id",
+            ),
+            (
+                "eos_token_id",
+                serde_json::json!([151645, 4295061370u64]),
+                "eos_token_id",
+            ),
+            (
+                "bos_token_id",
+                serde_json::json!(4295061370u64),
+                "bos_token_id",
+            ),
         ];
         for (field, value, named) in cases {
             let mut j = Qwen3MoeConfig::tiny().to_hf_json();

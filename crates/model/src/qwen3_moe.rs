@@ -153,9 +153,17 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Qwen3MoeConfig, ConfigError> {
                 )
             })? as usize,
     };
-    let tok_id = |k: &str| f.get(k).and_then(MetaValue::as_u64).map(|x| x as u32);
+    // A token id wider than u32 is an error, not truncated into some other id.
+    let tok_id = |k: &str| -> Result<Option<u32>, ConfigError> {
+        match f.get(k).and_then(MetaValue::as_u64) {
+            None => Ok(None),
+            Some(x) => u32::try_from(x)
+                .map(Some)
+                .map_err(|_| bad(k, format!("token id {x} does not fit in 32 bits"))),
+        }
+    };
     let mut eos_token_ids = vec![];
-    if let Some(id) = tok_id("tokenizer.ggml.eos_token_id") {
+    if let Some(id) = tok_id("tokenizer.ggml.eos_token_id")? {
         eos_token_ids.push(id);
     }
     // Qwen3 generation stops on <|endoftext|> as well (formats-spec §1.10).
@@ -180,7 +188,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Qwen3MoeConfig, ConfigError> {
         // llama.cpp renormalises the top-k weights for qwen3moe regardless (formats-spec §1.7).
         norm_topk_prob: true,
         tie_word_embeddings: !f.tensors().iter().any(|t| t.name == "output.weight"),
-        bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
+        bos_token_id: tok_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
     };
     cfg.validate()?;

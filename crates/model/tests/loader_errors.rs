@@ -137,3 +137,31 @@ fn bad_config_metadata_is_named() {
         "{e}"
     );
 }
+
+/// A token id wider than u32 in the GGUF metadata is named, not truncated into another id
+/// (2^32 + 93674 would have become 93674, a valid id of this vocabulary's size).
+#[test]
+fn token_id_past_u32_is_named() {
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id"] {
+        let c = cfg();
+        let mut meta = gguf_metadata(&c, "t");
+        meta.retain(|(k, _)| k != key);
+        meta.push((
+            key.into(),
+            nibble_formats::gguf::MetaValue::U64((1 << 32) + 93674),
+        ));
+        meta.push((
+            "qwen3moe.vocab_size".into(),
+            nibble_formats::gguf::MetaValue::U32(256),
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let w = GgufWriter::new(std::fs::File::create(&path).unwrap(), meta, vec![]).unwrap();
+        w.finish().unwrap();
+        let e = err_of(&path);
+        assert!(
+            e.contains(key) && e.contains("4295060970 does not fit in 32 bits"),
+            "{key}: {e}"
+        );
+    }
+}
