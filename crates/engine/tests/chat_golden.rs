@@ -88,3 +88,25 @@ fn template_errors_are_errors_not_panics() {
         .unwrap_err();
     assert!(err.to_string().contains("undefined"), "{err}");
 }
+
+/// The fuel limit (`TEMPLATE_FUEL`) leaves room for real conversations: the shipped template
+/// renders 1000 messages with the golden cases' tools.
+#[test]
+fn a_long_conversation_with_tools_renders_within_the_fuel() {
+    let golden = common::fixture("chat_golden.json");
+    let t = ChatTemplate::new(golden["meta"]["chat_template"].as_str().unwrap()).unwrap();
+    let tools = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| !c["tools"].is_null())
+        .map(|c| c["tools"].clone())
+        .expect("a golden case with tools");
+    let mut msgs = vec![Message::system("You are helpful.")];
+    for i in 0..500 {
+        msgs.push(Message::user(format!("question {i}")));
+        msgs.push(Message::new("assistant", format!("answer {i}")));
+    }
+    let out = t.render(&msgs, true, Some(false), Some(&tools)).unwrap();
+    assert!(out.contains("question 499") && out.contains("answer 0"));
+}
