@@ -7,7 +7,7 @@
 use crate::config::Qwen3MoeConfig;
 use crate::qwen3_moe::{GgufWeights, HfWeights};
 use crate::weights::{LayerTensor, TensorKey, WeightSource};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use nibble_formats::gguf::{GgufFile, MetaValue};
 use nibble_formats::safetensors::SafetensorsModel;
 use serde::Serialize;
@@ -76,6 +76,16 @@ pub fn open(path: &Path) -> Result<LoadedModel> {
             .map(|n| n == 4 && &magic == b"GGUF")
             .unwrap_or(false)
     };
+    // A file that is not GGUF is taken as a member of a model directory only if it is one of
+    // a directory's own files (weights or config); anything else (a truncated or mislabelled
+    // .gguf) is named, not answered with another model from its directory.
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if !is_dir && !is_gguf && !matches!(ext, "safetensors" | "json") {
+        bail!(
+            "{}: not a GGUF file (it does not start with the magic bytes GGUF) and not a model directory",
+            path.display()
+        );
+    }
     if is_gguf {
         let file = GgufFile::open(path)?;
         let tensors = file

@@ -165,3 +165,24 @@ fn token_id_past_u32_is_named() {
         );
     }
 }
+
+/// A file that is not GGUF (bad magic, empty) is named as such, even beside a model directory's
+/// files, instead of loading that directory's model or blaming its missing config.json.
+#[test]
+fn a_file_without_the_gguf_magic_is_named() {
+    let (dir, good) = write(|_, s| Some(s));
+    for (name, bytes) in [
+        ("bad.gguf", &b"GGUX\x03\0\0\0"[..]),
+        ("empty.gguf", &b""[..]),
+        ("model.bin", &b"GGUF"[..3]),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let e = err_of(&p);
+        assert!(
+            e.contains(name) && e.contains("not a GGUF file"),
+            "{name}: {e}"
+        );
+    }
+    loader::open(&good).unwrap();
+}
