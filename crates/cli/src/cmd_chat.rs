@@ -49,6 +49,7 @@ pub fn run(a: Args) -> Result<()> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     let interactive = std::io::IsTerminal::is_terminal(&stdin);
+    let mut turn = 0;
     for line in stdin.lock().lines() {
         let line = line?;
         let line = line.trim_end();
@@ -59,6 +60,7 @@ pub fn run(a: Args) -> Result<()> {
             break;
         }
         msgs.push(Message::user(line.to_string()));
+        turn += 1;
         let prompt = tpl.render(&msgs, true, a.no_think.then_some(false), None)?;
         let ids = tok.encode(&prompt)?;
         let mut answer = String::new();
@@ -71,7 +73,7 @@ pub fn run(a: Args) -> Result<()> {
         writeln!(out)?;
         eprintln!(
             "[turn {}: prompt {} tokens ({} reused from cache), generated {}, decode {:.1} tok/s]",
-            msgs.len(),
+            turn,
             stats.prompt_tokens,
             stats.cached_tokens,
             stats.generated.len(),

@@ -156,6 +156,10 @@ fn chat_keeps_context_across_turns() {
     let err = text(&out.stderr);
     let turns: Vec<&str> = err.lines().filter(|l| l.starts_with("[turn")).collect();
     assert_eq!(turns.len(), 2, "{err}");
+    assert!(
+        turns[0].starts_with("[turn 1:") && turns[1].starts_with("[turn 2:"),
+        "{err}"
+    );
     let num = |l: &str, key: &str| -> usize {
         let i = l.find(key).unwrap_or_else(|| panic!("{key} in {l}")) + key.len();
         l[i..]
