@@ -330,6 +330,18 @@ pub fn run(a: Args) -> Result<()> {
         .ctx
         .unwrap_or(4096)
         .min(model.weights.config().max_position_embeddings);
+    // Each prompt and its -n tokens must fit before any decoding starts, not fail at the end.
+    for (i, text) in texts.iter().enumerate() {
+        let len = prompt_ids(tok.as_ref(), text, i)?.len();
+        if len + a.tokens - 1 > ctx {
+            bail!(
+                "prompt {} ({len} tokens) and -n {} need {} positions; the context is {ctx} (raise --ctx or lower -n)",
+                i + 1,
+                a.tokens,
+                len + a.tokens - 1
+            );
+        }
+    }
     let mut oracle = RefBackend::new(model.weights.clone(), ctx)?;
     let mut fast = match &a.plant_error {
         None => backends::make(&a.backend, model.weights.clone())?,

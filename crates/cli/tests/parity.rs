@@ -266,8 +266,9 @@ fn bad_plant_spec_is_a_clear_error() {
 }
 
 /// Requests parity refuses with a clear message before any decoding: a cosine bar outside
-/// [-1, 1] or NaN, a prompts file that cannot be read (named), or one with only blank lines
-/// (which would otherwise pass with no prompt checked).
+/// [-1, 1] or NaN, a prompts file that cannot be read (named), one with only blank lines
+/// (which would otherwise pass with no prompt checked), and prompts whose `-n` tokens do not
+/// fit the context (which failed only after decoding).
 #[test]
 fn bad_parity_requests_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -286,6 +287,7 @@ fn bad_parity_requests_are_clear_errors() {
         ),
         (&["--prompts", blank][..], "no prompt (every line is blank)"),
         (&["--prompts", missing][..], "missing.txt: cannot read"),
+        (&["--ctx", "16", "-n", "40"][..], "raise --ctx or lower -n"),
     ] {
         let out = nibble()
             .args(["parity", "--backend", "cpu", "-m"])
