@@ -357,13 +357,8 @@ pub fn run(a: Args) -> Result<()> {
             b.context_len()
         );
     }
-    // Warm-up: one generation run, timed and reported apart.
-    let t = Instant::now();
-    b.truncate(0)?;
-    let first = argmax(&b.prefill(&[1000])?);
-    let w = b.decode_greedy(first, a.gen, &[])?;
-    let warmup_tps = w.len() as f64 / t.elapsed().as_secs_f64();
-    for &d in &a.depth {
+    // Every depth's run must fit (the warm-up's too, at depth 0) before anything is timed.
+    for &d in a.depth.iter().chain([&0]) {
         if d + a.gen + 1 > b.context_len() {
             anyhow::bail!(
                 "depth {d} + {} generated tokens exceed the context of {} (raise --ctx)",
@@ -371,6 +366,14 @@ pub fn run(a: Args) -> Result<()> {
                 b.context_len()
             );
         }
+    }
+    // Warm-up: one generation run, timed and reported apart.
+    let t = Instant::now();
+    b.truncate(0)?;
+    let first = argmax(&b.prefill(&[1000])?);
+    let w = b.decode_greedy(first, a.gen, &[])?;
+    let warmup_tps = w.len() as f64 / t.elapsed().as_secs_f64();
+    for &d in &a.depth {
         let name = if d == 0 {
             format!("tg{}", a.gen)
         } else {

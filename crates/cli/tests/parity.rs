@@ -332,6 +332,39 @@ fn bench_profile_bad_requests_are_clear_errors() {
     }
 }
 
+/// A bench whose generation cannot fit the context is refused before the warm-up (it failed
+/// inside it with a decoding error).
+#[test]
+fn bench_generation_past_the_context_is_refused_first() {
+    let out = nibble()
+        .args([
+            "bench",
+            "--backend",
+            "cpu",
+            "-p",
+            "0",
+            "-n",
+            "8",
+            "--reps",
+            "1",
+        ])
+        .args(["--ctx", "4", "-m"])
+        .arg(model())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("depth 0 + 8 generated tokens exceed the context of 4 (raise --ctx)"),
+        "{err}"
+    );
+    assert!(
+        !text(&out.stdout).contains("warm-up"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
 /// `nibble bench` on the GPU backend: generation at two depths, pp, the read bandwidth measured
 /// in the same run, JSON, the per-op profile and the SVG plot.
 #[test]
