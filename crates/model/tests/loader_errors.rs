@@ -1,6 +1,6 @@
 //! The loader checks every tensor against the config: a lying file is refused by name.
 
-use nibble_formats::gguf::{GgufWriter, TensorSpec};
+use nibble_formats::gguf::{GgufWriter, MetaValue, TensorSpec};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::loader;
 use nibble_model::qwen3_moe::{gguf_metadata, gguf_name};
@@ -113,25 +113,24 @@ fn quantised_norm_is_refused() {
     );
 }
 
-#[test]
-fn bad_config_metadata_is_named() {
-    // A GGUF claiming 3 kv heads for 4 query heads.
-    let c = cfg();
-    let mut meta = gguf_metadata(&c, "t");
-    for (k, v) in meta.iter_mut() {
-        if k == "qwen3moe.attention.head_count_kv" {
-            *v = nibble_formats::gguf::MetaValue::U32(3);
-        }
-    }
-    meta.push((
-        "qwen3moe.vocab_size".into(),
-        nibble_formats::gguf::MetaValue::U32(256),
-    ));
+/// The error of opening a tensorless GGUF whose metadata is the config's with `key` set to
+/// `value` (and `qwen3moe.vocab_size` given, as there is no embedding to infer it from).
+fn meta_err(key: &str, value: MetaValue) -> String {
+    let mut meta = gguf_metadata(&cfg(), "t");
+    meta.retain(|(k, _)| k != key);
+    meta.push((key.into(), value));
+    meta.push(("qwen3moe.vocab_size".into(), MetaValue::U32(256)));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     let w = GgufWriter::new(std::fs::File::create(&path).unwrap(), meta, vec![]).unwrap();
     w.finish().unwrap();
-    let e = err_of(&path);
+    err_of(&path)
+}
+
+#[test]
+fn bad_config_metadata_is_named() {
+    // A GGUF claiming 3 kv heads for 4 query heads.
+    let e = meta_err("qwen3moe.attention.head_count_kv", MetaValue::U32(3));
     assert!(
         e.contains("num_key_value_heads") && e.contains("m.gguf"),
         "{e}"
@@ -143,22 +142,7 @@ fn bad_config_metadata_is_named() {
 #[test]
 fn token_id_past_u32_is_named() {
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id"] {
-        let c = cfg();
-        let mut meta = gguf_metadata(&c, "t");
-        meta.retain(|(k, _)| k != key);
-        meta.push((
-            key.into(),
-            nibble_formats::gguf::MetaValue::U64((1 << 32) + 93674),
-        ));
-        meta.push((
-            "qwen3moe.vocab_size".into(),
-            nibble_formats::gguf::MetaValue::U32(256),
-        ));
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.gguf");
-        let w = GgufWriter::new(std::fs::File::create(&path).unwrap(), meta, vec![]).unwrap();
-        w.finish().unwrap();
-        let e = err_of(&path);
+        let e = meta_err(key, MetaValue::U64((1 << 32) + 93674));
         assert!(
             e.contains(key) && e.contains("4295060970 does not fit in 32 bits"),
             "{key}: {e}"
