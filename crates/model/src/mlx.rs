@@ -18,14 +18,14 @@
 //! are checked against the shapes: a file whose shapes disagree with its config is refused.
 
 use crate::config::Qwen3MoeConfig;
-use crate::qwen3_moe::{check_view, mlx_module};
+use crate::qwen3_moe::{check_view, mlx_module, refuse_unused};
 use crate::weights::{TensorKey, Weight, WeightSource};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use nibble_formats::safetensors::SafetensorsModel;
 use nibble_quant::{mlx, DType};
 use rayon::prelude::*;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -155,9 +155,23 @@ impl MlxWeights {
             config,
             packed,
         };
+        let mut used = HashSet::new();
         for key in TensorKey::all(&w.config) {
             w.dtype(key).with_context(|| format!("{}", dir.display()))?;
+            let m = mlx_module(key);
+            if w.packed.contains_key(&key) {
+                used.extend(["scales", "biases"].map(|a| format!("{m}.{a}")));
+            }
+            used.insert(format!("{m}.weight"));
         }
+        if w.config.tie_word_embeddings {
+            // A tied checkpoint may still carry an lm_head: mlx-lm drops it, as nibble does
+            // (its scales and biases too, where mlx-lm's strict load would refuse them).
+            let m = mlx_module(TensorKey::Output);
+            used.extend(["weight", "scales", "biases"].map(|a| format!("{m}.{a}")));
+        }
+        refuse_unused(w.model.names(), &used, &w.config)
+            .with_context(|| format!("{}", dir.display()))?;
         Ok(w)
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Both sources check every tensor's presence, dtype and shape against the config when opened,
 //! so a later `weight()` call cannot fail on a well-formed model and a broken file is reported
-//! once, up front, naming the tensor.
+//! once, up front, naming the tensor; a tensor the config does not describe is refused too.
 
 use crate::config::{ConfigError, Qwen3MoeConfig};
 use crate::weights::{LayerTensor, TensorKey, Weight, WeightSource};
@@ -11,6 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use nibble_formats::gguf::{GgufFile, MetaValue};
 use nibble_formats::safetensors::SafetensorsModel;
 use nibble_quant::DType;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// GGUF architecture name for Qwen3-MoE.
@@ -269,6 +270,30 @@ pub(crate) fn check_view(
     Ok(())
 }
 
+/// Refuse a file holding tensors that are not part of the model its metadata describes: such a
+/// tensor means the metadata lies (a `block_count` of 3 over four layers of tensors would run
+/// three), and llama.cpp and mlx-lm's strict load refuse it too. `used` names every tensor the
+/// model reads, plus any the caller drops on purpose.
+pub(crate) fn refuse_unused<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    used: &HashSet<String>,
+    cfg: &Qwen3MoeConfig,
+) -> Result<()> {
+    let mut unused: Vec<&str> = names.into_iter().filter(|n| !used.contains(*n)).collect();
+    if unused.is_empty() {
+        return Ok(());
+    }
+    unused.sort_unstable();
+    bail!(
+        "{} tensor(s) are not part of the {}-layer, {}-expert model the metadata describes \
+         (the metadata and the tensors disagree), first `{}`",
+        unused.len(),
+        cfg.num_layers,
+        cfg.num_experts,
+        unused[0]
+    )
+}
+
 /// A Qwen3-MoE model served from one GGUF file.
 pub struct GgufWeights {
     file: GgufFile,
@@ -281,10 +306,14 @@ impl GgufWeights {
         let path = file.path().to_path_buf();
         let config = config_from_gguf(&file).with_context(|| format!("{}", path.display()))?;
         let w = GgufWeights { file, config };
+        let mut used = HashSet::new();
         for key in TensorKey::all(&w.config) {
             w.weight(key)
                 .with_context(|| format!("{}", path.display()))?;
+            used.insert(gguf_name(key));
         }
+        let names = w.file.tensors().iter().map(|t| t.name.as_str());
+        refuse_unused(names, &used, &w.config).with_context(|| format!("{}", path.display()))?;
         Ok(w)
     }
 
@@ -340,10 +369,18 @@ impl HfWeights {
             model,
             config,
         };
+        let mut used = HashSet::new();
         for key in TensorKey::all(&w.config) {
             w.weight(key)
                 .with_context(|| format!("{}", dir.display()))?;
+            used.extend(hf_names(key, &w.config));
         }
+        if w.config.tie_word_embeddings {
+            // A tied checkpoint may still carry an lm_head: transformers drops it, as nibble does.
+            used.extend(hf_names(TensorKey::Output, &w.config));
+        }
+        refuse_unused(w.model.names(), &used, &w.config)
+            .with_context(|| format!("{}", dir.display()))?;
         Ok(w)
     }
 

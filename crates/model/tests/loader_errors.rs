@@ -20,6 +20,14 @@ fn cfg() -> Qwen3MoeConfig {
 fn write(
     edit: impl Fn(TensorKey, TensorSpec) -> Option<TensorSpec>,
 ) -> (tempfile::TempDir, std::path::PathBuf) {
+    write_meta(gguf_metadata(&cfg(), "t"), edit)
+}
+
+/// [`write`] with the metadata `meta` (the tensors are still [`cfg`]'s).
+fn write_meta(
+    meta: Vec<(String, MetaValue)>,
+    edit: impl Fn(TensorKey, TensorSpec) -> Option<TensorSpec>,
+) -> (tempfile::TempDir, std::path::PathBuf) {
     let c = cfg();
     let p = SynthParams::default();
     let mut specs = vec![];
@@ -38,7 +46,7 @@ fn write(
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     let f = std::fs::File::create(&path).unwrap();
-    let mut w = GgufWriter::new(f, gguf_metadata(&c, "t"), specs.clone()).unwrap();
+    let mut w = GgufWriter::new(f, meta, specs.clone()).unwrap();
     for (k, s) in keys.iter().zip(&specs) {
         let n: u64 = s.shape.iter().product();
         let bytes = if s.dtype == synth::gguf_dtype(*k)
@@ -169,4 +177,52 @@ fn a_file_without_the_gguf_magic_is_named() {
         );
     }
     loader::open(&good).unwrap();
+}
+
+#[test]
+fn tensors_the_metadata_does_not_describe_are_refused() {
+    // GGUF: block_count 1 over two layers of tensors (it used to run one layer).
+    let one_layer = Qwen3MoeConfig {
+        num_layers: 1,
+        ..cfg()
+    };
+    let (_d, p) = write_meta(gguf_metadata(&one_layer, "t"), |_, s| Some(s));
+    let e = err_of(&p);
+    assert!(
+        e.contains("12 tensor(s) are not part of the 1-layer, 16-expert model")
+            && e.contains("first `blk.1.attn_k.weight`")
+            && e.contains("m.gguf"),
+        "{e}"
+    );
+    // Hugging Face: config.json's num_hidden_layers 1 over two layers.
+    let dir = tempfile::tempdir().unwrap();
+    synth::write_safetensors(&cfg(), &SynthParams::default(), dir.path(), true).unwrap();
+    let config = dir.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["num_hidden_layers"] = 1.into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let e = err_of(dir.path());
+    assert!(
+        e.contains("not part of the 1-layer") && e.contains("first `model.layers.1."),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_tied_checkpoint_may_carry_an_lm_head_which_is_dropped() {
+    // transformers and mlx-lm drop the lm_head of a tied checkpoint; so does nibble.
+    let dir = tempfile::tempdir().unwrap();
+    synth::write_safetensors(&cfg(), &SynthParams::default(), dir.path(), true).unwrap();
+    let config = dir.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["tie_word_embeddings"] = true.into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let m = loader::open(dir.path()).unwrap();
+    let (out, embd) = (
+        m.weights.weight(TensorKey::Output).unwrap(),
+        m.weights.weight(TensorKey::TokenEmbd).unwrap(),
+    );
+    assert_eq!(out.parts, embd.parts);
 }

@@ -228,6 +228,11 @@ fn configs_that_lie_about_the_quantisation_are_refused_by_name() {
             }),
             "model.layers.0.mlp.gate.weight` has dtype U32",
         ),
+        (
+            // Fewer layers than the file holds: mlx-lm's strict load refuses the rest too.
+            Box::new(|v| v["num_hidden_layers"] = 1.into()),
+            "are not part of the 1-layer",
+        ),
     ];
     for (edit, want) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -244,6 +249,11 @@ fn configs_that_lie_about_the_quantisation_are_refused_by_name() {
         v["quantization"][&gate] = serde_json::json!({})
     });
     loader::open(dir.path()).expect("an empty per-module entry takes mlx's defaults");
+    // A tied checkpoint's lm_head is dropped, as mlx-lm drops it.
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    edit_config(dir.path(), |v| v["tie_word_embeddings"] = true.into());
+    loader::open(dir.path()).expect("a tied checkpoint may carry an lm_head");
     // Scales without a quantisation object: the file, not the config, says MLX.
     let dir = tempfile::tempdir().unwrap();
     write(dir.path());
