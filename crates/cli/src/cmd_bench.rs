@@ -6,6 +6,7 @@
 
 use crate::backends::{self, BackendArgs};
 use anyhow::{Context, Result};
+use clap::builder::RangedU64ValueParser;
 use nibble_backend::{argmax, Backend};
 use nibble_engine::sampler::{Sampler, SamplingParams};
 use nibble_server::scheduler::{IN_FLIGHT, RUN};
@@ -25,7 +26,7 @@ pub struct Args {
     #[arg(short = 'n', long, default_value_t = 128)]
     gen: usize,
     /// Repetitions per test.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     reps: usize,
     /// Context depths (tokens already in the KV cache) at which to measure generation and
     /// prompt processing.
@@ -331,7 +332,7 @@ fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
 
 pub fn run(a: Args) -> Result<()> {
     let model = nibble_model::loader::open(&a.model)?;
-    let reps = a.reps.max(1);
+    let reps = a.reps;
     let mut stats = vec![];
     anyhow::ensure!(
         a.batch.iter().all(|b| (1..=8).contains(b)),

@@ -62,7 +62,7 @@ pub fn run(a: Args) -> Result<()> {
         msgs.push(Message::user(line.to_string()));
         turn += 1;
         let prompt = tpl.render(&msgs, true, a.no_think.then_some(false), None)?;
-        let ids = tok.encode(&prompt)?;
+        let ids = tok.encode_within(&prompt, session.backend().context_len())?;
         let mut answer = String::new();
         let stats = session.generate(&tok, &ids, &params, &mut |t| {
             answer.push_str(t);

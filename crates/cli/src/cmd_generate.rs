@@ -23,10 +23,10 @@ pub struct Args {
     #[arg(long)]
     chat: bool,
     /// With --chat: a system message.
-    #[arg(long)]
+    #[arg(long, requires = "chat")]
     system: Option<String>,
     /// With --chat: disable thinking (Qwen3 `enable_thinking=false`).
-    #[arg(long)]
+    #[arg(long, requires = "chat")]
     no_think: bool,
     #[command(flatten)]
     backend: BackendArgs,
@@ -54,8 +54,8 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         a.prompt.clone()
     };
-    let ids = tok.encode(&text)?;
     let mut session = Session::new(backends::make(&a.backend, model.weights.clone())?);
+    let ids = tok.encode_within(&text, session.backend().context_len())?;
     let mut out = std::io::stdout().lock();
     let stats = session.generate(&tok, &ids, &params, &mut |t| {
         // A closed stdout (e.g. `| head`) ends generation instead of failing.

@@ -244,10 +244,11 @@ fn parse_plant(spec: &str) -> Result<(usize, PlantTarget)> {
     Ok((layer, target))
 }
 
-/// The ids of prompt `i`: its tokens, or without a tokenizer a deterministic id sequence.
-fn prompt_ids(tok: Option<&Tokenizer>, text: &str, i: usize) -> Result<Vec<u32>> {
+/// The ids of prompt `i` for a context of `ctx`: its tokens, or without a tokenizer a
+/// deterministic id sequence.
+fn prompt_ids(tok: Option<&Tokenizer>, text: &str, i: usize, ctx: usize) -> Result<Vec<u32>> {
     Ok(match tok {
-        Some(t) => t.encode(text)?,
+        Some(t) => t.encode_within(text, ctx)?,
         None => (0..8 + 4 * i as u32)
             .map(|j| (j * 131 + i as u32 * 17) % 1000)
             .collect(),
@@ -330,9 +331,12 @@ pub fn run(a: Args) -> Result<()> {
         .ctx
         .unwrap_or(4096)
         .min(model.weights.config().max_position_embeddings);
+    let prompts = (texts.iter().enumerate())
+        .map(|(i, text)| prompt_ids(tok.as_ref(), text, i, ctx))
+        .collect::<Result<Vec<_>>>()?;
     // Each prompt and its -n tokens must fit before any decoding starts, not fail at the end.
-    for (i, text) in texts.iter().enumerate() {
-        let len = prompt_ids(tok.as_ref(), text, i)?.len();
+    for (i, ids) in prompts.iter().enumerate() {
+        let len = ids.len();
         if len + a.tokens - 1 > ctx {
             bail!(
                 "prompt {} ({len} tokens) and -n {} need {} positions; the context is {ctx} (raise --ctx or lower -n)",
@@ -362,19 +366,17 @@ pub fn run(a: Args) -> Result<()> {
     };
 
     let mut reports = vec![];
-    for (i, text) in texts.iter().enumerate() {
-        let ids = prompt_ids(tok.as_ref(), text, i)?;
-        let mut r = compare(&mut oracle, fast.as_mut(), &ids, a.tokens, bars)?;
+    for (text, ids) in texts.iter().zip(&prompts) {
+        let mut r = compare(&mut oracle, fast.as_mut(), ids, a.tokens, bars)?;
         r.prompt = text.chars().take(40).collect();
         reports.push(r);
     }
     if a.trace_prefill {
         let k = model.weights.config().num_experts_per_tok;
-        for (i, text) in texts.iter().enumerate() {
-            let ids = prompt_ids(tok.as_ref(), text, i)?;
+        for (text, ids) in texts.iter().zip(&prompts) {
             eprintln!("{:?}:", text.chars().take(40).collect::<String>());
             for line in
-                crate::prefill_trace::describe(&mut oracle, fast.as_mut(), &ids, k, a.trace_tol)?
+                crate::prefill_trace::describe(&mut oracle, fast.as_mut(), ids, k, a.trace_tol)?
             {
                 eprintln!("  {line}");
             }
@@ -385,10 +387,9 @@ pub fn run(a: Args) -> Result<()> {
         let params = SamplingParams::llama_cpp_defaults(seed);
         let on_device =
             fast.samples_on_device(&Sampler::new(params.clone())?.device_sampling(&[], &[]));
-        for (i, text) in texts.iter().enumerate() {
-            let ids = prompt_ids(tok.as_ref(), text, i)?;
-            let oracle_tokens = sampled_ids(&mut oracle, &ids, a.tokens, &params)?;
-            let fast_tokens = sampled_ids(fast.as_mut(), &ids, a.tokens, &params)?;
+        for (text, ids) in texts.iter().zip(&prompts) {
+            let oracle_tokens = sampled_ids(&mut oracle, ids, a.tokens, &params)?;
+            let fast_tokens = sampled_ids(fast.as_mut(), ids, a.tokens, &params)?;
             sampled.push(SampledReport {
                 prompt: text.chars().take(40).collect(),
                 seed,

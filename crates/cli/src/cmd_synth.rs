@@ -86,8 +86,13 @@ pub fn run(a: Args) -> Result<()> {
         Preset::Small => Qwen3MoeConfig::small(),
         Preset::Qwen3_30bA3b => Qwen3MoeConfig::qwen3_30b_a3b(),
     };
-    if !(a.logit_scale.is_finite() && a.logit_scale > 0.0) {
-        bail!("--logit-scale must be a positive number");
+    // The logits' std: past 1000 no greedy margin grows, and far past it the lm_head's block
+    // scales overflow f16 (a 1e30 wrote infinities).
+    if !(a.logit_scale > 0.0 && a.logit_scale <= 1000.0) {
+        bail!(
+            "--logit-scale {} must be a number in (0, 1000]: it is the logits' standard deviation",
+            a.logit_scale
+        );
     }
     let params = SynthParams {
         seed: a.seed,

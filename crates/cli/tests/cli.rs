@@ -196,6 +196,14 @@ fn prompt_longer_than_context_is_a_clear_error() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+    // More bytes than 16 tokens can cover: refused before tokenizing.
+    let longer = "x".repeat(16 * 512);
+    let out = run(&["generate", "-m", m, "-p", &longer, "--ctx", "16"], None);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("bytes cannot fit the context of 16 tokens"),
+        "{err}"
+    );
 }
 
 /// `-n 0` is refused: the first id would be emitted before the length is checked.
@@ -342,4 +350,50 @@ fn tune_help_names_every_key() {
             );
         }
     }
+}
+
+/// Flags that mean nothing alone, or out of range, are refused before any model is opened
+/// (`--system` without `--chat` used to be ignored, `--reps 0` ran one rep, a `--logit-scale`
+/// of 1e30 wrote infinite scales).
+#[test]
+fn meaningless_flags_are_refused_up_front() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["generate", "-m", "none.gguf", "-p", "hi", "--system", "s"],
+            "--chat",
+        ),
+        (
+            &["generate", "-m", "none.gguf", "-p", "hi", "--no-think"],
+            "--chat",
+        ),
+        (
+            &["bench", "-m", "none.gguf", "--reps", "0"],
+            "0 is not in 1..=100000",
+        ),
+        (
+            &[
+                "synth",
+                "--preset",
+                "tiny",
+                "--logit-scale",
+                "1e30",
+                "-o",
+                "none.gguf",
+            ],
+            "must be a number in (0, 1000]",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = run(args, None);
+        let err = text(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("none.gguf"),
+            "{args:?} opened the model: {err}"
+        );
+    }
+    assert!(!Path::new("none.gguf").exists());
 }

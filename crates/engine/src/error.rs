@@ -34,6 +34,19 @@ pub enum Error {
     /// The chat template failed to compile or render (including `raise_exception`).
     #[error("chat template error: {0}")]
     Template(String),
+    /// A text too long for the context to be worth tokenizing ([`crate::Tokenizer::encode_within`]).
+    #[error(
+        "a prompt of {bytes} bytes cannot fit the context of {ctx} tokens (no token covers more \
+         than {per_token} bytes of it)"
+    )]
+    PromptTooLong {
+        /// The text's length.
+        bytes: usize,
+        /// The context, in tokens.
+        ctx: usize,
+        /// The most bytes one token may cover.
+        per_token: usize,
+    },
     /// Sampling parameters are out of range.
     #[error("invalid sampling parameters: {0}")]
     Sampling(String),

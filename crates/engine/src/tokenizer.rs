@@ -36,6 +36,10 @@ use crate::error::{Error, Result};
 /// Token texts treated as end-of-generation in addition to the configured EOS token.
 const END_MARKERS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
 
+/// How many bytes of text one token may cover, per byte of the longest token: NFC shrinks text
+/// by at most 3x, and 4 leaves room ([`Tokenizer::encode_within`]).
+const NORMALISED_SLACK: usize = 4;
+
 /// A byte-level BPE tokenizer plus the bits of `tokenizer_config.json` the engine needs.
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -154,6 +158,24 @@ impl Tokenizer {
             .encode(text, false)
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// [`Tokenizer::encode`] for a context of `ctx` tokens: a text too long to fit is refused
+    /// before it is tokenized (megabytes take seconds to tokenize, e.g. a chat template's
+    /// output). The bound is safe: no token covers more than the longest token's bytes of
+    /// normalised text, and NFC shrinks text by at most 3x (a Hangul syllable from three
+    /// jamo), so [`NORMALISED_SLACK`] of that per token is an upper bound. A text under it may
+    /// still be too long once tokenized; the caller checks the ids as before.
+    pub fn encode_within(&self, text: &str, ctx: usize) -> Result<Vec<u32>> {
+        let per_token = self.table.max_token_bytes().max(1) * NORMALISED_SLACK;
+        if text.len() / per_token >= ctx {
+            return Err(Error::PromptTooLong {
+                bytes: text.len(),
+                ctx,
+                per_token,
+            });
+        }
+        self.encode(text)
     }
 
     /// Decodes ids to text, keeping special tokens; invalid UTF-8 becomes U+FFFD and unknown ids

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{qwen3_tokenizer, text_cases};
-use nibble_engine::Tokenizer;
+use nibble_engine::{Error, Tokenizer};
 
 /// Every mismatch is collected so one run reports all disagreements at once.
 fn check_encode(tok: &Tokenizer, label: &str) {
@@ -210,4 +210,32 @@ fn gguf_qwen2_regex_is_the_one_in_tokenizer_json() {
         split["pattern"]["Regex"].as_str(),
         Some(nibble_engine::tokenizer::QWEN2_PRETOKENIZER_REGEX)
     );
+}
+
+#[test]
+fn encode_within_refuses_only_texts_that_cannot_fit() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    // Texts that put the most bytes under one token: spaces (Qwen3's longest token is 128 of
+    // them), Hangul jamo that NFC composes three to a syllable, accents it composes, and the
+    // golden cases. Each fits a context of its own length plus one, so none is refused.
+    let mut texts = vec![
+        " ".repeat(20_000),
+        "\u{1100}\u{1161}\u{11A8}".repeat(3000),
+        "e\u{301}".repeat(5000),
+    ];
+    texts.extend(text_cases().into_iter().map(|c| c.text));
+    for t in &texts {
+        let n = tok.encode(t).unwrap().len();
+        assert_eq!(tok.encode_within(t, n + 1).unwrap().len(), n);
+    }
+    // A megabyte cannot fit 100 tokens: refused by its length alone.
+    let big = "x".repeat(1 << 20);
+    match tok.encode_within(&big, 100) {
+        Err(Error::PromptTooLong {
+            bytes,
+            ctx,
+            per_token,
+        }) => assert_eq!((bytes, ctx, per_token), (1 << 20, 100, 512)),
+        other => panic!("{other:?}"),
+    }
 }

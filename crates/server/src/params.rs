@@ -293,8 +293,14 @@ fn text_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<Vec<u32>, ApiErro
 
 fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
     m.tokenizer
-        .encode(text)
-        .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        .encode_within(text, m.context_len)
+        .map_err(|e| match e {
+            // Too long to be worth tokenizing: the same code as a prompt counted too long.
+            nibble_engine::Error::PromptTooLong { .. } => {
+                ApiError::invalid("prompt", e.to_string()).with_code("context_length_exceeded")
+            }
+            e => ApiError::invalid("prompt", e.to_string()),
+        })
 }
 
 /// Validates `r` for the route `kind` and tokenizes its prompt (CPU work: call off the runtime).

@@ -304,6 +304,14 @@ fn table() -> Vec<Case> {
                 "method GET is not allowed on /v1/chat/completions",
             )
         },
+        // More bytes than 64 tokens can cover: refused before tokenizing.
+        case(
+            "prompt of too many bytes",
+            T,
+            json!({"prompt": "x".repeat(CTX * 512 + 1), "max_tokens": 4}),
+            Some("prompt"),
+            "bytes cannot fit the context of 64 tokens",
+        ),
         Case {
             status: 404,
             ..case(
@@ -358,6 +366,9 @@ async fn bad_requests_get_openai_errors() {
     // Over-context errors carry OpenAI's code.
     let (_, v) = post(&srv.base, C, &chat(json!({"max_tokens": 100000}))).await;
     assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let long = json!({"prompt": "x".repeat(CTX * 512 + 1), "max_tokens": 4});
+    let (_, v) = post(&srv.base, T, &long).await;
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
     // Still serving.
     let (st, v) = post(&srv.base, C, &chat(json!({"temperature": 0}))).await;
     assert_eq!(st, 200, "{v}");
@@ -371,7 +382,8 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(v["error"]["type"], "invalid_request_error");
     // Every one of them was counted by status.
     let (_, m) = get(&srv.base, "/metrics", None).await;
-    let n400 = table.iter().filter(|c| c.status == 400).count() + 1;
+    // The table's, plus the two over-context requests after it.
+    let n400 = table.iter().filter(|c| c.status == 400).count() + 2;
     assert!(
         m.contains(&format!("nibble_requests_total{{status=\"400\"}} {n400}")),
         "{m}"

@@ -65,6 +65,16 @@ impl TokenTable {
         self.bytes.len()
     }
 
+    /// Bytes of the longest token (128 for Qwen3: a run of spaces).
+    pub(crate) fn max_token_bytes(&self) -> usize {
+        self.bytes
+            .iter()
+            .flatten()
+            .map(|b| b.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Appends the bytes of `id`, or the `<|unk:ID|>` placeholder if the id is unknown.
     pub(crate) fn append_bytes(&self, id: u32, out: &mut Vec<u8>) {
         match self.bytes.get(id as usize) {
