@@ -220,8 +220,19 @@ pub fn check_supported(src: &dyn WeightSource) -> Result<()> {
 }
 
 /// `f` of `key`'s tensor, lent by the source for this one use ([`WeightSource::with_weight`]:
-/// an MLX checkpoint's blocks are built for the upload and freed after it).
+/// an MLX checkpoint's blocks are built for the upload and freed after it). An error names
+/// the tensor.
 fn lend<T>(
+    src: &dyn WeightSource,
+    key: TensorKey,
+    f: impl FnOnce(&Weight<'_>) -> Result<T>,
+) -> Result<T> {
+    lend_unnamed(src, key, f).with_context(|| format!("loading {key:?}"))
+}
+
+/// [`lend`] without naming the tensor in an error: for lends nested in one another (the qkv),
+/// which name all their tensors once, around the outermost.
+fn lend_unnamed<T>(
     src: &dyn WeightSource,
     key: TensorKey,
     f: impl FnOnce(&Weight<'_>) -> Result<T>,
@@ -233,8 +244,7 @@ fn lend<T>(
             out = Some(f(w)?);
         }
         Ok(())
-    })
-    .with_context(|| format!("loading {key:?}"))?;
+    })?;
     out.with_context(|| format!("the weight source lent no tensor for {key:?}"))
 }
 
@@ -271,18 +281,20 @@ impl GpuWeights {
             };
             use LayerTensor as T;
             // q, k and v stack into one matrix, so all three are lent at once.
-            let qkv = lend(src, key(T::AttnQ), |q| {
-                lend(src, key(T::AttnK), |k| {
-                    lend(src, key(T::AttnV), |v| {
+            let (q, k, v) = (key(T::AttnQ), key(T::AttnK), key(T::AttnV));
+            let qkv = lend_unnamed(src, q, |qw| {
+                lend_unnamed(src, k, |kw| {
+                    lend_unnamed(src, v, |vw| {
                         matrix(
                             ctx,
                             &name("attn_qkv"),
-                            &[q.clone(), k.clone(), v.clone()],
+                            &[qw.clone(), kw.clone(), vw.clone()],
                             dense,
                         )
                     })
                 })
-            })?;
+            })
+            .with_context(|| format!("loading {q:?}, {k:?} and {v:?}"))?;
             layers.push(LayerWeights {
                 attn_norm: vec(T::AttnNorm, "attn_norm")?,
                 qkv,

@@ -147,3 +147,56 @@ fn dense_matrices_of_other_forms_stay_packed_for_f32_and_are_widened_for_int8() 
         assert!(c >= 0.999, "{numerics}: cosine {c} with the oracle");
     }
 }
+
+/// The tiny model with one tensor that its source fails to lend (as a source that cannot
+/// build it would).
+struct Failing {
+    inner: Arc<Mem>,
+    key: TensorKey,
+}
+
+impl WeightSource for Failing {
+    fn config(&self) -> &Qwen3MoeConfig {
+        self.inner.config()
+    }
+    fn weight(&self, key: TensorKey) -> anyhow::Result<Weight<'_>> {
+        self.inner.weight(key)
+    }
+    fn with_weight(
+        &self,
+        key: TensorKey,
+        f: &mut dyn FnMut(&Weight<'_>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        anyhow::ensure!(key != self.key, "planted failure");
+        f(&self.weight(key)?)
+    }
+}
+
+#[test]
+fn a_failed_upload_names_its_tensors_once() {
+    let Some(ctx) = gpu("a_failed_upload_names_its_tensors_once") else {
+        return;
+    };
+    // The qkv lends three tensors nested in one another: the error used to name them as
+    // three nested causes ("loading Layer(1, AttnQ): loading Layer(1, AttnK): ...").
+    let cases = [
+        (
+            layer(1, LayerTensor::AttnK),
+            "loading Layer(1, AttnQ), Layer(1, AttnK) and Layer(1, AttnV): planted failure",
+        ),
+        (
+            layer(1, LayerTensor::FfnNorm),
+            "loading Layer(1, FfnNorm): planted failure",
+        ),
+    ];
+    for (key, want) in cases {
+        let src = Failing {
+            inner: model_with_vocab(5, false, 512),
+            key,
+        };
+        match GpuWeights::upload(&ctx, &src) {
+            Ok(_) => panic!("{key:?}: the failure was not reported"),
+            Err(e) => assert_eq!(format!("{e:#}"), want),
+        }
+    }
+}
