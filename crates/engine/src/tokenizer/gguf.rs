@@ -230,9 +230,10 @@ impl Tokenizer {
             }
         });
         let inner: tokenizers::Tokenizer =
-            serde_json::from_value(document).map_err(|e| Error::Json {
-                what: "tokenizer rebuilt from GGUF metadata".into(),
-                source: e,
+            // The document is built here, so a refusal is the arrays' fault (e.g. a merge of
+            // a token the vocabulary lacks), not malformed JSON.
+            serde_json::from_value(document).map_err(|e| {
+                meta_err(format!("the GGUF token arrays do not form a BPE tokenizer: {e}"))
             })?;
 
         // Added tokens get their ids from the vocabulary; confirm nothing was renumbered.
