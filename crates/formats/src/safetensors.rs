@@ -249,6 +249,49 @@ fn map_dtype(d: Dtype) -> Option<DType> {
     }
 }
 
+/// The first entry of a header that is a JSON object but that `Metadata` refuses, named: the
+/// crate's own errors for a size that disagrees with the shape and dtype, an unknown dtype or
+/// an overflow do not say which tensor. `None` where nothing is found (the crate's message
+/// stands).
+fn diagnose(header: &[u8]) -> Option<String> {
+    let serde_json::Value::Object(entries) = serde_json::from_slice(header).ok()? else {
+        return None;
+    };
+    entries.into_iter().find_map(|(name, entry)| {
+        if name == "__metadata__" {
+            let map = serde_json::from_value::<HashMap<String, String>>(entry);
+            return map.err().map(|e| format!("`__metadata__`: {e}"));
+        }
+        let info: TensorInfo = match serde_json::from_value(entry) {
+            Ok(info) => info,
+            Err(e) => return Some(format!("tensor `{name}`: {e}")),
+        };
+        let (begin, end) = info.data_offsets;
+        let bits = (info.shape.iter().copied()).try_fold(info.dtype.bitsize(), usize::checked_mul);
+        match bits {
+            None => Some(format!(
+                "tensor `{name}`: shape {:?} of {} overflows",
+                info.shape, info.dtype
+            )),
+            // Offsets that run backwards are the crate's to name (it does).
+            Some(b) if end >= begin && (b % 8 != 0 || end - begin != b / 8) => {
+                let need = match b % 8 {
+                    0 => format!("{} bytes", b / 8),
+                    _ => format!("{b} bits (not a whole number of bytes)"),
+                };
+                Some(format!(
+                    "tensor `{name}`: dtype {} and shape {:?} need {need} but data_offsets \
+                     [{begin}, {end}] hold {} bytes",
+                    info.dtype,
+                    info.shape,
+                    end - begin
+                ))
+            }
+            Some(_) => None,
+        }
+    })
+}
+
 /// Validates the whole file and returns (absolute start of the byte buffer, parsed header).
 ///
 /// The JSON header goes through the crate's `Metadata` deserializer, which performs all of
@@ -280,8 +323,10 @@ fn parse_header(bytes: &[u8]) -> std::result::Result<(usize, Metadata), String> 
             bytes.len()
         ));
     };
-    let meta: Metadata = serde_json::from_slice(header)
-        .map_err(|e| format!("invalid safetensors header JSON: {e}"))?;
+    let meta: Metadata = serde_json::from_slice(header).map_err(|e| match diagnose(header) {
+        Some(problem) => format!("invalid safetensors header: {problem}"),
+        None => format!("invalid safetensors header JSON: {e}"),
+    })?;
     let data_len = bytes.len() - header_end;
     let needed = meta.data_len();
     if needed > data_len {

@@ -127,7 +127,23 @@ fn malformed_files_give_clear_errors() {
                 r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
                 8,
             ),
-            &["invalid shape, data type, or offset"],
+            &["tensor `a`: dtype F32 and shape [3] need 12 bytes but data_offsets [0, 8] hold 8 bytes"],
+        ),
+        (
+            "dtype edited, size no longer matching",
+            raw(
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F64","shape":[2],"data_offsets":[8,16]}}"#,
+                16,
+            ),
+            &["tensor `b`: dtype F64 and shape [2] need 16 bytes but data_offsets [8, 16] hold 8 bytes"],
+        ),
+        (
+            "a size of a fraction of a byte",
+            raw(
+                r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#,
+                2,
+            ),
+            &["tensor `a`: dtype F4 and shape [3] need 12 bits (not a whole number of bytes)"],
         ),
         (
             "shape product overflow",
@@ -135,7 +151,7 @@ fn malformed_files_give_clear_errors() {
                 r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#,
                 8,
             ),
-            &["overflow"],
+            &["tensor `a`: shape [4294967296, 4294967296, 16] of F32 overflows"],
         ),
         (
             "shape dim beyond u64",
@@ -143,7 +159,7 @@ fn malformed_files_give_clear_errors() {
                 r#"{"a":{"dtype":"F32","shape":[1e30],"data_offsets":[0,8]}}"#,
                 8,
             ),
-            &["invalid safetensors header JSON"],
+            &["invalid safetensors header: tensor `a`: invalid type"],
         ),
         (
             "negative offset",
@@ -151,7 +167,7 @@ fn malformed_files_give_clear_errors() {
                 r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}}"#,
                 8,
             ),
-            &["invalid safetensors header JSON"],
+            &["tensor `a`: invalid value: integer `-8`"],
         ),
         (
             "dtype unknown string",
@@ -159,17 +175,17 @@ fn malformed_files_give_clear_errors() {
                 r#"{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}}"#,
                 8,
             ),
-            &["unknown variant `Q7`"],
+            &["tensor `a`: unknown variant `Q7`"],
         ),
         (
             "missing dtype",
             raw(r#"{"a":{"shape":[2],"data_offsets":[0,8]}}"#, 8),
-            &["missing field `dtype`"],
+            &["tensor `a`: missing field `dtype`"],
         ),
         (
             "metadata value not a string",
             raw(r#"{"__metadata__":{"format":1}}"#, 0),
-            &["invalid safetensors header JSON"],
+            &["`__metadata__`: invalid type: integer `1`"],
         ),
         (
             "file truncated in data",
