@@ -179,6 +179,17 @@ fn a_file_without_the_gguf_magic_is_named() {
     loader::open(&good).unwrap();
 }
 
+/// A synthetic Hugging Face directory of [`cfg`] whose config.json has `edit` applied.
+fn hf_with(edit: impl Fn(&mut serde_json::Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    synth::write_safetensors(&cfg(), &SynthParams::default(), dir.path(), true).unwrap();
+    let config = dir.path().join("config.json");
+    let mut v = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&config, v.to_string()).unwrap();
+    dir
+}
+
 #[test]
 fn tensors_the_metadata_does_not_describe_are_refused() {
     // GGUF: block_count 1 over two layers of tensors (it used to run one layer).
@@ -195,13 +206,7 @@ fn tensors_the_metadata_does_not_describe_are_refused() {
         "{e}"
     );
     // Hugging Face: config.json's num_hidden_layers 1 over two layers.
-    let dir = tempfile::tempdir().unwrap();
-    synth::write_safetensors(&cfg(), &SynthParams::default(), dir.path(), true).unwrap();
-    let config = dir.path().join("config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
-    v["num_hidden_layers"] = 1.into();
-    std::fs::write(&config, v.to_string()).unwrap();
+    let dir = hf_with(|v| v["num_hidden_layers"] = 1.into());
     let e = err_of(dir.path());
     assert!(
         e.contains("not part of the 1-layer") && e.contains("first `model.layers.1."),
@@ -212,13 +217,7 @@ fn tensors_the_metadata_does_not_describe_are_refused() {
 #[test]
 fn a_tied_checkpoint_may_carry_an_lm_head_which_is_dropped() {
     // transformers and mlx-lm drop the lm_head of a tied checkpoint; so does nibble.
-    let dir = tempfile::tempdir().unwrap();
-    synth::write_safetensors(&cfg(), &SynthParams::default(), dir.path(), true).unwrap();
-    let config = dir.path().join("config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
-    v["tie_word_embeddings"] = true.into();
-    std::fs::write(&config, v.to_string()).unwrap();
+    let dir = hf_with(|v| v["tie_word_embeddings"] = true.into());
     let m = loader::open(dir.path()).unwrap();
     let (out, embd) = (
         m.weights.weight(TensorKey::Output).unwrap(),
