@@ -168,8 +168,11 @@ impl StreamSeq {
         if let Some(s) = &mut self.sampler {
             s.consume_draws(ids.len());
         }
-        self.pos += ids.len();
+        // Each id took one step: the context fills at the step it does, not at the run's
+        // first id (advancing by the whole run first ended a stream up to RUN - 2 ids short of
+        // its room, the run's last ids dropped as past a full context).
         for &id in ids {
+            self.pos += 1;
             self.push(id, on_text);
         }
     }
