@@ -11,6 +11,7 @@ use nibble_backend::{argmax, Backend};
 use nibble_engine::sampler::{Sampler, SamplingParams};
 use nibble_server::scheduler::{IN_FLIGHT, RUN};
 use serde::Serialize;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -567,27 +568,32 @@ pub fn run(a: Args) -> Result<()> {
         crate::plot::draw(path, &title, &panels)?;
         eprintln!("plot written to {}", path.display());
     }
+    // A failed write (a full disk, a closed stdout) is an error, not a panic.
+    let mut out = std::io::stdout().lock();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
-    println!("model   {}", report.model);
-    println!("backend {}", report.backend);
-    println!(
+    writeln!(out, "model   {}", report.model)?;
+    writeln!(out, "backend {}", report.backend)?;
+    writeln!(
+        out,
         "warm-up {} tokens at {:.1} tok/s (first run after load; not in the statistics)",
         report.warmup_tokens, report.warmup_tps
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "weights read per token {:.3} GB",
         report.weight_bytes_per_token as f64 / 1e9
-    );
+    )?;
     if let Some(g) = report.read_gbps {
-        println!("read bandwidth measured in this run: {g:.0} GB/s (sums of a buffer of up to 1 GiB, after the tests)");
+        writeln!(out, "read bandwidth measured in this run: {g:.0} GB/s (sums of a buffer of up to 1 GiB, after the tests)")?;
     }
-    println!(
+    writeln!(
+        out,
         "{:<26} {:>12} {:>22} {:>5} {:>13} {:>9}",
         "test", "median tok/s", "min-max", "reps", "implied GB/s", "of read"
-    );
+    )?;
     for s in &report.stats {
         // A single-stream generated token reads every active weight once. Batched prefill and
         // multi-stream runs share weight reads between tokens, so no per-token product holds.
@@ -605,10 +611,11 @@ pub fn run(a: Args) -> Result<()> {
             (true, None) => (format!("{gbs:.0}"), "-".to_string()),
             (false, _) => ("-".to_string(), "-".to_string()),
         };
-        println!(
+        writeln!(
+            out,
             "{:<26} {:>12.1} {:>10.1} - {:<10.1} {:>5} {:>13} {:>9}{per}",
             s.test, s.median_tps, s.min_tps, s.max_tps, s.reps, gbs_col, share
-        );
+        )?;
     }
     for &pos in &a.profile {
         let ops: Vec<&OpRow> = report.profile.iter().filter(|o| o.pos == pos).collect();
@@ -618,23 +625,26 @@ pub fn run(a: Args) -> Result<()> {
             .filter(|o| !o.op.starts_with('('))
             .map(|o| o.us)
             .sum();
-        println!(
+        writeln!(
+            out,
             "profile: one greedy step from position {pos} on, GPU {total:.1} us (the median of \
              up to {reps} steps after 4 warm-up steps, all in one pass)"
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  {:<28} {:>6} {:>11} {:>9} {:>6}",
             "op", "calls", "us/step", "us/call", "share"
-        );
+        )?;
         for o in ops {
-            println!(
+            writeln!(
+                out,
                 "  {:<28} {:>6} {:>11.1} {:>9.2} {:>5.1}%",
                 o.op,
                 o.calls,
                 o.us,
                 o.us / o.calls as f64,
                 100.0 * o.us / total
-            );
+            )?;
         }
     }
     Ok(())

@@ -3,7 +3,8 @@
 use crate::backends::{self, BackendArgs};
 use crate::sampling_args::SamplingArgs;
 use anyhow::{anyhow, Result};
-use nibble_engine::session::Session;
+use nibble_engine::session::{FinishReason, Session};
+use nibble_engine::StopReason;
 use nibble_engine::{ChatTemplate, Message};
 use std::io::Write;
 use std::path::PathBuf;
@@ -57,20 +58,45 @@ pub fn run(a: Args) -> Result<()> {
     let mut session = Session::new(backends::make(&a.backend, model.weights.clone())?);
     let ids = tok.encode_within(&text, session.backend().context_len())?;
     let mut out = std::io::stdout().lock();
-    let stats = session.generate(&tok, &ids, &params, &mut |t| {
-        // A closed stdout (e.g. `| head`) ends generation instead of failing.
-        out.write_all(t.as_bytes())
-            .and_then(|_| out.flush())
-            .is_ok()
+    let mut write_err = None;
+    let stats = session.generate(&tok, &ids, &params, &mut |t| match out
+        .write_all(t.as_bytes())
+        .and_then(|_| out.flush())
+    {
+        Ok(()) => true,
+        Err(e) => {
+            write_err = Some(e);
+            false
+        }
     })?;
-    let _ = writeln!(out);
-    eprintln!(
-        "prompt {} tokens, generated {} tokens, prompt {:.1} tok/s, decode {:.1} tok/s ({:?})",
+    if write_err.is_none() {
+        write_err = writeln!(out).err();
+    }
+    // A reader that left (`| head`) has what it wanted: generation ends quietly. Any other
+    // failure (a full disk, a closed stdout) loses the text, so it is an error.
+    if let Some(e) = write_err.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
+        return Err(anyhow!(e).context("writing the generated text to stdout"));
+    }
+    // A failed write to stderr is not worth a panic.
+    let _ = writeln!(
+        std::io::stderr(),
+        "prompt {} tokens, generated {} tokens, prompt {:.1} tok/s, decode {:.1} tok/s ({})",
         stats.prompt_tokens,
         stats.generated.len(),
         stats.prompt_tps(),
         stats.decode_tps(),
-        stats.finish
+        describe(&stats.finish)
     );
     Ok(())
+}
+
+/// Why generation ended, in words.
+fn describe(f: &FinishReason) -> String {
+    match f {
+        FinishReason::Stop(StopReason::Eos(id)) => format!("end of text, id {id}"),
+        FinishReason::Stop(StopReason::StopString(i)) => format!("stop string {}", i + 1),
+        FinishReason::Length => "max tokens".into(),
+        FinishReason::ContextFull => "context full".into(),
+        FinishReason::Cancelled => "output closed".into(),
+    }
 }

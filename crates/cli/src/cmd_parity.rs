@@ -20,6 +20,7 @@ use nibble_engine::sampler::{Sampler, SamplingParams};
 use nibble_engine::tokenizer::Tokenizer;
 use nibble_gpu::plant::PlantTarget;
 use serde::Serialize;
+use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -409,20 +410,25 @@ pub fn run(a: Args) -> Result<()> {
         && reports
             .iter()
             .all(|r| r.identical && r.min_cosine >= a.min_cosine);
+    // A failed write (a full disk, a closed stdout) is an error, not a panic.
+    let mut out = std::io::stdout().lock();
     if a.json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(
                 &serde_json::json!({"backend": fast.name(), "pass": pass, "prompts": reports, "sampled": sampled})
             )?
-        );
+        )?;
     } else {
-        println!(
+        writeln!(
+            out,
             "backend {} vs oracle, {} tokens per prompt",
             fast.name(),
             a.tokens
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "{:<42} {:>6} {:>9} {:>10} {:>12} {:>12} {:>10}  first op > {:.0e}",
             "prompt",
             "tokens",
@@ -432,7 +438,7 @@ pub fn run(a: Args) -> Result<()> {
             "mean cos",
             "max|d|",
             a.trace_tol
-        );
+        )?;
         for r in &reports {
             let div = match (r.first_divergence, r.oracle_margin_at_divergence) {
                 (Some(i), Some(m)) => format!("{i} (m {m:.3})"),
@@ -443,7 +449,8 @@ pub fn run(a: Args) -> Result<()> {
                 (None, Some(s)) => format!("none (step {s} traced)"),
                 _ => "-".into(),
             };
-            println!(
+            writeln!(
+                out,
                 "{:<42} {:>6} {:>9} {:>10} {:>12.7} {:>12.7} {:>10.2e}  {op}",
                 format!("{:?}", r.prompt),
                 r.prompt_tokens,
@@ -452,10 +459,11 @@ pub fn run(a: Args) -> Result<()> {
                 r.min_cosine,
                 r.mean_cosine,
                 r.max_abs_delta
-            );
+            )?;
         }
         for r in &sampled {
-            println!(
+            writeln!(
+                out,
                 "sampled (seed {}, {}) {:<42} identical {}{}",
                 r.seed,
                 if r.on_device {
@@ -467,9 +475,9 @@ pub fn run(a: Args) -> Result<()> {
                 r.identical,
                 r.first_divergence
                     .map_or(String::new(), |p| format!(" (diverge@{p})"))
-            );
+            )?;
         }
-        println!("parity {}", if pass { "PASS" } else { "FAIL" });
+        writeln!(out, "parity {}", if pass { "PASS" } else { "FAIL" })?;
     }
     if !pass && !a.trace_prefill {
         // A departure already at the first traced step may have been written into the K/V

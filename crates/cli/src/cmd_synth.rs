@@ -3,6 +3,7 @@
 use anyhow::{bail, Result};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::synth::{self, SynthParams};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -127,7 +128,9 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    eprintln!(
+    // A failed write to stderr is not worth a panic: the file is written.
+    let _ = writeln!(
+        std::io::stderr(),
         "wrote {} ({:?}, seed {}) in {:.1} s",
         a.output.display(),
         a.preset,

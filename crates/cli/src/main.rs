@@ -15,6 +15,7 @@ mod sampling_args;
 mod tokenizer;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 
 /// nibble: fast single-stream decoding of Qwen3-MoE models from 4-bit weights.
 #[derive(Parser)]
@@ -79,7 +80,8 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // A failed write to stderr is not worth a panic: the exit status still tells.
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -335,6 +335,58 @@ fn a_closed_stdout_pipe_ends_a_report_quietly() {
     );
 }
 
+/// A stdout that cannot be written (a full disk) is an error naming the cause, never a panic
+/// (the reports printed with `println!`, exit 101) nor a success (`generate` exited 0 with its
+/// text lost); a reader that left (`| head`) still ends `generate` quietly.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_stdout_is_an_error() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let reports: [&[&str]; 4] = [
+        &["generate", "-m", m, "-p", "hi", "-n", "4"],
+        &["inspect", m],
+        &["inspect", "--json", m],
+        &[
+            "parity",
+            "-m",
+            m,
+            "--backend",
+            "cpu",
+            "-n",
+            "2",
+            "--ctx",
+            "64",
+        ],
+    ];
+    for args in reports {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = nibble()
+            .args(args)
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("No space left on device"), "{args:?}: {err}");
+    }
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = nibble()
+        .args(["generate", "-m", m, "-p", "hi", "-n", "4"])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("(output closed)"), "{err}");
+}
+
 #[test]
 fn tune_help_names_every_key() {
     // `--tune` is how a reader repeats a BENCHMARKS comparison, so its help must not fall
