@@ -49,9 +49,16 @@ pub fn run(a: Args) -> Result<()> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     let interactive = std::io::IsTerminal::is_terminal(&stdin);
+    let mut input = stdin.lock();
+    let mut buf = Vec::new();
     let mut turn = 0;
-    for line in stdin.lock().lines() {
-        let line = line?;
+    loop {
+        buf.clear();
+        if input.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        // Bytes that are not UTF-8 become U+FFFD rather than ending the chat.
+        let line = String::from_utf8_lossy(&buf);
         let line = line.trim_end();
         if line.is_empty() {
             continue;
@@ -60,17 +67,36 @@ pub fn run(a: Args) -> Result<()> {
             break;
         }
         msgs.push(Message::user(line.to_string()));
-        turn += 1;
-        let prompt = tpl.render(&msgs, true, a.no_think.then_some(false), None)?;
-        let ids = tok.encode_within(&prompt, session.backend().context_len())?;
         let mut answer = String::new();
-        let stats = session.generate(&tok, &ids, &params, &mut |t| {
-            answer.push_str(t);
-            out.write_all(t.as_bytes())
-                .and_then(|_| out.flush())
-                .is_ok()
-        })?;
+        let prompt = tpl.render(&msgs, true, a.no_think.then_some(false), None);
+        let stats = prompt.map_err(anyhow::Error::from).and_then(|prompt| {
+            let ids = tok.encode_within(&prompt, session.backend().context_len())?;
+            session.generate(&tok, &ids, &params, &mut |t| {
+                answer.push_str(t);
+                out.write_all(t.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_ok()
+            })
+        });
+        let stats = match stats {
+            Ok(s) => s,
+            Err(e) => {
+                // One message that cannot be answered (the conversation no longer fits the
+                // context, say) is dropped; the chat goes on.
+                msgs.pop();
+                eprintln!(
+                    "error: {e:#}\n[this message is dropped; the chat goes on, /exit ends it]"
+                );
+                if interactive {
+                    write!(out, "> ")?;
+                    out.flush()?;
+                }
+                continue;
+            }
+        };
+        // A stdout that cannot be written ends the chat.
         writeln!(out)?;
+        turn += 1;
         eprintln!(
             "[turn {}: prompt {} tokens ({} reused from cache), generated {}, decode {:.1} tok/s]",
             turn,

@@ -183,6 +183,35 @@ fn chat_keeps_context_across_turns() {
     assert!(reused < p2);
 }
 
+/// A message that cannot be answered (the conversation outgrew the context) is dropped with
+/// the error and the chat goes on; a line that is not UTF-8 is answered, not fatal. Both used
+/// to end the whole chat.
+#[test]
+fn chat_survives_a_turn_that_cannot_be_answered() {
+    let Some(m) = model() else { return };
+    let mut input = b"hi\n".to_vec();
+    input.extend("word ".repeat(60).as_bytes());
+    input.extend(b"\n\xff\xfe hello\n");
+    let mut child = nibble()
+        .args(["chat", "-m", m.to_str().unwrap(), "-n", "4", "--ctx", "64"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("does not fit the context of 64 tokens")
+            && err.contains("[this message is dropped; the chat goes on"),
+        "{err}"
+    );
+    // The first and the third lines are turns 1 and 2.
+    assert!(err.contains("[turn 2: prompt"), "{err}");
+}
+
 #[test]
 fn prompt_longer_than_context_is_a_clear_error() {
     let Some(m) = model() else { return };
