@@ -352,10 +352,16 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut b = backends::make(&bargs, model.weights.clone())?;
     let name = b.name();
+    // What a context error suggests: a larger --ctx, unless the context is the model's own.
+    let hint = if b.context_len() < model.weights.config().max_position_embeddings {
+        "raise --ctx"
+    } else {
+        "the model's own limit"
+    };
     // Bad --profile positions fail before the timed tests, not after them.
     if let Some(p) = a.profile.iter().find(|p| **p >= b.context_len()) {
         anyhow::bail!(
-            "--profile position {p} is outside the context of {} (raise --ctx)",
+            "--profile position {p} is outside the context of {} ({hint})",
             b.context_len()
         );
     }
@@ -363,7 +369,7 @@ pub fn run(a: Args) -> Result<()> {
     for &d in a.depth.iter().chain([&0]) {
         if d + a.gen + 1 > b.context_len() {
             anyhow::bail!(
-                "depth {d} + {} generated tokens exceed the context of {} (raise --ctx)",
+                "depth {d} + {} generated tokens exceed the context of {} ({hint})",
                 a.gen,
                 b.context_len()
             );
@@ -388,7 +394,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.sampled {
         anyhow::ensure!(
             a.gen + 2 <= b.context_len(),
-            "--sampled: {} generated tokens exceed the context of {} (raise --ctx)",
+            "--sampled: {} generated tokens exceed the context of {} ({hint})",
             a.gen,
             b.context_len()
         );
@@ -445,7 +451,7 @@ pub fn run(a: Args) -> Result<()> {
         for &d in &a.depth {
             anyhow::ensure!(
                 d + a.prompt <= b.context_len(),
-                "depth {d} + a {}-token prompt exceed the context of {} (raise --ctx)",
+                "depth {d} + a {}-token prompt exceed the context of {} ({hint})",
                 a.prompt,
                 b.context_len()
             );

@@ -340,10 +340,15 @@ pub fn run(a: Args) -> Result<()> {
         let len = ids.len();
         if len + a.tokens - 1 > ctx {
             bail!(
-                "prompt {} ({len} tokens) and -n {} need {} positions; the context is {ctx} (raise --ctx or lower -n)",
+                "prompt {} ({len} tokens) and -n {} need {} positions; the context is {ctx} ({})",
                 i + 1,
                 a.tokens,
-                len + a.tokens - 1
+                len + a.tokens - 1,
+                if ctx < model.weights.config().max_position_embeddings {
+                    "raise --ctx or lower -n"
+                } else {
+                    "the model's own limit: lower -n"
+                }
             );
         }
     }

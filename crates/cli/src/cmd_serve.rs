@@ -38,6 +38,16 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    // An empty key (`--api-key "$KEY"` with KEY unset) would leave the server open unnoticed.
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key is empty: give a key, or leave the flag out for no auth");
+    }
+    if a.model_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+        anyhow::bail!("--model-name is empty: /v1/models would report an id of \"\"");
+    }
+    if let Some(ctx) = a.backend.ctx.filter(|c| *c < 2) {
+        anyhow::bail!("--ctx {ctx} cannot hold a prompt and one generated token");
+    }
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::required(&model)?;
     let mut bargs = a.backend.clone();

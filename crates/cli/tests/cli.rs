@@ -435,10 +435,22 @@ fn tune_help_names_every_key() {
 
 /// Flags that mean nothing alone, or out of range, are refused before any model is opened
 /// (`--system` without `--chat` used to be ignored, `--reps 0` ran one rep, a `--logit-scale`
-/// of 1e30 wrote infinite scales).
+/// of 1e30 wrote infinite scales, an empty `--api-key` served without auth).
 #[test]
 fn meaningless_flags_are_refused_up_front() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["serve", "-m", "none.gguf", "--api-key", " "],
+            "--api-key is empty",
+        ),
+        (
+            &["serve", "-m", "none.gguf", "--model-name", ""],
+            "--model-name is empty",
+        ),
+        (
+            &["serve", "-m", "none.gguf", "--ctx", "1"],
+            "--ctx 1 cannot hold",
+        ),
         (
             &["generate", "-m", "none.gguf", "-p", "hi", "--system", "s"],
             "--chat",
@@ -477,4 +489,26 @@ fn meaningless_flags_are_refused_up_front() {
         );
     }
     assert!(!Path::new("none.gguf").exists());
+}
+
+/// A context error suggests raising --ctx only where it can be raised.
+#[test]
+fn context_errors_name_the_models_own_limit() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let bench = ["bench", "-m", m, "--backend", "cpu", "-p", "8", "-n", "4"];
+    for (ctx, want) in [
+        ("1000", "(raise --ctx)"),
+        ("4096", "(the model's own limit)"),
+    ] {
+        let out = run(
+            &[&bench[..], &["--depth", "4090", "--ctx", ctx]].concat(),
+            None,
+        );
+        let err = text(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "--ctx {ctx}: {err}"
+        );
+    }
 }
