@@ -164,6 +164,50 @@ fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
             "suffix (insertion) is not supported",
         ));
     }
+    // Accepted and ignored, these would give output the client asked not to get.
+    match &r.logit_bias {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "logit_bias is not supported",
+            ))
+        }
+    }
+    let text_format = match &r.response_format {
+        None | Some(Value::Null) => true,
+        Some(f) => f.get("type").and_then(Value::as_str) == Some("text"),
+    };
+    if !text_format {
+        return Err(ApiError::invalid(
+            "response_format",
+            "only response_format {\"type\": \"text\"} is supported (no JSON mode or schema)",
+        ));
+    }
+    let tools = r.tools.as_ref().is_some_and(|t| !t.is_null());
+    match r.tool_choice.as_ref() {
+        None | Some(Value::Null) => {}
+        Some(Value::String(c)) if c == "auto" || (c == "none" && !tools) => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "only tool_choice \"auto\" is supported (the model decides; calls are not forced or forbidden)",
+            ))
+        }
+    }
+    if r.continue_final_message == Some(true) {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "continuing a final assistant message is not supported",
+        ));
+    }
+    if r.add_generation_prompt == Some(false) {
+        return Err(ApiError::invalid(
+            "add_generation_prompt",
+            "add_generation_prompt = false is not supported",
+        ));
+    }
     Ok(())
 }
 

@@ -49,6 +49,17 @@ pub struct CompletionRequest {
     pub best_of: Option<i64>,
     /// Completions: unsupported when non-empty.
     pub suffix: Option<String>,
+    /// Unsupported unless absent, null or empty (a bias silently ignored would emit the very
+    /// tokens a client banned).
+    pub logit_bias: Option<Value>,
+    /// Only `{"type": "text"}` (the default) is supported: no JSON mode or schema.
+    pub response_format: Option<Value>,
+    /// Only `"auto"` (the model decides), or `"none"` without tools, is supported.
+    pub tool_choice: Option<Value>,
+    /// vLLM's continuation of a final assistant message: unsupported when true.
+    pub continue_final_message: Option<bool>,
+    /// vLLM's switch for the assistant header: unsupported when false.
+    pub add_generation_prompt: Option<bool>,
 }
 
 /// `stream_options`.

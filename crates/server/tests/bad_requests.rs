@@ -237,6 +237,35 @@ fn table() -> Vec<Case> {
             Some("logprobs"),
             "not supported",
         ),
+        // Accepted and ignored, these gave output the client asked not to get (200 OK).
+        case(
+            "logit_bias",
+            C,
+            chat(json!({"logit_bias": {"151643": -100}})),
+            Some("logit_bias"),
+            "logit_bias is not supported",
+        ),
+        case(
+            "json mode",
+            C,
+            chat(json!({"response_format": {"type": "json_object"}})),
+            Some("response_format"),
+            "no JSON mode or schema",
+        ),
+        case(
+            "a forced tool call",
+            C,
+            chat(json!({"tool_choice": "required"})),
+            Some("tool_choice"),
+            "only tool_choice \"auto\"",
+        ),
+        case(
+            "continue_final_message",
+            C,
+            chat(json!({"continue_final_message": true})),
+            Some("continue_final_message"),
+            "not supported",
+        ),
         case(
             "tools not a list",
             C,
@@ -369,8 +398,9 @@ async fn bad_requests_get_openai_errors() {
     let long = json!({"prompt": "x".repeat(CTX * 512 + 1), "max_tokens": 4});
     let (_, v) = post(&srv.base, T, &long).await;
     assert_eq!(v["error"]["code"], "context_length_exceeded");
-    // Still serving.
-    let (st, v) = post(&srv.base, C, &chat(json!({"temperature": 0}))).await;
+    // Still serving; the defaults of the refused fields are accepted.
+    let defaults = json!({"temperature": 0, "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "auto"});
+    let (st, v) = post(&srv.base, C, &chat(defaults)).await;
     assert_eq!(st, 200, "{v}");
     // A body over the limit: 413, still JSON.
     let big = format!(
