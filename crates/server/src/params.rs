@@ -252,16 +252,21 @@ fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String, ApiError>
     }
     let mut out = Vec::with_capacity(msgs.len());
     for (i, cm) in msgs.iter().enumerate() {
-        if !matches!(cm.role.as_str(), "system" | "user" | "assistant" | "tool") {
-            return Err(ApiError::invalid(
-                format!("messages[{i}].role"),
-                format!(
-                    "unknown role {:?}: want system, user, assistant or tool",
-                    cm.role
-                ),
-            ));
-        }
-        let mut msg = Message::new(cm.role.clone(), message_text(i, cm)?);
+        let role = match cm.role.as_str() {
+            r @ ("system" | "user" | "assistant" | "tool") => r,
+            // OpenAI's newer name for the system role, which current SDKs send; Qwen3's
+            // template knows only "system" (llama.cpp and vLLM pass it on likewise).
+            "developer" => "system",
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!(
+                        "unknown role {other:?}: want system (or developer), user, assistant or tool"
+                    ),
+                ))
+            }
+        };
+        let mut msg = Message::new(role.to_owned(), message_text(i, cm)?);
         msg.reasoning_content = cm.reasoning_content.clone();
         msg.tool_calls = cm.tool_calls.clone();
         out.push(msg);

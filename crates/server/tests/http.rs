@@ -489,3 +489,20 @@ async fn a_full_queue_answers_429_and_metrics_count_it() {
         "{m}"
     );
 }
+
+/// A `developer` message (OpenAI's newer name for the system role, which current SDKs send)
+/// is the system message: the same prompt and the same greedy text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_developer_message_is_the_system_message() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let system = chat_body("Name a color", 8, false);
+    let mut developer = system.clone();
+    developer["messages"][0]["role"] = "developer".into();
+    let (st, a) = post(&srv.base, "/v1/chat/completions", &system).await;
+    assert_eq!(st, 200, "{a}");
+    let (st, b) = post(&srv.base, "/v1/chat/completions", &developer).await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(a["usage"]["prompt_tokens"], b["usage"]["prompt_tokens"]);
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+}
