@@ -115,7 +115,8 @@ struct SseState {
 }
 
 /// The OpenAI chunk stream: (chat) a role chunk, content chunks, a final chunk with
-/// `finish_reason` and `usage`, (with `include_usage`) a usage-only chunk, then `[DONE]`.
+/// `finish_reason` and `usage` (null with `include_usage`, which adds a usage-only chunk after
+/// it), then `[DONE]`.
 /// When the client disconnects hyper drops this stream and with it `rx`: the worker's next send
 /// fails and generation is cancelled.
 fn sse_stream(
@@ -148,8 +149,13 @@ fn sse_stream(
                     st.pending.push_back(c.to_string());
                 }
                 Some(Event::Done { finish, usage }) => {
-                    st.pending
-                        .push_back(st.env.final_chunk(finish, usage).to_string());
+                    // The usage goes in one chunk only, so a client that adds up the chunks'
+                    // usage counts it once: OpenAI's usage-only chunk when asked for, else
+                    // the final chunk (as llama.cpp and vLLM put it).
+                    let last = st
+                        .env
+                        .final_chunk(finish, (!st.include_usage).then_some(usage));
+                    st.pending.push_back(last.to_string());
                     if st.include_usage {
                         st.pending.push_back(st.env.usage_chunk(usage).to_string());
                     }

@@ -184,10 +184,11 @@ impl Envelope {
         self.wrap(self.chunk_object(), json!([choice]))
     }
 
-    /// The final chunk: empty delta, `finish_reason` and `usage` (llama.cpp and vLLM put it here).
-    pub fn final_chunk(&self, finish: &str, usage: Usage) -> Value {
+    /// The final chunk: empty delta, `finish_reason` and `usage` (llama.cpp and vLLM put it
+    /// here; null where a usage-only chunk follows).
+    pub fn final_chunk(&self, finish: &str, usage: Option<Usage>) -> Value {
         let mut v = self.chunk(None, false, Some(finish));
-        v["usage"] = usage.json();
+        v["usage"] = usage.map_or(Value::Null, |u| u.json());
         v
     }
 
@@ -226,7 +227,7 @@ mod tests {
             completion_tokens: 3,
             cached_tokens: 2,
         };
-        let last = e.final_chunk("length", u);
+        let last = e.final_chunk("length", Some(u));
         assert_eq!(last["choices"][0]["delta"], json!({}));
         assert_eq!(last["choices"][0]["finish_reason"], "length");
         assert_eq!(last["usage"]["total_tokens"], 8);
