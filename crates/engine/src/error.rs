@@ -10,20 +10,22 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    // The cause is printed in the message and not chained as a `source` too: an error
+    // report that walks the chain (anyhow's `{:#}`) printed it twice.
+    #[error("cannot read {path}: {cause}")]
     Io {
         /// The file that failed.
         path: PathBuf,
         /// The underlying I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A JSON document (tokenizer.json, tokenizer_config.json, tool schema) is malformed.
-    #[error("invalid JSON in {what}: {source}")]
+    #[error("invalid JSON in {what}: {cause}")]
     Json {
         /// What was being parsed.
         what: String,
         /// The underlying parse error.
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// The `tokenizers` crate rejected the tokenizer or failed while encoding.
     #[error("tokenizer error: {0}")]

@@ -100,7 +100,7 @@ impl Tokenizer {
         let inner: tokenizers::Tokenizer =
             serde_json::from_str(tokenizer_json).map_err(|e| Error::Json {
                 what: "tokenizer.json".into(),
-                source: e,
+                cause: e,
             })?;
         let config = config.unwrap_or_default();
         let lookup = |name: &Option<String>, what: &str| -> Result<Option<u32>> {
@@ -241,9 +241,9 @@ impl Tokenizer {
 }
 
 fn read_to_string(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| Error::Io {
+    std::fs::read_to_string(path).map_err(|cause| Error::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     })
 }
 
@@ -260,7 +260,7 @@ fn token_field(value: Option<&serde_json::Value>) -> Option<String> {
 fn parse_tokenizer_config(text: &str, what: &str) -> Result<TokenizerConfig> {
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::Json {
         what: what.into(),
-        source: e,
+        cause: e,
     })?;
     // `chat_template` is either one string or a list of {name, template} (named templates);
     // the engine uses the one named "default".
@@ -317,6 +317,18 @@ mod tests {
             parse_tokenizer_config(r#"{"chat_template": 5}"#, "t"),
             Err(Error::TokenizerMetadata(_))
         ));
+    }
+
+    #[test]
+    fn an_error_names_its_cause_once() {
+        let dir = std::env::temp_dir();
+        let e = anyhow::Error::from(Tokenizer::from_file(&dir).unwrap_err());
+        let text = format!("{e:#}");
+        assert!(text.starts_with("cannot read "), "{text}");
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        let e = anyhow::Error::from(Tokenizer::from_json_str("{", None).unwrap_err());
+        let text = format!("{e:#}");
+        assert_eq!(text.matches("EOF while parsing").count(), 1, "{text}");
     }
 
     #[test]

@@ -317,7 +317,7 @@ impl Tokenizer {
     fn merges(&self) -> Result<Vec<String>> {
         let model = serde_json::to_value(self.inner.get_model()).map_err(|e| Error::Json {
             what: "serialised tokenizer model".into(),
-            source: e,
+            cause: e,
         })?;
         if model.get("type").and_then(Value::as_str) != Some("BPE") {
             return Err(meta_err("only BPE models can be exported to GGUF".into()));
