@@ -471,8 +471,15 @@ pub fn write_gguf(
     if let Some(t) = tokenizer {
         meta.extend(t.metadata());
     }
-    let file = std::fs::File::create(path)
+    // Written beside `path` and renamed over it at the end: a model already at `path` stays
+    // whole for whoever has it mapped (a server), and a failed write leaves no partial file.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = tempfile::NamedTempFile::new_in(dir)
         .map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", path.display()))?;
+    let file = tmp.as_file().try_clone()?;
     let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 22, file), meta, specs)?;
     let pb = progress(gguf_tensor_bytes(cfg, p.mix), quiet);
     for (k, name) in keys.iter().map(|k| (*k, crate::qwen3_moe::gguf_name(*k))) {
@@ -484,6 +491,16 @@ pub fn write_gguf(
     out.into_inner()
         .map_err(|e| anyhow::anyhow!("{}: flush failed: {e}", path.display()))?
         .sync_all()?;
+    #[cfg(unix)]
+    {
+        // A temporary file is created owner-only; a model file is readable by all, as
+        // `File::create` makes it under the usual umask.
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
+    tmp.persist(path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot rename into place: {e}", path.display()))?;
     pb.finish_and_clear();
     Ok(())
 }

@@ -155,3 +155,34 @@ fn q8_0_mix_holds_the_q4_0_values() {
     }
     assert!(big, "no level outside the nibble range");
 }
+
+/// Writing over a model that is open (a server has it mapped) replaces the file whole: the open
+/// model keeps its weights and a fresh open sees the new ones (it was rewritten in place, the
+/// open model reading a mix of both); the new file is readable by all, as before.
+#[test]
+fn writing_over_an_open_model_replaces_it_whole() {
+    let cfg = small_cfg();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let seed = |seed| SynthParams {
+        seed,
+        ..Default::default()
+    };
+    synth::write_gguf(&cfg, &seed(1), None, &path, true).unwrap();
+    let old = loader::open(&path).unwrap();
+    synth::write_gguf(&cfg, &seed(2), None, &path, true).unwrap();
+    let new = loader::open(&path).unwrap();
+    let k = TensorKey::Layer(1, LayerTensor::ExpDown);
+    let bytes = |m: &loader::LoadedModel| m.weights.weight(k).unwrap().parts.concat();
+    let same = |m: &loader::LoadedModel, s| bytes(m) == synth::tensor_bytes(&cfg, &seed(s), k);
+    assert!(same(&old, 1), "the open model's weights changed under it");
+    assert!(same(&new, 2), "the new file does not hold the new weights");
+    // Only the model is left in the directory.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o444, 0o444, "{mode:o}");
+    }
+}

@@ -257,12 +257,14 @@ fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String, ApiError>
             // OpenAI's newer name for the system role, which current SDKs send; Qwen3's
             // template knows only "system" (llama.cpp and vLLM pass it on likewise).
             "developer" => "system",
-            other => return Err(ApiError::invalid(
-                format!("messages[{i}].role"),
-                format!(
+            other => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!(
                     "unknown role {other:?}: want system (or developer), user, assistant or tool"
                 ),
-            )),
+                ))
+            }
         };
         let mut msg = Message::new(role.to_owned(), message_text(i, cm)?);
         msg.reasoning_content = cm.reasoning_content.clone();
