@@ -66,7 +66,18 @@ fn meta_u32(f: &GgufFile, key: &str) -> Option<u32> {
 
 /// Open a GGUF file or a Hugging Face directory; every tensor is checked against the config.
 pub fn open(path: &Path) -> Result<LoadedModel> {
-    let is_dir = path.is_dir();
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("{}: cannot open", path.display()))?;
+    let is_dir = meta.is_dir();
+    // Weights are memory-mapped: a pipe or device cannot be (and opening a pipe with no writer
+    // would block forever), so only a regular file or a directory is taken.
+    if !is_dir && !meta.is_file() {
+        bail!(
+            "{}: not a regular file or a directory (a pipe or device cannot be memory-mapped: \
+             give the model file itself)",
+            path.display()
+        );
+    }
     let is_gguf = !is_dir && {
         let mut magic = [0u8; 4];
         use std::io::Read;

@@ -225,3 +225,15 @@ fn a_tied_checkpoint_may_carry_an_lm_head_which_is_dropped() {
     );
     assert_eq!(out.parts, embd.parts);
 }
+
+/// Only a regular file or a directory is opened: weights are memory-mapped, and opening a pipe
+/// with no writer blocked forever (a pipe with one gave "No such device").
+#[cfg(unix)]
+#[test]
+fn a_device_or_pipe_is_not_opened() {
+    let e = err_of(std::path::Path::new("/dev/null"));
+    assert!(
+        e.contains("/dev/null: not a regular file or a directory"),
+        "{e}"
+    );
+}
