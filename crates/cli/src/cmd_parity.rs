@@ -482,13 +482,26 @@ pub fn run(a: Args) -> Result<()> {
                     .map_or(String::new(), |p| format!(" (diverge@{p})"))
             )?;
         }
+        // A cosine under the bar by less than the table's 7 decimals show: say by how much.
+        for r in reports.iter().filter(|r| !(r.min_cosine >= a.min_cosine)) {
+            writeln!(
+                out,
+                "{:?}: min cos {} (1 - {:.2e}) is below --min-cosine {}",
+                r.prompt,
+                r.min_cosine,
+                1.0 - r.min_cosine,
+                a.min_cosine
+            )?;
+        }
         writeln!(out, "parity {}", if pass { "PASS" } else { "FAIL" })?;
     }
     if !pass && !a.trace_prefill {
         // A departure already at the first traced step may have been written into the K/V
         // cache by the prefill, which that step only reads: the op it names is then a symptom
         // (run 161: a routing tie of 1.65e-5 inside the prefill showed as `l12.attn`).
-        for r in reports.iter().filter(|r| r.traced_step == Some(0)) {
+        let departs =
+            |r: &&PromptReport| r.traced_step == Some(0) && r.first_divergence_op.is_some();
+        for r in reports.iter().filter(departs) {
             eprintln!(
                 "hint: {:?} departs at its first step, whose logits read the K/V rows its \
                  prefill wrote; --trace-prefill (--prefill-gemm-min 2 for a short prompt) names \

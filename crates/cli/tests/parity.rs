@@ -532,3 +532,21 @@ fn k_quant_file_runs_on_the_cpu_with_oracle_parity() {
         text(&out.stderr)
     );
 }
+
+/// A cosine bar missed by less than the table's 7 decimals (`--min-cosine 1`, identical
+/// sequences) says by how much, and gives no hint of a departure that no op showed.
+#[test]
+fn a_bar_missed_by_a_hair_says_by_how_much() {
+    let out = nibble()
+        .args(["parity", "--backend", "cpu", "-n", "2", "--min-cosine", "1", "-m"])
+        .arg(model())
+        .output()
+        .unwrap();
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("is below --min-cosine 1") && stdout.contains("(1 - "),
+        "{stdout}"
+    );
+    assert!(!err.contains("hint:"), "{err}");
+}
