@@ -538,7 +538,16 @@ fn k_quant_file_runs_on_the_cpu_with_oracle_parity() {
 #[test]
 fn a_bar_missed_by_a_hair_says_by_how_much() {
     let out = nibble()
-        .args(["parity", "--backend", "cpu", "-n", "2", "--min-cosine", "1", "-m"])
+        .args([
+            "parity",
+            "--backend",
+            "cpu",
+            "-n",
+            "2",
+            "--min-cosine",
+            "1",
+            "-m",
+        ])
         .arg(model())
         .output()
         .unwrap();

@@ -5,8 +5,9 @@
 //! `max_tokens` (or `max_completion_tokens`) defaults to the rest of the context for chat and to
 //! 16 for `/v1/completions`, as OpenAI's legacy completions endpoint does (capped by the context).
 //! Ranges are OpenAI's: temperature in [0, 2], top_p in (0, 1], presence and frequency penalties
-//! in [-2, 2], at most 4 stop strings, `n` must be 1; extensions: top_k (`<= 0` = off), min_p in
-//! [0, 1], repetition_penalty > 0. A prompt must leave room for one generated token, and
+//! in [-2, 2], at most 4 stop strings (of at most 4096 bytes each), `n` must be 1; extensions:
+//! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0. Features not implemented
+//! (logprobs, logit_bias, JSON mode, forced tool calls, ...) are refused, never ignored. A prompt must leave room for one generated token, and
 //! prompt + max_tokens must fit the context (`context_length_exceeded`).
 
 use crate::error::ApiError;
@@ -19,6 +20,9 @@ use serde_json::Value;
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 /// OpenAI accepts at most 4 stop sequences.
 pub const MAX_STOP_STRINGS: usize = 4;
+/// Bytes of one stop sequence: every generated token is checked against each, so megabytes of
+/// stop text slowed every step of a request (35 ms a token for 8 MB).
+const MAX_STOP_BYTES: usize = 4096;
 
 /// What validation needs to know about the model.
 pub struct ModelInfo {
@@ -59,7 +63,14 @@ fn in_range(
 
 /// The sampling part of the request.
 fn sampling(r: &CompletionRequest) -> Result<SamplingParams, ApiError> {
+    // vLLM's convention: -1 (or 0) disables top-k; other negatives are mistakes.
     let top_k = r.top_k.unwrap_or(0);
+    if top_k < -1 {
+        return Err(ApiError::invalid(
+            "top_k",
+            format!("top_k = {top_k} is out of range: want -1 or 0 (off) or a count >= 1"),
+        ));
+    }
     Ok(SamplingParams {
         temperature: in_range(
             "temperature",
@@ -127,6 +138,15 @@ fn stop_strings(v: &Option<Value>) -> Result<Vec<String>, ApiError> {
             format!(
                 "at most {MAX_STOP_STRINGS} stop sequences are allowed, got {}",
                 list.len()
+            ),
+        ));
+    }
+    if let Some(long) = list.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "a stop sequence may be at most {MAX_STOP_BYTES} bytes, got {}",
+                long.len()
             ),
         ));
     }

@@ -237,6 +237,20 @@ fn table() -> Vec<Case> {
             Some("logprobs"),
             "not supported",
         ),
+        case(
+            "a stop sequence of 5000 bytes",
+            C,
+            chat(json!({"stop": ["x".repeat(5000)]})),
+            Some("stop"),
+            "at most 4096 bytes, got 5000",
+        ),
+        case(
+            "top_k below -1",
+            C,
+            chat(json!({"top_k": -2})),
+            Some("top_k"),
+            "want -1 or 0 (off) or a count >= 1",
+        ),
         // Accepted and ignored, these gave output the client asked not to get (200 OK).
         case(
             "logit_bias",
