@@ -483,7 +483,9 @@ pub fn run(a: Args) -> Result<()> {
             )?;
         }
         // A cosine under the bar by less than the table's 7 decimals show: say by how much.
-        for r in reports.iter().filter(|r| !(r.min_cosine >= a.min_cosine)) {
+        // (A NaN cosine fails the bar too.)
+        let missed = |r: &&PromptReport| r.min_cosine.is_nan() || r.min_cosine < a.min_cosine;
+        for r in reports.iter().filter(missed) {
             writeln!(
                 out,
                 "{:?}: min cos {} (1 - {:.2e}) is below --min-cosine {}",
