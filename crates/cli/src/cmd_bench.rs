@@ -23,8 +23,8 @@ pub struct Args {
     /// Prompt tokens for the pp test (0 = skip).
     #[arg(short = 'p', long, default_value_t = 512)]
     prompt: usize,
-    /// Generated tokens per tg repetition.
-    #[arg(short = 'n', long, default_value_t = 128)]
+    /// Generated tokens per tg repetition (at least 1: the warm-up and every tg test decode).
+    #[arg(short = 'n', long, default_value_t = 128, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     gen: usize,
     /// Repetitions per test.
     #[arg(long, default_value_t = 5, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
@@ -331,7 +331,10 @@ fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
     tg_at(b, 0, n, reps)
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    // A depth given twice is measured once, in the order given.
+    let mut seen = std::collections::HashSet::new();
+    a.depth.retain(|d| seen.insert(*d));
     let model = nibble_model::loader::open(&a.model)?;
     let reps = a.reps;
     let mut stats = vec![];

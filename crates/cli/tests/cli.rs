@@ -438,7 +438,8 @@ fn tune_help_names_every_key() {
 /// of 1e30 wrote infinite scales, an empty `--api-key` served without auth).
 #[test]
 fn meaningless_flags_are_refused_up_front() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
+        (&["bench", "-m", "none.gguf", "-n", "0"], "0 is not in 1.."),
         (
             &["serve", "-m", "none.gguf", "--api-key", " "],
             "--api-key is empty",
@@ -511,4 +512,33 @@ fn context_errors_name_the_models_own_limit() {
             "--ctx {ctx}: {err}"
         );
     }
+}
+
+/// A depth given twice is measured once (`--depth 0,4,0` ran depth 0 twice).
+#[test]
+fn bench_measures_each_depth_once() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let args = [
+        "bench",
+        "-m",
+        m,
+        "--backend",
+        "cpu",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "--reps",
+        "1",
+    ];
+    let out = run(&[&args[..], &["--depth", "0,4,0"]].concat(), None);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("tg2")).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(
+        rows[0].starts_with("tg2 ") && rows[1].starts_with("tg2 @ d4"),
+        "{stdout}"
+    );
 }
