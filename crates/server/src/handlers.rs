@@ -176,16 +176,36 @@ fn sse_stream(
 
 /// `GET /v1/models`.
 pub async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": s.model_id,
-            "object": "model",
-            "created": s.started,
-            "owned_by": "nibble",
-            "context_length": s.model.context_len,
-        }],
-    }))
+    Json(json!({"object": "list", "data": [model_card(&s)]}))
+}
+
+/// The served model as OpenAI describes a model.
+fn model_card(s: &AppState) -> serde_json::Value {
+    json!({
+        "id": s.model_id,
+        "object": "model",
+        "created": s.started,
+        "owned_by": "nibble",
+        "context_length": s.model.context_len,
+    })
+}
+
+/// `GET /v1/models/{id}` (the OpenAI SDKs' `models.retrieve`): the served model, or 404 with
+/// OpenAI's `model_not_found`.
+pub async fn model(
+    State(s): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id != s.model_id {
+        let message = format!(
+            "the model {id:?} does not exist: this server serves {:?}",
+            s.model_id
+        );
+        return ApiError::status(StatusCode::NOT_FOUND, "invalid_request_error", message)
+            .with_code("model_not_found")
+            .into_response();
+    }
+    Json(model_card(&s)).into_response()
 }
 
 /// `GET /health`: always open, even with `--api-key`.

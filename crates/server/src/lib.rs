@@ -107,6 +107,12 @@ pub fn app(
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
+        .route("/v1/models/{id}", get(handlers::model))
+        // llama.cpp's server answers without the /v1 prefix too; clients configured with a
+        // bare base URL rely on it.
+        .route("/chat/completions", post(handlers::chat))
+        .route("/completions", post(handlers::completions))
+        .route("/models", get(handlers::models))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)

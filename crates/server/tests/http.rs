@@ -508,3 +508,35 @@ async fn a_developer_message_is_the_system_message() {
     assert_eq!(a["usage"]["prompt_tokens"], b["usage"]["prompt_tokens"]);
     assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
 }
+
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`) describes the served model or answers
+/// 404 `model_not_found`; the routes answer without the `/v1` prefix too, as llama.cpp's do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_is_retrieved_by_id_and_routes_work_without_v1() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let (st, body) = get(&srv.base, "/v1/models/tiny", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (st, &v["id"], &v["object"]),
+        (200, &json!("tiny"), &json!("model"))
+    );
+    let (st, body) = get(&srv.base, "/v1/models/gpt-4", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (st, &v["error"]["code"]),
+        (404, &json!("model_not_found")),
+        "{v}"
+    );
+    let (st, body) = get(&srv.base, "/models", None).await;
+    assert!(st == 200 && body.contains("\"tiny\""), "{body}");
+    let request = chat_body("Name a color", 6, false);
+    let (st, a) = post(&srv.base, "/v1/chat/completions", &request).await;
+    assert_eq!(st, 200, "{a}");
+    let (st, b) = post(&srv.base, "/chat/completions", &request).await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    let text = json!({"prompt": "Once", "max_tokens": 3, "temperature": 0});
+    let (st, c) = post(&srv.base, "/completions", &text).await;
+    assert_eq!(st, 200, "{c}");
+}
