@@ -98,12 +98,13 @@ pub fn run(a: Args) -> Result<()> {
         writeln!(out)?;
         turn += 1;
         eprintln!(
-            "[turn {}: prompt {} tokens ({} reused from cache), generated {}, decode {:.1} tok/s]",
+            "[turn {}: prompt {} tokens ({} reused from cache), generated {}, decode {:.1} tok/s, {}]",
             turn,
             stats.prompt_tokens,
             stats.cached_tokens,
             stats.generated.len(),
-            stats.decode_tps()
+            stats.decode_tps(),
+            crate::cmd_generate::describe(&stats.finish)
         );
         msgs.push(Message::assistant(answer));
         if interactive {

@@ -90,8 +90,8 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Why generation ended, in words.
-fn describe(f: &FinishReason) -> String {
+/// Why generation ended, in words (`generate`'s summary, `chat`'s turn lines).
+pub(crate) fn describe(f: &FinishReason) -> String {
     match f {
         FinishReason::Stop(StopReason::Eos(id)) => format!("end of text, id {id}"),
         FinishReason::Stop(StopReason::StopString(i)) => format!("stop string {}", i + 1),

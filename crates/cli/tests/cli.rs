@@ -160,6 +160,9 @@ fn chat_keeps_context_across_turns() {
         turns[0].starts_with("[turn 1:") && turns[1].starts_with("[turn 2:"),
         "{err}"
     );
+    // Each turn says why its answer ended (12 ids of a random model: the limit, or an end id).
+    let ended = |l: &str| l.ends_with(", max tokens]") || l.contains(", end of text, id ");
+    assert!(turns.iter().all(|l| ended(l)), "{err}");
     let num = |l: &str, key: &str| -> usize {
         let i = l.find(key).unwrap_or_else(|| panic!("{key} in {l}")) + key.len();
         l[i..]

@@ -115,8 +115,9 @@ fn sampling(r: &CompletionRequest) -> Result<SamplingParams, ApiError> {
             |x| (-2.0..=2.0).contains(&x),
             "-2 <= frequency_penalty <= 2",
         )?,
-        // OpenAI seeds are signed; the bit pattern is the sampler's seed.
-        seed: r.seed.map(|s| s as u64),
+        // OpenAI seeds are signed; the bit pattern is the sampler's seed. -1 is llama.cpp's
+        // "random seed", as no seed is.
+        seed: r.seed.filter(|s| *s != -1).map(|s| s as u64),
     })
 }
 

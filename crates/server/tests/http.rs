@@ -343,6 +343,16 @@ async fn stop_strings_and_seeds() {
     let (_, a) = post(&srv.base, "/v1/completions", &s).await;
     let (_, b) = post(&srv.base, "/v1/completions", &s).await;
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    // Seed -1 is llama.cpp's random seed (it was the fixed seed u64::MAX): three requests do
+    // not all agree (16 ids at temperature 1.5 over the tiny model's near-flat logits).
+    let r =
+        json!({"prompt": "The weather today", "max_tokens": 16, "temperature": 1.5, "seed": -1});
+    let mut texts = vec![];
+    for _ in 0..3 {
+        let (_, v) = post(&srv.base, "/v1/completions", &r).await;
+        texts.push(v["choices"][0]["text"].clone());
+    }
+    assert!(texts.iter().any(|t| t != &texts[0]), "{texts:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
