@@ -126,6 +126,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // A compressed body would read as "not a JSON object": name the real cause.
+        let encoding = req.headers().get(axum::http::header::CONTENT_ENCODING);
+        if let Some(enc) = encoding.filter(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity")) {
+            return Err(ApiError::status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                format!(
+                    "Content-Encoding {:?} is not supported: send the JSON body uncompressed",
+                    String::from_utf8_lossy(enc.as_bytes())
+                ),
+            ));
+        }
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             let status = e.status();
             ApiError::status(status, "invalid_request_error", e.body_text())

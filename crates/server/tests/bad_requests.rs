@@ -416,6 +416,22 @@ async fn bad_requests_get_openai_errors() {
     let defaults = json!({"temperature": 0, "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "auto"});
     let (st, v) = post(&srv.base, C, &chat(defaults)).await;
     assert_eq!(st, 200, "{v}");
+    // A compressed body: 415 naming the encoding (it was "must be a JSON object").
+    let r = client(30)
+        .post(format!("{}{C}", srv.base))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 8, 0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("Content-Encoding \"gzip\" is not supported"),
+        "{msg}"
+    );
     // A body over the limit: 413, still JSON.
     let big = format!(
         r#"{{"prompt": "{}"}}"#,
