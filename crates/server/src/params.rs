@@ -239,14 +239,19 @@ fn message_text(i: usize, m: &ChatMessage) -> Result<String, ApiError> {
         Value::String(s) => Ok(s.clone()),
         Value::Null if m.role == "assistant" => Ok(String::new()),
         Value::Array(parts) => {
-            let mut text = String::new();
+            let mut texts = Vec::with_capacity(parts.len());
             for (j, p) in parts.iter().enumerate() {
-                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    _ => return Err(ApiError::invalid(format!("{param}[{j}]"), "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")),
+                let at = format!("{param}[{j}]");
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid(at, "a text part needs a \"text\" string"))
+                    }
+                    _ => return Err(ApiError::invalid(at, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")),
                 }
             }
-            Ok(text)
+            // Parts are lines of one message, as vLLM joins them.
+            Ok(texts.join("\n"))
         }
         Value::Null => Err(ApiError::invalid(
             param,

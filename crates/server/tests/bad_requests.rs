@@ -140,6 +140,13 @@ fn table() -> Vec<Case> {
             "only text content parts",
         ),
         case(
+            "text part without text",
+            C,
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text"}]}]}),
+            Some("messages[0].content[1]"),
+            "a text part needs a \"text\" string",
+        ),
+        case(
             "negative temperature",
             C,
             chat(json!({"temperature": -0.5})),

@@ -503,7 +503,8 @@ async fn a_full_queue_answers_429_and_metrics_count_it() {
 }
 
 /// A `developer` message (OpenAI's newer name for the system role, which current SDKs send)
-/// is the system message: the same prompt and the same greedy text.
+/// is the system message: the same prompt and the same greedy text; text parts are the lines
+/// of one message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_developer_message_is_the_system_message() {
     let Some(_) = model_path() else { return };
@@ -517,6 +518,19 @@ async fn a_developer_message_is_the_system_message() {
     assert_eq!(st, 200, "{b}");
     assert_eq!(a["usage"]["prompt_tokens"], b["usage"]["prompt_tokens"]);
     assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    // Text parts are the lines of one message, as vLLM joins them.
+    let mut parts = system.clone();
+    parts["messages"][1]["content"] =
+        json!([{"type": "text", "text": "Name"}, {"type": "text", "text": "a color"}]);
+    let mut lines = system.clone();
+    lines["messages"][1]["content"] = json!("Name\na color");
+    let (_, c) = post(&srv.base, "/v1/chat/completions", &parts).await;
+    let (_, d) = post(&srv.base, "/v1/chat/completions", &lines).await;
+    assert_eq!(
+        c["usage"]["prompt_tokens"], d["usage"]["prompt_tokens"],
+        "{c}"
+    );
+    assert_eq!(c["choices"][0]["message"], d["choices"][0]["message"]);
 }
 
 /// `GET /v1/models/{id}` (the SDKs' `models.retrieve`) describes the served model or answers
