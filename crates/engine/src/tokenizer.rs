@@ -26,6 +26,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokenizers::decoders::DecoderWrapper;
+use tokenizers::normalizers::NormalizerWrapper;
 
 pub use bytes::StreamDecoder;
 use bytes::TokenTable;
@@ -163,12 +164,25 @@ impl Tokenizer {
     /// [`Tokenizer::encode`] for a context of `ctx` tokens: a text too long to fit is refused
     /// before it is tokenized (megabytes take seconds to tokenize, e.g. a chat template's
     /// output). The bound is safe: no token covers more than the longest token's bytes of
-    /// normalised text, and NFC shrinks text by at most 3x (a Hangul syllable from three
-    /// jamo), so [`NORMALISED_SLACK`] of that per token is an upper bound. A text under it may
-    /// still be too long once tokenized; the caller checks the ids as before.
+    /// normalised text, and Unicode normalisation (Qwen's NFC) shrinks text by at most 3x (a
+    /// Hangul syllable from three jamo), so [`NORMALISED_SLACK`] of that per token is an upper
+    /// bound; under a normaliser that may delete text there is none and the text is tokenized.
+    /// A text under the bound may still be too long once tokenized; the caller checks the ids
+    /// as before.
     pub fn encode_within(&self, text: &str, ctx: usize) -> Result<Vec<u32>> {
+        // A normaliser that may delete text (strip, replace, ...) gives no bound: tokenize.
+        let bounded = matches!(
+            self.inner.get_normalizer(),
+            None | Some(
+                NormalizerWrapper::NFC(_)
+                    | NormalizerWrapper::NFD(_)
+                    | NormalizerWrapper::NFKC(_)
+                    | NormalizerWrapper::NFKD(_)
+                    | NormalizerWrapper::Lowercase(_)
+            )
+        );
         let per_token = self.table.max_token_bytes().max(1) * NORMALISED_SLACK;
-        if text.len() / per_token >= ctx {
+        if bounded && text.len() / per_token >= ctx {
             return Err(Error::PromptTooLong {
                 bytes: text.len(),
                 ctx,

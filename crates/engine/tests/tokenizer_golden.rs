@@ -228,6 +228,19 @@ fn encode_within_refuses_only_texts_that_cannot_fit() {
         let n = tok.encode(t).unwrap().len();
         assert_eq!(tok.encode_within(t, n + 1).unwrap().len(), n);
     }
+    // Under a normaliser that may delete text (here Strip) there is no bound: a megabyte of
+    // spaces around one word is one token or two, so it is tokenized, not refused.
+    let dir = tempfile::tempdir().unwrap();
+    let src = common::tokenizer_dir().unwrap().join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    json["normalizer"] =
+        serde_json::json!({"type": "Strip", "strip_left": true, "strip_right": true});
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let strip = Tokenizer::from_file(&path).unwrap();
+    let padded = format!("{}hello{}", " ".repeat(1 << 19), " ".repeat(1 << 19));
+    assert!(strip.encode_within(&padded, 100).unwrap().len() < 100);
     // A megabyte cannot fit 100 tokens: refused by its length alone.
     let big = "x".repeat(1 << 20);
     match tok.encode_within(&big, 100) {
