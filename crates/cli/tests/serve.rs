@@ -238,16 +238,6 @@ fn concurrent_requests_on(backend: &str) {
             "prompt {p:?}: served together vs single-stream"
         );
     }
-    // Greedy requests that end at the context's end take every step of their room: a run
-    // of 4 that meets it is cut short, not dropped (room 7 and 8 gave 6 ids, 3 and 4 gave 2).
-    for room in [3usize, 4, 7, 8] {
-        let ids: Vec<u32> = (0..256 - room as u32).map(|i| 1000 + i % 500).collect();
-        let b = serde_json::json!({"prompt": ids, "max_tokens": room, "temperature": 0});
-        let (st, b) = exchange(&addr, "POST", "/v1/completions", &b.to_string());
-        assert_eq!(st, 200, "{b}");
-        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
-        assert_eq!(v["usage"]["completion_tokens"], room, "room {room}: {b}");
-    }
     // A sampled request alone on the server: on the GPU its lone stream is sampled on the
     // device in folded runs (fed its sampler's reserved draws); the text is still `generate`'s.
     let lone = serde_json::json!({"prompt": prompts[4], "max_tokens": 12, "temperature": 0.9, "top_k": 40, "seed": seed(4)})
@@ -310,6 +300,17 @@ fn concurrent_requests_on(backend: &str) {
             "the cancelled request still holds its slot"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // Greedy requests that end at the context's end take every step of their room: a run
+    // of 4 that meets it is cut short, not dropped (room 7 and 8 gave 6 ids, 3 and 4 gave 2).
+    // Last, as they take slots whose cached prefixes the checks above rely on.
+    for room in [3usize, 4, 7, 8] {
+        let ids: Vec<u32> = (0..256 - room as u32).map(|i| 1000 + i % 500).collect();
+        let b = serde_json::json!({"prompt": ids, "max_tokens": room, "temperature": 0});
+        let (st, b) = exchange(&addr, "POST", "/v1/completions", &b.to_string());
+        assert_eq!(st, 200, "{b}");
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], room, "room {room}: {b}");
     }
     child.kill().unwrap();
     child.wait().unwrap();
