@@ -54,6 +54,9 @@ pub struct Tokenizer {
     bos_id: Option<u32>,
     pad_id: Option<u32>,
     chat_template: Option<String>,
+    /// The most bytes of text one token may cover ([`Tokenizer::encode_within`]'s bound), or
+    /// `None` under a normaliser that may delete text. Found once: it scans the vocabulary.
+    bytes_per_token: Option<usize>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -140,6 +143,18 @@ impl Tokenizer {
                 }
             }
         }
+        // A normaliser that may delete text (strip, replace, ...) gives no bound.
+        let bounded = matches!(
+            inner.get_normalizer(),
+            None | Some(
+                NormalizerWrapper::NFC(_)
+                    | NormalizerWrapper::NFD(_)
+                    | NormalizerWrapper::NFKC(_)
+                    | NormalizerWrapper::NFKD(_)
+                    | NormalizerWrapper::Lowercase(_)
+            )
+        );
+        let bytes_per_token = bounded.then(|| table.max_token_bytes().max(1) * NORMALISED_SLACK);
         Ok(Self {
             inner,
             table,
@@ -148,6 +163,7 @@ impl Tokenizer {
             bos_id,
             pad_id,
             chat_template,
+            bytes_per_token,
         })
     }
 
@@ -170,24 +186,14 @@ impl Tokenizer {
     /// A text under the bound may still be too long once tokenized; the caller checks the ids
     /// as before.
     pub fn encode_within(&self, text: &str, ctx: usize) -> Result<Vec<u32>> {
-        // A normaliser that may delete text (strip, replace, ...) gives no bound: tokenize.
-        let bounded = matches!(
-            self.inner.get_normalizer(),
-            None | Some(
-                NormalizerWrapper::NFC(_)
-                    | NormalizerWrapper::NFD(_)
-                    | NormalizerWrapper::NFKC(_)
-                    | NormalizerWrapper::NFKD(_)
-                    | NormalizerWrapper::Lowercase(_)
-            )
-        );
-        let per_token = self.table.max_token_bytes().max(1) * NORMALISED_SLACK;
-        if bounded && text.len() / per_token >= ctx {
-            return Err(Error::PromptTooLong {
-                bytes: text.len(),
-                ctx,
-                per_token,
-            });
+        if let Some(per_token) = self.bytes_per_token {
+            if text.len() / per_token >= ctx {
+                return Err(Error::PromptTooLong {
+                    bytes: text.len(),
+                    ctx,
+                    per_token,
+                });
+            }
         }
         self.encode(text)
     }
