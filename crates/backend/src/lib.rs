@@ -308,6 +308,9 @@ pub struct DeviceSampling<'a> {
     pub repetition_penalty: f32,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// `(id, bias)` added to the raw logits (the host sampler's rule); no device sampler
+    /// adds one yet, so a non-empty bias is outside [`DeviceSampling::in_device_range`].
+    pub logit_bias: &'a [(u32, f32)],
     /// The ids the penalties count before the first step, the fed token included; each id the
     /// device picks is counted for the steps after it.
     pub history: &'a [u32],
@@ -321,9 +324,10 @@ pub const DEVICE_TOP_K_MAX: usize = 256;
 
 impl DeviceSampling<'_> {
     /// Whether the settings are in the range device samplers take: `1 <= top_k <= 256` (or
-    /// greedy), finite penalties, `0 < top_p <= 1`, `0 <= min_p <= 1`.
+    /// greedy), finite penalties, `0 < top_p <= 1`, `0 <= min_p <= 1`, no logit bias.
     pub fn in_device_range(&self) -> bool {
-        (self.temperature <= 0.0 || (1..=DEVICE_TOP_K_MAX).contains(&self.top_k))
+        self.logit_bias.is_empty()
+            && (self.temperature <= 0.0 || (1..=DEVICE_TOP_K_MAX).contains(&self.top_k))
             && self.temperature.is_finite()
             && self.top_p > 0.0
             && self.top_p <= 1.0

@@ -22,6 +22,11 @@ pub struct SamplingArgs {
     pub presence_penalty: f32,
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
+    /// Add BIAS to token ID's logit, llama.cpp's form `ID+BIAS` or `ID-BIAS` (repeatable):
+    /// `--logit-bias 15043+1` favours token 15043, `--logit-bias 15043-inf` bans it. Any bias
+    /// samples on the host each step (no folded runs).
+    #[arg(long = "logit-bias", value_name = "ID(+|-)BIAS", value_parser = parse_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the sampler: the same seed gives the same bytes.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -46,6 +51,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
+            logit_bias: self.logit_bias.clone(),
         };
         // Validate now so a bad flag is reported before the model loads.
         nibble_engine::Sampler::new(sampling.clone())?;
@@ -56,4 +62,16 @@ impl SamplingArgs {
             greedy_run: self.run.max(1),
         })
     }
+}
+
+/// `ID+BIAS` or `ID-BIAS` (llama.cpp's `--logit-bias`); BIAS a number or `inf`.
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let want = || format!("{s:?}: want ID+BIAS or ID-BIAS, e.g. 15043+1 or 15043-inf");
+    let at = s.find(['+', '-']).ok_or_else(want)?;
+    let id = s[..at].parse::<u32>().map_err(|_| want())?;
+    let bias = s[at..].parse::<f32>().map_err(|_| want())?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(format!("{s:?}: the bias must be finite or -inf"));
+    }
+    Ok((id, bias))
 }

@@ -147,7 +147,8 @@ fn have_gpu() -> bool {
 /// each text equals what `nibble generate` (the single-stream GPU path) writes for the same
 /// prompt and sampling (a sampled request alone too: its stream sampled on the GPU); a
 /// follow-up request that extends an earlier one reuses
-/// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot.
+/// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot; a
+/// logit bias steers a greedy request.
 #[test]
 fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
     if have_gpu() {
@@ -301,6 +302,13 @@ fn concurrent_requests_on(backend: &str) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A logit bias is applied on the multi-stream path too (each step's row comes to the host):
+    // +100 on id 0 ("!") wins every greedy step.
+    let biased = serde_json::json!({"prompt": "Count:", "max_tokens": 5, "temperature": 0, "logit_bias": {"0": 100}});
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &biased.to_string());
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["choices"][0]["text"], "!!!!!", "{b}");
     // Greedy requests that end at the context's end take every step of their room: a run
     // of 4 that meets it is cut short, not dropped (room 7 and 8 gave 6 ids, 3 and 4 gave 2).
     // Last, as they take slots whose cached prefixes the checks above rely on.

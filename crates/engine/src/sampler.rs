@@ -1,6 +1,8 @@
 //! Next-token selection from one row of logits.
 //!
 //! Pipeline, in Hugging Face `generate` order:
+//! 0. the logit bias (OpenAI's `logit_bias`, llama.cpp's `--logit-bias`) is added to the raw
+//!    logits of the ids it names; `-inf` bans an id;
 //! 1. penalties on ids seen in `history` (the caller chooses the window):
 //!    repetition (HF `RepetitionPenaltyLogitsProcessor`: a positive logit is divided by the
 //!    penalty, a negative one multiplied, once per distinct id), presence (`-= presence` once per
@@ -43,6 +45,11 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// RNG seed; `None` seeds from the operating system.
     pub seed: Option<u64>,
+    /// `(id, bias)` pairs added to those ids' logits before everything else; each id at most
+    /// once, each bias finite or `-inf` (a ban). Empty disables. Any bias makes the request
+    /// non-greedy for the backends: no device path adds it, so each step's logits come to
+    /// the host.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -56,6 +63,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -115,13 +123,60 @@ impl SamplingParams {
         if !self.frequency_penalty.is_finite() {
             return bad("frequency_penalty", self.frequency_penalty);
         }
+        let mut seen = std::collections::HashSet::new();
+        for &(id, b) in &self.logit_bias {
+            if b.is_nan() || b == f32::INFINITY {
+                return Err(Error::Sampling(format!(
+                    "logit bias {b} for token {id} is out of range (want a finite value or -inf)"
+                )));
+            }
+            if !seen.insert(id) {
+                return Err(Error::Sampling(format!(
+                    "token {id} is given a logit bias twice"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// These settings as a device sampler takes them ([`Sampler::device_sampling`]).
+    pub fn device_sampling<'a>(
+        &'a self,
+        history: &'a [u32],
+        draws: &'a [f64],
+    ) -> DeviceSampling<'a> {
+        DeviceSampling {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: &self.logit_bias,
+            history,
+            uniforms: draws,
+        }
     }
 
     fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
+    }
+
+    /// Whether the row is changed before selection: penalties or a logit bias.
+    fn reshapes_row(&self) -> bool {
+        self.has_penalties() || !self.logit_bias.is_empty()
+    }
+
+    /// The first id of the logit bias that is not below `vocab` (a request the row cannot
+    /// serve), if any.
+    pub fn bias_outside(&self, vocab: usize) -> Option<u32> {
+        self.logit_bias
+            .iter()
+            .map(|&(id, _)| id)
+            .find(|&id| id as usize >= vocab)
     }
 }
 
@@ -216,9 +271,9 @@ impl Sampler {
         })
     }
 
-    /// Plain argmax with no penalties: a backend's folded greedy run yields the same ids.
+    /// Plain argmax with no penalties or bias: a backend's folded greedy run yields the same ids.
     pub fn is_greedy(&self) -> bool {
-        self.params.temperature <= 0.0 && !self.params.has_penalties()
+        self.params.temperature <= 0.0 && !self.params.reshapes_row()
     }
 
     /// The parameters in use.
@@ -261,19 +316,12 @@ impl Sampler {
 
     /// These settings as a device sampler takes them, with the penalty `history` (the fed
     /// token included) and the `draws` of [`Sampler::draw_uniforms`].
-    pub fn device_sampling<'a>(&self, history: &'a [u32], draws: &'a [f64]) -> DeviceSampling<'a> {
-        let p = &self.params;
-        DeviceSampling {
-            temperature: p.temperature,
-            top_k: p.top_k,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            repetition_penalty: p.repetition_penalty,
-            presence_penalty: p.presence_penalty,
-            frequency_penalty: p.frequency_penalty,
-            history,
-            uniforms: draws,
-        }
+    pub fn device_sampling<'a>(
+        &'a self,
+        history: &'a [u32],
+        draws: &'a [f64],
+    ) -> DeviceSampling<'a> {
+        self.params.device_sampling(history, draws)
     }
 
     fn sample_drawn(&mut self, logits: &[f32], history: &[u32], u: Option<f64>) -> Result<u32> {
@@ -286,17 +334,28 @@ impl Sampler {
                 logits.len()
             )));
         }
-        // The penalties work on a copy; without them the row is read as it is (every step
-        // below skips non-finite values, NaN included, so NaN is never picked).
+        if let Some(id) = self.params.bias_outside(logits.len()) {
+            return Err(Error::Sampling(format!(
+                "logit bias for token {id} is outside the row of {} logits",
+                logits.len()
+            )));
+        }
+        // The bias and penalties work on a copy; without them the row is read as it is (every
+        // step below skips non-finite values, NaN included, so NaN is never picked).
         let mut scratch = std::mem::take(&mut self.scratch);
-        let row = if self.params.has_penalties() {
+        let row = if self.params.reshapes_row() {
             scratch.clear();
             scratch.extend(
                 logits
                     .iter()
                     .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x }),
             );
-            self.apply_penalties(&mut scratch, history);
+            for &(id, b) in &self.params.logit_bias {
+                scratch[id as usize] += b;
+            }
+            if self.params.has_penalties() {
+                self.apply_penalties(&mut scratch, history);
+            }
             &scratch[..]
         } else {
             logits

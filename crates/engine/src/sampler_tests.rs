@@ -441,3 +441,66 @@ fn reserved_draws_keep_the_host_sequence_whatever_the_device_used() {
     let mut g = Sampler::new(SamplingParams::default()).unwrap();
     assert_eq!(g.draw_uniforms(3), vec![0.0; 3]);
 }
+
+fn biased(bias: &[(u32, f32)], temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        logit_bias: bias.to_vec(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn logit_bias_moves_the_greedy_choice_and_is_not_greedy_for_backends() {
+    let logits = [1.0, 3.0, 2.0, 2.9];
+    let mut s = Sampler::new(biased(&[(1, f32::NEG_INFINITY)], 0.0)).unwrap();
+    assert!(
+        !s.is_greedy(),
+        "a biased row must not take the folded argmax"
+    );
+    assert_eq!(s.sample(&logits, &[]).unwrap(), 3);
+    let mut s = Sampler::new(biased(&[(0, 2.5), (3, -1.0)], 0.0)).unwrap();
+    assert_eq!(s.sample(&logits, &[]).unwrap(), 0);
+    // The bias comes before the penalties, as in llama.cpp's chain and vLLM: -1.0 doubled by
+    // the repetition penalty is -2 < -1.7 (penalty first would give 0.5 - 2 = -1.5 > -1.7).
+    let mut s = Sampler::new(SamplingParams {
+        repetition_penalty: 2.0,
+        ..biased(&[(1, -2.0)], 0.0)
+    })
+    .unwrap();
+    assert_eq!(s.sample(&[-1.7, 1.0], &[1]).unwrap(), 0);
+    // No device sampler adds a bias, so the device declines it.
+    let spec = s.device_sampling(&[], &[]);
+    assert!(!spec.in_device_range());
+    let plain = Sampler::new(SamplingParams::llama_cpp_defaults(0)).unwrap();
+    assert!(plain.device_sampling(&[], &[]).in_device_range());
+}
+
+#[test]
+fn logit_bias_scales_sampled_probabilities_by_exp_bias() {
+    // p = [0.1, 0.2, 0.3, 0.4]; bias ln 3 on id 0 and a ban on id 3: [0.3, 0.2, 0.3, 0] / 0.8.
+    let p = [0.1, 0.2, 0.3, 0.4];
+    let mut s = seeded(biased(&[(0, 3f32.ln()), (3, f32::NEG_INFINITY)], 1.0));
+    let want = [0.375, 0.25, 0.375, 0.0];
+    assert_close(&frequencies(&mut s, &ln(&p), 40_000), &want, 0.01);
+}
+
+#[test]
+fn bad_logit_biases_are_refused() {
+    for bias in [
+        vec![(2, f32::NAN)],
+        vec![(2, f32::INFINITY)],
+        vec![(2, 1.0), (5, 0.0), (2, -1.0)],
+    ] {
+        assert!(
+            Sampler::new(biased(&bias, 0.0)).is_err(),
+            "{bias:?} accepted"
+        );
+    }
+    // An id past the row is an error, not an out-of-bounds write.
+    let mut s = Sampler::new(biased(&[(4, 1.0)], 0.0)).unwrap();
+    let err = s.sample(&[0.0; 4], &[]).unwrap_err().to_string();
+    assert!(err.contains("token 4"), "{err}");
+    assert_eq!(biased(&[(4, 1.0)], 0.0).bias_outside(4), Some(4));
+    assert_eq!(biased(&[(3, 1.0)], 0.0).bias_outside(4), None);
+}

@@ -143,6 +143,11 @@ impl Session {
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             bail!("token id {bad} is outside the model's vocabulary of {vocab}");
         }
+        if let Some(bad) = p.sampling.bias_outside(vocab) {
+            bail!(
+                "logit bias for token {bad}: the id is outside the model's vocabulary of {vocab}"
+            );
+        }
         let mut sampler = Sampler::new(p.sampling.clone())?;
         let greedy = sampler.is_greedy();
         // Sampled requests fold like greedy ones where the backend samples these settings on

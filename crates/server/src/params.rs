@@ -6,8 +6,9 @@
 //! 16 for `/v1/completions`, as OpenAI's legacy completions endpoint does (capped by the context).
 //! Ranges are OpenAI's: temperature in [0, 2], top_p in (0, 1], presence and frequency penalties
 //! in [-2, 2], at most 4 stop strings (of at most 4096 bytes each), `n` must be 1; extensions:
-//! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0. Features not implemented
-//! (logprobs, logit_bias, JSON mode, forced tool calls, ...) are refused, never ignored. A prompt must leave room for one generated token, and
+//! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0; `logit_bias` ids in the
+//! vocabulary with biases in [-100, 100]. Features not implemented (logprobs, JSON mode,
+//! forced tool calls, ...) are refused, never ignored. A prompt must leave room for one generated token, and
 //! prompt + max_tokens must fit the context (`context_length_exceeded`).
 
 use crate::error::ApiError;
@@ -61,8 +62,50 @@ fn in_range(
     }
 }
 
-/// The sampling part of the request.
-fn sampling(r: &CompletionRequest) -> Result<SamplingParams, ApiError> {
+/// OpenAI's bound on one logit bias.
+const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// `logit_bias`: null or an object mapping token ids (as strings) to biases in [-100, 100],
+/// each id in the vocabulary of `vocab`; returned in id order.
+fn logit_bias(v: &Option<Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |msg: String| ApiError::invalid("logit_bias", msg);
+    let map = match v {
+        None | Some(Value::Null) => return Ok(vec![]),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Err(bad(
+                "logit_bias must be an object mapping token ids to biases".into(),
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, val) in map {
+        let id = key
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < vocab)
+            .ok_or_else(|| {
+                bad(format!(
+                    "logit_bias key {key:?} is not a token id of the vocabulary of {vocab}"
+                ))
+            })?;
+        let b = val
+            .as_f64()
+            .map(|b| b as f32)
+            .filter(|b| (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(b))
+            .ok_or_else(|| {
+                bad(format!(
+                    "logit_bias for token {id} is {val}: want a number in [-100, 100]"
+                ))
+            })?;
+        out.push((id, b));
+    }
+    out.sort_unstable_by_key(|&(id, _)| id);
+    Ok(out)
+}
+
+/// The sampling part of the request (`vocab`: the model's vocabulary size).
+fn sampling(r: &CompletionRequest, vocab: usize) -> Result<SamplingParams, ApiError> {
     // vLLM's convention: -1 (or 0) disables top-k; other negatives are mistakes.
     let top_k = r.top_k.unwrap_or(0);
     if top_k < -1 {
@@ -118,6 +161,7 @@ fn sampling(r: &CompletionRequest) -> Result<SamplingParams, ApiError> {
         // OpenAI seeds are signed; the bit pattern is the sampler's seed. -1 is llama.cpp's
         // "random seed", as no seed is.
         seed: r.seed.filter(|s| *s != -1).map(|s| s as u64),
+        logit_bias: logit_bias(&r.logit_bias, vocab)?,
     })
 }
 
@@ -186,16 +230,6 @@ fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
         ));
     }
     // Accepted and ignored, these would give output the client asked not to get.
-    match &r.logit_bias {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(m)) if m.is_empty() => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                "logit_bias is not supported",
-            ))
-        }
-    }
     let text_format = match &r.response_format {
         None | Some(Value::Null) => true,
         Some(f) => f.get("type").and_then(Value::as_str) == Some("text"),
@@ -381,7 +415,7 @@ fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
 /// Validates `r` for the route `kind` and tokenizes its prompt (CPU work: call off the runtime).
 pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepared, ApiError> {
     unsupported(r)?;
-    let sampling = sampling(r)?;
+    let sampling = sampling(r, m.vocab_size)?;
     let stop = stop_strings(&r.stop)?;
     let prompt = match kind {
         Kind::Chat => encode(&chat_prompt(r, m)?, m)?,

@@ -258,14 +258,42 @@ fn table() -> Vec<Case> {
             Some("top_k"),
             "want -1 or 0 (off) or a count >= 1",
         ),
-        // Accepted and ignored, these gave output the client asked not to get (200 OK).
         case(
-            "logit_bias",
+            "logit_bias as a list",
             C,
-            chat(json!({"logit_bias": {"151643": -100}})),
+            chat(json!({"logit_bias": [[0, 1]]})),
             Some("logit_bias"),
-            "logit_bias is not supported",
+            "must be an object mapping token ids",
         ),
+        case(
+            "a logit_bias key that is not an id",
+            T,
+            json!({"prompt": "hi", "logit_bias": {"hello": 1}}),
+            Some("logit_bias"),
+            "key \"hello\" is not a token id",
+        ),
+        case(
+            "a logit_bias id outside the vocabulary",
+            C,
+            chat(json!({"logit_bias": {"999999": -100}})),
+            Some("logit_bias"),
+            "key \"999999\" is not a token id of the vocabulary",
+        ),
+        case(
+            "a logit_bias over 100",
+            C,
+            chat(json!({"logit_bias": {"15": 101}})),
+            Some("logit_bias"),
+            "token 15 is 101: want a number in [-100, 100]",
+        ),
+        case(
+            "a logit_bias that is not a number",
+            C,
+            chat(json!({"logit_bias": {"15": "up"}})),
+            Some("logit_bias"),
+            "want a number in [-100, 100]",
+        ),
+        // Accepted and ignored, these gave output the client asked not to get (200 OK).
         case(
             "json mode",
             C,

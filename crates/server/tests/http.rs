@@ -321,6 +321,49 @@ async fn a_follow_up_turn_reuses_the_cached_prefix() {
     );
 }
 
+/// `logit_bias` is applied (it was refused): +100 on id 0 ("!") wins every greedy step, and a
+/// ban (-100) on the greedy first token gives the text a Session with the same bias gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_steers_and_bans_tokens() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let body = |bias: Value| json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "logit_bias": bias});
+    let (st, v) = post(&srv.base, "/v1/completions", &body(json!({"0": 100}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], "!!!!!!");
+    let tok = tokenizer();
+    let ids = tok.encode("Once upon a time").unwrap();
+    let plain = direct_greedy(&ids, 6);
+    let first = tok.encode(&direct_greedy(&ids, 1)).unwrap();
+    assert_eq!(
+        first.len(),
+        1,
+        "the first greedy token's text re-encodes to one id"
+    );
+    let (st, v) = post(
+        &srv.base,
+        "/v1/completions",
+        &body(json!({first[0].to_string(): -100})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let banned = v["choices"][0]["text"].as_str().unwrap();
+    let mut s = Session::new(Box::new(backend(CTX)));
+    let mut p = GenParams {
+        max_tokens: 6,
+        ..GenParams::default()
+    };
+    p.sampling.logit_bias = vec![(first[0], -100.0)];
+    let mut want = String::new();
+    s.generate(&tok, &ids, &p, &mut |t| {
+        want.push_str(t);
+        true
+    })
+    .unwrap();
+    assert_eq!(banned, want);
+    assert_ne!(banned, plain);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_and_seeds() {
     let Some(_) = model_path() else { return };

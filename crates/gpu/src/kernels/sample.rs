@@ -120,6 +120,7 @@ impl SParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: &[],
             history: &[],
             uniforms: &[],
         };

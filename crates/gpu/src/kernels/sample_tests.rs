@@ -115,8 +115,9 @@ fn host_sample(
     ids
 }
 
-fn spec<'a>(p: &SamplingParams, history: &'a [u32], u: &'a [f64]) -> DeviceSampling<'a> {
-    Sampler::new(p.clone()).unwrap().device_sampling(history, u)
+fn spec<'a>(p: &'a SamplingParams, history: &'a [u32], u: &'a [f64]) -> DeviceSampling<'a> {
+    Sampler::new(p.clone()).unwrap();
+    p.device_sampling(history, u)
 }
 
 #[test]
