@@ -1,4 +1,4 @@
-//! Sampling and stop flags shared by `generate` and `chat`.
+//! Sampling, stop and output flags shared by `generate` and `chat`.
 
 use anyhow::Result;
 use nibble_engine::session::GenParams;
@@ -30,6 +30,11 @@ pub struct SamplingArgs {
     /// Seed of the sampler: the same seed gives the same bytes.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Print special tokens (`<|vision_start|>`, ...) and ids the tokenizer does not know (as
+    /// `<|unk:ID|>`) in the output; by default they add no text, as in llama.cpp without
+    /// `--special` and vLLM.
+    #[arg(long)]
+    pub special: bool,
     /// A string that ends generation (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -60,6 +65,7 @@ impl SamplingArgs {
             sampling,
             stop_strings: self.stop.clone(),
             greedy_run: self.run.max(1),
+            skip_special_tokens: !self.special,
         })
     }
 }

@@ -140,6 +140,36 @@ fn logit_bias_steers_greedy_output_on_every_backend() {
     assert!(err.contains("outside the model's vocabulary"), "{err}");
 }
 
+/// Special tokens and ids past the tokenizer add no text unless `--special` (llama.cpp's flag)
+/// asks for them: a bias forces <|vision_start|> (151652) or the padding row 151700.
+#[test]
+fn special_tokens_are_printed_only_with_special() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    for (bias, shown) in [
+        ("151652+100", "<|vision_start|>"),
+        ("151700+100", "<|unk:151700|>"),
+    ] {
+        let args = [
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "Hi",
+            "-n",
+            "3",
+            "--logit-bias",
+            bias,
+        ];
+        let out = run(&args, None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim_end(), "", "{bias}");
+        assert!(text(&out.stderr).contains("generated 3 tokens"));
+        let out = run(&[&args[..], &["--special"]].concat(), None);
+        assert_eq!(text(&out.stdout).trim_end(), shown.repeat(3), "{bias}");
+    }
+}
+
 #[test]
 fn same_seed_same_bytes() {
     let Some(m) = model() else { return };

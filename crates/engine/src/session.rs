@@ -29,6 +29,9 @@ pub struct GenParams {
     pub stop_strings: Vec<String>,
     /// Tokens per folded run (greedy, or sampled on the device).
     pub greedy_run: usize,
+    /// Leave special tokens (`<|vision_start|>`, ...) and ids the tokenizer does not know out
+    /// of the text, as vLLM's `skip_special_tokens` (default) and llama.cpp without `--special`.
+    pub skip_special_tokens: bool,
 }
 
 impl Default for GenParams {
@@ -38,6 +41,7 @@ impl Default for GenParams {
             sampling: SamplingParams::default(),
             stop_strings: vec![],
             greedy_run: 4,
+            skip_special_tokens: true,
         }
     }
 }
@@ -174,7 +178,7 @@ impl Session {
 
         let eos_ids = self.backend.config().eos_token_ids.clone();
         let mut stop = StopChecker::new(&eos_ids, &p.stop_strings);
-        let mut dec = tok.stream_decoder();
+        let mut dec = tok.output_decoder(p.skip_special_tokens);
         let mut generated: Vec<u32> = vec![];
         let mut history = prompt.to_vec();
         let t1 = Instant::now();

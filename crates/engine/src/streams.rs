@@ -63,7 +63,7 @@ impl StreamSeq {
             slot,
             sampler,
             history: prompt.to_vec(),
-            dec: tok.stream_decoder(),
+            dec: tok.output_decoder(p.skip_special_tokens),
             stop: StopChecker::new(&eos, &p.stop_strings),
             generated: Vec::new(),
             next: 0,

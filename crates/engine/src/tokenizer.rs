@@ -208,9 +208,26 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// A decoder that turns ids into text incrementally, never splitting a UTF-8 character.
+    /// Decodes ids to text as [`Tokenizer::decode`] does, leaving out special tokens and
+    /// unknown ids (what generated text shows by default).
+    pub fn decode_skipping_special(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids.iter().filter(|&&id| !self.table.skipped(id)) {
+            self.table.append_bytes(id, &mut bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// A decoder that turns ids into text incrementally, never splitting a UTF-8 character,
+    /// keeping special tokens.
     pub fn stream_decoder(&self) -> StreamDecoder {
-        StreamDecoder::new(Arc::clone(&self.table))
+        StreamDecoder::new(Arc::clone(&self.table), false)
+    }
+
+    /// [`Tokenizer::stream_decoder`] that leaves out special tokens and unknown ids where
+    /// `skip_special` holds (generated text by default, as vLLM's `skip_special_tokens`).
+    pub fn output_decoder(&self, skip_special: bool) -> StreamDecoder {
+        StreamDecoder::new(Arc::clone(&self.table), skip_special)
     }
 
     /// One past the largest token id the tokenizer knows (151 669 for Qwen3).

@@ -252,3 +252,36 @@ fn encode_within_refuses_only_texts_that_cannot_fit() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Generated text leaves special tokens and unknown ids out by default (vLLM's
+/// `skip_special_tokens`, llama.cpp without `--special`); `<think>` is not special in Qwen3's
+/// files and stays. The same from the tokenizer rebuilt out of GGUF metadata, whose CONTROL
+/// tokens are its special ones (there `<|fim_prefix|>` is one too, as llama.cpp's converter
+/// makes it).
+#[test]
+fn output_text_skips_special_tokens_unless_asked() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    let rebuilt = tok
+        .to_gguf_metadata(151_936)
+        .unwrap()
+        .to_tokenizer()
+        .unwrap();
+    let hi = tok.encode("hi").unwrap();
+    let mut ids = vec![151_652]; // <|vision_start|>
+    ids.extend(&hi);
+    ids.extend([151_667, 151_644, 151_700]); // <think>, <|im_start|>, a padding row
+    ids.extend(&hi);
+    for (label, t) in [("json", &tok), ("gguf", &rebuilt)] {
+        let kept = "<|vision_start|>hi<think><|im_start|><|unk:151700|>hi";
+        assert_eq!(t.decode(&ids), kept, "{label}");
+        assert_eq!(t.decode_skipping_special(&ids), "hi<think>hi", "{label}");
+        for (skip, want) in [(true, "hi<think>hi"), (false, kept)] {
+            let mut d = t.output_decoder(skip);
+            let out: String = ids.iter().filter_map(|&id| d.push(id)).collect();
+            assert_eq!(out, want, "{label} skip {skip}");
+        }
+    }
+    // A non-special `<|...|>` token of the json files (kept), CONTROL after the GGUF round trip.
+    assert_eq!(tok.decode_skipping_special(&[151_659]), "<|fim_prefix|>");
+    assert_eq!(rebuilt.decode_skipping_special(&[151_659]), "");
+}

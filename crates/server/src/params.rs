@@ -7,7 +7,7 @@
 //! Ranges are OpenAI's: temperature in [0, 2], top_p in (0, 1], presence and frequency penalties
 //! in [-2, 2], at most 4 stop strings (of at most 4096 bytes each), `n` must be 1; extensions:
 //! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0; `logit_bias` ids in the
-//! vocabulary with biases in [-100, 100]. Features not implemented (logprobs, JSON mode,
+//! vocabulary with biases in [-100, 100]; `skip_special_tokens` (vLLM's, default true). Features not implemented (logprobs, JSON mode,
 //! forced tool calls, ...) are refused, never ignored. A prompt must leave room for one generated token, and
 //! prompt + max_tokens must fit the context (`context_length_exceeded`).
 
@@ -461,6 +461,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             max_tokens,
             sampling,
             stop_strings: stop,
+            skip_special_tokens: r.skip_special_tokens.unwrap_or(true),
             ..GenParams::default()
         },
         stream: r.stream.unwrap_or(false),

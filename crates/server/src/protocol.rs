@@ -49,9 +49,10 @@ pub struct CompletionRequest {
     pub best_of: Option<i64>,
     /// Completions: unsupported when non-empty.
     pub suffix: Option<String>,
-    /// Unsupported unless absent, null or empty (a bias silently ignored would emit the very
-    /// tokens a client banned).
+    /// Token id (a string) -> bias in [-100, 100], added to the logits before sampling.
     pub logit_bias: Option<Value>,
+    /// vLLM's switch: `false` keeps special tokens (`<|vision_start|>`, ...) in the text.
+    pub skip_special_tokens: Option<bool>,
     /// Only `{"type": "text"}` (the default) is supported: no JSON mode or schema.
     pub response_format: Option<Value>,
     /// Only `"auto"` (the model decides), or `"none"` without tools, is supported.

@@ -322,7 +322,8 @@ async fn a_follow_up_turn_reuses_the_cached_prefix() {
 }
 
 /// `logit_bias` is applied (it was refused): +100 on id 0 ("!") wins every greedy step, and a
-/// ban (-100) on the greedy first token gives the text a Session with the same bias gives.
+/// ban (-100) on the greedy first token gives the text a Session with the same bias gives;
+/// special tokens are left out of the text unless `skip_special_tokens` is false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logit_bias_steers_and_bans_tokens() {
     let Some(_) = model_path() else { return };
@@ -362,6 +363,16 @@ async fn logit_bias_steers_and_bans_tokens() {
     .unwrap();
     assert_eq!(banned, want);
     assert_ne!(banned, plain);
+    // A forced special token (<|vision_start|>) adds no text unless skip_special_tokens is
+    // false (vLLM's switch); it is counted either way.
+    let mut b = body(json!({"151652": 100}));
+    b["max_tokens"] = json!(3);
+    let (_, v) = post(&srv.base, "/v1/completions", &b).await;
+    assert_eq!(v["choices"][0]["text"], "");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    b["skip_special_tokens"] = json!(false);
+    let (_, v) = post(&srv.base, "/v1/completions", &b).await;
+    assert_eq!(v["choices"][0]["text"], "<|vision_start|>".repeat(3));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,9 @@
 //! `tokenizers` `ByteLevel` decoder emits for that token (formats-spec §5.3/§5.4): a token string
 //! whose every character is in the GPT-2 byte-to-unicode table becomes the corresponding bytes,
 //! any other token string its own UTF-8. Ids the tokenizer does not know have no entry and are
-//! rendered as the ASCII placeholder `<|unk:ID|>`.
+//! rendered as the ASCII placeholder `<|unk:ID|>`. The table also marks the special tokens (the
+//! added tokens flagged `special`: Qwen's `<|im_end|>`, `<|vision_start|>`, ...; `<think>` is
+//! not one), which output text skips by default as vLLM and llama.cpp do, unknown ids with them.
 //!
 //! [`StreamDecoder`] accumulates those bytes and releases only complete UTF-8: a trailing,
 //! possibly-incomplete sequence (at most 3 bytes) is held until the next token completes it;
@@ -38,6 +40,8 @@ fn char_to_byte_table() -> [Option<u8>; 0x144] {
 #[derive(Debug)]
 pub(crate) struct TokenTable {
     bytes: Vec<Option<Box<[u8]>>>,
+    /// Whether each id of `bytes` is a special token (len = `bytes.len()`).
+    special: Vec<bool>,
 }
 
 impl TokenTable {
@@ -57,7 +61,20 @@ impl TokenTable {
                 .map(|token| token_to_bytes(&token, &char_to_byte));
             bytes.push(entry);
         }
-        Ok(Self { bytes })
+        let mut special = vec![false; len];
+        for (id, t) in inner.get_added_tokens_decoder() {
+            if let Some(s) = special.get_mut(id as usize) {
+                *s = t.special;
+            }
+        }
+        Ok(Self { bytes, special })
+    }
+
+    /// Whether `id` is left out of text that skips special tokens: a special token, or an id
+    /// the tokenizer does not know (the model's padding rows past the vocabulary).
+    pub(crate) fn skipped(&self, id: u32) -> bool {
+        self.special.get(id as usize).is_none_or(|&s| s)
+            || self.bytes.get(id as usize).is_none_or(Option::is_none)
     }
 
     /// One past the largest known id.
@@ -99,20 +116,26 @@ fn token_to_bytes(token: &str, char_to_byte: &[Option<u8>; 0x144]) -> Box<[u8]> 
 #[derive(Debug)]
 pub struct StreamDecoder {
     table: Arc<TokenTable>,
+    /// Special tokens and unknown ids add no text ([`TokenTable::skipped`]).
+    skip_special: bool,
     /// Bytes not yet returned: at most one incomplete UTF-8 sequence (< 4 bytes) between calls.
     pending: Vec<u8>,
 }
 
 impl StreamDecoder {
-    pub(crate) fn new(table: Arc<TokenTable>) -> Self {
+    pub(crate) fn new(table: Arc<TokenTable>, skip_special: bool) -> Self {
         Self {
             table,
+            skip_special,
             pending: Vec::new(),
         }
     }
 
     /// Adds one token; returns the newly completed text, or `None` if nothing is complete yet.
     pub fn push(&mut self, id: u32) -> Option<String> {
+        if self.skip_special && self.table.skipped(id) {
+            return None;
+        }
         self.table.append_bytes(id, &mut self.pending);
         let mut out = String::new();
         let mut start = 0;
@@ -202,6 +225,7 @@ mod tests {
     fn table_of(tokens: &[&[u8]]) -> Arc<TokenTable> {
         Arc::new(TokenTable {
             bytes: tokens.iter().map(|b| Some(b.to_vec().into())).collect(),
+            special: vec![false; tokens.len()],
         })
     }
 
@@ -209,7 +233,7 @@ mod tests {
     fn stream_holds_partial_characters() {
         // "é😀" split as [0xC3], [0xA9, 0xF0, 0x9F], [0x98], [0x80, b'!'].
         let table = table_of(&[&[0xC3], &[0xA9, 0xF0, 0x9F], &[0x98], &[0x80, b'!']]);
-        let mut d = StreamDecoder::new(table);
+        let mut d = StreamDecoder::new(table, false);
         assert_eq!(d.push(0), None);
         assert_eq!(d.pending_bytes(), 1);
         assert_eq!(d.push(1).as_deref(), Some("é"));
@@ -225,7 +249,7 @@ mod tests {
         // [0xF0, 0x9F] is incomplete at the end of the stream.
         let pieces: &[&[u8]] = &[&[b'a', 0xFF], &[0xE4, 0xBD], b"A", &[0xF0, 0x9F]];
         let table = table_of(pieces);
-        let mut d = StreamDecoder::new(table);
+        let mut d = StreamDecoder::new(table, false);
         let mut out = String::new();
         for id in 0..4 {
             out.push_str(&d.push(id).unwrap_or_default());
@@ -239,7 +263,7 @@ mod tests {
     #[test]
     fn unknown_ids_become_placeholders() {
         let table = table_of(&[b"x"]);
-        let mut d = StreamDecoder::new(Arc::clone(&table));
+        let mut d = StreamDecoder::new(Arc::clone(&table), false);
         assert_eq!(d.push(151_700).as_deref(), Some("<|unk:151700|>"));
         assert_eq!(d.push(u32::MAX).as_deref(), Some("<|unk:4294967295|>"));
         let mut v = Vec::new();
