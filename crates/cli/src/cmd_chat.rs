@@ -1,14 +1,19 @@
 //! `nibble chat`: interactive multi-turn chat that keeps the KV cache between turns.
 //!
 //! Each turn re-renders the whole conversation with the model's template; the session keeps the
-//! longest common prefix of the cache, so only the new turn is prefilled.
+//! longest common prefix of the cache, so only the new turn is prefilled. A conversation that
+//! would leave less than an answer's room in the context (`-n`, at most half the context) drops
+//! its oldest exchanges first, the system message kept, as chat front ends truncate history;
+//! the dropped ones are named on stderr. `/reset` (or `/clear`) starts over, `/help` lists the
+//! commands, `/exit` (or `/quit`, or the end of input) ends.
 
 use crate::backends::{self, BackendArgs};
 use crate::sampling_args::SamplingArgs;
 use anyhow::{anyhow, Result};
 use nibble_engine::session::Session;
-use nibble_engine::{ChatTemplate, Message};
+use nibble_engine::{ChatTemplate, Message, Tokenizer};
 use std::io::{BufRead, Write};
+use std::ops::Range;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -63,14 +68,28 @@ pub fn run(a: Args) -> Result<()> {
         if line.is_empty() {
             continue;
         }
-        if line == "/exit" || line == "/quit" {
-            break;
+        match line {
+            "/exit" | "/quit" => break,
+            "/reset" | "/clear" => {
+                msgs.truncate(usize::from(a.system.is_some()));
+                eprintln!("[the conversation is cleared]");
+                prompt_again(&mut out, interactive)?;
+                continue;
+            }
+            "/help" => {
+                eprintln!("{HELP}");
+                prompt_again(&mut out, interactive)?;
+                continue;
+            }
+            _ => {}
         }
         msgs.push(Message::user(line.to_string()));
         let mut answer = String::new();
-        let prompt = tpl.render(&msgs, true, a.no_think.then_some(false), None);
-        let stats = prompt.map_err(anyhow::Error::from).and_then(|prompt| {
-            let ids = tok.encode_within(&prompt, session.backend().context_len())?;
+        let ctx = session.backend().context_len();
+        let fitted = fit(&tpl, &tok, &msgs, ctx, a.max_tokens, a.no_think);
+        let mut cut = 0..0;
+        let stats = fitted.and_then(|(ids, c)| {
+            cut = c;
             session.generate(&tok, &ids, &params, &mut |t| {
                 answer.push_str(t);
                 out.write_all(t.as_bytes())
@@ -87,15 +106,19 @@ pub fn run(a: Args) -> Result<()> {
                 eprintln!(
                     "error: {e:#}\n[this message is dropped; the chat goes on, /exit ends it]"
                 );
-                if interactive {
-                    write!(out, "> ")?;
-                    out.flush()?;
-                }
+                prompt_again(&mut out, interactive)?;
                 continue;
             }
         };
         // A stdout that cannot be written ends the chat.
         writeln!(out)?;
+        if !cut.is_empty() {
+            eprintln!(
+                "[the conversation outgrew the context of {ctx} tokens: its oldest {} messages are dropped]",
+                cut.len()
+            );
+            msgs.drain(cut);
+        }
         turn += 1;
         eprintln!(
             "[turn {}: prompt {} tokens ({} reused from cache), generated {}, decode {:.1} tok/s, {}]",
@@ -107,10 +130,50 @@ pub fn run(a: Args) -> Result<()> {
             crate::cmd_generate::describe(&stats.finish)
         );
         msgs.push(Message::assistant(answer));
-        if interactive {
-            write!(out, "> ")?;
-            out.flush()?;
-        }
+        prompt_again(&mut out, interactive)?;
     }
     Ok(())
+}
+
+const HELP: &str = "[commands: /reset (or /clear) starts the conversation over, keeping --system; \
+/exit (or /quit, or the end of input) ends; /help shows this. Every other line is a message.]";
+
+/// Shows the input prompt again on a terminal.
+fn prompt_again(out: &mut impl Write, interactive: bool) -> Result<()> {
+    if interactive {
+        write!(out, "> ")?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// The prompt ids of `msgs` (ending in the new user message), rendered with the generation
+/// prompt and leaving room for an answer of `max_tokens` (at most half of the `ctx` positions),
+/// and the range of `msgs` left out for it: while the ids do not leave that room, the oldest
+/// exchange (a user message and the replies up to the next user message) is left out, the
+/// system message kept. The new message with no history is returned however long (the session
+/// then says it does not fit), so a message that cannot be answered costs no history.
+fn fit(
+    tpl: &ChatTemplate,
+    tok: &Tokenizer,
+    msgs: &[Message],
+    ctx: usize,
+    max_tokens: usize,
+    no_think: bool,
+) -> Result<(Vec<u32>, Range<usize>)> {
+    let room = max_tokens.min(ctx / 2);
+    let start = msgs.iter().position(|m| m.role != "system").unwrap_or(0);
+    let mut cut = start;
+    loop {
+        let kept: Vec<Message> = msgs[..start].iter().chain(&msgs[cut..]).cloned().collect();
+        let prompt = tpl.render(&kept, true, no_think.then_some(false), None)?;
+        // The next user message that is not the new one: where the next cut would end.
+        let next = (cut + 1..msgs.len().saturating_sub(1)).find(|&i| msgs[i].role == "user");
+        match (tok.encode_within(&prompt, ctx), next) {
+            (Ok(ids), _) if ids.len() + room <= ctx => return Ok((ids, start..cut)),
+            (Ok(ids), None) => return Ok((ids, start..cut)),
+            (Err(e), None) => return Err(e.into()),
+            (_, Some(n)) => cut = n,
+        }
+    }
 }

@@ -244,6 +244,34 @@ fn chat_keeps_context_across_turns() {
     assert!(reused < p2);
 }
 
+/// A conversation that outgrows the context drops its oldest exchange (it was an error that
+/// dropped the new message); `/help` and `/reset` are commands, not messages.
+#[test]
+fn chat_drops_its_oldest_exchanges_when_the_context_fills() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let input = format!(
+        "hi there\n{}\n/help\nsecond question here\nthird question\n/reset\nafter reset\n",
+        "word ".repeat(20)
+    );
+    let out = run(&["chat", "-m", m, "-n", "8", "--ctx", "80"], Some(&input));
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("this message is dropped"), "{err}");
+    let turns: Vec<&str> = err.lines().filter(|l| l.starts_with("[turn")).collect();
+    assert_eq!(turns.len(), 5, "{err}");
+    assert!(err.contains("[commands: /reset"), "{err}");
+    assert!(
+        err.contains(
+            "the conversation outgrew the context of 80 tokens: its oldest 2 messages are dropped"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("[the conversation is cleared]"), "{err}");
+    // After /reset the prompt is a lone message again (10 tokens for a two-word one).
+    assert!(turns[4].starts_with("[turn 5: prompt 10 tokens"), "{err}");
+}
+
 /// A message that cannot be answered (the conversation outgrew the context) is dropped with
 /// the error and the chat goes on; a line that is not UTF-8 is answered, not fatal. Both used
 /// to end the whole chat.
