@@ -3,7 +3,8 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`stream` true: Server-Sent Events
 //! in OpenAI's chunk format ending with `data: [DONE]`; false: one JSON answer), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus / OpenMetrics text). Errors are OpenAI-style JSON
-//! (`{"error": {"message", "type", "param", "code"}}`) for every status the server sends.
+//! (`{"error": {"message", "type", "param", "code"}}`) for every status the server sends. CORS:
+//! any origin, as llama.cpp's and vLLM's servers answer by default.
 //!
 //! Architecture: the backend decodes one sequence, so one worker thread ([`scheduler`]) owns the
 //! session and runs requests in arrival order; handlers validate and tokenize ([`params`]), then
@@ -24,6 +25,7 @@ pub mod scheduler;
 
 use anyhow::{Context, Result};
 use axum::extract::DefaultBodyLimit;
+use axum::http::Method;
 use axum::routing::{get, post};
 use axum::Router;
 use handlers::AppState;
@@ -33,6 +35,7 @@ use nibble_engine::{ChatTemplate, Tokenizer};
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use tower_http::cors::{AllowHeaders, Any, CorsLayer};
 
 /// Largest request body accepted (413 beyond): room for prompts far longer than any context.
 pub const BODY_LIMIT: usize = 8 << 20;
@@ -123,6 +126,17 @@ pub fn app(
             handlers::auth,
         ))
         .layer(axum::middleware::from_fn_with_state(s, handlers::count))
+        // Outermost, so a browser's preflight (an OPTIONS without the API key) is answered
+        // before the auth check: any origin may call, as llama.cpp's and vLLM's servers allow
+        // by default (web front ends on another port rely on it); no cookies are involved.
+        .layer(
+            CorsLayer::new()
+                .allow_origin(Any)
+                .allow_methods([Method::GET, Method::POST])
+                // Mirrored rather than `*`: browsers do not let the wildcard cover
+                // `Authorization`, which a key-guarded server needs.
+                .allow_headers(AllowHeaders::mirror_request()),
+        )
         .with_state(state))
 }
 

@@ -410,7 +410,7 @@ async fn stop_strings_and_seeds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auth_guards_every_route_but_health() {
+async fn auth_guards_every_route_but_health_and_cors_preflights() {
     let Some(_) = model_path() else { return };
     let srv = start(
         nibble_server::ServerConfig {
@@ -456,6 +456,49 @@ async fn auth_guards_every_route_but_health() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
+    // CORS, as llama.cpp's and vLLM's servers answer: a browser's preflight carries no key and
+    // is answered (it was a 401, so no web page on another origin could call the server) ...
+    let r = client(30)
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("{}/v1/chat/completions", srv.base),
+        )
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization,content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let h = |r: &reqwest::Response, k: &str| {
+        r.headers()
+            .get(k)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(h(&r, "access-control-allow-origin"), "*");
+    assert!(h(&r, "access-control-allow-methods").contains("POST"));
+    // Named, not `*`: browsers do not let the wildcard cover Authorization.
+    let allowed = h(&r, "access-control-allow-headers");
+    assert!(
+        allowed.contains("authorization") && allowed.contains("content-type"),
+        "{allowed}"
+    );
+    // ... and the answers themselves name any origin; the key is still needed.
+    for key in [Some("sekrit"), None] {
+        let mut q = client(30)
+            .get(format!("{}/v1/models", srv.base))
+            .header("origin", "http://localhost:3000");
+        if let Some(k) = key {
+            q = q.bearer_auth(k);
+        }
+        let r = q.send().await.unwrap();
+        assert_eq!(r.status(), if key.is_some() { 200 } else { 401 });
+        assert_eq!(h(&r, "access-control-allow-origin"), "*");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
