@@ -155,6 +155,51 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     Ok(g)
 }
 
+impl BackendArgs {
+    /// The GPU-only flags given away from their defaults: meaningless on the CPU backends.
+    fn gpu_flags(&self) -> Vec<&'static str> {
+        let gpu = GpuOptions::default();
+        [
+            ("--fold", self.fold != gpu.fold),
+            ("--per-token", self.per_token),
+            ("--numerics", self.numerics != nibble_gpu::Numerics::DEFAULT),
+            ("--router-dispatch", self.router_dispatch),
+            ("--columns-alone", self.columns_alone),
+            ("--combine-dispatch", self.combine_dispatch),
+            ("--tune", self.tune.is_some()),
+            (
+                "--prefill-chunk",
+                self.prefill_chunk != nibble_gpu::prefill::DEFAULT_CHUNK,
+            ),
+            ("--prefill-column-attention", self.prefill_column_attention),
+            ("--prefill-f32-gemm", self.prefill_f32_gemm),
+            (
+                "--prefill-gemm-min",
+                self.prefill_gemm_min != nibble_gpu::backend::GEMM_PREFILL_MIN_TOKENS,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
+
+    /// Refuses GPU-only flags with an explicit CPU backend (they used to be ignored
+    /// silently); with `auto` falling back to the CPU they are named as ignored.
+    pub fn check_flags(&self) -> Result<()> {
+        let given = self.gpu_flags();
+        if let (false, Some(first)) = (
+            matches!(self.backend, BackendKind::Auto | BackendKind::Gpu),
+            given.first(),
+        ) {
+            anyhow::bail!(
+                "{first} applies to the GPU backend only, not to --backend {}",
+                format!("{:?}", self.backend).to_lowercase()
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Build the chosen backend over `weights`.
 pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dyn Backend>> {
     let cfg = weights.config().clone();
@@ -188,6 +233,13 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
         },
         k => k,
     };
+    let ignored = args.gpu_flags();
+    if kind != BackendKind::Gpu && !ignored.is_empty() {
+        eprintln!(
+            "note: {} ignored: they apply to the GPU backend only",
+            ignored.join(", ")
+        );
+    }
     let b: Box<dyn Backend> = match kind {
         BackendKind::Gpu => Box::new(make_gpu(args, weights.as_ref(), ctx)?),
         BackendKind::Cpu => Box::new(CpuBackend::with_streams(weights, ctx, args.streams)?),

@@ -332,6 +332,7 @@ fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
 }
 
 pub fn run(mut a: Args) -> Result<()> {
+    a.backend.check_flags()?;
     // A depth given twice is measured once, in the order given.
     let mut seen = std::collections::HashSet::new();
     a.depth.retain(|d| seen.insert(*d));

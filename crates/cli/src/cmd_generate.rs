@@ -36,6 +36,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check_flags()?;
     let params = a.sampling.params(a.max_tokens)?;
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::required(&model)?;

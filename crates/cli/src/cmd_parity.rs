@@ -301,6 +301,7 @@ fn min_cosine(cos: &[f64]) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check_flags()?;
     if a.backend.backend == BackendKind::Ref {
         bail!("parity compares a fast backend with the oracle: choose --backend gpu, cpu or auto");
     }

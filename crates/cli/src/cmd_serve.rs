@@ -38,6 +38,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.backend.check_flags()?;
     // An empty key (`--api-key "$KEY"` with KEY unset) would leave the server open unnoticed.
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         anyhow::bail!("--api-key is empty: give a key, or leave the flag out for no auth");

@@ -527,8 +527,33 @@ fn tune_help_names_every_key() {
 /// of 1e30 wrote infinite scales, an empty `--api-key` served without auth).
 #[test]
 fn meaningless_flags_are_refused_up_front() {
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["bench", "-m", "none.gguf", "-n", "0"], "0 is not in 1.."),
+        (
+            &[
+                "generate",
+                "-m",
+                "none.gguf",
+                "-p",
+                "hi",
+                "--backend",
+                "cpu",
+                "--tune",
+                "warm=0",
+            ],
+            "--tune applies to the GPU backend only, not to --backend cpu",
+        ),
+        (
+            &[
+                "serve",
+                "-m",
+                "none.gguf",
+                "--backend",
+                "ref",
+                "--per-token",
+            ],
+            "--per-token applies to the GPU backend only, not to --backend ref",
+        ),
         (
             &["serve", "-m", "none.gguf", "--api-key", " "],
             "--api-key is empty",
