@@ -121,7 +121,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     };
     let g = GpuBackend::new(weights, opts)?;
     if args.verbose {
-        eprintln!(
+        note!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
              {} weights, numerics {}, fold {}, {}, attention combine {:?}, MoE down slot \
              groups {}, L2 warming {}, tune {}{}{}",
@@ -150,7 +150,7 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
             }
         );
         // Which prefill (and on which GEMM kernel) this device runs, e.g. matrix units or fmas.
-        eprintln!("gpu prefill: {}", g.prefill_summary());
+        note!("gpu prefill: {}", g.prefill_summary());
     }
     Ok(g)
 }
@@ -215,19 +215,19 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
             Ok(c) if !c.is_cpu() => match nibble_gpu::weights::check_supported(weights.as_ref()) {
                 Ok(_) => BackendKind::Gpu,
                 Err(e) => {
-                    eprintln!("note: {e}; using the CPU backend");
+                    note!("note: {e}; using the CPU backend");
                     BackendKind::Cpu
                 }
             },
             Ok(c) => {
-                eprintln!(
+                note!(
                     "note: only a CPU Vulkan adapter ({}) was found; using the CPU backend (--backend gpu forces it)",
                     c.info.name
                 );
                 BackendKind::Cpu
             }
             Err(e) => {
-                eprintln!("note: no GPU adapter ({e}); using the CPU backend");
+                note!("note: no GPU adapter ({e}); using the CPU backend");
                 BackendKind::Cpu
             }
         },
@@ -235,7 +235,7 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
     };
     let ignored = args.gpu_flags();
     if kind != BackendKind::Gpu && !ignored.is_empty() {
-        eprintln!(
+        note!(
             "note: {} ignored: they apply to the GPU backend only",
             ignored.join(", ")
         );
@@ -246,7 +246,7 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
         _ => Box::new(RefBackend::new(weights, ctx)?),
     };
     if args.verbose {
-        eprintln!("backend: {} (context {ctx} tokens)", b.name());
+        note!("backend: {} (context {ctx} tokens)", b.name());
     }
     Ok(b)
 }

@@ -505,13 +505,13 @@ pub fn run(mut a: Args) -> Result<()> {
             );
         };
         let total: f64 = ops.iter().map(|o| o.us).sum();
-        eprintln!(
+        note!(
             "prefill profile: {n} tokens from position 0, GPU {:.1} ms ({:.0} tok/s)",
             total / 1e3,
             n as f64 / total * 1e6
         );
         for o in &ops {
-            eprintln!(
+            note!(
                 "  {:<32} {:>4} calls {:>10.1} us {:>5.1}%",
                 o.op,
                 o.calls,
@@ -576,7 +576,7 @@ pub fn run(mut a: Args) -> Result<()> {
             panels.push(("sequences decoded together (aggregate tok/s)", batches));
         }
         crate::plot::draw(path, &title, &panels)?;
-        eprintln!("plot written to {}", path.display());
+        note!("plot written to {}", path.display());
     }
     // A failed write (a full disk, a closed stdout) is an error, not a panic.
     let mut out = std::io::stdout().lock();

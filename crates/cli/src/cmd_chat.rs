@@ -73,12 +73,12 @@ pub fn run(a: Args) -> Result<()> {
             "/exit" | "/quit" => break,
             "/reset" | "/clear" => {
                 msgs.truncate(usize::from(a.system.is_some()));
-                eprintln!("[the conversation is cleared]");
+                note!("[the conversation is cleared]");
                 prompt_again(&mut out, interactive)?;
                 continue;
             }
             "/help" => {
-                eprintln!("{HELP}");
+                note!("{HELP}");
                 prompt_again(&mut out, interactive)?;
                 continue;
             }
@@ -104,9 +104,7 @@ pub fn run(a: Args) -> Result<()> {
                 // One message that cannot be answered (the conversation no longer fits the
                 // context, say) is dropped; the chat goes on.
                 msgs.pop();
-                eprintln!(
-                    "error: {e:#}\n[this message is dropped; the chat goes on, /exit ends it]"
-                );
+                note!("error: {e:#}\n[this message is dropped; the chat goes on, /exit ends it]");
                 prompt_again(&mut out, interactive)?;
                 continue;
             }
@@ -114,14 +112,14 @@ pub fn run(a: Args) -> Result<()> {
         // A stdout that cannot be written ends the chat.
         writeln!(out)?;
         if !cut.is_empty() {
-            eprintln!(
+            note!(
                 "[the conversation outgrew the context of {ctx} tokens: its oldest {} messages are dropped]",
                 cut.len()
             );
             msgs.drain(cut);
         }
         turn += 1;
-        eprintln!(
+        note!(
             "[turn {}: prompt {} tokens ({} reused from cache), generated {}, decode {:.1} tok/s, {}]",
             turn,
             stats.prompt_tokens,

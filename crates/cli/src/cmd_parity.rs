@@ -363,7 +363,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             let mut g = backends::make_gpu(&a.backend, model.weights.as_ref(), ctx)?;
             g.plant_error(layer, target)?;
-            eprintln!("planted an error in {target} of layer {layer} (GPU copy only)");
+            note!("planted an error in {target} of layer {layer} (GPU copy only)");
             Box::new(g)
         }
     };
@@ -381,11 +381,11 @@ pub fn run(a: Args) -> Result<()> {
     if a.trace_prefill {
         let k = model.weights.config().num_experts_per_tok;
         for (text, ids) in texts.iter().zip(&prompts) {
-            eprintln!("{:?}:", text.chars().take(40).collect::<String>());
+            note!("{:?}:", text.chars().take(40).collect::<String>());
             for line in
                 crate::prefill_trace::describe(&mut oracle, fast.as_mut(), ids, k, a.trace_tol)?
             {
-                eprintln!("  {line}");
+                note!("  {line}");
             }
         }
     }
@@ -505,7 +505,7 @@ pub fn run(a: Args) -> Result<()> {
         let departs =
             |r: &&PromptReport| r.traced_step == Some(0) && r.first_divergence_op.is_some();
         for r in reports.iter().filter(departs) {
-            eprintln!(
+            note!(
                 "hint: {:?} departs at its first step, whose logits read the K/V rows its \
                  prefill wrote; --trace-prefill (--prefill-gemm-min 2 for a short prompt) names \
                  the prefill's first departing layer and token and the oracle's nearest routing tie",

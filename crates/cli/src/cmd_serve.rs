@@ -76,7 +76,7 @@ pub fn run(a: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .with_context(|| format!("cannot bind {}:{}", a.host, a.port))?;
-        eprintln!("listening on http://{}", listener.local_addr()?);
+        note!("listening on http://{}", listener.local_addr()?);
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };

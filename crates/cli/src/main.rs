@@ -1,6 +1,15 @@
 //! The `nibble` command: argument parsing and glue over the library tiers. No model or format
 //! logic lives here; each subcommand is one small module.
 
+/// `eprintln!` that ignores a failed write: a note on a stderr that cannot be written (a
+/// closed pipe, a full disk) must not panic the command (`eprintln!` does).
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod backends;
 mod cmd_bench;
 mod cmd_chat;

@@ -505,6 +505,53 @@ fn an_unwritable_stdout_is_an_error() {
     assert!(err.contains("(output closed)"), "{err}");
 }
 
+/// Notes on a stderr that cannot be written (a closed pipe) do not panic `generate` or `chat`,
+/// which keep SIGPIPE ignored: `-v`'s backend line and chat's turn lines used `eprintln!`,
+/// which panicked (exit 101).
+#[test]
+fn an_unwritable_stderr_is_not_a_panic() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let runs: [(&[&str], Option<&str>); 2] = [
+        (
+            &[
+                "generate",
+                "-m",
+                m,
+                "-p",
+                "hi",
+                "-n",
+                "4",
+                "--backend",
+                "cpu",
+                "-v",
+            ],
+            None,
+        ),
+        (
+            &["chat", "-m", m, "-n", "4", "--backend", "cpu", "-v"],
+            Some("hi\n/help\n"),
+        ),
+    ];
+    for (args, input) in runs {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut child = nibble()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(writer)
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.unwrap_or("").as_bytes()).unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{args:?}: {:?}", out.status);
+        assert!(!out.stdout.is_empty(), "{args:?}");
+    }
+}
+
 #[test]
 fn tune_help_names_every_key() {
     // `--tune` is how a reader repeats a BENCHMARKS comparison, so its help must not fall

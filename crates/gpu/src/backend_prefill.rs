@@ -18,6 +18,7 @@ use crate::tensor::QForm;
 use crate::tune::Tune;
 use anyhow::{ensure, Result};
 use nibble_backend::{Backend, OpTime};
+use std::io::Write as _;
 
 /// The default [`GpuOptions::prefill_gemm_min`]: prompts shorter than this many tokens go
 /// through the column prefill (8 tokens per dispatch), longer ones through the GEMM prefill.
@@ -236,7 +237,9 @@ impl GpuBackend {
         let GemmPrefill::Built(_, shape, merge) = self.gemm_prefill else {
             unreachable!("built above");
         };
-        eprintln!(
+        // Not `eprintln!`, which panics on a stderr that cannot be written.
+        let _ = writeln!(
+            std::io::stderr(),
             "warning: the matrix-unit prefill GEMM gave non-finite logits (GEMM inputs past \
              f16's range?); prefilling on f32 fmas from now on"
         );
