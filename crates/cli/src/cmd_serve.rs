@@ -9,6 +9,15 @@ use anyhow::{Context, Result};
 use nibble_server::ServerConfig;
 use std::path::PathBuf;
 
+/// Where a chat answer's thinking goes (llama.cpp's `--reasoning-format` names).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// `reasoning_content`.
+    Auto,
+    /// `content`, as generated.
+    None,
+}
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Model: a .gguf file or a Hugging Face directory.
@@ -33,6 +42,11 @@ pub struct Args {
     /// Model id reported by /v1/models (default: the model file's name without extension).
     #[arg(long)]
     model_name: Option<String>,
+    /// Chat answers' thinking: `auto` puts a leading `<think>…</think>` block in
+    /// `reasoning_content` (as llama.cpp's server does by default); `none` leaves it in
+    /// `content`. Tool calls are parsed whenever a request offers tools.
+    #[arg(long, value_enum, default_value = "auto")]
+    reasoning_format: ReasoningFormat,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -66,6 +80,7 @@ pub fn run(a: Args) -> Result<()> {
         queue: a.queue,
         api_key: a.api_key.clone(),
         model_id,
+        reasoning: a.reasoning_format == ReasoningFormat::Auto,
     };
     let router = nibble_server::app(backend, tok, model.chat_template.as_deref(), cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

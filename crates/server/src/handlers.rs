@@ -4,7 +4,8 @@
 use crate::error::{ApiError, ApiJson};
 use crate::metrics::{self, Metrics};
 use crate::params::{prepare, ModelInfo};
-use crate::protocol::{CompletionRequest, Envelope, Kind};
+use crate::parse::{parse_whole, ChatParser, Part};
+use crate::protocol::{Answer, CompletionRequest, Envelope, Kind};
 use crate::scheduler::{Event, Job, Queue};
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -30,6 +31,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Server start, Unix seconds (the model's `created`).
     pub started: u64,
+    /// Chat answers' `<think>` blocks go to `reasoning_content` (`--reasoning-format auto`).
+    pub reasoning: bool,
     pub next_id: AtomicU64,
 }
 
@@ -66,6 +69,8 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
     let (tx, rx) = unbounded_channel();
     let (stream, include_usage) = (p.stream, p.include_usage);
+    // What the chat answer's text is parsed for (a completion's text is left as it is).
+    let parse = (kind == Kind::Chat).then_some((s.reasoning, p.tools));
     s.queue.submit(Job {
         prompt: p.prompt,
         gen: p.gen,
@@ -84,20 +89,49 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         model: s.model_id.clone(),
     };
     if stream {
-        Ok(Sse::new(sse_stream(env, rx, include_usage)).into_response())
+        Ok(Sse::new(sse_stream(env, rx, include_usage, parse)).into_response())
     } else {
-        collect(env, rx).await
+        collect(env, rx, parse).await
+    }
+}
+
+/// OpenAI's finish reason for an answer that made tool calls and then stopped.
+fn finish_with_calls(finish: &'static str, calls: usize) -> &'static str {
+    if calls > 0 && finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
     }
 }
 
 /// Waits for the whole answer. Dropping this future (client gone) drops `rx`, which cancels.
-async fn collect(env: Envelope, mut rx: UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+/// `parse`: a chat answer's (reasoning, tools) switches.
+async fn collect(
+    env: Envelope,
+    mut rx: UnboundedReceiver<Event>,
+    parse: Option<(bool, bool)>,
+) -> Result<Response, ApiError> {
     let mut text = String::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
             Event::Done { finish, usage } => {
-                return Ok(Json(env.response(&text, finish, usage)).into_response())
+                let answer = match parse {
+                    Some((reasoning, tools)) => {
+                        let (reasoning, content, calls) = parse_whole(&text, reasoning, tools);
+                        Answer {
+                            reasoning,
+                            content,
+                            calls,
+                        }
+                    }
+                    None => Answer {
+                        content: text,
+                        ..Answer::default()
+                    },
+                };
+                let finish = finish_with_calls(finish, answer.calls.len());
+                return Ok(Json(env.response(&answer, finish, usage)).into_response());
             }
             Event::Error(msg) => return Err(ApiError::internal(msg)),
         }
@@ -112,17 +146,52 @@ struct SseState {
     include_usage: bool,
     pending: VecDeque<String>,
     ended: bool,
+    /// A chat answer's parser (reasoning and tool calls), when either is parsed.
+    parser: Option<ChatParser>,
+    /// Tool calls sent so far.
+    calls: usize,
 }
 
-/// The OpenAI chunk stream: (chat) a role chunk, content chunks, a final chunk with
-/// `finish_reason` and `usage` (null with `include_usage`, which adds a usage-only chunk after
-/// it), then `[DONE]`.
+impl SseState {
+    /// Queues the chunks of some answer text: as it is, or as its parser settles it.
+    fn queue_text(&mut self, t: &str, end: bool) {
+        let Some(p) = self.parser.as_mut() else {
+            if !t.is_empty() {
+                let c = self.env.chunk(Some(t), false, None);
+                self.pending.push_back(c.to_string());
+            }
+            return;
+        };
+        let mut parts = p.push(t);
+        if end {
+            parts.extend(p.finish());
+        }
+        for part in parts {
+            let c = match part {
+                Part::Reasoning(r) => self.env.delta_chunk(json!({"reasoning_content": r})),
+                Part::Content(c) => self.env.chunk(Some(&c), false, None),
+                Part::ToolCall { name, arguments } => {
+                    let mut call = self.env.tool_call(self.calls, &name, &arguments);
+                    call["index"] = json!(self.calls);
+                    self.calls += 1;
+                    self.env.delta_chunk(json!({ "tool_calls": [call] }))
+                }
+            };
+            self.pending.push_back(c.to_string());
+        }
+    }
+}
+
+/// The OpenAI chunk stream: (chat) a role chunk, content chunks (and, parsed from a chat
+/// answer, `reasoning_content` and `tool_calls` deltas), a final chunk with `finish_reason` and
+/// `usage` (null with `include_usage`, which adds a usage-only chunk after it), then `[DONE]`.
 /// When the client disconnects hyper drops this stream and with it `rx`: the worker's next send
 /// fails and generation is cancelled.
 fn sse_stream(
     env: Envelope,
     rx: UnboundedReceiver<Event>,
     include_usage: bool,
+    parse: Option<(bool, bool)>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let mut pending = VecDeque::new();
     if env.kind == Kind::Chat {
@@ -134,6 +203,10 @@ fn sse_stream(
         include_usage,
         pending,
         ended: false,
+        parser: parse
+            .map(|(reasoning, tools)| ChatParser::new(reasoning, tools))
+            .filter(ChatParser::active),
+        calls: 0,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -144,11 +217,10 @@ fn sse_stream(
                 return None;
             }
             match st.rx.recv().await {
-                Some(Event::Text(t)) => {
-                    let c = st.env.chunk(Some(&t), false, None);
-                    st.pending.push_back(c.to_string());
-                }
+                Some(Event::Text(t)) => st.queue_text(&t, false),
                 Some(Event::Done { finish, usage }) => {
+                    st.queue_text("", true);
+                    let finish = finish_with_calls(finish, st.calls);
                     // The usage goes in one chunk only, so a client that adds up the chunks'
                     // usage counts it once: OpenAI's usage-only chunk when asked for, else
                     // the final chunk (as llama.cpp and vLLM put it).
@@ -275,4 +347,98 @@ pub async fn count(State(s): State<Shared>, req: Request, next: Next) -> Respons
     let r = next.run(req).await;
     s.metrics.count_request(r.status().as_u16());
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Usage;
+    use serde_json::Value;
+
+    const PIECES: [&str; 5] = [
+        "<think>\nWeather",
+        " wanted.\n</think>\n\nChecking.\n<tool",
+        "_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        "\n<tool_call>{\"name\": \"now\"}</tool_call>",
+        "\n",
+    ];
+
+    fn env() -> Envelope {
+        Envelope {
+            kind: Kind::Chat,
+            id: "chatcmpl-5".into(),
+            created: 1,
+            model: "tiny".into(),
+        }
+    }
+
+    fn events() -> UnboundedReceiver<Event> {
+        let (tx, rx) = unbounded_channel();
+        for p in PIECES {
+            tx.send(Event::Text(p.into())).unwrap();
+        }
+        let usage = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 9,
+            cached_tokens: 0,
+        };
+        tx.send(Event::Done {
+            finish: "stop",
+            usage,
+        })
+        .unwrap();
+        rx
+    }
+
+    #[tokio::test]
+    async fn a_chat_answer_is_split_into_reasoning_content_and_tool_calls() {
+        let r = collect(env(), events(), Some((true, true))).await.unwrap();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        let m = &choice["message"];
+        assert_eq!(m["reasoning_content"], "Weather wanted.");
+        assert_eq!(m["content"], "Checking.");
+        assert_eq!(m["tool_calls"][0]["id"], "call_5_0");
+        assert_eq!(m["tool_calls"][0]["type"], "function");
+        let f = &m["tool_calls"][0]["function"];
+        assert_eq!(f["name"], "get_weather");
+        assert_eq!(f["arguments"], r#"{"city":"Paris"}"#);
+        assert_eq!(m["tool_calls"][1]["function"]["arguments"], "{}");
+        // The streamed chunks carry the same parts, the calls indexed.
+        let mut st = SseState {
+            rx: events(),
+            env: env(),
+            include_usage: false,
+            pending: VecDeque::new(),
+            ended: false,
+            parser: Some(ChatParser::new(true, true)),
+            calls: 0,
+        };
+        for p in PIECES {
+            st.queue_text(p, false);
+        }
+        st.queue_text("", true);
+        let deltas: Vec<Value> = (st.pending.iter())
+            .map(|c| serde_json::from_str::<Value>(c).unwrap()["choices"][0]["delta"].clone())
+            .collect();
+        let joined =
+            |key: &str| -> String { deltas.iter().filter_map(|d| d[key].as_str()).collect() };
+        assert_eq!(joined("reasoning_content"), "Weather wanted.");
+        assert_eq!(joined("content"), "Checking.");
+        let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1][0]["index"], 1);
+        assert_eq!(calls[1][0]["function"]["name"], "now");
+        assert_eq!(st.calls, 2);
+        // Neither switch: the text is the content, as generated.
+        let r = collect(env(), events(), Some((false, false)))
+            .await
+            .unwrap();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], PIECES.concat());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
 }

@@ -14,12 +14,14 @@
 //! top_p 1): send `temperature: 0` for greedy output. See [`params`] for every default and range.
 //!
 //! Modules: [`error`] (error body, JSON extractor), [`protocol`] (wire types), [`params`]
-//! (validation), [`scheduler`] (the worker), [`handlers`] (routes, auth), [`metrics`].
+//! (validation), [`scheduler`] (the worker), [`handlers`] (routes, auth), [`parse`] (a chat
+//! answer's reasoning and tool calls), [`metrics`].
 
 pub mod error;
 pub mod handlers;
 pub mod metrics;
 pub mod params;
+pub mod parse;
 pub mod protocol;
 pub mod scheduler;
 
@@ -51,6 +53,9 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// The id `/v1/models` lists and responses carry.
     pub model_id: String,
+    /// A chat answer's thinking (`<think>…</think>`) goes to `reasoning_content` rather than
+    /// `content`, as llama.cpp's server does by default (`--reasoning-format none`: false).
+    pub reasoning: bool,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +65,7 @@ impl Default for ServerConfig {
             queue: 64,
             api_key: None,
             model_id: "nibble".into(),
+            reasoning: true,
         }
     }
 }
@@ -103,6 +109,7 @@ pub fn app(
         model_id: cfg.model_id,
         api_key: cfg.api_key.filter(|k| !k.is_empty()),
         started,
+        reasoning: cfg.reasoning,
         next_id: AtomicU64::new(0),
     });
     let s = state.clone();

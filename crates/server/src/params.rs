@@ -42,6 +42,8 @@ pub struct Prepared {
     pub gen: GenParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// A chat request that offers tools: its answer's `<tool_call>` blocks are parsed.
+    pub tools: bool,
 }
 
 fn in_range(
@@ -470,5 +472,10 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        tools: kind == Kind::Chat
+            && r.tools
+                .as_ref()
+                .and_then(Value::as_array)
+                .is_some_and(|t| !t.is_empty()),
     })
 }

@@ -39,7 +39,8 @@ pub struct CompletionRequest {
     pub seed: Option<i64>,
     pub n: Option<i64>,
     pub chat_template_kwargs: Option<ChatTemplateKwargs>,
-    /// Tool schemas, passed to the chat template (tool calls in the output are not parsed).
+    /// Tool schemas, passed to the chat template; `<tool_call>` blocks in the answer are
+    /// parsed into `tool_calls` ([`crate::parse`]).
     pub tools: Option<Value>,
     /// Unsupported: rejected unless absent/false/null.
     pub logprobs: Option<Value>,
@@ -107,6 +108,16 @@ impl Usage {
     }
 }
 
+/// A whole answer's parts: the reasoning and tool calls are parsed from a chat answer's text
+/// ([`crate::parse`]); otherwise everything is content.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    pub reasoning: String,
+    pub content: String,
+    /// (function name, arguments as JSON text).
+    pub calls: Vec<(String, String)>,
+}
+
 /// Which route a response belongs to; it fixes the `object` names and the choice shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -137,17 +148,33 @@ impl Envelope {
         })
     }
 
-    /// The whole answer of a non-streaming request.
-    pub fn response(&self, text: &str, finish: &str, usage: Usage) -> Value {
+    /// The whole answer of a non-streaming request (a text completion's is `a.content`).
+    pub fn response(&self, a: &Answer, finish: &str, usage: Usage) -> Value {
         let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": finish,
-            }),
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": a.content});
+                if !a.reasoning.is_empty() {
+                    message["reasoning_content"] = json!(a.reasoning);
+                }
+                if !a.calls.is_empty() {
+                    let calls: Vec<Value> = (a.calls.iter().enumerate())
+                        .map(|(i, (name, args))| self.tool_call(i, name, args))
+                        .collect();
+                    message["tool_calls"] = json!(calls);
+                    // OpenAI's shape: no text beside the calls is null content.
+                    if a.content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": null,
+                    "finish_reason": finish,
+                })
+            }
             Kind::Text => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": a.content, "logprobs": null, "finish_reason": finish,
             }),
         };
         let object = match self.kind {
@@ -157,6 +184,22 @@ impl Envelope {
         let mut v = self.wrap(object, json!([choice]));
         v["usage"] = usage.json();
         v
+    }
+
+    /// Tool call `index` of this answer, as OpenAI writes one (the id is unique per answer).
+    pub fn tool_call(&self, index: usize, name: &str, arguments: &str) -> Value {
+        json!({
+            "id": format!("call_{}_{index}", self.id.trim_start_matches("chatcmpl-")),
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        })
+    }
+
+    /// A chat stream chunk carrying `delta` (e.g. `{"reasoning_content": …}`, or
+    /// `{"tool_calls": [{"index": i, …}]}`).
+    pub fn delta_chunk(&self, delta: Value) -> Value {
+        let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null});
+        self.wrap(self.chunk_object(), json!([choice]))
     }
 
     fn chunk_object(&self) -> &'static str {
@@ -243,11 +286,15 @@ mod tests {
             completion_tokens: 16,
             cached_tokens: 0,
         };
-        let r = env(Kind::Text).response("abc", "stop", u);
+        let a = Answer {
+            content: "abc".into(),
+            ..Answer::default()
+        };
+        let r = env(Kind::Text).response(&a, "stop", u);
         assert_eq!(r["object"], "text_completion");
         assert_eq!(r["choices"][0]["text"], "abc");
         assert_eq!(r["usage"]["completion_tokens"], 16);
-        let c = env(Kind::Chat).response("abc", "stop", u);
+        let c = env(Kind::Chat).response(&a, "stop", u);
         assert_eq!(c["object"], "chat.completion");
         assert_eq!(c["choices"][0]["message"]["content"], "abc");
     }

@@ -375,6 +375,40 @@ async fn logit_bias_steers_and_bans_tokens() {
     assert_eq!(v["choices"][0]["text"], "<|vision_start|>".repeat(3));
 }
 
+/// A chat answer's leading `<think>` block is `reasoning_content` (llama.cpp's default), in
+/// whole answers and streamed deltas; `--reasoning-format none` leaves it in `content`. The
+/// tiny model is made to think by a bias on `<think>` (151667): three of them open a block
+/// holding the other two, never closed (the token limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_goes_to_reasoning_content() {
+    let Some(_) = model_path() else { return };
+    let mut body = chat_body("Think.", 3, false);
+    body["logit_bias"] = json!({"151667": 100});
+    for reasoning in [true, false] {
+        let srv = start(nibble_server::ServerConfig { reasoning, ..cfg() }, CTX).await;
+        let (st, v) = post(&srv.base, "/v1/chat/completions", &body).await;
+        assert_eq!(st, 200, "{v}");
+        let m = &v["choices"][0]["message"];
+        let mut sbody = body.clone();
+        sbody["stream"] = json!(true);
+        let (_, _, sse) = post_stream(&srv.base, "/v1/chat/completions", &sbody).await;
+        let streamed_reasoning: String = (sse.chunks.iter())
+            .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str())
+            .collect();
+        if reasoning {
+            assert_eq!(m["reasoning_content"], "<think><think>", "{v}");
+            assert_eq!(m["content"], "");
+            assert_eq!(streamed_reasoning, "<think><think>");
+            assert_eq!(sse.text(), "");
+        } else {
+            assert_eq!(m["content"], "<think><think><think>", "{v}");
+            assert!(m.get("reasoning_content").is_none());
+            assert_eq!(streamed_reasoning, "");
+            assert_eq!(sse.text(), "<think><think><think>");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_and_seeds() {
     let Some(_) = model_path() else { return };
