@@ -242,14 +242,13 @@ fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
             "only response_format {\"type\": \"text\"} is supported (no JSON mode or schema)",
         ));
     }
-    let tools = r.tools.as_ref().is_some_and(|t| !t.is_null());
     match r.tool_choice.as_ref() {
         None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "auto" || (c == "none" && !tools) => {}
+        Some(Value::String(c)) if c == "auto" || c == "none" => {}
         Some(_) => {
             return Err(ApiError::invalid(
                 "tool_choice",
-                "only tool_choice \"auto\" is supported (the model decides; calls are not forced or forbidden)",
+                "only tool_choice \"auto\" (the model decides) or \"none\" is supported: calls are not forced",
             ))
         }
     }
@@ -349,7 +348,7 @@ fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String, ApiError>
         .chat_template_kwargs
         .as_ref()
         .and_then(|k| k.enable_thinking);
-    let tools = r.tools.as_ref().filter(|t| t.is_array());
+    let tools = offered_tools(r);
     tpl.render(&out, true, thinking, tools)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
@@ -414,6 +413,13 @@ fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
         })
 }
 
+/// The request's tools as the model sees them: none with `tool_choice: "none"` (OpenAI's "the
+/// model will not call a tool": they are left out of the prompt, and no call is parsed).
+fn offered_tools(r: &CompletionRequest) -> Option<&Value> {
+    let none = r.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
+    r.tools.as_ref().filter(|t| t.is_array() && !none)
+}
+
 /// Validates `r` for the route `kind` and tokenizes its prompt (CPU work: call off the runtime).
 pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepared, ApiError> {
     unsupported(r)?;
@@ -473,8 +479,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         tools: kind == Kind::Chat
-            && r.tools
-                .as_ref()
+            && offered_tools(r)
                 .and_then(Value::as_array)
                 .is_some_and(|t| !t.is_empty()),
     })

@@ -56,7 +56,7 @@ pub struct CompletionRequest {
     pub skip_special_tokens: Option<bool>,
     /// Only `{"type": "text"}` (the default) is supported: no JSON mode or schema.
     pub response_format: Option<Value>,
-    /// Only `"auto"` (the model decides), or `"none"` without tools, is supported.
+    /// `"auto"` (the model decides) or `"none"` (the tools are left out); calls are not forced.
     pub tool_choice: Option<Value>,
     /// vLLM's continuation of a final assistant message: unsupported when true.
     pub continue_final_message: Option<bool>,

@@ -306,7 +306,7 @@ fn table() -> Vec<Case> {
             C,
             chat(json!({"tool_choice": "required"})),
             Some("tool_choice"),
-            "only tool_choice \"auto\"",
+            "only tool_choice \"auto\" (the model decides) or \"none\"",
         ),
         case(
             "continue_final_message",

@@ -409,6 +409,37 @@ async fn thinking_goes_to_reasoning_content() {
     }
 }
 
+/// `tool_choice: "none"` is OpenAI's "no tool calls": the tools are left out of the prompt
+/// (it was a 400 beside tools); `"auto"` renders them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_choice_none_leaves_the_tools_out() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let mut prompt_tokens = vec![];
+    for (tools, choice) in [
+        (None, None),
+        (Some(&tools), Some("none")),
+        (Some(&tools), Some("auto")),
+    ] {
+        let mut b = chat_body("Weather in Paris?", 1, false);
+        if let Some(t) = tools {
+            b["tools"] = t.clone();
+        }
+        if let Some(c) = choice {
+            b["tool_choice"] = json!(c);
+        }
+        let (st, v) = post(&srv.base, "/v1/chat/completions", &b).await;
+        assert_eq!(st, 200, "{v}");
+        prompt_tokens.push(v["usage"]["prompt_tokens"].as_u64().unwrap());
+    }
+    assert_eq!(prompt_tokens[0], prompt_tokens[1]);
+    assert!(
+        prompt_tokens[2] > prompt_tokens[0] + 20,
+        "{prompt_tokens:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_and_seeds() {
     let Some(_) = model_path() else { return };
