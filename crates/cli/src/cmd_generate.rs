@@ -15,8 +15,11 @@ pub struct Args {
     #[arg(short, long)]
     model: PathBuf,
     /// Prompt text.
-    #[arg(short, long)]
-    prompt: String,
+    #[arg(short, long, required_unless_present = "file", conflicts_with = "file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file (`-` for stdin), as llama.cpp's `-f`.
+    #[arg(short, long, value_name = "PATH")]
+    file: Option<PathBuf>,
     /// Tokens to generate at most.
     #[arg(short = 'n', long, default_value_t = 128)]
     max_tokens: usize,
@@ -38,6 +41,11 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     a.backend.check_flags()?;
     let params = a.sampling.params(a.max_tokens)?;
+    let prompt = match (&a.prompt, &a.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => read_prompt(f)?,
+        (None, None) => unreachable!("clap requires --prompt or --file"),
+    };
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::required(&model)?;
     let text = if a.chat {
@@ -51,10 +59,10 @@ pub fn run(a: Args) -> Result<()> {
         if let Some(s) = &a.system {
             msgs.push(Message::system(s.clone()));
         }
-        msgs.push(Message::user(a.prompt.clone()));
+        msgs.push(Message::user(prompt));
         ChatTemplate::new(tpl)?.render(&msgs, true, a.no_think.then_some(false), None)?
     } else {
-        a.prompt.clone()
+        prompt
     };
     let mut session = Session::new(backends::make(&a.backend, model.weights.clone())?);
     let ids = tok.encode_within(&text, session.backend().context_len())?;
@@ -100,4 +108,23 @@ pub(crate) fn describe(f: &FinishReason) -> String {
         FinishReason::ContextFull => "context full".into(),
         FinishReason::Cancelled => "output closed".into(),
     }
+}
+
+/// The prompt in `path` (`-`: stdin), which must be UTF-8 text.
+fn read_prompt(path: &std::path::Path) -> Result<String> {
+    let bytes = if path == std::path::Path::new("-") {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+            .map_err(|e| anyhow!("reading the prompt from stdin: {e}"))?;
+        b
+    } else {
+        std::fs::read(path).map_err(|e| anyhow!("reading the prompt {}: {e}", path.display()))?
+    };
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow!(
+            "the prompt {} is not UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }

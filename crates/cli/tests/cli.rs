@@ -170,6 +170,46 @@ fn special_tokens_are_printed_only_with_special() {
     }
 }
 
+/// `-f FILE` (llama.cpp's flag) and `-f -` (stdin) read the prompt; the text is `-p`'s.
+#[test]
+fn the_prompt_can_come_from_a_file_or_stdin() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (file, bad) = (dir.path().join("p.txt"), dir.path().join("bad.txt"));
+    std::fs::write(&file, "Once upon a time").unwrap();
+    std::fs::write(&bad, b"\xff\xfe").unwrap();
+    let gen = |src: &[&str], stdin: Option<&str>| {
+        run(
+            &[&["generate", "-m", m, "-n", "6"][..], src].concat(),
+            stdin,
+        )
+    };
+    let want = gen(&["-p", "Once upon a time"], None);
+    assert!(want.status.success(), "{}", text(&want.stderr));
+    let from_file = gen(&["-f", file.to_str().unwrap()], None);
+    assert_eq!(text(&from_file.stdout), text(&want.stdout));
+    let from_stdin = gen(&["-f", "-"], Some("Once upon a time"));
+    assert_eq!(text(&from_stdin.stdout), text(&want.stdout));
+    for (src, err) in [
+        (vec!["-f", bad.to_str().unwrap()], "is not UTF-8 text"),
+        (
+            vec!["-f", "/nonexistent/p.txt"],
+            "reading the prompt /nonexistent/p.txt",
+        ),
+        (vec![], "--prompt"),
+        (vec!["-p", "x", "-f", "-"], "cannot be used with"),
+    ] {
+        let out = gen(&src, None);
+        assert!(!out.status.success(), "{src:?}");
+        assert!(
+            text(&out.stderr).contains(err),
+            "{src:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn same_seed_same_bytes() {
     let Some(m) = model() else { return };
