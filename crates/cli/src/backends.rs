@@ -236,7 +236,7 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
     let ignored = args.gpu_flags();
     if kind != BackendKind::Gpu && !ignored.is_empty() {
         note!(
-            "note: {} ignored: they apply to the GPU backend only",
+            "note: ignored on the CPU backend (GPU only): {}",
             ignored.join(", ")
         );
     }

@@ -333,6 +333,14 @@ fn tg(b: &mut dyn Backend, n: usize, reps: usize) -> Result<Vec<f64>> {
 
 pub fn run(mut a: Args) -> Result<()> {
     a.backend.check_flags()?;
+    if a.compare_per_token
+        && matches!(
+            a.backend.backend,
+            backends::BackendKind::Cpu | backends::BackendKind::Ref
+        )
+    {
+        anyhow::bail!("--compare-per-token compares the GPU's folded and per-token paths: it needs --backend gpu or auto");
+    }
     // A depth given twice is measured once, in the order given.
     let mut seen = std::collections::HashSet::new();
     a.depth.retain(|d| seen.insert(*d));

@@ -9,8 +9,9 @@
 
 use crate::backends::{self, BackendArgs};
 use crate::sampling_args::SamplingArgs;
-use anyhow::{anyhow, Result};
-use nibble_engine::session::Session;
+use anyhow::{anyhow, bail, Result};
+use nibble_engine::session::{FinishReason, Session};
+use nibble_engine::StopReason;
 use nibble_engine::{ChatTemplate, Message, Tokenizer};
 use std::io::{BufRead, Write};
 use std::ops::Range;
@@ -38,6 +39,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     a.backend.check_flags()?;
+    if a.max_tokens == 0 {
+        bail!("-n must be at least 1: every answer needs a token");
+    }
     let params = a.sampling.params(a.max_tokens)?;
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::required(&model)?;
@@ -47,10 +51,24 @@ pub fn run(a: Args) -> Result<()> {
             a.model.display()
         )
     })?)?;
+    let vocab = model.weights.config().vocab_size;
+    if let Some(id) = params.sampling.bias_outside(vocab) {
+        bail!("--logit-bias {id}: the id is outside the model's vocabulary of {vocab}");
+    }
     let mut session = Session::new(backends::make(&a.backend, model.weights.clone())?);
     let mut msgs = vec![];
     if let Some(s) = &a.system {
         msgs.push(Message::system(s.clone()));
+        // A system message that leaves no room for any message would fail every turn.
+        let ctx = session.backend().context_len();
+        let probe = [msgs[0].clone(), Message::user(String::new())];
+        let text = tpl.render(&probe, true, a.no_think.then_some(false), None)?;
+        let n = tok
+            .encode_within(&text, ctx)
+            .map_or(usize::MAX, |ids| ids.len());
+        if n >= ctx {
+            bail!("the --system message takes {} of the context's {ctx} tokens, leaving none for the conversation", if n == usize::MAX { "more than all".to_owned() } else { n.to_string() });
+        }
     }
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
@@ -69,7 +87,8 @@ pub fn run(a: Args) -> Result<()> {
         if line.is_empty() {
             continue;
         }
-        match line {
+        let command = line.trim().to_ascii_lowercase();
+        match command.as_str() {
             "/exit" | "/quit" => break,
             "/reset" | "/clear" => {
                 msgs.truncate(usize::from(a.system.is_some()));
@@ -79,6 +98,18 @@ pub fn run(a: Args) -> Result<()> {
             }
             "/help" => {
                 note!("{HELP}");
+                prompt_again(&mut out, interactive)?;
+                continue;
+            }
+            // A slash and a word that is no command: a typo, not a message.
+            c if c.len() > 1
+                && c.starts_with('/')
+                && c[1..].chars().all(|ch| ch.is_ascii_alphabetic()) =>
+            {
+                note!(
+                    "[unknown command {}: /help lists the commands]",
+                    line.trim()
+                );
                 prompt_again(&mut out, interactive)?;
                 continue;
             }
@@ -128,6 +159,14 @@ pub fn run(a: Args) -> Result<()> {
             stats.decode_tps(),
             crate::cmd_generate::describe(&stats.finish)
         );
+        // The history holds the answer as shown without --special, so that flag changes what is
+        // printed, not what the model sees next turn (an unknown id's `<|unk:ID|>` would come
+        // back as plain text). A stop string cut the shown text: that text is kept as it is.
+        let stopped_by_string =
+            matches!(stats.finish, FinishReason::Stop(StopReason::StopString(_)));
+        if !params.skip_special_tokens && !stopped_by_string {
+            answer = tok.decode_skipping_special(&stats.generated);
+        }
         msgs.push(Message::assistant(answer));
         prompt_again(&mut out, interactive)?;
     }
@@ -135,7 +174,8 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 const HELP: &str = "[commands: /reset (or /clear) starts the conversation over, keeping --system; \
-/exit (or /quit, or the end of input) ends; /help shows this. Every other line is a message.]";
+/exit (or /quit, or the end of input) ends; /help shows this. Any other line that is not a slash \
+and a word is a message.]";
 
 /// Shows the input prompt again on a terminal.
 fn prompt_again(out: &mut impl Write, interactive: bool) -> Result<()> {
@@ -150,7 +190,7 @@ fn prompt_again(out: &mut impl Write, interactive: bool) -> Result<()> {
 /// prompt and leaving room for an answer of `max_tokens` (at most half of the `ctx` positions),
 /// and the range of `msgs` left out for it: while the ids do not leave that room, the oldest
 /// exchange (a user message and the replies up to the next user message) is left out, the
-/// system message kept. The new message with no history is returned however long (the session
+/// last one too, the system message kept. The new message with no history is returned however long (the session
 /// then says it does not fit), so a message that cannot be answered costs no history.
 fn fit(
     tpl: &ChatTemplate,
@@ -166,8 +206,8 @@ fn fit(
     loop {
         let kept: Vec<Message> = msgs[..start].iter().chain(&msgs[cut..]).cloned().collect();
         let prompt = tpl.render(&kept, true, no_think.then_some(false), None)?;
-        // The next user message that is not the new one: where the next cut would end.
-        let next = (cut + 1..msgs.len().saturating_sub(1)).find(|&i| msgs[i].role == "user");
+        // The next user message (the new one at the latest): where the next cut would end.
+        let next = (cut + 1..msgs.len()).find(|&i| msgs[i].role == "user");
         match (tok.encode_within(&prompt, ctx), next) {
             (Ok(ids), _) if ids.len() + room <= ctx => return Ok((ids, start..cut)),
             (Ok(ids), None) => return Ok((ids, start..cut)),

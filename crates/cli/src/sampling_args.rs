@@ -22,9 +22,10 @@ pub struct SamplingArgs {
     pub presence_penalty: f32,
     #[arg(long, default_value_t = 0.0)]
     pub frequency_penalty: f32,
-    /// Add BIAS to token ID's logit, llama.cpp's form `ID+BIAS` or `ID-BIAS` (repeatable):
-    /// `--logit-bias 15043+1` favours token 15043, `--logit-bias 15043-inf` bans it. Any bias
-    /// samples on the host each step (no folded runs).
+    /// Add BIAS to token ID's logit, llama.cpp's form `ID+BIAS` or `ID-BIAS` (repeatable; an
+    /// id given twice gets the sum, as in llama.cpp): `--logit-bias 15043+1` favours token
+    /// 15043, `--logit-bias 15043-inf` bans it. |BIAS| <= 1e6. Any bias samples on the host
+    /// each step (no folded runs).
     #[arg(long = "logit-bias", value_name = "ID(+|-)BIAS", value_parser = parse_bias)]
     pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the sampler: the same seed gives the same bytes.
@@ -56,7 +57,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
-            logit_bias: self.logit_bias.clone(),
+            logit_bias: summed(&self.logit_bias),
         };
         // Validate now so a bad flag is reported before the model loads.
         nibble_engine::Sampler::new(sampling.clone())?;
@@ -80,4 +81,16 @@ fn parse_bias(s: &str) -> Result<(u32, f32), String> {
         return Err(format!("{s:?}: the bias must be finite or -inf"));
     }
     Ok((id, bias))
+}
+
+/// The biases with each id once, repeated ones summed (llama.cpp adds them up).
+fn summed(biases: &[(u32, f32)]) -> Vec<(u32, f32)> {
+    let mut out: Vec<(u32, f32)> = Vec::new();
+    for &(id, b) in biases {
+        match out.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, sum)) => *sum += b,
+            None => out.push((id, b)),
+        }
+    }
+    out
 }

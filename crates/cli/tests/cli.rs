@@ -131,6 +131,24 @@ fn logit_bias_steers_greedy_output_on_every_backend() {
     let out = run(&["generate", "-m", m, "-p", "x", "--logit-bias", "5"], None);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("want ID+BIAS or ID-BIAS"));
+    // An id given twice gets the sum (llama.cpp's rule): -100 + 200 favours "!" again.
+    let args = [
+        "generate",
+        "-m",
+        m,
+        "-p",
+        "Hi",
+        "-n",
+        "3",
+        "--backend",
+        "cpu",
+    ];
+    let twice = ["--logit-bias", "0-100", "--logit-bias", "0+200"];
+    let out = run(&[&args[..], &twice].concat(), None);
+    assert_eq!(text(&out.stdout).trim_end(), "!!!");
+    // Bounded, so a penalty cannot carry a favoured logit to infinity.
+    let out = run(&[&args[..], &["--logit-bias", "0+2e6"]].concat(), None);
+    assert!(text(&out.stderr).contains("want |bias| <= 1e6"));
     let out = run(
         &["generate", "-m", m, "-p", "x", "--logit-bias", "999999+1"],
         None,
@@ -167,6 +185,25 @@ fn special_tokens_are_printed_only_with_special() {
         assert!(text(&out.stderr).contains("generated 3 tokens"));
         let out = run(&[&args[..], &["--special"]].concat(), None);
         assert_eq!(text(&out.stdout).trim_end(), shown.repeat(3), "{bias}");
+        // In chat, --special changes what is printed, not the history the model sees next
+        // (`<|unk:ID|>` went back into it as plain text: 54 prompt tokens against 20).
+        let chat = [
+            "chat",
+            "-m",
+            m,
+            "-n",
+            "3",
+            "--ctx",
+            "128",
+            "--logit-bias",
+            bias,
+        ];
+        let second = |extra: &[&str]| {
+            let err = text(&run(&[&chat[..], extra].concat(), Some("hi\nhi\n")).stderr);
+            let at = err.find("[turn 2: prompt ").expect("a second turn") + 16;
+            err[at..].split(' ').next().unwrap().to_owned()
+        };
+        assert_eq!(second(&["--special"]), second(&[]), "{bias}");
     }
 }
 
@@ -291,7 +328,7 @@ fn chat_drops_its_oldest_exchanges_when_the_context_fills() {
     let Some(m) = model() else { return };
     let m = m.to_str().unwrap();
     let input = format!(
-        "hi there\n{}\n/help\nsecond question here\nthird question\n/reset\nafter reset\n",
+        "hi there\n{}\n/help\nsecond question here\nthird question\n /RESET\n/unknown\nafter reset\n",
         "word ".repeat(20)
     );
     let out = run(&["chat", "-m", m, "-n", "8", "--ctx", "80"], Some(&input));
@@ -310,6 +347,43 @@ fn chat_drops_its_oldest_exchanges_when_the_context_fills() {
     assert!(err.contains("[the conversation is cleared]"), "{err}");
     // After /reset the prompt is a lone message again (10 tokens for a two-word one).
     assert!(turns[4].starts_with("[turn 5: prompt 10 tokens"), "{err}");
+    assert!(
+        err.contains("[unknown command /unknown: /help lists"),
+        "{err}"
+    );
+    // An answer that fills the context is dropped too (the last exchange was always kept, so
+    // every later message failed).
+    let out = run(
+        &["chat", "-m", m, "-n", "200", "--ctx", "128"],
+        Some("hi\nhi\nhi\n"),
+    );
+    let err = text(&out.stderr);
+    assert!(!err.contains("this message is dropped"), "{err}");
+    assert_eq!(err.matches("[turn ").count(), 3, "{err}");
+    // Settings that would fail every message fail at start-up.
+    let long = "w ".repeat(100);
+    for (args, want) in [
+        (
+            vec!["--system", long.as_str()],
+            "the --system message takes",
+        ),
+        (
+            vec!["--logit-bias", "999999+1"],
+            "outside the model's vocabulary",
+        ),
+        (vec!["-n", "0"], "-n must be at least 1"),
+    ] {
+        let out = run(
+            &[&["chat", "-m", m, "--ctx", "64"][..], &args].concat(),
+            Some("hi\n"),
+        );
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(want),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
 }
 
 /// A message that cannot be answered (the conversation outgrew the context) is dropped with
@@ -614,7 +688,18 @@ fn tune_help_names_every_key() {
 /// of 1e30 wrote infinite scales, an empty `--api-key` served without auth).
 #[test]
 fn meaningless_flags_are_refused_up_front() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
+        (
+            &[
+                "bench",
+                "-m",
+                "none.gguf",
+                "--backend",
+                "cpu",
+                "--compare-per-token",
+            ],
+            "--compare-per-token compares the GPU's",
+        ),
         (&["bench", "-m", "none.gguf", "-n", "0"], "0 is not in 1.."),
         (
             &[

@@ -125,9 +125,11 @@ impl SamplingParams {
         }
         let mut seen = std::collections::HashSet::new();
         for &(id, b) in &self.logit_bias {
-            if b.is_nan() || b == f32::INFINITY {
+            // Bounded so the penalties cannot carry a biased logit to infinity (1e38 under a
+            // repetition penalty of 0.5 became inf and lost); -inf is a ban.
+            if !(b.abs() <= MAX_BIAS || b == f32::NEG_INFINITY) {
                 return Err(Error::Sampling(format!(
-                    "logit bias {b} for token {id} is out of range (want a finite value or -inf)"
+                    "logit bias {b} for token {id} is out of range (want |bias| <= 1e6, or -inf)"
                 )));
             }
             if !seen.insert(id) {
@@ -179,6 +181,9 @@ impl SamplingParams {
             .find(|&id| id as usize >= vocab)
     }
 }
+
+/// Largest finite logit bias: far beyond any logit, far below f32's range.
+const MAX_BIAS: f32 = 1e6;
 
 /// Picks token ids from logits according to [`SamplingParams`].
 #[derive(Debug)]

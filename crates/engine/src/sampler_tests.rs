@@ -490,6 +490,8 @@ fn bad_logit_biases_are_refused() {
     for bias in [
         vec![(2, f32::NAN)],
         vec![(2, f32::INFINITY)],
+        vec![(2, 2e6)],
+        vec![(2, -1e38)],
         vec![(2, 1.0), (5, 0.0), (2, -1.0)],
     ] {
         assert!(

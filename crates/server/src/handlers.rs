@@ -320,17 +320,23 @@ pub async fn method_not_allowed(req: Request) -> ApiError {
 pub async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
         if req.uri().path() != "/health" {
-            let given = req
+            let header = req
                 .headers()
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
+                .map(|v| v.to_str().unwrap_or(""));
+            // The scheme is case-insensitive (RFC 9110): `bearer KEY` is a key too.
+            let given = header.and_then(|v| {
+                let (scheme, key) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(key)
+            });
             match given {
                 None => {
-                    return ApiError::unauthorized(
-                        "missing API key: send the header `Authorization: Bearer KEY`",
-                    )
-                    .into_response()
+                    let why = if header.is_some() {
+                        "the Authorization header is not `Bearer KEY`"
+                    } else {
+                        "missing API key: send the header `Authorization: Bearer KEY`"
+                    };
+                    return ApiError::unauthorized(why).into_response();
                 }
                 Some(k) if k.trim() != key => {
                     return ApiError::unauthorized("incorrect API key").into_response()

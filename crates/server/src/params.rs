@@ -83,6 +83,7 @@ fn logit_bias(v: &Option<Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiErr
     let mut out = Vec::with_capacity(map.len());
     for (key, val) in map {
         let id = key
+            .trim()
             .parse::<u32>()
             .ok()
             .filter(|&id| (id as usize) < vocab)
@@ -103,6 +104,10 @@ fn logit_bias(v: &Option<Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiErr
         out.push((id, b));
     }
     out.sort_unstable_by_key(|&(id, _)| id);
+    // Keys that differ as text but name one id ("1" and "01"): which bias was meant is unclear.
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(bad(format!("logit_bias names token {} twice", w[0].0)));
+    }
     Ok(out)
 }
 

@@ -287,6 +287,13 @@ fn table() -> Vec<Case> {
             "token 15 is 101: want a number in [-100, 100]",
         ),
         case(
+            "two logit_bias keys naming one token",
+            C,
+            chat(json!({"logit_bias": {"1": 5, "01": -5}})),
+            Some("logit_bias"),
+            "logit_bias names token 1 twice",
+        ),
+        case(
             "a logit_bias that is not a number",
             C,
             chat(json!({"logit_bias": {"15": "up"}})),

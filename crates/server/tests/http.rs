@@ -497,6 +497,20 @@ async fn auth_guards_every_route_but_health_and_cors_preflights() {
     let (st, body) = get(&srv.base, "/v1/models", Some("wrong")).await;
     assert_eq!(st, 401);
     assert!(body.contains("incorrect API key"));
+    // The scheme is case-insensitive; another scheme is named as such (it read "missing").
+    for (auth, status, want) in [
+        ("bearer sekrit", 200, ""),
+        ("Basic c2Vrcml0", 401, "is not `Bearer KEY`"),
+    ] {
+        let r = client(30)
+            .get(format!("{}/v1/models", srv.base))
+            .header("authorization", auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{auth}");
+        assert!(r.text().await.unwrap().contains(want), "{auth}");
+    }
     let (st, _) = get(&srv.base, "/metrics", None).await;
     assert_eq!(st, 401);
     let (st, body) = get(&srv.base, "/v1/models", Some("sekrit")).await;
