@@ -140,8 +140,14 @@ pub fn run(a: Args) -> Result<()> {
                 continue;
             }
         };
-        // A stdout that cannot be written ends the chat.
-        writeln!(out)?;
+        // A stdout that cannot be written ends the chat: quietly where its reader left
+        // (`| head`), as `generate` ends; any other failure is an error.
+        if let Err(e) = writeln!(out) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Ok(());
+            }
+            return Err(anyhow!(e).context("writing the answer to stdout"));
+        }
         if !cut.is_empty() {
             note!(
                 "[the conversation outgrew the context of {ctx} tokens: its oldest {} messages are dropped]",

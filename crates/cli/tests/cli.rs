@@ -193,7 +193,23 @@ fn a_closed_stdout_pipe_ends_a_report_quietly() {
         Some(libc::SIGPIPE),
         "{:?} {err}",
         out.status
-    );
+    ); // chat keeps SIGPIPE ignored and ends quietly, as generate does (it said "error: Broken
+       // pipe" and exited 1).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = nibble()
+        .args(["chat", "-n", "2", "--backend", "cpu", "-m"])
+        .arg(m)
+        .stdin(Stdio::piped())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hi\nhi\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("error"), "{err}");
 }
 
 /// A stdout that cannot be written (a full disk) is an error naming the cause, never a panic
