@@ -81,6 +81,7 @@ pub fn run(a: Args) -> Result<()> {
         api_key: a.api_key.clone(),
         model_id,
         reasoning: a.reasoning_format == ReasoningFormat::Auto,
+        ..ServerConfig::default()
     };
     let router = nibble_server::app(backend, tok, model.chat_template.as_deref(), cfg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

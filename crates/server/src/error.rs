@@ -116,6 +116,16 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// How long a request body may take to arrive (a request extension set by the router; 408
+/// beyond it).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimeout(pub std::time::Duration);
+
+impl BodyTimeout {
+    /// 60 s: ample for the 8 MiB body limit on any working link.
+    pub const DEFAULT: std::time::Duration = std::time::Duration::from_secs(60);
+}
+
 /// A JSON request body parsed into `T`; every rejection becomes an [`ApiError`] naming the field
 /// at fault (`param`), found with `serde_path_to_error`.
 ///
@@ -138,10 +148,29 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                 ),
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let status = e.status();
-            ApiError::status(status, "invalid_request_error", e.body_text())
-        })?;
+        // A body that never finishes would hold its connection (and a task) for as long as
+        // the client likes: it gets the server's `BodyTimeout`.
+        let limit = req
+            .extensions()
+            .get::<BodyTimeout>()
+            .map_or(BodyTimeout::DEFAULT, |t| t.0);
+        let read = tokio::time::timeout(limit, Bytes::from_request(req, state));
+        let bytes = read
+            .await
+            .map_err(|_| {
+                ApiError::status(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    format!(
+                        "the request body did not arrive within {} s",
+                        limit.as_secs_f64()
+                    ),
+                )
+            })?
+            .map_err(|e| {
+                let status = e.status();
+                ApiError::status(status, "invalid_request_error", e.body_text())
+            })?;
         parse_json(&bytes).map(ApiJson)
     }
 }

@@ -56,6 +56,8 @@ pub struct ServerConfig {
     /// A chat answer's thinking (`<think>…</think>`) goes to `reasoning_content` rather than
     /// `content`, as llama.cpp's server does by default (`--reasoning-format none`: false).
     pub reasoning: bool,
+    /// How long a request body may take to arrive (408 beyond it).
+    pub body_timeout: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +68,7 @@ impl Default for ServerConfig {
             api_key: None,
             model_id: "nibble".into(),
             reasoning: true,
+            body_timeout: error::BodyTimeout::DEFAULT,
         }
     }
 }
@@ -128,6 +131,7 @@ pub fn app(
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::Extension(error::BodyTimeout(cfg.body_timeout)))
         .layer(axum::middleware::from_fn_with_state(
             s.clone(),
             handlers::auth,

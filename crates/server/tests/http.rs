@@ -740,3 +740,34 @@ async fn a_model_is_retrieved_by_id_and_routes_work_without_v1() {
     let (st, c) = post(&srv.base, "/completions", &text).await;
     assert_eq!(st, 200, "{c}");
 }
+
+/// A body that stops arriving gets 408 after the server's body timeout (it held the
+/// connection for as long as the client liked); the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_gets_408() {
+    use std::io::{Read, Write};
+    let Some(_) = model_path() else { return };
+    let cfg = nibble_server::ServerConfig {
+        body_timeout: Duration::from_secs(1),
+        ..cfg()
+    };
+    let srv = start(cfg, CTX).await;
+    let addr = srv.base.trim_start_matches("http://").to_owned();
+    let (answer, waited) = tokio::task::spawn_blocking(move || {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let head = format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"prompt\"");
+        c.write_all(head.as_bytes()).unwrap();
+        let t = Instant::now();
+        let mut answer = vec![0u8; 4096];
+        let n = c.read(&mut answer).expect("no answer to a stalled body");
+        (String::from_utf8_lossy(&answer[..n]).into_owned(), t.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 1 s"), "{answer}");
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    let (st, _) = get(&srv.base, "/health", None).await;
+    assert_eq!(st, 200);
+}
