@@ -187,6 +187,9 @@ impl BackendArgs {
     /// silently); with `auto` falling back to the CPU they are named as ignored.
     pub fn check_flags(&self) -> Result<()> {
         let given = self.gpu_flags();
+        if self.backend == BackendKind::Ref && self.streams > 0 {
+            anyhow::bail!("--streams: the reference backend decodes one sequence (the gpu and cpu backends have the multi-stream path)");
+        }
         if let (false, Some(first)) = (
             matches!(self.backend, BackendKind::Auto | BackendKind::Gpu),
             given.first(),

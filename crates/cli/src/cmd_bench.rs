@@ -488,6 +488,11 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     if multi.is_some() {
         anyhow::ensure!(
+            b.max_streams() > 0,
+            "--batch needs the multi-stream path, which {} does not have (the gpu and cpu backends do)",
+            b.name()
+        );
+        anyhow::ensure!(
             b.max_streams() >= multi.unwrap_or(0),
             "--batch needs the multi-stream path: {} decodes at most {} streams together",
             b.name(),

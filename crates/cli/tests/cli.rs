@@ -333,7 +333,19 @@ fn tune_help_names_every_key() {
 /// of 1e30 wrote infinite scales, an empty `--api-key` served without auth).
 #[test]
 fn meaningless_flags_are_refused_up_front() {
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
+        (
+            &[
+                "serve",
+                "-m",
+                "none.gguf",
+                "--backend",
+                "ref",
+                "--streams",
+                "2",
+            ],
+            "--streams: the reference backend decodes one sequence",
+        ),
         (
             &[
                 "bench",
