@@ -4,7 +4,7 @@
 use crate::error::{ApiError, ApiJson};
 use crate::metrics::{self, Metrics};
 use crate::params::{prepare, ModelInfo};
-use crate::parse::{parse_whole, ChatParser, Part};
+use crate::parse::{parse_whole, ChatParser, ParseCfg, Part};
 use crate::protocol::{Answer, CompletionRequest, Envelope, Kind};
 use crate::scheduler::{Event, Job, Queue};
 use axum::extract::{Request, State};
@@ -70,7 +70,11 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
     let (tx, rx) = unbounded_channel();
     let (stream, include_usage) = (p.stream, p.include_usage);
     // What the chat answer's text is parsed for (a completion's text is left as it is).
-    let parse = (kind == Kind::Chat).then_some((s.reasoning, p.tools));
+    let parse = (kind == Kind::Chat).then_some(ParseCfg {
+        reasoning: s.reasoning,
+        tools: p.tools,
+        thinking_open: p.thinking_open,
+    });
     s.queue.submit(Job {
         prompt: p.prompt,
         gen: p.gen,
@@ -105,11 +109,11 @@ fn finish_with_calls(finish: &'static str, calls: usize) -> &'static str {
 }
 
 /// Waits for the whole answer. Dropping this future (client gone) drops `rx`, which cancels.
-/// `parse`: a chat answer's (reasoning, tools) switches.
+/// `parse`: what a chat answer is parsed for.
 async fn collect(
     env: Envelope,
     mut rx: UnboundedReceiver<Event>,
-    parse: Option<(bool, bool)>,
+    parse: Option<ParseCfg>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     while let Some(ev) = rx.recv().await {
@@ -117,8 +121,8 @@ async fn collect(
             Event::Text(t) => text.push_str(&t),
             Event::Done { finish, usage } => {
                 let answer = match parse {
-                    Some((reasoning, tools)) => {
-                        let (reasoning, content, calls) = parse_whole(&text, reasoning, tools);
+                    Some(cfg) => {
+                        let (reasoning, content, calls) = parse_whole(&text, cfg);
                         Answer {
                             reasoning,
                             content,
@@ -191,7 +195,7 @@ fn sse_stream(
     env: Envelope,
     rx: UnboundedReceiver<Event>,
     include_usage: bool,
-    parse: Option<(bool, bool)>,
+    parse: Option<ParseCfg>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let mut pending = VecDeque::new();
     if env.kind == Kind::Chat {
@@ -203,9 +207,7 @@ fn sse_stream(
         include_usage,
         pending,
         ended: false,
-        parser: parse
-            .map(|(reasoning, tools)| ChatParser::new(reasoning, tools))
-            .filter(ChatParser::active),
+        parser: parse.map(|cfg| cfg.parser()).filter(ChatParser::active),
         calls: 0,
     };
     stream::unfold(st, |mut st| async move {
@@ -235,6 +237,8 @@ fn sse_stream(
                     st.ended = true;
                 }
                 Some(Event::Error(msg)) => {
+                    // What the parser still holds goes out before the error.
+                    st.queue_text("", true);
                     // Headers are sent already: report in-band, as OpenAI does.
                     st.pending
                         .push_back(ApiError::internal(msg).body().to_string());
@@ -398,14 +402,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_chat_answer_is_split_into_reasoning_content_and_tool_calls() {
-        let r = collect(env(), events(), Some((true, true))).await.unwrap();
+        let both = ParseCfg {
+            reasoning: true,
+            tools: true,
+            thinking_open: false,
+        };
+        let r = collect(env(), events(), Some(both)).await.unwrap();
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         let v: Value = serde_json::from_slice(&body).unwrap();
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
         let m = &choice["message"];
         assert_eq!(m["reasoning_content"], "Weather wanted.");
-        assert_eq!(m["content"], "Checking.");
+        assert_eq!(m["content"], "Checking.\n");
         assert_eq!(m["tool_calls"][0]["id"], "call_5_0");
         assert_eq!(m["tool_calls"][0]["type"], "function");
         let f = &m["tool_calls"][0]["function"];
@@ -419,7 +428,7 @@ mod tests {
             include_usage: false,
             pending: VecDeque::new(),
             ended: false,
-            parser: Some(ChatParser::new(true, true)),
+            parser: Some(both.parser()),
             calls: 0,
         };
         for p in PIECES {
@@ -432,14 +441,14 @@ mod tests {
         let joined =
             |key: &str| -> String { deltas.iter().filter_map(|d| d[key].as_str()).collect() };
         assert_eq!(joined("reasoning_content"), "Weather wanted.");
-        assert_eq!(joined("content"), "Checking.");
+        assert_eq!(joined("content"), "Checking.\n");
         let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1][0]["index"], 1);
         assert_eq!(calls[1][0]["function"]["name"], "now");
         assert_eq!(st.calls, 2);
         // Neither switch: the text is the content, as generated.
-        let r = collect(env(), events(), Some((false, false)))
+        let r = collect(env(), events(), Some(ParseCfg::default()))
             .await
             .unwrap();
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();

@@ -44,6 +44,9 @@ pub struct Prepared {
     pub include_usage: bool,
     /// A chat request that offers tools: its answer's `<tool_call>` blocks are parsed.
     pub tools: bool,
+    /// A chat prompt that ends inside a thinking block (`<think>`, as Qwen3 Thinking-2507
+    /// templates render the generation prompt): the answer starts as reasoning.
+    pub thinking_open: bool,
 }
 
 fn in_range(
@@ -418,6 +421,14 @@ fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
         })
 }
 
+/// Whether a rendered chat prompt ends inside a thinking block (Qwen3 Thinking-2507 templates
+/// end the generation prompt with `<think>\n`; Qwen3's own with thinking off closes it).
+fn opens_thinking(prompt: &str) -> bool {
+    prompt
+        .trim_end_matches(|c: char| c.is_ascii_whitespace())
+        .ends_with("<think>")
+}
+
 /// The request's tools as the model sees them: none with `tool_choice: "none"` (OpenAI's "the
 /// model will not call a tool": they are left out of the prompt, and no call is parsed).
 fn offered_tools(r: &CompletionRequest) -> Option<&Value> {
@@ -430,8 +441,13 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
     unsupported(r)?;
     let sampling = sampling(r, m.vocab_size)?;
     let stop = stop_strings(&r.stop)?;
+    let mut thinking_open = false;
     let prompt = match kind {
-        Kind::Chat => encode(&chat_prompt(r, m)?, m)?,
+        Kind::Chat => {
+            let text = chat_prompt(r, m)?;
+            thinking_open = opens_thinking(&text);
+            encode(&text, m)?
+        }
         Kind::Text => text_prompt(r, m)?,
     };
     let param = if kind == Kind::Chat {
@@ -487,5 +503,20 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             && offered_tools(r)
                 .and_then(Value::as_array)
                 .is_some_and(|t| !t.is_empty()),
+        thinking_open,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::opens_thinking;
+
+    #[test]
+    fn a_prompt_that_opens_the_thinking_block_is_seen() {
+        assert!(opens_thinking("<|im_start|>assistant\n<think>\n"));
+        assert!(!opens_thinking("<|im_start|>assistant\n"));
+        assert!(!opens_thinking(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+    }
 }

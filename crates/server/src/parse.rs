@@ -6,9 +6,14 @@
 //!
 //! [`ChatParser::push`] takes the text in any pieces and returns what is settled; text that may
 //! still be the start of a tag is held back until the next piece or [`ChatParser::finish`].
-//! Whitespace around the thinking and the tool calls is dropped, as those servers trim it. A
-//! tool call whose body is not a JSON object with a string `name` stays content, tags included;
-//! so does an unclosed one, and an unclosed thinking block stays reasoning.
+//! A thinking block may also open in the prompt (Qwen3 Thinking-2507 templates end it with
+//! `<think>\n`: [`ChatParser::thinking_open`]), so the answer starts inside it. The content is
+//! kept as generated, but for the ASCII whitespace after `</think>` and after each parsed call,
+//! as llama.cpp trims it. A call is the JSON value after `<tool_call>` followed by
+//! `</tool_call>` (so the closing tag may appear inside an argument string); one whose value is
+//! not an object with a non-empty string `name` (and object or string `arguments`) stays
+//! content, tags included, and so does an unclosed one; an unclosed thinking block stays
+//! reasoning. Until a call's JSON is complete, the text after `<tool_call>` is held back.
 
 use serde_json::Value;
 
@@ -53,6 +58,11 @@ pub struct ChatParser {
     trim_start: bool,
 }
 
+/// Whitespace as llama.cpp trims it (ASCII only: U+3000 and U+00A0 are text).
+fn ws(c: char) -> bool {
+    c.is_ascii_whitespace()
+}
+
 /// The length of the longest suffix of `s` that is a proper prefix of `tag` (text that the
 /// next piece may turn into the tag).
 fn partial_tag(s: &str, tag: &str) -> usize {
@@ -60,6 +70,47 @@ fn partial_tag(s: &str, tag: &str) -> usize {
         .rev()
         .find(|&n| s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..]))
         .unwrap_or(0)
+}
+
+/// What the text held after `<tool_call>` amounts to so far.
+enum CallScan {
+    /// More text is needed to tell.
+    Open,
+    /// A call (or, when its value is no call, its text as content) and the bytes it takes,
+    /// closing tag included.
+    Done(Part, usize),
+}
+
+/// Reads `held` (starting with `<tool_call>`): the JSON value, then `</tool_call>`.
+fn scan_call(held: &str) -> CallScan {
+    let body = &held[CALL.len()..];
+    let value = body.trim_start_matches(ws);
+    let mut it = serde_json::Deserializer::from_str(value).into_iter::<Value>();
+    let parsed = match it.next() {
+        None => return CallScan::Open,
+        Some(Err(e)) if e.is_eof() => return CallScan::Open,
+        Some(r) => r.ok().map(|v| (v, it.byte_offset())),
+    };
+    if let Some((v, off)) = parsed {
+        let rest = &value[off..];
+        let after = rest.trim_start_matches(ws);
+        if let Some(tail) = after.strip_prefix(CALL_END) {
+            let used = held.len() - tail.len();
+            let part = tool_call(&v).unwrap_or_else(|| Part::Content(held[..used].to_owned()));
+            return CallScan::Done(part, used);
+        }
+        if CALL_END.starts_with(after) {
+            return CallScan::Open;
+        }
+    }
+    // Not JSON, or JSON followed by something else: text up to the first closing tag.
+    match held.find(CALL_END) {
+        Some(at) => {
+            let used = at + CALL_END.len();
+            CallScan::Done(Part::Content(held[..used].to_owned()), used)
+        }
+        None => CallScan::Open,
+    }
 }
 
 impl ChatParser {
@@ -77,6 +128,16 @@ impl ChatParser {
         }
     }
 
+    /// The prompt opened the thinking block (it ends with `<think>`): the answer starts as
+    /// reasoning. No effect unless reasoning is parsed.
+    pub fn thinking_open(mut self) -> Self {
+        if self.reasoning {
+            self.state = State::Reasoning;
+            self.trim_start = true;
+        }
+        self
+    }
+
     /// Whether the parser changes anything: without either switch the text is the content.
     pub fn active(&self) -> bool {
         self.tools || self.reasoning
@@ -88,7 +149,7 @@ impl ChatParser {
         let mut out = Vec::new();
         loop {
             if self.trim_start {
-                let t = self.held.trim_start();
+                let t = self.held.trim_start_matches(ws);
                 if t.is_empty() {
                     self.held.clear();
                     return out;
@@ -98,11 +159,13 @@ impl ChatParser {
             }
             match self.state {
                 State::Start => {
-                    if let Some(rest) = self.held.strip_prefix(THINK) {
+                    // Whitespace before the block is dropped with it.
+                    let t = self.held.trim_start_matches(ws);
+                    if let Some(rest) = t.strip_prefix(THINK) {
                         self.held = rest.to_owned();
                         self.state = State::Reasoning;
                         self.trim_start = true;
-                    } else if THINK.starts_with(self.held.as_str()) {
+                    } else if THINK.starts_with(t) {
                         return out;
                     } else {
                         self.state = State::Content;
@@ -110,7 +173,7 @@ impl ChatParser {
                 }
                 State::Reasoning => match self.held.find(THINK_END) {
                     Some(at) => {
-                        let text = self.held[..at].trim_end().to_owned();
+                        let text = self.held[..at].trim_end_matches(ws).to_owned();
                         self.held.drain(..at + THINK_END.len());
                         emit(&mut out, Part::Reasoning(text));
                         self.state = State::Content;
@@ -119,7 +182,9 @@ impl ChatParser {
                     None => {
                         // Trailing whitespace waits too: the block's end trims it.
                         let keep = partial_tag(&self.held, THINK_END);
-                        let end = self.held[..self.held.len() - keep].trim_end().len();
+                        let end = self.held[..self.held.len() - keep]
+                            .trim_end_matches(ws)
+                            .len();
                         let text: String = self.held.drain(..end).collect();
                         emit(&mut out, Part::Reasoning(text));
                         return out;
@@ -129,17 +194,13 @@ impl ChatParser {
                     let found = self.tools.then(|| self.held.find(CALL)).flatten();
                     match found {
                         Some(at) => {
-                            let text = self.held[..at].trim_end().to_owned();
-                            self.held.drain(..at);
+                            let text: String = self.held.drain(..at).collect();
                             emit(&mut out, Part::Content(text));
                             self.state = State::Call;
                         }
                         None => {
                             let keep = if self.tools {
-                                let keep = partial_tag(&self.held, CALL);
-                                // Whitespace before a possible call waits: a call trims it.
-                                self.held.len()
-                                    - self.held[..self.held.len() - keep].trim_end().len()
+                                partial_tag(&self.held, CALL)
                             } else {
                                 0
                             };
@@ -150,18 +211,15 @@ impl ChatParser {
                         }
                     }
                 }
-                State::Call => match self.held.find(CALL_END) {
-                    Some(at) => {
-                        let body = &self.held[CALL.len()..at];
-                        let part = tool_call(body).unwrap_or_else(|| {
-                            Part::Content(self.held[..at + CALL_END.len()].to_owned())
-                        });
-                        self.held.drain(..at + CALL_END.len());
+                State::Call => match scan_call(&self.held) {
+                    CallScan::Open => return out,
+                    CallScan::Done(part, used) => {
+                        self.held.drain(..used);
+                        // The whitespace after a call separates it; after text, it is text.
+                        self.trim_start = matches!(part, Part::ToolCall { .. });
                         out.push(part);
                         self.state = State::Content;
-                        self.trim_start = true;
                     }
-                    None => return out,
                 },
             }
         }
@@ -173,15 +231,11 @@ impl ChatParser {
         let text = std::mem::take(&mut self.held);
         let mut out = Vec::new();
         match self.state {
-            State::Reasoning => emit(&mut out, Part::Reasoning(text.trim_end().to_owned())),
-            State::Start | State::Content | State::Call => {
-                let text = if self.state == State::Content {
-                    text.trim_end().to_owned()
-                } else {
-                    text
-                };
-                emit(&mut out, Part::Content(text))
-            }
+            State::Reasoning => emit(
+                &mut out,
+                Part::Reasoning(text.trim_end_matches(ws).to_owned()),
+            ),
+            State::Start | State::Content | State::Call => emit(&mut out, Part::Content(text)),
         }
         out
     }
@@ -195,25 +249,49 @@ fn emit(out: &mut Vec<Part>, part: Part) {
     }
 }
 
-/// `{"name": "...", "arguments": {...}}` (arguments may also be a JSON string) as a tool call.
-fn tool_call(body: &str) -> Option<Part> {
-    let v: Value = serde_json::from_str(body.trim()).ok()?;
-    let name = v.get("name")?.as_str()?.to_owned();
+/// `{"name": "...", "arguments": {...}}` as a tool call: a non-empty name, and arguments that
+/// are an object (a string is taken as the JSON text it holds; none is `{}`).
+fn tool_call(v: &Value) -> Option<Part> {
+    let name = v
+        .get("name")?
+        .as_str()
+        .filter(|n| !n.is_empty())?
+        .to_owned();
     let arguments = match v.get("arguments") {
         None | Some(Value::Null) => "{}".to_owned(),
         Some(Value::String(s)) => s.clone(),
-        Some(a) => a.to_string(),
+        Some(a @ Value::Object(_)) => a.to_string(),
+        Some(_) => return None,
     };
     Some(Part::ToolCall { name, arguments })
 }
 
+/// What a chat answer is parsed for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParseCfg {
+    /// A leading thinking block is reasoning (`--reasoning-format auto`).
+    pub reasoning: bool,
+    /// The request offered tools: calls are parsed.
+    pub tools: bool,
+    /// The prompt ended inside a thinking block.
+    pub thinking_open: bool,
+}
+
+impl ParseCfg {
+    /// A parser for one answer.
+    pub fn parser(&self) -> ChatParser {
+        let p = ChatParser::new(self.reasoning, self.tools);
+        if self.thinking_open {
+            p.thinking_open()
+        } else {
+            p
+        }
+    }
+}
+
 /// The parts of a whole answer, merged: (reasoning, content, tool calls).
-pub fn parse_whole(
-    text: &str,
-    reasoning: bool,
-    tools: bool,
-) -> (String, String, Vec<(String, String)>) {
-    let mut p = ChatParser::new(reasoning, tools);
+pub fn parse_whole(text: &str, cfg: ParseCfg) -> (String, String, Vec<(String, String)>) {
+    let mut p = cfg.parser();
     let mut parts = p.push(text);
     parts.extend(p.finish());
     let (mut r, mut c, mut calls) = (String::new(), String::new(), Vec::new());
