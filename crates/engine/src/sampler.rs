@@ -46,7 +46,7 @@ pub struct SamplingParams {
     /// RNG seed; `None` seeds from the operating system.
     pub seed: Option<u64>,
     /// `(id, bias)` pairs added to those ids' logits before everything else; each id at most
-    /// once, each bias finite or `-inf` (a ban). Empty disables. Any bias makes the request
+    /// once, each bias within ±1e6 or `-inf` (a ban). Empty disables. Any bias makes the request
     /// non-greedy for the backends: no device path adds it, so each step's logits come to
     /// the host.
     pub logit_bias: Vec<(u32, f32)>,
