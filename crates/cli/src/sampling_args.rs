@@ -67,6 +67,7 @@ impl SamplingArgs {
             stop_strings: self.stop.clone(),
             greedy_run: self.run.max(1),
             skip_special_tokens: !self.special,
+            logprobs: None,
         })
     }
 }

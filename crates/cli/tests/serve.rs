@@ -148,7 +148,7 @@ fn have_gpu() -> bool {
 /// prompt and sampling (a sampled request alone too: its stream sampled on the GPU); a
 /// follow-up request that extends an earlier one reuses
 /// its slot's cached prefix; a client that leaves mid-stream is cancelled and frees its slot; a
-/// logit bias steers a greedy request.
+/// logit bias steers a greedy request; a logprobs request gets its entries.
 #[test]
 fn serve_decodes_concurrent_greedy_requests_together_on_the_gpu() {
     if have_gpu() {
@@ -309,6 +309,26 @@ fn concurrent_requests_on(backend: &str) {
     assert_eq!(st, 200, "{b}");
     let v: serde_json::Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["choices"][0]["text"], "!!!!!", "{b}");
+    // Logprobs on the multi-stream path: the stream steps on the host for its logits, and its
+    // greedy text is the folded one's.
+    let plain = serde_json::json!({"prompt": "Count to five:", "max_tokens": 5, "temperature": 0});
+    let mut with = plain.clone();
+    with["logprobs"] = serde_json::json!(1);
+    let (_, a) = exchange(&addr, "POST", "/v1/completions", &plain.to_string());
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &with.to_string());
+    assert_eq!(st, 200, "{b}");
+    let (a, b): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&a).unwrap(),
+        serde_json::from_str(&b).unwrap(),
+    );
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "{b}");
+    let lp = &b["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 5, "{b}");
+    assert!(lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|x| x.as_f64().unwrap() <= 0.0));
     // Greedy requests that end at the context's end take every step of their room: a run
     // of 4 that meets it is cut short, not dropped (room 7 and 8 gave 6 ids, 3 and 4 gave 2).
     // Last, as they take slots whose cached prefixes the checks above rely on.

@@ -12,6 +12,7 @@
 //! sampler's own draws); other sampled requests step one token at a time, the host sampler
 //! reading each row of logits.
 
+use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::{StopChecker, StopReason};
 use crate::tokenizer::Tokenizer;
@@ -32,6 +33,9 @@ pub struct GenParams {
     /// Leave special tokens (`<|vision_start|>`, ...) and ids the tokenizer does not know out
     /// of the text, as vLLM's `skip_special_tokens` (default) and llama.cpp without `--special`.
     pub skip_special_tokens: bool,
+    /// Each generated token's log-probability and this many alternatives (at most
+    /// [`crate::MAX_TOP_LOGPROBS`]); `None`: none. Asking samples on the host each step.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenParams {
@@ -42,6 +46,7 @@ impl Default for GenParams {
             stop_strings: vec![],
             greedy_run: 4,
             skip_special_tokens: true,
+            logprobs: None,
         }
     }
 }
@@ -71,6 +76,8 @@ pub struct GenStats {
     pub prompt_secs: f64,
     pub decode_secs: f64,
     pub finish: FinishReason,
+    /// One entry per generated id when [`GenParams::logprobs`] asked; else empty.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 impl GenStats {
@@ -153,10 +160,12 @@ impl Session {
             );
         }
         let mut sampler = Sampler::new(p.sampling.clone())?;
-        let greedy = sampler.is_greedy();
+        // Logprobs need each step's logits on the host: no folded runs then.
+        let greedy = sampler.is_greedy() && p.logprobs.is_none();
         // Sampled requests fold like greedy ones where the backend samples these settings on
         // the device; otherwise each step's logits come to the host sampler.
         let on_device = !greedy
+            && p.logprobs.is_none()
             && self
                 .backend
                 .samples_on_device(&sampler.device_sampling(&[], &[]));
@@ -200,6 +209,10 @@ impl Session {
         } else {
             sampler.sample(&logits, &history)?
         };
+        let mut logprobs = Vec::new();
+        if let Some(k) = p.logprobs {
+            logprobs.push(token_logprob(&logits, next, k));
+        }
         let finish = loop {
             if let Some(r) = emit(next, &mut generated) {
                 break r;
@@ -265,7 +278,12 @@ impl Session {
             self.cached.push(next);
             history.push(next);
             next = sampler.sample(&logits, &history)?;
+            if let Some(k) = p.logprobs {
+                logprobs.push(token_logprob(&logits, next, k));
+            }
         };
+        // The last entry belongs to an id never emitted (the loop ended before it): drop it.
+        logprobs.truncate(generated.len());
         // The backend may hold ids past a stop string: keep the cache consistent with `cached`.
         if self.backend.position() != self.cached.len() {
             self.backend.truncate(self.cached.len())?;
@@ -286,6 +304,7 @@ impl Session {
             prompt_secs,
             decode_secs: t1.elapsed().as_secs_f64(),
             finish,
+            logprobs,
         })
     }
 }

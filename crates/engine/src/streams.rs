@@ -8,6 +8,7 @@
 //! [`crate::session::Session::generate`] does for one sequence, so a request's text is the same
 //! whichever path served it.
 
+use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampler::Sampler;
 use crate::session::{FinishReason, GenParams, GenStats};
 use crate::stop::StopChecker;
@@ -38,6 +39,9 @@ pub struct StreamSeq {
     prompt_secs: f64,
     t1: Instant,
     finish: Option<FinishReason>,
+    /// Alternatives per token's logprob entry; `None`: no entries (see [`GenParams::logprobs`]).
+    logprobs_k: Option<usize>,
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl StreamSeq {
@@ -55,7 +59,9 @@ impl StreamSeq {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<StreamSeq> {
         anyhow::ensure!(keep < prompt.len(), "at least one prompt token must be fed");
-        let sampler = Some(Sampler::new(p.sampling.clone())?).filter(|s| !s.is_greedy());
+        // Logprobs need every step's logits: such a stream picks on the host, greedy or not.
+        let sampler = Some(Sampler::new(p.sampling.clone())?)
+            .filter(|s| !s.is_greedy() || p.logprobs.is_some());
         let t0 = Instant::now();
         let logits = backend.stream_prefill(slot, keep, &prompt[keep..])?;
         let eos = backend.config().eos_token_ids.clone();
@@ -75,6 +81,8 @@ impl StreamSeq {
             prompt_secs: t0.elapsed().as_secs_f64(),
             t1: Instant::now(),
             finish: None,
+            logprobs_k: p.logprobs,
+            logprobs: Vec::new(),
         };
         let first = s.choose(&logits)?;
         s.push(first, on_text);
@@ -86,12 +94,22 @@ impl StreamSeq {
         self.sampler.is_some()
     }
 
-    /// The next id from `logits`: sampled, or the argmax.
+    /// The next id from `logits`: sampled, or the argmax (with its logprob entry if asked).
     fn choose(&mut self, logits: &[f32]) -> Result<u32> {
-        match &mut self.sampler {
-            Some(s) => Ok(s.sample(logits, &self.history)?),
-            None => Ok(argmax(logits)),
+        let id = match &mut self.sampler {
+            Some(s) => s.sample(logits, &self.history)?,
+            None => argmax(logits),
+        };
+        if let Some(k) = self.logprobs_k {
+            self.logprobs.push(token_logprob(logits, id, k));
         }
+        Ok(id)
+    }
+
+    /// Whether each step's logits must come to the host (logprobs), even where the device
+    /// could sample these settings.
+    pub fn needs_logits(&self) -> bool {
+        self.logprobs_k.is_some()
     }
 
     /// The logits a one-step run produced for this stream (fed `next_input()` at the current
@@ -201,6 +219,7 @@ impl StreamSeq {
             prompt_secs: self.prompt_secs,
             decode_secs: self.t1.elapsed().as_secs_f64(),
             finish,
+            logprobs: self.logprobs,
         }
     }
 }

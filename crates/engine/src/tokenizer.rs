@@ -208,6 +208,13 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// The bytes token `id` decodes to (`<|unk:ID|>` for an id the tokenizer does not know).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let mut b = Vec::new();
+        self.table.append_bytes(id, &mut b);
+        b
+    }
+
     /// Decodes ids to text as [`Tokenizer::decode`] does, leaving out special tokens and
     /// unknown ids (what generated text shows by default).
     pub fn decode_skipping_special(&self, ids: &[u32]) -> String {

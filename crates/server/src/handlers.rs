@@ -14,7 +14,9 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream};
+use nibble_engine::TokenLogprob;
 use serde_json::json;
+use serde_json::Value;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,11 +94,24 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         created: now(),
         model: s.model_id.clone(),
     };
+    let m = Arc::clone(&s.model);
+    let tok: TokenText = Arc::new(move |id| m.tokenizer.token_bytes(id));
     if stream {
-        Ok(Sse::new(sse_stream(env, rx, include_usage, parse)).into_response())
+        Ok(Sse::new(sse_stream(env, rx, include_usage, parse, tok)).into_response())
     } else {
-        collect(env, rx, parse).await
+        collect(env, rx, parse, tok).await
     }
+}
+
+/// A token id's bytes (the tokenizer's), for logprob entries.
+type TokenText = Arc<dyn Fn(u32) -> Vec<u8> + Send + Sync>;
+
+/// The choice's `logprobs`: null unless entries were asked for.
+fn logprobs_value(env: &Envelope, entries: &[TokenLogprob], tok: &TokenText) -> Value {
+    if entries.is_empty() {
+        return Value::Null;
+    }
+    env.logprobs(entries, tok.as_ref())
 }
 
 /// OpenAI's finish reason for an answer that made tool calls and then stopped.
@@ -109,30 +124,31 @@ fn finish_with_calls(finish: &'static str, calls: usize) -> &'static str {
 }
 
 /// Waits for the whole answer. Dropping this future (client gone) drops `rx`, which cancels.
-/// `parse`: what a chat answer is parsed for.
+/// `parse`: what a chat answer is parsed for; `tok` writes logprob entries' tokens.
 async fn collect(
     env: Envelope,
     mut rx: UnboundedReceiver<Event>,
     parse: Option<ParseCfg>,
+    tok: TokenText,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
-            Event::Done { finish, usage } => {
-                let answer = match parse {
-                    Some(cfg) => {
-                        let (reasoning, content, calls) = parse_whole(&text, cfg);
-                        Answer {
-                            reasoning,
-                            content,
-                            calls,
-                        }
-                    }
-                    None => Answer {
-                        content: text,
-                        ..Answer::default()
-                    },
+            Event::Done {
+                finish,
+                usage,
+                logprobs,
+            } => {
+                let (reasoning, content, calls) = match parse {
+                    Some(cfg) => parse_whole(&text, cfg),
+                    None => (String::new(), text, vec![]),
+                };
+                let answer = Answer {
+                    reasoning,
+                    content,
+                    calls,
+                    logprobs: logprobs_value(&env, &logprobs, &tok),
                 };
                 let finish = finish_with_calls(finish, answer.calls.len());
                 return Ok(Json(env.response(&answer, finish, usage)).into_response());
@@ -154,6 +170,8 @@ struct SseState {
     parser: Option<ChatParser>,
     /// Tool calls sent so far.
     calls: usize,
+    /// Writes logprob entries' tokens.
+    tok: TokenText,
 }
 
 impl SseState {
@@ -196,6 +214,7 @@ fn sse_stream(
     rx: UnboundedReceiver<Event>,
     include_usage: bool,
     parse: Option<ParseCfg>,
+    tok: TokenText,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let mut pending = VecDeque::new();
     if env.kind == Kind::Chat {
@@ -209,6 +228,7 @@ fn sse_stream(
         ended: false,
         parser: parse.map(|cfg| cfg.parser()).filter(ChatParser::active),
         calls: 0,
+        tok,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -220,8 +240,17 @@ fn sse_stream(
             }
             match st.rx.recv().await {
                 Some(Event::Text(t)) => st.queue_text(&t, false),
-                Some(Event::Done { finish, usage }) => {
+                Some(Event::Done {
+                    finish,
+                    usage,
+                    logprobs,
+                }) => {
                     st.queue_text("", true);
+                    // The entries of every token, in one chunk before the final one.
+                    if !logprobs.is_empty() {
+                        let v = logprobs_value(&st.env, &logprobs, &st.tok);
+                        st.pending.push_back(st.env.logprobs_chunk(v).to_string());
+                    }
                     let finish = finish_with_calls(finish, st.calls);
                     // The usage goes in one chunk only, so a client that adds up the chunks'
                     // usage counts it once: OpenAI's usage-only chunk when asked for, else
@@ -382,6 +411,11 @@ mod tests {
         }
     }
 
+    /// Token `id` written as `t{id}`.
+    fn names() -> TokenText {
+        Arc::new(|id| format!("t{id}").into_bytes())
+    }
+
     fn events() -> UnboundedReceiver<Event> {
         let (tx, rx) = unbounded_channel();
         for p in PIECES {
@@ -395,6 +429,7 @@ mod tests {
         tx.send(Event::Done {
             finish: "stop",
             usage,
+            logprobs: vec![],
         })
         .unwrap();
         rx
@@ -407,7 +442,7 @@ mod tests {
             tools: true,
             thinking_open: false,
         };
-        let r = collect(env(), events(), Some(both)).await.unwrap();
+        let r = collect(env(), events(), Some(both), names()).await.unwrap();
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         let v: Value = serde_json::from_slice(&body).unwrap();
         let choice = &v["choices"][0];
@@ -430,6 +465,7 @@ mod tests {
             ended: false,
             parser: Some(both.parser()),
             calls: 0,
+            tok: names(),
         };
         for p in PIECES {
             st.queue_text(p, false);
@@ -448,7 +484,7 @@ mod tests {
         assert_eq!(calls[1][0]["function"]["name"], "now");
         assert_eq!(st.calls, 2);
         // Neither switch: the text is the content, as generated.
-        let r = collect(env(), events(), Some(ParseCfg::default()))
+        let r = collect(env(), events(), Some(ParseCfg::default()), names())
             .await
             .unwrap();
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();

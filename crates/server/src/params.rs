@@ -7,7 +7,9 @@
 //! Ranges are OpenAI's: temperature in [0, 2], top_p in (0, 1], presence and frequency penalties
 //! in [-2, 2], at most 4 stop strings (of at most 4096 bytes each), `n` must be 1; extensions:
 //! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0; `logit_bias` ids in the
-//! vocabulary with biases in [-100, 100]; `skip_special_tokens` (vLLM's, default true). Features not implemented (logprobs, JSON mode,
+//! vocabulary with biases in [-100, 100]; `skip_special_tokens` (vLLM's, default true);
+//! logprobs (chat: `logprobs: true` and `top_logprobs` 0-20; completions: `logprobs` 0-5).
+//! Features not implemented (JSON mode,
 //! forced tool calls, ...) are refused, never ignored. A prompt must leave room for one generated token, and
 //! prompt + max_tokens must fit the context (`context_length_exceeded`).
 
@@ -208,6 +210,54 @@ fn stop_strings(v: &Option<Value>) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
+/// Most alternatives per token of `/v1/completions`' `logprobs` (OpenAI's bound).
+const MAX_COMPLETION_LOGPROBS: i64 = 5;
+
+/// `logprobs` (and chat's `top_logprobs`): how many alternatives each generated token's entry
+/// lists, or `None` for no entries.
+fn logprobs(r: &CompletionRequest, kind: Kind) -> Result<Option<usize>, ApiError> {
+    let top = r.top_logprobs;
+    match kind {
+        Kind::Chat => {
+            let on =
+                match &r.logprobs {
+                    None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                    Some(Value::Bool(true)) => true,
+                    Some(_) => return Err(ApiError::invalid(
+                        "logprobs",
+                        "logprobs must be true or false (top_logprobs says how many alternatives)",
+                    )),
+                };
+            match top {
+                Some(k) if !(0..=nibble_engine::MAX_TOP_LOGPROBS as i64).contains(&k) => {
+                    Err(ApiError::invalid(
+                        "top_logprobs",
+                        format!("top_logprobs = {k} is out of range: want 0 to 20"),
+                    ))
+                }
+                Some(k) if k > 0 && !on => Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                )),
+                _ => Ok(on.then(|| top.unwrap_or(0) as usize)),
+            }
+        }
+        Kind::Text => match &r.logprobs {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n))
+                if n.as_i64()
+                    .is_some_and(|k| (0..=MAX_COMPLETION_LOGPROBS).contains(&k)) =>
+            {
+                Ok(n.as_u64().map(|k| k as usize))
+            }
+            Some(v) => Err(ApiError::invalid(
+                "logprobs",
+                format!("logprobs = {v} is out of range: want an integer from 0 to 5"),
+            )),
+        },
+    }
+}
+
 /// Features this server does not implement: rejected rather than silently ignored.
 fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
     if let Some(n) = r.n {
@@ -217,12 +267,6 @@ fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
                 format!("n = {n} is not supported: only one choice (n = 1) per request"),
             ));
         }
-    }
-    if !matches!(
-        r.logprobs,
-        None | Some(Value::Null) | Some(Value::Bool(false))
-    ) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
     }
     if r.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
@@ -491,6 +535,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             sampling,
             stop_strings: stop,
             skip_special_tokens: r.skip_special_tokens.unwrap_or(true),
+            logprobs: logprobs(r, kind)?,
             ..GenParams::default()
         },
         stream: r.stream.unwrap_or(false),

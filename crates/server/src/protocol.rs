@@ -7,6 +7,7 @@
 //! a specific message instead of serde's "did not match any variant". Unknown fields are ignored,
 //! as OpenAI-compatible servers do (clients send `user`, `metadata`, ...).
 
+use nibble_engine::TokenLogprob;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -42,8 +43,10 @@ pub struct CompletionRequest {
     /// Tool schemas, passed to the chat template; `<tool_call>` blocks in the answer are
     /// parsed into `tool_calls` ([`crate::parse`]).
     pub tools: Option<Value>,
-    /// Unsupported: rejected unless absent/false/null.
+    /// Chat: `true` asks for each token's logprob; completions: how many alternatives (0-5).
     pub logprobs: Option<Value>,
+    /// Chat: alternatives per token (0-20), with `logprobs: true`.
+    pub top_logprobs: Option<i64>,
     /// Completions: unsupported when true.
     pub echo: Option<bool>,
     /// Completions: unsupported above 1.
@@ -110,12 +113,14 @@ impl Usage {
 
 /// A whole answer's parts: the reasoning and tool calls are parsed from a chat answer's text
 /// ([`crate::parse`]); otherwise everything is content.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub reasoning: String,
     pub content: String,
     /// (function name, arguments as JSON text).
     pub calls: Vec<(String, String)>,
+    /// The choice's `logprobs` object ([`Envelope::logprobs`]), or null.
+    pub logprobs: Value,
 }
 
 /// Which route a response belongs to; it fixes the `object` names and the choice shape.
@@ -169,12 +174,12 @@ impl Envelope {
                 json!({
                     "index": 0,
                     "message": message,
-                    "logprobs": null,
+                    "logprobs": a.logprobs,
                     "finish_reason": finish,
                 })
             }
             Kind::Text => json!({
-                "index": 0, "text": a.content, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": a.content, "logprobs": a.logprobs, "finish_reason": finish,
             }),
         };
         let object = match self.kind {
@@ -186,6 +191,52 @@ impl Envelope {
         v
     }
 
+    /// The `logprobs` object of the generated tokens `entries` in this route's shape, tokens
+    /// written by `text_of` (their bytes, lossily as text). Chat: `{"content": [{token,
+    /// logprob, bytes, top_logprobs: [...]}]}`; completions: `{tokens, token_logprobs,
+    /// top_logprobs: [{token: logprob}], text_offset}`. -inf is written as -9999.0, as OpenAI
+    /// and vLLM write it (JSON has no infinity).
+    pub fn logprobs(&self, entries: &[TokenLogprob], text_of: &dyn Fn(u32) -> Vec<u8>) -> Value {
+        let lp = |x: f32| if x.is_finite() { f64::from(x) } else { -9999.0 };
+        let token = |id: u32| {
+            let b = text_of(id);
+            (String::from_utf8_lossy(&b).into_owned(), b)
+        };
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = (entries.iter())
+                    .map(|e| {
+                        let (t, b) = token(e.id);
+                        let top: Vec<Value> = (e.top.iter())
+                            .map(|&(id, x)| {
+                                let (t, b) = token(id);
+                                json!({"token": t, "logprob": lp(x), "bytes": b})
+                            })
+                            .collect();
+                        json!({"token": t, "logprob": lp(e.logprob), "bytes": b, "top_logprobs": top})
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Text => {
+                let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+                let mut offset = 0;
+                for e in entries {
+                    let (t, _) = token(e.id);
+                    offsets.push(offset);
+                    offset += t.chars().count();
+                    tokens.push(t);
+                    lps.push(lp(e.logprob));
+                    let top: serde_json::Map<String, Value> = (e.top.iter())
+                        .map(|&(id, x)| (token(id).0, json!(lp(x))))
+                        .collect();
+                    tops.push(Value::Object(top));
+                }
+                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+            }
+        }
+    }
+
     /// Tool call `index` of this answer, as OpenAI writes one (the id is unique per answer).
     pub fn tool_call(&self, index: usize, name: &str, arguments: &str) -> Value {
         json!({
@@ -193,6 +244,16 @@ impl Envelope {
             "type": "function",
             "function": {"name": name, "arguments": arguments},
         })
+    }
+
+    /// A stream chunk with no text that carries the `logprobs` object.
+    pub fn logprobs_chunk(&self, logprobs: Value) -> Value {
+        let mut v = self.chunk(Some(""), false, None);
+        if self.kind == Kind::Chat {
+            v["choices"][0]["delta"] = json!({});
+        }
+        v["choices"][0]["logprobs"] = logprobs;
+        v
     }
 
     /// A chat stream chunk carrying `delta` (e.g. `{"reasoning_content": …}`, or
@@ -280,6 +341,48 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_have_each_routes_shape() {
+        let entries = [
+            TokenLogprob {
+                id: 7,
+                logprob: -0.25,
+                top: vec![(7, -0.25), (9, f32::NEG_INFINITY)],
+            },
+            TokenLogprob {
+                id: 8,
+                logprob: -1.5,
+                top: vec![(3, -0.5), (8, -1.5)],
+            },
+        ];
+        let text_of = |id: u32| {
+            if id == 9 {
+                vec![0xff]
+            } else {
+                format!("é{id}").into_bytes()
+            }
+        };
+        let c = env(Kind::Chat).logprobs(&entries, &text_of);
+        let first = &c["content"][0];
+        assert_eq!(first["token"], "é7");
+        assert_eq!(first["logprob"], -0.25);
+        assert_eq!(first["bytes"], json!([0xc3, 0xa9, b'7']));
+        assert_eq!(first["top_logprobs"][1]["token"], "\u{fffd}");
+        assert_eq!(first["top_logprobs"][1]["bytes"], json!([0xff]));
+        // JSON has no -inf: OpenAI's -9999.0.
+        assert_eq!(first["top_logprobs"][1]["logprob"], -9999.0);
+        assert_eq!(c["content"][1]["top_logprobs"][0]["token"], "é3");
+        let t = env(Kind::Text).logprobs(&entries, &text_of);
+        assert_eq!(t["tokens"], json!(["é7", "é8"]));
+        assert_eq!(t["token_logprobs"], json!([-0.25, -1.5]));
+        assert_eq!(t["top_logprobs"][1], json!({"é3": -0.5, "é8": -1.5}));
+        // Offsets in characters: "é7" is two.
+        assert_eq!(t["text_offset"], json!([0, 2]));
+        let chunk = env(Kind::Chat).logprobs_chunk(c.clone());
+        assert_eq!(chunk["choices"][0]["delta"], json!({}));
+        assert_eq!(chunk["choices"][0]["logprobs"], c);
+    }
+
+    #[test]
     fn text_response_has_text_and_usage() {
         let u = Usage {
             prompt_tokens: 4,
@@ -287,8 +390,10 @@ mod tests {
             cached_tokens: 0,
         };
         let a = Answer {
+            reasoning: String::new(),
             content: "abc".into(),
-            ..Answer::default()
+            calls: vec![],
+            logprobs: Value::Null,
         };
         let r = env(Kind::Text).response(&a, "stop", u);
         assert_eq!(r["object"], "text_completion");

@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::protocol::Usage;
 use nibble_engine::session::{FinishReason, GenParams, GenStats, Session};
 use nibble_engine::streams::StreamSeq;
-use nibble_engine::Tokenizer;
+use nibble_engine::{TokenLogprob, Tokenizer};
 use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -49,8 +49,12 @@ pub const IN_FLIGHT: usize = 2;
 pub enum Event {
     /// A piece of generated text (complete UTF-8, stop strings already removed).
     Text(String),
-    /// Generation ended normally.
-    Done { finish: &'static str, usage: Usage },
+    /// Generation ended normally; `logprobs` holds an entry per generated id if asked.
+    Done {
+        finish: &'static str,
+        usage: Usage,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// Generation failed inside the engine.
     Error(String),
 }
@@ -437,8 +441,11 @@ impl Worker {
             .running
             .iter()
             .filter_map(|q| q.stream.as_ref().filter(|s| !s.finished()))
-            .filter_map(|s| s.device_sampling(&[]))
-            .all(|sp| backend.streams_sample_on_device(&sp))
+            .all(|s| {
+                !s.needs_logits()
+                    && s.device_sampling(&[])
+                        .is_none_or(|sp| backend.streams_sample_on_device(&sp))
+            })
     }
 
     /// The run failed: every stream in it ends with `msg` (their slots are freed and forgotten,
@@ -533,7 +540,11 @@ impl Worker {
                 completion_tokens: stats.generated.len(),
                 cached_tokens: stats.cached_tokens,
             };
-            let _ = seq.job.events.send(Event::Done { finish, usage });
+            let _ = seq.job.events.send(Event::Done {
+                finish,
+                usage,
+                logprobs: stats.logprobs,
+            });
         }
         self.metrics.active_streams.set(sched.running.len() as i64);
     }

@@ -1,0 +1,85 @@
+//! Logprobs over the live server (the reference backend on the tiny synthetic model): each
+//! generated token gets its entry, the greedy choice is the most likely alternative, the text
+//! is the greedy text served without logprobs, and streams carry the same entries.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const CTX: usize = 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_token_gets_its_logprob_and_alternatives() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let plain = json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0});
+    let (_, want) = post(&srv.base, "/v1/completions", &plain).await;
+    let mut body = plain.clone();
+    body["logprobs"] = json!(3);
+    let (st, v) = post(&srv.base, "/v1/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    // Stepped on the host for its logits, the greedy text is the folded one's.
+    assert_eq!(c["text"], want["choices"][0]["text"]);
+    assert!(want["choices"][0]["logprobs"].is_null());
+    let lp = &c["logprobs"];
+    let tokens: Vec<&str> = (lp["tokens"].as_array().unwrap().iter())
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tokens.len(),
+        v["usage"]["completion_tokens"].as_u64().unwrap() as usize
+    );
+    if c["finish_reason"] == "length" {
+        assert_eq!(tokens.concat(), c["text"].as_str().unwrap());
+    }
+    for (i, t) in tokens.iter().enumerate() {
+        let x = lp["token_logprobs"][i].as_f64().unwrap();
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!(x <= 0.0 && top.len() <= 3 && !top.is_empty(), "{lp}");
+        // Greedy: the chosen token is the most likely one.
+        let best = top
+            .values()
+            .map(|y| y.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!((best - x).abs() < 1e-6, "token {i} {t:?}: {x} vs {best}");
+    }
+    // Chat: `logprobs: true` with top_logprobs; a stream carries the same entries.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
+        "temperature": 0, "logprobs": true, "top_logprobs": 2,
+        "chat_template_kwargs": {"enable_thinking": false}});
+    let (st, v) = post(&srv.base, "/v1/chat/completions", &chat).await;
+    assert_eq!(st, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        content.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    for e in &content {
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2, "{e}");
+        assert_eq!(e["top_logprobs"][0]["logprob"], e["logprob"], "{e}");
+        let bytes: Vec<u8> = (e["bytes"].as_array().unwrap().iter())
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            e["token"].as_str().unwrap()
+        );
+    }
+    let mut s = chat.clone();
+    s["stream"] = json!(true);
+    let (_, _, sse) = post_stream(&srv.base, "/v1/chat/completions", &s).await;
+    let streamed: Vec<Value> = (sse.chunks.iter())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(streamed, content);
+    assert_eq!(
+        sse.text(),
+        v["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+}
