@@ -71,6 +71,20 @@ def main() -> None:
     )
     assert streamed == ctext, (streamed, ctext)
 
+    # Logprobs, logit_bias and the typed objects the SDK builds from them.
+    lp = client.chat.completions.create(
+        model=model, messages=msgs, temperature=0, max_tokens=4, logprobs=True, top_logprobs=2
+    )
+    entries = lp.choices[0].logprobs.content
+    assert len(entries) == lp.usage.completion_tokens, lp
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries), entries
+    assert entries[0].top_logprobs[0].logprob == entries[0].logprob, entries[0]
+    bang = client.completions.create(
+        model=model, prompt="Hi", temperature=0, max_tokens=3, logit_bias={"0": 100}, logprobs=1
+    )
+    assert bang.choices[0].text == "!!!", bang
+    assert bang.choices[0].logprobs.tokens == ["!", "!", "!"], bang.choices[0].logprobs
+
     try:
         client.chat.completions.create(model=model, messages=msgs, temperature=-1)
         raise AssertionError("negative temperature was accepted")
