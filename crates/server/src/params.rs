@@ -390,6 +390,21 @@ fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String, ApiError>
     {
         return Err(ApiError::invalid("tools", "tools must be an array"));
     }
+    // Each tool as OpenAI defines one (vLLM and OpenAI refuse others): a function with a name.
+    let tools = r.tools.as_ref().and_then(Value::as_array);
+    for (i, t) in tools.into_iter().flatten().enumerate() {
+        let named = t.get("type").and_then(Value::as_str) == Some("function")
+            && t.get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+        if !named {
+            return Err(ApiError::invalid(
+                format!("tools[{i}]"),
+                format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+            ));
+        }
+    }
     let tpl = m.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             "messages",

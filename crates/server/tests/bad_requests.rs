@@ -308,6 +308,13 @@ fn table() -> Vec<Case> {
             "token 15 is 101: want a number in [-100, 100]",
         ),
         case(
+            "a tool without a function name",
+            C,
+            chat(json!({"tools": [{"type": "function", "function": {}}]})),
+            Some("tools[0]"),
+            "tools[0] must be",
+        ),
+        case(
             "two logit_bias keys naming one token",
             C,
             chat(json!({"logit_bias": {"1": 5, "01": -5}})),
