@@ -208,6 +208,12 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// Whether output that skips special tokens leaves `id` out (a special token, or an id the
+    /// tokenizer does not know).
+    pub fn is_skipped_special(&self, id: u32) -> bool {
+        self.table.skipped(id)
+    }
+
     /// The bytes token `id` decodes to (`<|unk:ID|>` for an id the tokenizer does not know).
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
         let mut b = Vec::new();

@@ -71,6 +71,7 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
     let (tx, rx) = unbounded_channel();
     let (stream, include_usage) = (p.stream, p.include_usage);
+    let skip_special = p.gen.skip_special_tokens;
     // What the chat answer's text is parsed for (a completion's text is left as it is).
     let parse = (kind == Kind::Chat).then_some(ParseCfg {
         reasoning: s.reasoning,
@@ -95,7 +96,10 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         model: s.model_id.clone(),
     };
     let m = Arc::clone(&s.model);
-    let tok: TokenText = Arc::new(move |id| m.tokenizer.token_bytes(id));
+    let tok: TokenText = Arc::new(move |id| {
+        let shown = !(skip_special && m.tokenizer.is_skipped_special(id));
+        (m.tokenizer.token_bytes(id), shown)
+    });
     if stream {
         Ok(Sse::new(sse_stream(env, rx, include_usage, parse, tok)).into_response())
     } else {
@@ -103,8 +107,9 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
     }
 }
 
-/// A token id's bytes (the tokenizer's), for logprob entries.
-type TokenText = Arc<dyn Fn(u32) -> Vec<u8> + Send + Sync>;
+/// A token id's bytes (the tokenizer's) and whether the answer's text shows them, for logprob
+/// entries.
+type TokenText = Arc<dyn Fn(u32) -> (Vec<u8>, bool) + Send + Sync>;
 
 /// The choice's `logprobs`: null unless entries were asked for.
 fn logprobs_value(env: &Envelope, entries: &[TokenLogprob], tok: &TokenText) -> Value {
@@ -413,7 +418,7 @@ mod tests {
 
     /// Token `id` written as `t{id}`.
     fn names() -> TokenText {
-        Arc::new(|id| format!("t{id}").into_bytes())
+        Arc::new(|id| (format!("t{id}").into_bytes(), true))
     }
 
     fn events() -> UnboundedReceiver<Event> {

@@ -192,14 +192,19 @@ impl Envelope {
     }
 
     /// The `logprobs` object of the generated tokens `entries` in this route's shape, tokens
-    /// written by `text_of` (their bytes, lossily as text). Chat: `{"content": [{token,
+    /// written by `text_of` (their bytes, lossily as text, and whether the answer's text shows
+    /// them: a skipped special token adds nothing to `text_offset`). Chat: `{"content": [{token,
     /// logprob, bytes, top_logprobs: [...]}]}`; completions: `{tokens, token_logprobs,
     /// top_logprobs: [{token: logprob}], text_offset}`. -inf is written as -9999.0, as OpenAI
     /// and vLLM write it (JSON has no infinity).
-    pub fn logprobs(&self, entries: &[TokenLogprob], text_of: &dyn Fn(u32) -> Vec<u8>) -> Value {
+    pub fn logprobs(
+        &self,
+        entries: &[TokenLogprob],
+        text_of: &dyn Fn(u32) -> (Vec<u8>, bool),
+    ) -> Value {
         let lp = |x: f32| if x.is_finite() { f64::from(x) } else { -9999.0 };
         let token = |id: u32| {
-            let b = text_of(id);
+            let (b, _) = text_of(id);
             (String::from_utf8_lossy(&b).into_owned(), b)
         };
         match self.kind {
@@ -224,7 +229,9 @@ impl Envelope {
                 for e in entries {
                     let (t, _) = token(e.id);
                     offsets.push(offset);
-                    offset += t.chars().count();
+                    if text_of(e.id).1 {
+                        offset += t.chars().count();
+                    }
                     tokens.push(t);
                     lps.push(lp(e.logprob));
                     let top: serde_json::Map<String, Value> = (e.top.iter())
@@ -355,11 +362,12 @@ mod tests {
             },
         ];
         let text_of = |id: u32| {
-            if id == 9 {
+            let b = if id == 9 {
                 vec![0xff]
             } else {
                 format!("é{id}").into_bytes()
-            }
+            };
+            (b, true)
         };
         let c = env(Kind::Chat).logprobs(&entries, &text_of);
         let first = &c["content"][0];
@@ -377,6 +385,10 @@ mod tests {
         assert_eq!(t["top_logprobs"][1], json!({"é3": -0.5, "é8": -1.5}));
         // Offsets in characters: "é7" is two.
         assert_eq!(t["text_offset"], json!([0, 2]));
+        // A token the text does not show (a skipped special one) moves no offset.
+        let hidden = |id: u32| (format!("<{id}>").into_bytes(), id != 7);
+        let t = env(Kind::Text).logprobs(&entries, &hidden);
+        assert_eq!(t["text_offset"], json!([0, 0]));
         let chunk = env(Kind::Chat).logprobs_chunk(c.clone());
         assert_eq!(chunk["choices"][0]["delta"], json!({}));
         assert_eq!(chunk["choices"][0]["logprobs"], c);

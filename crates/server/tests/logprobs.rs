@@ -45,6 +45,17 @@ async fn each_token_gets_its_logprob_and_alternatives() {
             .fold(f64::MIN, f64::max);
         assert!((best - x).abs() < 1e-6, "token {i} {t:?}: {x} vs {best}");
     }
+    // A special token the text leaves out (<|im_start|>, forced) has its entries, but moves
+    // no text offset (they pointed past the returned text).
+    let forced = json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 1,
+        "logit_bias": {"151644": 100}});
+    let (_, v) = post(&srv.base, "/v1/completions", &forced).await;
+    assert_eq!(v["choices"][0]["text"], "");
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"],
+        json!(vec!["<|im_start|>"; 3])
+    );
+    assert_eq!(v["choices"][0]["logprobs"]["text_offset"], json!([0, 0, 0]));
     // Chat: `logprobs: true` with top_logprobs; a stream carries the same entries.
     let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
         "temperature": 0, "logprobs": true, "top_logprobs": 2,
