@@ -227,9 +227,10 @@ impl Envelope {
                 let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
                 let mut offset = 0;
                 for e in entries {
-                    let (t, _) = token(e.id);
+                    let (b, shown) = text_of(e.id);
+                    let t = String::from_utf8_lossy(&b).into_owned();
                     offsets.push(offset);
-                    if text_of(e.id).1 {
+                    if shown {
                         offset += t.chars().count();
                     }
                     tokens.push(t);
