@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod error;
+pub mod grammar;
 pub mod logprobs;
 pub mod sampler;
 pub mod session;
@@ -15,6 +16,7 @@ pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
 pub use error::{Error, Result};
+pub use grammar::{Constraint, GrammarCompiler, GrammarSpec, Think};
 pub use logprobs::{token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use sampler::{Sampler, SamplingParams};
 pub use stop::{StopChecker, StopReason, StopStep};

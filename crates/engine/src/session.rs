@@ -12,6 +12,7 @@
 //! sampler's own draws); other sampled requests step one token at a time, the host sampler
 //! reading each row of logits.
 
+use crate::grammar::Constraint;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::{StopChecker, StopReason};
@@ -36,6 +37,9 @@ pub struct GenParams {
     /// Each generated token's log-probability and this many alternatives (at most
     /// [`crate::MAX_TOP_LOGPROBS`]); `None`: none. Asking samples on the host each step.
     pub logprobs: Option<usize>,
+    /// A grammar the answer must follow (structured outputs), in its start state; `None`: free
+    /// text. Asking samples on the host each step (the logits are masked first).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for GenParams {
@@ -47,6 +51,7 @@ impl Default for GenParams {
             greedy_run: 4,
             skip_special_tokens: true,
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -160,12 +165,14 @@ impl Session {
             );
         }
         let mut sampler = Sampler::new(p.sampling.clone())?;
-        // Logprobs need each step's logits on the host: no folded runs then.
-        let greedy = sampler.is_greedy() && p.logprobs.is_none();
+        let mut constraint = p.constraint.clone();
+        // Logprobs and grammars need each step's logits on the host: no folded runs then.
+        let host_logits = p.logprobs.is_some() || constraint.is_some();
+        let greedy = sampler.is_greedy() && !host_logits;
         // Sampled requests fold like greedy ones where the backend samples these settings on
         // the device; otherwise each step's logits come to the host sampler.
         let on_device = !greedy
-            && p.logprobs.is_none()
+            && !host_logits
             && self
                 .backend
                 .samples_on_device(&sampler.device_sampling(&[], &[]));
@@ -207,7 +214,7 @@ impl Session {
         let mut next = if greedy {
             argmax(&logits)
         } else {
-            sampler.sample(&logits, &history)?
+            pick(&mut sampler, constraint.as_mut(), &logits, &history)?
         };
         let mut logprobs = Vec::new();
         if let Some(k) = p.logprobs {
@@ -277,7 +284,7 @@ impl Session {
             let logits = self.backend.step(next)?;
             self.cached.push(next);
             history.push(next);
-            next = sampler.sample(&logits, &history)?;
+            next = pick(&mut sampler, constraint.as_mut(), &logits, &history)?;
             if let Some(k) = p.logprobs {
                 logprobs.push(token_logprob(&logits, next, k));
             }
@@ -307,4 +314,22 @@ impl Session {
             logprobs,
         })
     }
+}
+
+/// The host's choice from one step's `logits`: the sampler's, among the ids `constraint` allows
+/// (then moved past the choice). The row itself stays raw: logprobs read it unmasked.
+pub(crate) fn pick(
+    sampler: &mut Sampler,
+    constraint: Option<&mut Constraint>,
+    logits: &[f32],
+    history: &[u32],
+) -> Result<u32> {
+    let Some(c) = constraint else {
+        return Ok(sampler.sample(logits, history)?);
+    };
+    let mut masked = logits.to_vec();
+    c.mask(&mut masked)?;
+    let id = sampler.sample(&masked, history)?;
+    c.commit(id)?;
+    Ok(id)
 }

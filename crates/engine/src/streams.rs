@@ -8,9 +8,10 @@
 //! [`crate::session::Session::generate`] does for one sequence, so a request's text is the same
 //! whichever path served it.
 
+use crate::grammar::Constraint;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampler::Sampler;
-use crate::session::{FinishReason, GenParams, GenStats};
+use crate::session::{pick, FinishReason, GenParams, GenStats};
 use crate::stop::StopChecker;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use anyhow::Result;
@@ -42,6 +43,8 @@ pub struct StreamSeq {
     /// Alternatives per token's logprob entry; `None`: no entries (see [`GenParams::logprobs`]).
     logprobs_k: Option<usize>,
     logprobs: Vec<TokenLogprob>,
+    /// The grammar the answer follows ([`GenParams::constraint`]), at the current id.
+    constraint: Option<Constraint>,
 }
 
 impl StreamSeq {
@@ -59,9 +62,11 @@ impl StreamSeq {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<StreamSeq> {
         anyhow::ensure!(keep < prompt.len(), "at least one prompt token must be fed");
-        // Logprobs need every step's logits: such a stream picks on the host, greedy or not.
-        let sampler = Some(Sampler::new(p.sampling.clone())?)
-            .filter(|s| !s.is_greedy() || p.logprobs.is_some());
+        // Logprobs and grammars need every step's logits: such a stream picks on the host,
+        // greedy or not.
+        let host_logits = p.logprobs.is_some() || p.constraint.is_some();
+        let sampler =
+            Some(Sampler::new(p.sampling.clone())?).filter(|s| !s.is_greedy() || host_logits);
         let t0 = Instant::now();
         let logits = backend.stream_prefill(slot, keep, &prompt[keep..])?;
         let eos = backend.config().eos_token_ids.clone();
@@ -83,6 +88,7 @@ impl StreamSeq {
             finish: None,
             logprobs_k: p.logprobs,
             logprobs: Vec::new(),
+            constraint: p.constraint.clone(),
         };
         let first = s.choose(&logits)?;
         s.push(first, on_text);
@@ -97,7 +103,7 @@ impl StreamSeq {
     /// The next id from `logits`: sampled, or the argmax (with its logprob entry if asked).
     fn choose(&mut self, logits: &[f32]) -> Result<u32> {
         let id = match &mut self.sampler {
-            Some(s) => s.sample(logits, &self.history)?,
+            Some(s) => pick(s, self.constraint.as_mut(), logits, &self.history)?,
             None => argmax(logits),
         };
         if let Some(k) = self.logprobs_k {
@@ -106,10 +112,10 @@ impl StreamSeq {
         Ok(id)
     }
 
-    /// Whether each step's logits must come to the host (logprobs), even where the device
-    /// could sample these settings.
+    /// Whether each step's logits must come to the host (logprobs, a grammar), even where the
+    /// device could sample these settings.
     pub fn needs_logits(&self) -> bool {
-        self.logprobs_k.is_some()
+        self.logprobs_k.is_some() || self.constraint.is_some()
     }
 
     /// The logits a one-step run produced for this stream (fed `next_input()` at the current

@@ -480,14 +480,6 @@ fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
         })
 }
 
-/// Whether a rendered chat prompt ends inside a thinking block (Qwen3 Thinking-2507 templates
-/// end the generation prompt with `<think>\n`; Qwen3's own with thinking off closes it).
-fn opens_thinking(prompt: &str) -> bool {
-    prompt
-        .trim_end_matches(|c: char| c.is_ascii_whitespace())
-        .ends_with("<think>")
-}
-
 /// The request's tools as the model sees them: none with `tool_choice: "none"` (OpenAI's "the
 /// model will not call a tool": they are left out of the prompt, and no call is parsed).
 fn offered_tools(r: &CompletionRequest) -> Option<&Value> {
@@ -504,7 +496,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
     let prompt = match kind {
         Kind::Chat => {
             let text = chat_prompt(r, m)?;
-            thinking_open = opens_thinking(&text);
+            thinking_open = nibble_engine::grammar::opens_thinking(&text);
             encode(&text, m)?
         }
         Kind::Text => text_prompt(r, m)?,
@@ -565,18 +557,4 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
                 .is_some_and(|t| !t.is_empty()),
         thinking_open,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::opens_thinking;
-
-    #[test]
-    fn a_prompt_that_opens_the_thinking_block_is_seen() {
-        assert!(opens_thinking("<|im_start|>assistant\n<think>\n"));
-        assert!(!opens_thinking("<|im_start|>assistant\n"));
-        assert!(!opens_thinking(
-            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-        ));
-    }
 }
