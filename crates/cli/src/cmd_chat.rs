@@ -8,11 +8,11 @@
 //! commands, `/exit` (or `/quit`, or the end of input) ends.
 
 use crate::backends::{self, BackendArgs};
-use crate::sampling_args::SamplingArgs;
+use crate::sampling_args::{GrammarArgs, SamplingArgs};
 use anyhow::{anyhow, bail, Result};
 use nibble_engine::session::{FinishReason, Session};
-use nibble_engine::StopReason;
 use nibble_engine::{ChatTemplate, Message, Tokenizer};
+use nibble_engine::{GrammarCompiler, StopReason};
 use std::io::{BufRead, Write};
 use std::ops::Range;
 use std::path::PathBuf;
@@ -42,7 +42,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.max_tokens == 0 {
         bail!("-n must be at least 1: every answer needs a token");
     }
-    let params = a.sampling.params(a.max_tokens)?;
+    let mut params = a.sampling.params(a.max_tokens)?;
+    let grammar = a.sampling.grammar.spec()?;
     let model = nibble_model::loader::open(&a.model)?;
     let tok = crate::tokenizer::required(&model)?;
     let tpl = ChatTemplate::new(model.chat_template.as_deref().ok_or_else(|| {
@@ -56,6 +57,17 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--logit-bias {id}: the id is outside the model's vocabulary of {vocab}");
     }
     let mut session = Session::new(backends::make(&a.backend, model.weights.clone())?);
+    if let Some(spec) = &grammar {
+        // Every turn's prompt ends as this one does (open or closed thinking).
+        let probe = tpl.render(
+            &[Message::user(String::new())],
+            true,
+            a.no_think.then_some(false),
+            None,
+        )?;
+        let c = GrammarCompiler::new(&tok, &session.backend().config().eos_token_ids)?;
+        params.constraint = Some(GrammarArgs::compile(spec, &c, Some(&probe))?);
+    }
     let mut msgs = vec![];
     if let Some(s) = &a.system {
         msgs.push(Message::system(s.clone()));

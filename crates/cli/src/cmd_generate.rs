@@ -1,11 +1,11 @@
 //! `nibble generate`: stream a continuation of one prompt to stdout.
 
 use crate::backends::{self, BackendArgs};
-use crate::sampling_args::SamplingArgs;
+use crate::sampling_args::{GrammarArgs, SamplingArgs};
 use anyhow::{anyhow, Result};
 use nibble_engine::session::{FinishReason, Session};
-use nibble_engine::StopReason;
 use nibble_engine::{ChatTemplate, Message};
+use nibble_engine::{GrammarCompiler, StopReason};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -40,7 +40,8 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     a.backend.check_flags()?;
-    let params = a.sampling.params(a.max_tokens)?;
+    let mut params = a.sampling.params(a.max_tokens)?;
+    let grammar = a.sampling.grammar.spec()?;
     let prompt = match (&a.prompt, &a.file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => read_prompt(f)?,
@@ -66,6 +67,11 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut session = Session::new(backends::make(&a.backend, model.weights.clone())?);
     let ids = tok.encode_within(&text, session.backend().context_len())?;
+    if let Some(spec) = &grammar {
+        let c = GrammarCompiler::new(&tok, &session.backend().config().eos_token_ids)?;
+        let chat_prompt = a.chat.then_some(text.as_str());
+        params.constraint = Some(GrammarArgs::compile(spec, &c, chat_prompt)?);
+    }
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
     let stats = session.generate(&tok, &ids, &params, &mut |t| match out

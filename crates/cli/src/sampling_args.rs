@@ -1,8 +1,11 @@
-//! Sampling, stop and output flags shared by `generate` and `chat`.
+//! Sampling, stop, output and grammar flags shared by `generate` and `chat`.
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use nibble_engine::grammar::{GrammarCompiler, GrammarSpec, Think};
 use nibble_engine::session::GenParams;
-use nibble_engine::SamplingParams;
+use nibble_engine::{Constraint, SamplingParams};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
@@ -44,6 +47,72 @@ pub struct SamplingArgs {
     /// run's last position).
     #[arg(long, default_value_t = 4)]
     pub run: usize,
+    #[command(flatten)]
+    pub grammar: GrammarArgs,
+}
+
+/// Structured output: a grammar the answer must follow (llama.cpp's `-j` / `-jf`), at most one.
+/// A constrained answer samples on the host each step (its logits are masked first).
+#[derive(clap::Args, Clone, Debug, Default)]
+#[group(multiple = false)]
+pub struct GrammarArgs {
+    /// A JSON schema the answer is valid under, as JSON text (`'{"type": "object"}'`: any
+    /// object). Whitespace between tokens is bounded as in llama.cpp's JSON grammars.
+    #[arg(short = 'j', long, value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
+    /// The same, read from a file.
+    #[arg(long, value_name = "PATH")]
+    pub json_schema_file: Option<PathBuf>,
+    /// A grammar in Lark syntax (llguidance's dialect; llama.cpp's GBNF is not read), from a
+    /// file; its `start` rule is the whole answer.
+    #[arg(long, value_name = "PATH")]
+    pub grammar_file: Option<PathBuf>,
+    /// A regular expression the whole answer matches (Rust `regex` syntax).
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
+}
+
+impl GrammarArgs {
+    /// The grammar the flags ask for (files read, JSON parsed): checked before the model loads.
+    pub fn spec(&self) -> Result<Option<GrammarSpec>> {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let schema = |text: &str, flag: &str| -> Result<GrammarSpec> {
+            let v: serde_json::Value = serde_json::from_str(text)
+                .with_context(|| format!("{flag}: the schema is not JSON"))?;
+            Ok(GrammarSpec::JsonSchema(v))
+        };
+        Ok(if let Some(s) = &self.json_schema {
+            Some(schema(s, "--json-schema")?)
+        } else if let Some(p) = &self.json_schema_file {
+            Some(schema(&read(p)?, "--json-schema-file")?)
+        } else if let Some(p) = &self.grammar_file {
+            Some(GrammarSpec::Lark(read(p)?))
+        } else {
+            self.regex.clone().map(GrammarSpec::Regex)
+        })
+    }
+
+    /// Compiles `spec` with `c` (built once per tokenizer: [`GrammarCompiler::new`]);
+    /// `chat_prompt`: a rendered chat prompt like the ones the answers follow (a thinking
+    /// model's reasoning block is then left free).
+    pub fn compile(
+        spec: &GrammarSpec,
+        c: &GrammarCompiler,
+        chat_prompt: Option<&str>,
+    ) -> Result<Constraint> {
+        let think = match chat_prompt {
+            Some(p) if !matches!(spec, GrammarSpec::Lark(_)) => Think::after_chat_prompt(p),
+            _ => Think::No,
+        };
+        spec.compile(c, think).map_err(|e| match spec {
+            GrammarSpec::Lark(g) if g.contains("::=") => {
+                e.context("--grammar-file reads Lark, and this looks like GBNF (`::=`)")
+            }
+            _ => e,
+        })
+    }
 }
 
 impl SamplingArgs {
@@ -68,6 +137,7 @@ impl SamplingArgs {
             greedy_run: self.run.max(1),
             skip_special_tokens: !self.special,
             logprobs: None,
+            constraint: None,
         })
     }
 }

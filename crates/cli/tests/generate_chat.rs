@@ -310,3 +310,121 @@ fn chat_survives_a_turn_that_cannot_be_answered() {
     // The first and the third lines are turns 1 and 2.
     assert!(err.contains("[turn 2: prompt"), "{err}");
 }
+
+/// A JSON schema (llama.cpp's `-j`), a regex or a Lark grammar shape the answer on every
+/// backend, in `generate` and in `chat`; bad grammars are refused before the model loads.
+#[test]
+fn grammars_shape_the_answer_on_every_backend() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let schema = r#"{"type": "object", "properties": {"pick": {"enum": ["left", "right"]},
+        "n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["pick", "n"],
+        "additionalProperties": false}"#;
+    let mut answers = Vec::new();
+    for backend in ["ref", "cpu", "gpu"] {
+        let args = [
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "200",
+            "--backend",
+            backend,
+        ];
+        let out = run(&[&args[..], &["-j", schema]].concat(), None);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{backend}: {err}");
+        assert!(err.contains("(end of text"), "{backend}: {err}");
+        let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim_end())
+            .unwrap_or_else(|e| panic!("{backend}: {e}: {}", text(&out.stdout)));
+        assert!(v["pick"] == "left" || v["pick"] == "right", "{v}");
+        assert!((1..=9).contains(&v["n"].as_u64().unwrap()), "{v}");
+        answers.push(text(&out.stdout));
+    }
+    // Greedy: every backend picks the same constrained answer.
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
+    let base = [
+        "generate",
+        "-m",
+        m,
+        "-p",
+        "Hi",
+        "-n",
+        "40",
+        "--backend",
+        "cpu",
+    ];
+    let out = run(
+        &[&base[..], &["--regex", "(yes|no)! [0-9]{2}"]].concat(),
+        None,
+    );
+    let t = text(&out.stdout);
+    let t = t.trim_end();
+    assert!(
+        t.len() == 6 && (t.starts_with("yes!") || t.starts_with("no! ")) || t.len() == 7,
+        "{t:?}"
+    );
+    assert!(t.ends_with(|c: char| c.is_ascii_digit()), "{t:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let lark = dir.path().join("g.lark");
+    std::fs::write(&lark, "start: \"A\" | \"B\" \"C\"\n").unwrap();
+    let out = run(
+        &[&base[..], &["--grammar-file", lark.to_str().unwrap()]].concat(),
+        None,
+    );
+    assert!(
+        ["A", "BC"].contains(&text(&out.stdout).trim_end()),
+        "{}",
+        text(&out.stdout)
+    );
+    // Chat: each turn's answer follows the grammar.
+    let out = run(
+        &[
+            "chat",
+            "-m",
+            m,
+            "-n",
+            "30",
+            "--backend",
+            "cpu",
+            "--no-think",
+            "-j",
+            r#"{"enum": ["yes", "no"]}"#,
+        ],
+        Some("Is it?\nReally?\n"),
+    );
+    let lines: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l == "\"yes\"" || l == "\"no\""),
+        "{lines:?}"
+    );
+    // Refusals, before any model is read.
+    let gbnf = dir.path().join("g.gbnf");
+    std::fs::write(&gbnf, "root ::= \"a\"\n").unwrap();
+    for (flags, want) in [
+        (vec!["-j", "{bad"], "the schema is not JSON"),
+        (vec!["-j", "[1]"], "object or a boolean"),
+        (
+            vec!["--grammar-file", gbnf.to_str().unwrap()],
+            "looks like GBNF",
+        ),
+        (vec!["--regex", "("], "invalid grammar"),
+        (vec!["-j", "{}", "--regex", "a"], "cannot be used with"),
+        (
+            vec!["--json-schema-file", "/nonexistent.json"],
+            "reading /nonexistent.json",
+        ),
+    ] {
+        let out = run(&[&base[..], &flags[..]].concat(), None);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}");
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
+}

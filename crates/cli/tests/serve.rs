@@ -329,6 +329,19 @@ fn concurrent_requests_on(backend: &str) {
         .unwrap()
         .iter()
         .all(|x| x.as_f64().unwrap() <= 0.0));
+    // A grammar on the multi-stream path: the stream steps on the host, its logits masked (on
+    // device runs the text would be the model's free choice).
+    let shaped = serde_json::json!({"prompt": "Count:", "max_tokens": 9, "temperature": 0,
+        "guided_regex": "[0-9]{4}-[xyz]{2}"});
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &shaped.to_string());
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let t = v["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        t.len() == 7 && t[..4].bytes().all(|c| c.is_ascii_digit()) && &t[4..5] == "-",
+        "{b}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{b}");
     // Greedy requests that end at the context's end take every step of their room: a run
     // of 4 that meets it is cut short, not dropped (room 7 and 8 gave 6 ids, 3 and 4 gave 2).
     // Last, as they take slots whose cached prefixes the checks above rely on.

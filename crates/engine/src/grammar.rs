@@ -39,6 +39,8 @@ pub enum GrammarSpec {
     Lark(String),
     /// A regular expression the whole answer matches (Rust `regex` syntax).
     Regex(String),
+    /// Exactly one of these texts (vLLM's `guided_choice`).
+    Choice(Vec<String>),
     /// Tool calls in the Hermes form Qwen3 writes (`<tool_call>\n{json}\n</tool_call>`), each
     /// call's JSON valid under one of these schemas (an object of `name` and `arguments` per
     /// tool); `one`: exactly one call, else one or more (OpenAI's named and `"required"`
@@ -61,10 +63,14 @@ pub enum Think {
 
 impl Think {
     /// How the answer to a rendered chat `prompt` begins: [`Think::Open`] where the prompt ends
-    /// with `<think>` (and whitespace), else [`Think::May`].
+    /// with `<think>` (and whitespace), [`Think::No`] where it ends with `</think>` (thinking
+    /// switched off: Qwen3's template writes the empty block itself), else [`Think::May`].
     pub fn after_chat_prompt(prompt: &str) -> Think {
-        if opens_thinking(prompt) {
+        let end = prompt.trim_end_matches(|c: char| c.is_ascii_whitespace());
+        if end.ends_with("<think>") {
             Think::Open
+        } else if end.ends_with("</think>") {
+            Think::No
         } else {
             Think::May
         }
@@ -83,16 +89,44 @@ pub fn opens_thinking(prompt: &str) -> bool {
 /// whitespace Qwen3 puts before its answer.
 const THINK_RULES: &str = "think_text[lazy]: /(.|\\n)*<\\/think>/\nTHINK_GAP: /[ \\t\\r\\n]+/\n";
 
+/// The whitespace a JSON answer may put between two of its tokens, as llama.cpp's JSON
+/// grammars allow: one space, or a line break and up to 20 spaces or tabs of indent. Unbounded
+/// whitespace lets a model pad an answer until its token limit (the synthetic models here did).
+const JSON_GAP: &str = "(\\x20|\\x0D?\\x0A[\\x20\\x09]{0,20})";
+
+/// `schema` with [`JSON_GAP`] as its whitespace, unless it sets its own (llguidance's
+/// `x-guidance` options).
+fn bounded(schema: &Value) -> Value {
+    let mut s = match schema {
+        Value::Bool(true) => serde_json::json!({}),
+        s => s.clone(),
+    };
+    if let Some(o) = s.as_object_mut() {
+        o.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_GAP}));
+    }
+    s
+}
+
 impl GrammarSpec {
     /// The Lark text of this grammar, behind the reasoning block `think` allows.
     fn lark(&self, think: Think) -> Result<String> {
         let answer = match self {
-            GrammarSpec::JsonObject => format!("%json {}", serde_json::json!({"type": "object"})),
+            GrammarSpec::JsonObject => {
+                format!("%json {}", bounded(&serde_json::json!({"type": "object"})))
+            }
             GrammarSpec::JsonSchema(schema) => {
                 if !schema.is_object() && !schema.is_boolean() {
                     bail!("a JSON schema is an object or a boolean");
                 }
-                format!("%json {schema}")
+                format!("%json {}", bounded(schema))
+            }
+            GrammarSpec::Choice(texts) => {
+                if texts.is_empty() {
+                    bail!("a choice needs at least one text");
+                }
+                let alts: Vec<String> = texts.iter().map(|t| regex_syntax::escape(t)).collect();
+                return GrammarSpec::Regex(format!("({})", alts.join("|"))).lark(think);
             }
             GrammarSpec::Regex(rx) => {
                 // Through llguidance's own regex form, which owns the escaping rules.
@@ -110,11 +144,11 @@ impl GrammarSpec {
                 if calls.is_empty() {
                     bail!("tool calls need at least one tool");
                 }
-                let call = if calls.len() == 1 {
+                let call = bounded(&if calls.len() == 1 {
                     calls[0].clone()
                 } else {
                     serde_json::json!({ "anyOf": calls })
-                };
+                });
                 let more = if *one { "" } else { " (TOOL_GAP tool_call)*" };
                 return Ok(format!(
                     "{}tool_call{more}\ntool_call: \"<tool_call>\\n\" %json {call} \"\\n</tool_call>\"\nTOOL_GAP: /[ \\t\\r\\n]+/\n{}",

@@ -90,6 +90,21 @@ fn a_schema_admits_its_json_and_ends_there() {
     for (text, want) in cases {
         assert_eq!(judge(&tok, &c, &s, Think::No, text), want, "{text:?}");
     }
+    // Whitespace between tokens is bounded as in llama.cpp's JSON grammars: a space, or a line
+    // break and up to 20 columns of indent.
+    let pretty = "{\n  \"a\": 5,\n\t\"b\": \"x\"\n}";
+    assert_eq!(judge(&tok, &c, &s, Think::No, pretty), (true, true, true));
+    let deep = format!("{{\n{}\"a\": 5}}", " ".repeat(21));
+    assert!(!judge(&tok, &c, &s, Think::No, &deep).0);
+    assert!(
+        !judge(&tok, &c, &s, Think::No, "{\"a\":  5}").0,
+        "two spaces"
+    );
+    // A schema's own whitespace setting wins.
+    let compact = GrammarSpec::JsonSchema(json!({"type": "object",
+        "x-guidance": {"whitespace_flexible": false}}));
+    assert!(judge(&tok, &c, &compact, Think::No, "{\"a\":5}").1);
+    assert!(!judge(&tok, &c, &compact, Think::No, "{\"a\": 5}").0);
 }
 
 #[test]
@@ -113,6 +128,15 @@ fn json_object_regex_and_lark_forms() {
     let rx = GrammarSpec::Regex("(yes|no)".into());
     // A finished answer may only end.
     assert_eq!(judge(&tok, &c, &rx, Think::No, "yes"), (true, true, true));
+    // Choices are literal texts: regex characters in them mean themselves.
+    let choice = GrammarSpec::Choice(vec!["a+b".into(), "(c)".into(), "a".into()]);
+    for text in ["a+b", "(c)", "a"] {
+        assert!(judge(&tok, &c, &choice, Think::No, text).1, "{text:?}");
+    }
+    for text in ["aab", "c", "b"] {
+        assert!(!judge(&tok, &c, &choice, Think::No, text).1, "{text:?}");
+    }
+    assert!(GrammarSpec::Choice(vec![]).compile(&c, Think::No).is_err());
     let lark = GrammarSpec::Lark("start: \"answer: \" NUM\nNUM: /[0-9]+/\n".into());
     assert_eq!(
         judge(&tok, &c, &lark, Think::No, "answer: 42"),
@@ -151,7 +175,7 @@ fn a_think_block_may_come_first_and_is_not_constrained() {
     assert!(Think::after_chat_prompt("<|im_start|>assistant\n<think>\n") == Think::Open);
     assert!(Think::after_chat_prompt("<|im_start|>assistant\n") == Think::May);
     assert!(
-        Think::after_chat_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n") == Think::May
+        Think::after_chat_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n") == Think::No
     );
     for text in ["reasoning\n</think>\n\n{\"a\": 5}", "</think>{\"a\": 5}"] {
         assert_eq!(

@@ -24,6 +24,7 @@ pub mod params;
 pub mod parse;
 pub mod protocol;
 pub mod scheduler;
+pub mod structured;
 
 use anyhow::{Context, Result};
 use axum::extract::DefaultBodyLimit;
@@ -92,6 +93,9 @@ pub fn app(
         template,
         context_len: backend.context_len(),
         vocab_size: backend.config().vocab_size,
+        eos_ids: backend.config().eos_token_ids.clone(),
+        reasoning: cfg.reasoning,
+        grammars: Default::default(),
     });
     let metrics = metrics::Metrics::new();
     let (queue, _worker) = scheduler::spawn(

@@ -9,12 +9,13 @@
 //! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0; `logit_bias` ids in the
 //! vocabulary with biases in [-100, 100]; `skip_special_tokens` (vLLM's, default true);
 //! logprobs (chat: `logprobs: true` and `top_logprobs` 0-20; completions: `logprobs` 0-5).
-//! Features not implemented (JSON mode,
-//! forced tool calls, ...) are refused, never ignored. A prompt must leave room for one generated token, and
+//! structured outputs ([`crate::structured`]). Features not implemented (`n` > 1, `echo`, ...)
+//! are refused, never ignored. A prompt must leave room for one generated token, and
 //! prompt + max_tokens must fit the context (`context_length_exceeded`).
 
 use crate::error::ApiError;
 use crate::protocol::{ChatMessage, CompletionRequest, Kind};
+use crate::structured::{self, Grammars};
 use nibble_engine::session::GenParams;
 use nibble_engine::{ChatTemplate, Message, SamplingParams, Tokenizer};
 use serde_json::Value;
@@ -35,6 +36,13 @@ pub struct ModelInfo {
     pub context_len: usize,
     /// Rows of the model's embedding; ids at or above it are rejected.
     pub vocab_size: usize,
+    /// The model's end-of-sequence ids (a grammar's end).
+    pub eos_ids: Vec<u32>,
+    /// Chat answers' `<think>` blocks are parsed out (`--reasoning-format auto`): a grammar
+    /// leaves them free.
+    pub reasoning: bool,
+    /// Structured outputs' compiler, built on first use.
+    pub grammars: Grammars,
 }
 
 /// A validated request, ready for the engine.
@@ -283,27 +291,6 @@ fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
             "suffix (insertion) is not supported",
         ));
     }
-    // Accepted and ignored, these would give output the client asked not to get.
-    let text_format = match &r.response_format {
-        None | Some(Value::Null) => true,
-        Some(f) => f.get("type").and_then(Value::as_str) == Some("text"),
-    };
-    if !text_format {
-        return Err(ApiError::invalid(
-            "response_format",
-            "only response_format {\"type\": \"text\"} is supported (no JSON mode or schema)",
-        ));
-    }
-    match r.tool_choice.as_ref() {
-        None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "auto" || c == "none" => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "only tool_choice \"auto\" (the model decides) or \"none\" is supported: calls are not forced",
-            ))
-        }
-    }
     if r.continue_final_message == Some(true) {
         return Err(ApiError::invalid(
             "continue_final_message",
@@ -492,12 +479,16 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
     unsupported(r)?;
     let sampling = sampling(r, m.vocab_size)?;
     let stop = stop_strings(&r.stop)?;
+    let grammar = structured::requested(r, kind)?;
     let mut thinking_open = false;
+    let mut chat_text = None;
     let prompt = match kind {
         Kind::Chat => {
             let text = chat_prompt(r, m)?;
             thinking_open = nibble_engine::grammar::opens_thinking(&text);
-            encode(&text, m)?
+            let ids = encode(&text, m)?;
+            chat_text = Some(text);
+            ids
         }
         Kind::Text => text_prompt(r, m)?,
     };
@@ -535,6 +526,19 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
         }
         Some(v) => v as usize,
     };
+    let constraint = grammar
+        .map(|g| {
+            let tok = &m.tokenizer;
+            structured::compile(
+                &m.grammars,
+                tok,
+                &m.eos_ids,
+                g,
+                chat_text.as_deref(),
+                m.reasoning,
+            )
+        })
+        .transpose()?;
     Ok(Prepared {
         prompt,
         gen: GenParams {
@@ -543,6 +547,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             stop_strings: stop,
             skip_special_tokens: r.skip_special_tokens.unwrap_or(true),
             logprobs: logprobs(r, kind)?,
+            constraint,
             ..GenParams::default()
         },
         stream: r.stream.unwrap_or(false),

@@ -57,10 +57,21 @@ pub struct CompletionRequest {
     pub logit_bias: Option<Value>,
     /// vLLM's switch: `false` keeps special tokens (`<|vision_start|>`, ...) in the text.
     pub skip_special_tokens: Option<bool>,
-    /// Only `{"type": "text"}` (the default) is supported: no JSON mode or schema.
+    /// `{"type": "text"}` (the default), `json_object` or `json_schema` ([`crate::structured`]).
     pub response_format: Option<Value>,
-    /// `"auto"` (the model decides) or `"none"` (the tools are left out); calls are not forced.
+    /// `"auto"` (the model decides), `"none"` (the tools are left out), `"required"` or a named
+    /// function (calls forced by a grammar).
     pub tool_choice: Option<Value>,
+    /// vLLM's structured outputs: a JSON schema (or its text), a regex, a list of texts, a Lark
+    /// grammar.
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
+    /// llama.cpp's JSON schema field.
+    pub json_schema: Option<Value>,
+    /// llama.cpp's GBNF grammar: refused by name.
+    pub grammar: Option<Value>,
     /// vLLM's continuation of a final assistant message: unsupported when true.
     pub continue_final_message: Option<bool>,
     /// vLLM's switch for the assistant header: unsupported when false.

@@ -330,18 +330,18 @@ fn table() -> Vec<Case> {
         ),
         // Accepted and ignored, these gave output the client asked not to get (200 OK).
         case(
-            "json mode",
+            "an unknown response_format",
             C,
-            chat(json!({"response_format": {"type": "json_object"}})),
+            chat(json!({"response_format": {"type": "yaml"}})),
             Some("response_format"),
-            "no JSON mode or schema",
+            "must be \"text\", \"json_object\" or \"json_schema\"",
         ),
         case(
-            "a forced tool call",
+            "a tool call forced without tools",
             C,
             chat(json!({"tool_choice": "required"})),
             Some("tool_choice"),
-            "only tool_choice \"auto\" (the model decides) or \"none\"",
+            "tool_choice \"required\" needs tools",
         ),
         case(
             "continue_final_message",

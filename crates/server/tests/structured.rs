@@ -1,0 +1,354 @@
+//! Structured outputs over the live server (the reference backend on the tiny synthetic model,
+//! whose free text is noise): a JSON schema, JSON mode, vLLM's guided forms and forced tool
+//! calls shape the answer, whole and streamed, greedy and sampled.
+
+mod common;
+
+use common::*;
+use nibble_server::ServerConfig;
+use serde_json::{json, Value};
+
+const CTX: usize = 1024;
+
+/// A schema whose every answer is short, so the noise model finishes it well within the limit.
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["color", "n", "ok"],
+        "additionalProperties": false
+    })
+}
+
+fn fits(text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["color", "n", "ok"], "{text}");
+    assert!(["red", "green", "blue"].contains(&v["color"].as_str().unwrap()));
+    assert!(v["n"].as_u64().unwrap() <= 99);
+    assert!(v["ok"].is_boolean());
+}
+
+/// A chat request with thinking off: the noise model, free to reason first, would never close
+/// its `<think>` block.
+fn chat(extra: Value) -> Value {
+    let mut b = json!({"messages": [{"role": "user", "content": "Describe a ball."}],
+        "max_tokens": 200, "temperature": 0, "chat_template_kwargs": {"enable_thinking": false}});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_schema_shapes_the_answer() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    // Unconstrained, the model's answer is no JSON.
+    let (st, free) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": 24})),
+    )
+    .await;
+    assert_eq!(st, 200, "{free}");
+    let free = free["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(serde_json::from_str::<Value>(&free).is_err(), "{free:?}");
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "ball", "schema": schema(), "strict": true}});
+    for extra in [
+        json!({"response_format": rf}),
+        json!({"response_format": rf, "temperature": 1.0, "seed": 7}),
+        json!({"guided_json": schema()}),
+        json!({"guided_json": schema().to_string()}),
+        json!({"json_schema": schema()}),
+    ] {
+        let (st, v) = post(&srv.base, "/v1/chat/completions", &chat(extra.clone())).await;
+        assert_eq!(st, 200, "{extra}: {v}");
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "stop", "{extra}: {v}");
+        fits(c["message"]["content"].as_str().unwrap());
+    }
+    // Streamed: the chunks join to the same answer.
+    let body = chat(json!({"response_format": rf}));
+    let (_, whole) = post(&srv.base, "/v1/chat/completions", &body).await;
+    let mut s = body.clone();
+    s["stream"] = json!(true);
+    let (st, _, sse) = post_stream(&srv.base, "/v1/chat/completions", &s).await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        sse.text(),
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    // Thinking on, the answer may reason first (the noise model does, endlessly); with the
+    // server's reasoning parsing off, the schema binds from the first token.
+    let mut think = chat(json!({"response_format": rf, "max_tokens": 30}));
+    think["chat_template_kwargs"] = json!({});
+    let (_, v) = post(&srv.base, "/v1/chat/completions", &think).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(
+        v["choices"][0]["message"]["reasoning_content"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{v}"
+    );
+    let raw = start(
+        ServerConfig {
+            reasoning: false,
+            ..cfg()
+        },
+        CTX,
+    )
+    .await;
+    think["max_tokens"] = json!(200);
+    let (_, v) = post(&raw.base, "/v1/chat/completions", &think).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    fits(v["choices"][0]["message"]["content"].as_str().unwrap());
+    // JSON mode: any object.
+    let (_, v) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        &chat(json!({"response_format": {"type": "json_object"}, "max_tokens": 400})),
+    )
+    .await;
+    let c = &v["choices"][0];
+    if c["finish_reason"] == "stop" {
+        let o: Value = serde_json::from_str(c["message"]["content"].as_str().unwrap()).unwrap();
+        assert!(o.is_object(), "{o}");
+    } else {
+        assert!(
+            c["message"]["content"].as_str().unwrap().starts_with('{'),
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guided_regex_choice_and_grammar_on_completions() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let text = |extra: Value| {
+        let mut b = json!({"prompt": "The answer is", "max_tokens": 40, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let (st, v) = post(
+        &srv.base,
+        "/v1/completions",
+        &text(json!({"guided_regex": "[0-9]{3}-[a-c]{2}"})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let t = v["choices"][0]["text"].as_str().unwrap();
+    assert!(t.len() == 6 && t.as_bytes()[3] == b'-', "{t:?}");
+    assert!(
+        t[..3].bytes().all(|b| b.is_ascii_digit()) && t[4..].bytes().all(|b| b"abc".contains(&b)),
+        "{t:?}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let choices = ["yes (certainly)", "no", "maybe?"];
+    for seed in 0..4 {
+        let (_, v) = post(
+            &srv.base,
+            "/v1/completions",
+            &text(json!({"guided_choice": choices, "temperature": 1.0, "seed": seed})),
+        )
+        .await;
+        let t = v["choices"][0]["text"].as_str().unwrap();
+        assert!(choices.contains(&t), "{t:?}");
+    }
+    let lark = "start: \"x=\" NUM \";\"\nNUM: /[1-9][0-9]?/\n";
+    let (_, v) = post(
+        &srv.base,
+        "/v1/completions",
+        &text(json!({"guided_grammar": lark})),
+    )
+    .await;
+    let t = v["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        t.starts_with("x=") && t.ends_with(';') && t.len() <= 5,
+        "{t:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_tool_calls_come_back_as_tool_calls() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+            "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time"}}
+    ]);
+    // The tool's parameters here leave the noise model little to write.
+    let named = chat(json!({"tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}));
+    let (st, v) = post(&srv.base, "/v1/chat/completions", &named).await;
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["unit"] == "c" || args["unit"] == "f", "{args}");
+    // Streamed, the same call.
+    let mut s = named.clone();
+    s["stream"] = json!(true);
+    let (_, _, sse) = post_stream(&srv.base, "/v1/chat/completions", &s).await;
+    let name: String = sse
+        .chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
+        .collect();
+    assert_eq!(name, "get_weather");
+    // "required": the calls are among the tools (get_time takes any object, so the noise model
+    // may write a long one: only what was finished is checked).
+    let req = chat(json!({"tools": tools, "tool_choice": "required", "max_tokens": 300}));
+    let (st, v) = post(&srv.base, "/v1/chat/completions", &req).await;
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    if c["finish_reason"] == "tool_calls" {
+        for call in c["message"]["tool_calls"].as_array().unwrap() {
+            let n = call["function"]["name"].as_str().unwrap();
+            assert!(n == "get_weather" || n == "get_time", "{v}");
+        }
+    } else {
+        assert_eq!(c["finish_reason"], "length", "{v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_structured_requests_are_400s() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let cases = [
+        (
+            chat(json!({"response_format": {"type": "xml"}})),
+            "response_format",
+            "\"text\", \"json_object\" or \"json_schema\"",
+        ),
+        (
+            chat(json!({"response_format": {"type": "json_schema"}})),
+            "response_format",
+            "\"json_schema\" object",
+        ),
+        (
+            chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})),
+            "response_format",
+            "needs its \"schema\"",
+        ),
+        (
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}}),
+            ),
+            "response_format",
+            "invalid grammar",
+        ),
+        (
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}}),
+            ),
+            "response_format",
+            "must be a JSON schema",
+        ),
+        (
+            chat(json!({"guided_json": "{not json"})),
+            "guided_json",
+            "not a JSON schema",
+        ),
+        (
+            chat(json!({"guided_regex": "("})),
+            "guided_regex",
+            "invalid grammar",
+        ),
+        (
+            chat(json!({"guided_regex": 5})),
+            "guided_regex",
+            "must be a string",
+        ),
+        (
+            chat(json!({"guided_choice": []})),
+            "guided_choice",
+            "non-empty list",
+        ),
+        (
+            chat(json!({"guided_choice": ["a", 1]})),
+            "guided_choice",
+            "non-empty list",
+        ),
+        (
+            chat(json!({"guided_grammar": "root: \"a\""})),
+            "guided_grammar",
+            "start",
+        ),
+        (
+            chat(json!({"grammar": "root ::= \"a\""})),
+            "grammar",
+            "GBNF",
+        ),
+        (
+            chat(json!({"guided_regex": "a", "response_format": {"type": "json_object"}})),
+            "guided_regex",
+            "both constrain",
+        ),
+        (
+            chat(json!({"tool_choice": "required"})),
+            "tool_choice",
+            "needs tools",
+        ),
+        (
+            chat(
+                json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            ),
+            "tool_choice",
+            "not among the tools",
+        ),
+        (
+            chat(json!({"tools": tools, "tool_choice": {"type": "function"}})),
+            "tool_choice",
+            "a named tool_choice is",
+        ),
+        (
+            chat(json!({"tools": tools, "tool_choice": "always"})),
+            "tool_choice",
+            "is not one of",
+        ),
+        (
+            json!({"prompt": "x", "tool_choice": "required", "tools": tools}),
+            "tool_choice",
+            "chat completions only",
+        ),
+    ];
+    for (body, param, msg) in cases {
+        let path = if body.get("prompt").is_some() {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let (st, v) = post(&srv.base, path, &body).await;
+        assert_eq!(st, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.contains(msg), "{body}: {m:?} lacks {msg:?}");
+    }
+    // The server still answers.
+    let (st, _) = post(
+        &srv.base,
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(st, 200);
+}
