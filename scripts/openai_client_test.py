@@ -4,12 +4,16 @@
 Usage: openai_client_test.py BASE_URL API_KEY   (BASE_URL like http://127.0.0.1:8080/v1)
 
 Checks: models list; chat non-streaming and streaming (same greedy text, finish reason, usage in
-the final chunk and the include_usage chunk); completions both ways; a 400 (BadRequestError with
+the final chunk and the include_usage chunk); completions both ways; logprobs and logit_bias;
+structured outputs (the SDK's pydantic `parse` and a forced tool call); a 400 (BadRequestError with
 the server's message) and a 401 (AuthenticationError). Exits non-zero on the first failure.
 """
+import json
 import sys
+from typing import Literal
 
 import openai
+import pydantic
 
 
 def main() -> None:
@@ -84,6 +88,27 @@ def main() -> None:
     )
     assert bang.choices[0].text == "!!!", bang
     assert bang.choices[0].logprobs.tokens == ["!", "!", "!"], bang.choices[0].logprobs
+
+    # Structured outputs: the SDK's own pydantic path (a strict json_schema) and a forced call.
+    class Ball(pydantic.BaseModel):
+        color: Literal["red", "green", "blue"]
+        ok: bool
+
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    ball = parse(model=model, messages=msgs, temperature=0, max_tokens=60,
+                 response_format=Ball, extra_body=extra)
+    parsed = ball.choices[0].message.parsed
+    assert isinstance(parsed, Ball), ball
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"side": {"enum": ["left", "right"]}},
+        "required": ["side"], "additionalProperties": False}}}]
+    call = client.chat.completions.create(
+        model=model, messages=msgs, temperature=0, max_tokens=60, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "pick"}}, extra_body=extra,
+    )
+    assert call.choices[0].finish_reason == "tool_calls", call
+    fn = call.choices[0].message.tool_calls[0].function
+    assert fn.name == "pick" and json.loads(fn.arguments)["side"] in ("left", "right"), fn
 
     try:
         client.chat.completions.create(model=model, messages=msgs, temperature=-1)
