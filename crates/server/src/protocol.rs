@@ -246,9 +246,14 @@ impl Envelope {
                     }
                     tokens.push(t);
                     lps.push(lp(e.logprob));
-                    let top: serde_json::Map<String, Value> = (e.top.iter())
+                    let mut top: serde_json::Map<String, Value> = (e.top.iter())
                         .map(|&(id, x)| (token(id).0, json!(lp(x))))
                         .collect();
+                    // OpenAI and vLLM always list the sampled token too (up to logprobs + 1
+                    // entries; logprobs 0 gives just it).
+                    if !e.top.iter().any(|&(id, _)| id == e.id) {
+                        top.insert(token(e.id).0, json!(lp(e.logprob)));
+                    }
                     tops.push(Value::Object(top));
                 }
                 json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})

@@ -45,6 +45,24 @@ async fn each_token_gets_its_logprob_and_alternatives() {
             .fold(f64::MIN, f64::max);
         assert!((best - x).abs() < 1e-6, "token {i} {t:?}: {x} vs {best}");
     }
+    // The sampled token is always listed among the alternatives (OpenAI's "up to logprobs + 1"):
+    // with logprobs 0 it alone, with 1 beside the favourite when it was not that.
+    for k in [0, 1] {
+        let sampled = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 2.0,
+            "seed": 9, "logprobs": k});
+        let (st, v) = post(&srv.base, "/v1/completions", &sampled).await;
+        assert_eq!(st, 200, "{v}");
+        let lp = &v["choices"][0]["logprobs"];
+        let mut extra = 0;
+        for (i, t) in lp["tokens"].as_array().unwrap().iter().enumerate() {
+            let top = lp["top_logprobs"][i].as_object().unwrap();
+            assert_eq!(top[t.as_str().unwrap()], lp["token_logprobs"][i], "{lp}");
+            assert!(top.len() <= k + 1, "{lp}");
+            extra += usize::from(top.len() == k + 1);
+        }
+        // Sampled at temperature 2, some tokens are not the favourite.
+        assert!(k == 0 || extra > 0, "{lp}");
+    }
     // A special token the text leaves out (<|im_start|>, forced) has its entries, but moves
     // no text offset (they pointed past the returned text).
     let forced = json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 1,
