@@ -8,7 +8,7 @@
 //! as OpenAI-compatible servers do (clients send `user`, `metadata`, ...).
 
 use nibble_engine::TokenLogprob;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 /// The body of a completion request (chat or plain).
@@ -25,6 +25,7 @@ pub struct CompletionRequest {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     /// Extension (llama.cpp, vLLM): `<= 0` disables.
+    #[serde(default, deserialize_with = "whole")]
     pub top_k: Option<i64>,
     /// Extension (llama.cpp, vLLM).
     pub min_p: Option<f32>,
@@ -33,11 +34,15 @@ pub struct CompletionRequest {
     pub repetition_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    #[serde(default, deserialize_with = "whole")]
     pub max_tokens: Option<i64>,
+    #[serde(default, deserialize_with = "whole")]
     pub max_completion_tokens: Option<i64>,
     /// A string or a list of strings.
     pub stop: Option<Value>,
+    #[serde(default, deserialize_with = "whole")]
     pub seed: Option<i64>,
+    #[serde(default, deserialize_with = "whole")]
     pub n: Option<i64>,
     pub chat_template_kwargs: Option<ChatTemplateKwargs>,
     /// Tool schemas, passed to the chat template; `<tool_call>` blocks in the answer are
@@ -46,10 +51,12 @@ pub struct CompletionRequest {
     /// Chat: `true` asks for each token's logprob; completions: how many alternatives (0-5).
     pub logprobs: Option<Value>,
     /// Chat: alternatives per token (0-20), with `logprobs: true`.
+    #[serde(default, deserialize_with = "whole")]
     pub top_logprobs: Option<i64>,
     /// Completions: unsupported when true.
     pub echo: Option<bool>,
     /// Completions: unsupported above 1.
+    #[serde(default, deserialize_with = "whole")]
     pub best_of: Option<i64>,
     /// Completions: unsupported when non-empty.
     pub suffix: Option<String>,
@@ -76,6 +83,25 @@ pub struct CompletionRequest {
     pub continue_final_message: Option<bool>,
     /// vLLM's switch for the assistant header: unsupported when false.
     pub add_generation_prompt: Option<bool>,
+}
+
+/// An integer field: a JSON integer, or a number with no fraction (`2.0`, `1e3`), as the
+/// pydantic-based servers (vLLM) accept; `2.5` is an error.
+fn whole<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(i) = n.as_i64() {
+        return Ok(Some(i));
+    }
+    match n.as_f64() {
+        // The bounds keep the cast exact (i64::MAX is not an f64).
+        Some(x) if x.fract() == 0.0 && x.abs() < 9.2e18 => Ok(Some(x as i64)),
+        _ => Err(D::Error::custom(format!(
+            "{n} is not an integer (or is beyond 64 bits)"
+        ))),
+    }
 }
 
 /// `stream_options`.

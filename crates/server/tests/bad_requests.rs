@@ -88,7 +88,14 @@ fn table() -> Vec<Case> {
             C,
             chat(json!({"top_k": 1.5})),
             Some("top_k"),
-            "invalid type",
+            "1.5 is not an integer",
+        ),
+        case(
+            "max_tokens a string",
+            C,
+            chat(json!({"max_tokens": "4"})),
+            Some("max_tokens"),
+            "invalid type: string",
         ),
         case(
             "messages missing",
@@ -486,6 +493,14 @@ async fn bad_requests_get_openai_errors() {
     let defaults = json!({"temperature": 0, "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "auto"});
     let (st, v) = post(&srv.base, C, &chat(defaults)).await;
     assert_eq!(st, 200, "{v}");
+    // Whole numbers written as floats are integers, as pydantic servers (vLLM) take them.
+    let floats = json!({"max_tokens": 2.0, "seed": 7.0, "top_k": 4e1, "n": 1.0, "temperature": 1});
+    let (st, v) = post(&srv.base, C, &chat(floats)).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() <= 2,
+        "{v}"
+    );
     // A compressed body: 415 naming the encoding (it was "must be a JSON object").
     let r = client(30)
         .post(format!("{}{C}", srv.base))
