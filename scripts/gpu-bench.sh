@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -49,7 +49,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has grammar || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -124,6 +124,25 @@ if has sampled; then
   timeout 400 $N parity -m $MODEL --backend gpu -n 16 --ctx 512 --sampled 5 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
   say "bench gpu: tg128 greedy and sampled (folded on the device / host sampler per step / lone stream / whole row)"
   timeout 300 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 5 --sampled --ctx 512 -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+fi
+if has grammar; then
+  # What a request that needs each step's logits on the host costs against folded greedy runs:
+  # `generate` decode tok/s (its stats line; 128 tokens, 3 rounds interleaved) greedy, with a
+  # logit bias (host argmax of each row), and under a JSON schema (each row masked by the
+  # grammar first; the noise model writes one long string).
+  say "generate gpu: greedy folded / logit bias (host step) / JSON schema (host step + grammar mask), decode tok/s"
+  SCHEMA='{"type":"object","properties":{"story":{"type":"string"}},"required":["story"]}'
+  for r in 1 2 3; do
+    for mode in greedy bias schema; do
+      case $mode in
+        greedy) extra=() ;;
+        bias) extra=(--logit-bias 0-inf) ;;
+        schema) extra=(-j "$SCHEMA") ;;
+      esac
+      line=$(timeout 200 $N generate -m $MODEL --backend gpu --ctx 512 -p "Write a long story." -n 128 "${extra[@]}" 2>&1 >/dev/null | grep "decode")
+      echo "round $r $mode: $line" | tee -a "$S"
+    done
+  done
 fi
 if has profile; then
   # Where one step's GPU time goes in the real plan (timestamps after every op), at three depths.

@@ -25,6 +25,7 @@ pub mod parse;
 pub mod protocol;
 pub mod scheduler;
 pub mod structured;
+pub mod tokens;
 
 use anyhow::{Context, Result};
 use axum::extract::DefaultBodyLimit;
@@ -130,6 +131,8 @@ pub fn app(
         .route("/chat/completions", post(handlers::chat))
         .route("/completions", post(handlers::completions))
         .route("/models", get(handlers::models))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)

@@ -339,7 +339,7 @@ fn message_text(i: usize, m: &ChatMessage) -> Result<String, ApiError> {
 }
 
 /// Renders the conversation with the model's template.
-fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String, ApiError> {
+pub(crate) fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String, ApiError> {
     let msgs = r
         .messages
         .as_ref()
