@@ -356,3 +356,36 @@ fn concurrent_requests_on(backend: &str) {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// On the multi-stream path, a request whose grammar fails mid-answer (its language turns out
+/// empty after the first token) ends alone with a short error, while the request decoding
+/// beside it in the same runs finishes in full (the whole run used to fail with it).
+#[test]
+fn a_failing_grammar_ends_only_its_own_request() {
+    let Some(tok) = tokenizer_json() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "3", &tok);
+    let (mut child, addr) = spawn_serve(
+        &["--backend", "cpu", "--ctx", "512", "--max-streams", "2"],
+        &model,
+    );
+    let long = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 200,
+        "temperature": 0, "logprobs": 0});
+    let a = addr.clone();
+    let plain =
+        std::thread::spawn(move || exchange(&a, "POST", "/v1/completions", &long.to_string()));
+    std::thread::sleep(Duration::from_millis(300));
+    let bad = serde_json::json!({"prompt": "x", "max_tokens": 5, "temperature": 0,
+        "guided_grammar": "start: \"a\" b\nb: b \"c\"\n"});
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &bad.to_string());
+    assert_eq!(st, 500, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("admits no answer") && msg.len() < 500, "{msg}");
+    let (st, b) = plain.join().unwrap();
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 200, "{b}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -26,6 +26,7 @@ use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
+use crate::deadline;
 use crate::tokenizer::Tokenizer;
 
 /// What a constrained answer must be.
@@ -41,11 +42,14 @@ pub enum GrammarSpec {
     Regex(String),
     /// Exactly one of these texts (vLLM's `guided_choice`).
     Choice(Vec<String>),
-    /// Tool calls in the Hermes form Qwen3 writes (`<tool_call>\n{json}\n</tool_call>`), each
-    /// call's JSON valid under one of these schemas (an object of `name` and `arguments` per
-    /// tool); `one`: exactly one call, else one or more (OpenAI's named and `"required"`
-    /// `tool_choice`).
-    ToolCalls { calls: Vec<Value>, one: bool },
+    /// Tool calls in the Hermes form Qwen3 writes (`<tool_call>\n{"name": NAME, "arguments":
+    /// ARGS}\n</tool_call>`), one of these tools per call: (name, JSON schema of its arguments).
+    /// Each schema is its own document (its `$defs` resolve in it). `one`: exactly one call, else
+    /// one or more (OpenAI's named and `"required"` `tool_choice`).
+    ToolCalls {
+        tools: Vec<(String, Value)>,
+        one: bool,
+    },
 }
 
 /// Whether a thinking model's reasoning block may precede the constrained answer.
@@ -86,8 +90,37 @@ pub fn opens_thinking(prompt: &str) -> bool {
 }
 
 /// The reasoning text up to and including `</think>` (lazy: the first one ends it), and the
-/// whitespace Qwen3 puts before its answer.
-const THINK_RULES: &str = "think_text[lazy]: /(.|\\n)*<\\/think>/\nTHINK_GAP: /[ \\t\\r\\n]+/\n";
+/// whitespace Qwen3 puts before its answer (bounded, as the JSON gaps are: a model must not
+/// pad its answer with whitespace up to its token limit).
+const THINK_RULES: &str =
+    "think_text[lazy]: /(.|\\n)*<\\/think>/\nTHINK_GAP: /[ \\t\\r\\n]{1,8}/\n";
+
+/// The most bytes of Lark text (JSON schemas included) a grammar may have. llguidance compiles
+/// nested rules and `$ref` chains recursively: the bound keeps the deepest possible grammar
+/// within [`COMPILE_STACK`].
+pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
+
+/// The stack of the thread that compiles a grammar (a chain of 600 `$ref`s overflowed tokio's
+/// 2 MiB; [`MAX_GRAMMAR_BYTES`] of the deepest chain needs about a quarter of this). Reserved
+/// address space; only what the compile touches is used.
+const COMPILE_STACK: usize = 256 * 1024 * 1024;
+
+/// The longest message a grammar error keeps: llguidance's can hold the whole grammar and the
+/// parser's state.
+const MAX_ERROR_CHARS: usize = 400;
+
+/// `e` in at most [`MAX_ERROR_CHARS`] characters (llguidance's "no extension" state dump in
+/// words).
+fn short(e: impl fmt::Display) -> String {
+    let s = e.to_string();
+    if s.starts_with("NoExtensionBias") {
+        return "it admits no answer from here".into();
+    }
+    match s.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
+    }
+}
 
 /// The whitespace a JSON answer may put between two of its tokens, as llama.cpp's JSON
 /// grammars allow: one space, or a line break and up to 20 spaces or tabs of indent. Unbounded
@@ -140,19 +173,35 @@ impl GrammarSpec {
                     .ok_or_else(|| anyhow!("unexpected regex grammar form"))?;
                 body.to_string()
             }
-            GrammarSpec::ToolCalls { calls, one } => {
-                if calls.is_empty() {
+            GrammarSpec::ToolCalls { tools, one } => {
+                if tools.is_empty() {
                     bail!("tool calls need at least one tool");
                 }
-                let call = bounded(&if calls.len() == 1 {
-                    calls[0].clone()
-                } else {
-                    serde_json::json!({ "anyOf": calls })
-                });
+                // One rule per tool: the call's envelope as Qwen3's template shows it, the
+                // arguments under the tool's own schema (a document of its own).
+                let mut rules = String::new();
+                let mut alts = Vec::new();
+                for (i, (name, params)) in tools.iter().enumerate() {
+                    if !params.is_object() && !params.is_boolean() {
+                        bail!("the parameters of tool {name:?} are not a JSON schema");
+                    }
+                    let head = format!(
+                        "{{\"name\": {}, \"arguments\": ",
+                        Value::from(name.as_str())
+                    );
+                    // A Lark string literal is a JSON string.
+                    let head = Value::from(head).to_string();
+                    rules.push_str(&format!(
+                        "call_{i}: {head} %json {} \"}}\"\n",
+                        bounded(params)
+                    ));
+                    alts.push(format!("call_{i}"));
+                }
                 let more = if *one { "" } else { " (TOOL_GAP tool_call)*" };
                 return Ok(format!(
-                    "{}tool_call{more}\ntool_call: \"<tool_call>\\n\" %json {call} \"\\n</tool_call>\"\nTOOL_GAP: /[ \\t\\r\\n]+/\n{}",
+                    "{}tool_call{more}\ntool_call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n{rules}TOOL_GAP: /[ \\t\\r\\n]{{1,4}}/\n{}",
                     Self::start(think),
+                    alts.join(" | "),
                     Self::think_rules(think)
                 ));
             }
@@ -188,17 +237,27 @@ impl GrammarSpec {
     }
 
     /// Compiles this grammar against `compiler`'s tokenizer, behind the reasoning block
-    /// `think` allows. Errors name what is wrong with the grammar.
+    /// `think` allows, and takes its first step (so a grammar that admits no answer, or whose
+    /// first step does not end within [`crate::deadline::STEP_LIMIT`], is an error here).
+    /// Errors name what is wrong with the grammar, in a few hundred characters.
     pub fn compile(&self, compiler: &GrammarCompiler, think: Think) -> Result<Constraint> {
         let lark = self.lark(think)?;
-        let parser = compiler
-            .factory
-            .create_parser(TopLevelGrammar::from_lark(lark))
-            .map_err(|e| anyhow!("invalid grammar: {e}"))?;
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            bail!("invalid grammar: {e}");
+        if lark.len() > MAX_GRAMMAR_BYTES {
+            bail!(
+                "the grammar is {} bytes; at most {MAX_GRAMMAR_BYTES} are compiled",
+                lark.len()
+            );
         }
+        // On a thread of its own: llguidance compiles recursively (see COMPILE_STACK).
+        let matcher = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, || first_step(compiler, lark))
+                .map_err(|e| anyhow!("cannot start the grammar compiler's thread: {e}"))?
+                .join()
+                .map_err(|_| anyhow!("invalid grammar: the compiler failed"))?
+        })?;
         Ok(Constraint {
             matcher,
             eos: Arc::clone(&compiler.eos),
@@ -207,10 +266,37 @@ impl GrammarSpec {
     }
 }
 
+/// The matcher of `lark` after its first mask (computed here to check it, and cached).
+fn first_step(compiler: &GrammarCompiler, lark: String) -> Result<Matcher> {
+    let parser = compiler
+        .factory
+        .create_parser(TopLevelGrammar::from_lark(lark))
+        .map_err(|e| anyhow!("invalid grammar: {}", short(e)))?;
+    let mut matcher = Matcher::new(Ok(parser)).into_cancellable();
+    if let Some(e) = matcher.get_error() {
+        bail!("invalid grammar: {}", short(e));
+    }
+    let handle = matcher.cancellation_handle();
+    let first = deadline::guard(handle, deadline::STEP_LIMIT, || matcher.compute_mask());
+    match first {
+        Err(_) if matcher.is_cancelled() => bail!(
+            "invalid grammar: its first step did not end within {} s",
+            deadline::STEP_LIMIT.as_secs()
+        ),
+        Err(e) => bail!("invalid grammar: {}", short(e)),
+        Ok(m) if m.is_zero() && !matcher.is_accepting().unwrap_or(false) => {
+            bail!("invalid grammar: it admits no answer")
+        }
+        Ok(_) => Ok(matcher),
+    }
+}
+
 /// The tokenizer as llguidance sees it: a trie of every id's bytes and an encoder.
 struct TrieEnv {
     trie: TokTrie,
-    tok: Tokenizer,
+    /// The tokenizer with special tokens encoded as their text: bytes a grammar forces are
+    /// text, and `<|im_end|>` in them must not become the end token.
+    plain: tokenizers::Tokenizer,
 }
 
 impl TokenizerEnv for TrieEnv {
@@ -221,8 +307,13 @@ impl TokenizerEnv for TrieEnv {
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         // The tokenizer's own ids where the bytes are text (the ids a prompt would get); the
         // trie's longest matches for bytes that split a character.
-        match std::str::from_utf8(s).ok().map(|t| self.tok.encode(t)) {
-            Some(Ok(ids)) => ids,
+        let ids = std::str::from_utf8(s)
+            .ok()
+            .and_then(|t| self.plain.encode(t, false).ok())
+            .map(|e| e.get_ids().to_vec());
+        match ids {
+            // Only ids the trie holds as text (never a special one).
+            Some(ids) if ids.iter().all(|&i| !self.trie.is_special_token(i)) => ids,
             _ => self.trie.greedy_tokenize(s),
         }
     }
@@ -268,10 +359,9 @@ impl GrammarCompiler {
         let trie_eos = if (first as usize) < n { first } else { 0 };
         let info = TokRxInfo::new(n as u32, trie_eos);
         let trie = TokTrie::from(&info, &words);
-        let env: TokEnv = Arc::new(TrieEnv {
-            trie,
-            tok: tok.clone(),
-        });
+        let mut plain = tok.inner().clone();
+        plain.set_encode_special_tokens(true);
+        let env: TokEnv = Arc::new(TrieEnv { trie, plain });
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.quiet();
         Ok(GrammarCompiler {
@@ -303,10 +393,21 @@ impl Constraint {
     /// Sets the logit of every id the grammar does not allow next to -inf. Where the grammar
     /// may end, the model's EOS ids stay; where it must end, only they do.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        let allowed = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| anyhow!("grammar: {e}"))?;
+        let handle = self.matcher.cancellation_handle();
+        let matcher = &mut self.matcher;
+        let allowed = deadline::guard(handle, deadline::STEP_LIMIT, || {
+            matcher.compute_mask_or_eos()
+        });
+        let allowed = allowed.map_err(|e| {
+            if self.matcher.is_cancelled() {
+                anyhow!(
+                    "grammar: a step did not end within {} s",
+                    deadline::STEP_LIMIT.as_secs()
+                )
+            } else {
+                anyhow!("grammar: {}", short(e))
+            }
+        })?;
         let may_end = allowed.is_allowed(self.trie_eos);
         // Every EOS id ends the answer where the grammar may end, not just the trie's own.
         let kept: Vec<(usize, f32)> = if may_end {
@@ -339,6 +440,6 @@ impl Constraint {
         }
         self.matcher
             .consume_token(id)
-            .map_err(|e| anyhow!("grammar: token {id} rejected: {e}"))
+            .map_err(|e| anyhow!("grammar: token {id} rejected: {}", short(e)))
     }
 }

@@ -5,6 +5,7 @@
 //! from a row of logits ([`sampler`]) and decides when generation ends ([`stop`]).
 
 pub mod chat;
+pub mod deadline;
 pub mod error;
 pub mod grammar;
 pub mod logprobs;

@@ -204,21 +204,19 @@ fn a_think_block_may_come_first_and_is_not_constrained() {
 #[test]
 fn tool_calls_in_the_hermes_form() {
     let Some((tok, c)) = compiler() else { return };
-    let call = |name: &str, params: Value| {
-        json!({"type": "object", "properties": {"name": {"const": name}, "arguments": params},
-               "required": ["name", "arguments"], "additionalProperties": false})
-    };
-    let weather = call(
-        "get_weather",
-        json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    // The weather tool's parameters refer to their own `$defs` (as pydantic writes them).
+    let weather = (
+        "get_weather".to_owned(),
+        json!({"$defs": {"City": {"type": "string"}}, "type": "object",
+               "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"]}),
     );
-    let time = call("get_time", json!({"type": "object"}));
+    let time = ("get_time".to_owned(), json!({"type": "object"}));
     let one = GrammarSpec::ToolCalls {
-        calls: vec![weather.clone()],
+        tools: vec![weather.clone()],
         one: true,
     };
     let any = GrammarSpec::ToolCalls {
-        calls: vec![weather, time],
+        tools: vec![weather, time],
         one: false,
     };
     let w = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
@@ -265,7 +263,7 @@ fn tool_calls_in_the_hermes_form() {
         .0
     );
     assert!(GrammarSpec::ToolCalls {
-        calls: vec![],
+        tools: vec![],
         one: false
     }
     .compile(&c, Think::No)
@@ -422,4 +420,72 @@ fn noise_answers_in_the_schema_greedy_and_sampled() {
     })
     .unwrap();
     assert!(serde_json::from_str::<Value>(&out).is_err(), "{out:?}");
+}
+
+/// Grammars from a bad-input hunt: each is an error in bounded time, or works, and none takes
+/// the process down (a deep chain overflowed the compiling thread's stack; a lexer dead end
+/// looped forever; text spelling `<|im_end|>` became the end token).
+#[test]
+fn hostile_grammars_fail_fast_and_cleanly() {
+    let Some((tok, c)) = compiler() else { return };
+    // A chain of 5000 `$ref`s (600 overflowed a 2 MiB stack) compiles.
+    let mut defs = serde_json::Map::new();
+    for i in 0..5000 {
+        defs.insert(
+            format!("a{i}"),
+            json!({"$ref": format!("#/$defs/a{}", i + 1)}),
+        );
+    }
+    defs.insert("a5000".into(), json!({"type": "integer"}));
+    let chain = GrammarSpec::JsonSchema(json!({"$defs": defs, "$ref": "#/$defs/a0"}));
+    assert!(judge(&tok, &c, &chain, Think::No, "42").1);
+    // So does a Lark rule chain of 5000.
+    let mut lark = String::from("start: r0\n");
+    for i in 0..5000 {
+        lark.push_str(&format!("r{i}: r{}\n", i + 1));
+    }
+    lark.push_str("r5000: \"a\"\n");
+    assert!(judge(&tok, &c, &GrammarSpec::Lark(lark), Think::No, "a").1);
+    // Past the size bound: refused before compiling.
+    let huge = GrammarSpec::Lark(format!("start: \"{}\"", "a".repeat(300_000)));
+    let e = huge.compile(&c, Think::No).unwrap_err().to_string();
+    assert!(e.contains("at most 262144"), "{e}");
+    // A lexer dead end (llguidance forces `a` bytes forever): an error after the step limit.
+    let t = std::time::Instant::now();
+    let dead = GrammarSpec::Lark("start: A B\nA: /a+/\nB: /a/\n".into());
+    let e = dead.compile(&c, Think::No).unwrap_err().to_string();
+    assert!(e.contains("did not end within 2 s"), "{e}");
+    assert!(t.elapsed().as_secs() < 10, "{:?}", t.elapsed());
+    // An empty language is an error at compile time, in a few hundred characters.
+    let e = GrammarSpec::Regex("[^\\s\\S]".into())
+        .compile(&c, Think::No)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("admits no answer"), "{e}");
+    // One found only after a token is an error of that step, as short.
+    let late = GrammarSpec::Lark("start: \"a\" b\nb: b \"c\"\n".into());
+    let mut con = late.compile(&c, Think::No).unwrap();
+    let a = tok.encode("a").unwrap();
+    let mut l = vec![0.0f32; VOCAB];
+    con.mask(&mut l).unwrap();
+    con.commit(a[0]).unwrap();
+    let e = con.mask(&mut l).unwrap_err().to_string();
+    assert!(e.starts_with("grammar"), "{e}");
+    assert!(e.chars().count() < 500, "{e}");
+    // Text that spells a special token is text: `<|im_end|>` in a constant is not the end.
+    let s = GrammarSpec::JsonSchema(json!({"const": "<|im_end|>x"}));
+    let mut con = s.compile(&c, Think::No).unwrap();
+    let mut text = String::new();
+    for _ in 0..40 {
+        let mut l = vec![0.0f32; VOCAB];
+        con.mask(&mut l).unwrap();
+        // The lowest allowed id (every id equal: the grammar alone decides).
+        let id = allowed(&l)[0];
+        if id == IM_END || id == ENDOFTEXT {
+            break;
+        }
+        text.push_str(&String::from_utf8_lossy(&tok.token_bytes(id)));
+        con.commit(id).unwrap();
+    }
+    assert_eq!(text, "\"<|im_end|>x\"");
 }

@@ -479,7 +479,6 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
     unsupported(r)?;
     let sampling = sampling(r, m.vocab_size)?;
     let stop = stop_strings(&r.stop)?;
-    let grammar = structured::requested(r, kind)?;
     let mut thinking_open = false;
     let mut chat_text = None;
     let prompt = match kind {
@@ -492,6 +491,8 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
         }
         Kind::Text => text_prompt(r, m)?,
     };
+    // After the prompt: the tools it renders are checked there first.
+    let grammar = structured::requested(r, kind)?;
     let param = if kind == Kind::Chat {
         "messages"
     } else {

@@ -99,6 +99,9 @@ struct Seq {
     job: Job,
     /// Set once the request decodes on a multi-stream slot.
     stream: Option<StreamSeq>,
+    /// Why this request's own step failed (its grammar, its sampler): it alone ends with the
+    /// error; the others in the run go on.
+    failed: Option<String>,
 }
 
 /// Admission: the queue's consuming end plus the admitted sequences, oldest first.
@@ -122,7 +125,11 @@ impl Scheduler {
         if job.events.is_closed() {
             return;
         }
-        self.running.push_back(Seq { job, stream: None });
+        self.running.push_back(Seq {
+            job,
+            stream: None,
+            failed: None,
+        });
     }
 
     /// Tops the admitted set up to `max_streams` and picks what to advance. Blocks while nothing is
@@ -295,6 +302,14 @@ impl Worker {
                     // Runs after the ones queued leave the slot alone.
                     let _ = self.session.backend_mut().streams_end(slot);
                 }
+                if let Some(msg) = seq.failed.take() {
+                    self.slot_ids[slot].clear();
+                    out.push(SeqOutput {
+                        index,
+                        result: Err(msg),
+                    });
+                    continue;
+                }
                 let events = &seq.job.events;
                 let stats = s.end(&mut |t| events.send(Event::Text(t.to_owned())).is_ok());
                 // What the slot's KV rows hold from position 0: the prompt and every id fed
@@ -379,8 +394,21 @@ impl Worker {
                     return Err("generation failed: a stream got no logits".to_owned());
                 };
                 let events = &seq.job.events;
-                s.push_logits(l, &mut |t| events.send(Event::Text(t.to_owned())).is_ok())
-                    .map_err(|e| format!("generation failed: {e:#}"))
+                // A request's own failure (a grammar error, a panic inside its grammar or
+                // sampler) ends that request alone.
+                let pushed = catch_unwind(AssertUnwindSafe(|| {
+                    s.push_logits(l, &mut |t| events.send(Event::Text(t.to_owned())).is_ok())
+                }));
+                let failed = match pushed {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(format!("generation failed: {e:#}")),
+                    Err(_) => Some("generation failed: the request's sampler panicked".to_owned()),
+                };
+                if failed.is_some() {
+                    s.cancel();
+                    seq.failed = failed;
+                }
+                Ok(())
             })
             .collect()
     }

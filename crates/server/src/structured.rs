@@ -205,7 +205,7 @@ fn forced_tools(r: &CompletionRequest, kind: Kind) -> Result<Option<GrammarSpec>
             Some(n) => format!("tool_choice names {n:?}, which is not among the tools"),
         }));
     }
-    let calls = chosen
+    let tools = chosen
         .iter()
         .map(|t| {
             let params = t
@@ -213,16 +213,11 @@ fn forced_tools(r: &CompletionRequest, kind: Kind) -> Result<Option<GrammarSpec>
                 .filter(|p| !p.is_null())
                 .cloned()
                 .unwrap_or_else(|| json!({"type": "object"}));
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": fname(t)}, "arguments": params},
-                "required": ["name", "arguments"],
-                "additionalProperties": false
-            })
+            (fname(t).unwrap_or_default(), params)
         })
         .collect();
     Ok(Some(GrammarSpec::ToolCalls {
-        calls,
+        tools,
         one: named.is_some(),
     }))
 }
@@ -243,7 +238,14 @@ pub fn compile(
         }
         _ => Think::No,
     };
+    let gbnf = matches!(&spec, GrammarSpec::Lark(g) if g.contains("::="));
     let c = grammars.get(tok, eos)?;
-    spec.compile(c, think)
-        .map_err(|e| ApiError::invalid(param, format!("{param}: {e:#}")))
+    spec.compile(c, think).map_err(|e| {
+        let hint = if gbnf {
+            " (this looks like GBNF; guided_grammar is read as Lark)"
+        } else {
+            ""
+        };
+        ApiError::invalid(param, format!("{param}: {e:#}{hint}"))
+    })
 }

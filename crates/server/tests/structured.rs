@@ -165,6 +165,21 @@ async fn guided_regex_choice_and_grammar_on_completions() {
         let t = v["choices"][0]["text"].as_str().unwrap();
         assert!(choices.contains(&t), "{t:?}");
     }
+    // Text that spells a special token is text: it neither ends the answer nor fails it
+    // (`<|im_end|>` was encoded as the end token and ended the answer early).
+    let specials = ["a<|im_start|>b", "<|im_end|>x"];
+    for seed in 0..2 {
+        let (st, v) = post(
+            &srv.base,
+            "/v1/completions",
+            &text(json!({"guided_choice": specials, "temperature": 1.0, "seed": seed})),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        let t = v["choices"][0]["text"].as_str().unwrap();
+        assert!(specials.contains(&t), "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    }
     let lark = "start: \"x=\" NUM \";\"\nNUM: /[1-9][0-9]?/\n";
     let (_, v) = post(
         &srv.base,
@@ -297,6 +312,27 @@ async fn bad_structured_requests_are_400s() {
             chat(json!({"grammar": "root ::= \"a\""})),
             "grammar",
             "GBNF",
+        ),
+        (
+            chat(json!({"guided_grammar": "root ::= \"a\""})),
+            "guided_grammar",
+            "looks like GBNF",
+        ),
+        (
+            chat(json!({"tools": {"a": 1}, "tool_choice": "required"})),
+            "tools",
+            "must be an array",
+        ),
+        // A lexer dead end (llguidance looped forever) and an empty language: 400s in time.
+        (
+            chat(json!({"guided_grammar": "start: A B\nA: /a+/\nB: /a/"})),
+            "guided_grammar",
+            "did not end within",
+        ),
+        (
+            chat(json!({"guided_regex": "[^\\s\\S]"})),
+            "guided_regex",
+            "admits no answer",
         ),
         (
             chat(json!({"guided_regex": "a", "response_format": {"type": "json_object"}})),
