@@ -11,9 +11,14 @@ use std::time::{Duration, Instant};
 
 use llguidance::CancellationHandle;
 
-/// The longest one grammar step (its compile, one mask) may take. Masks take well under a
-/// millisecond to a few milliseconds; compiling a large schema tens of milliseconds.
-pub const STEP_LIMIT: Duration = Duration::from_secs(2);
+/// The longest a grammar's first mask may take (at compile time, off the engine thread; it
+/// builds the lexer's first states, tens of milliseconds for a large schema). Parser creation
+/// itself cannot be cancelled; [`crate::grammar::MAX_GRAMMAR_BYTES`] bounds it.
+pub const FIRST_STEP_LIMIT: Duration = Duration::from_secs(2);
+
+/// The longest one mask during generation may take: it holds the engine thread, so every
+/// other stream waits on it. Masks take well under a millisecond to a few milliseconds.
+pub const STEP_LIMIT: Duration = Duration::from_millis(500);
 
 struct Watch {
     /// (ticket, deadline, handle) of the steps running now.

@@ -238,9 +238,15 @@ impl GrammarSpec {
 
     /// Compiles this grammar against `compiler`'s tokenizer, behind the reasoning block
     /// `think` allows, and takes its first step (so a grammar that admits no answer, or whose
-    /// first step does not end within [`crate::deadline::STEP_LIMIT`], is an error here).
+    /// first step does not end within [`crate::deadline::FIRST_STEP_LIMIT`], is an error here;
+    /// behind a think block, the answer's own first step is checked too).
     /// Errors name what is wrong with the grammar, in a few hundred characters.
     pub fn compile(&self, compiler: &GrammarCompiler, think: Think) -> Result<Constraint> {
+        if think != Think::No {
+            // The think block hides an answer grammar that admits nothing until the model has
+            // reasoned to its token limit: check the answer alone first.
+            self.compile(compiler, Think::No)?;
+        }
         let lark = self.lark(think)?;
         if lark.len() > MAX_GRAMMAR_BYTES {
             bail!(
@@ -277,11 +283,13 @@ fn first_step(compiler: &GrammarCompiler, lark: String) -> Result<Matcher> {
         bail!("invalid grammar: {}", short(e));
     }
     let handle = matcher.cancellation_handle();
-    let first = deadline::guard(handle, deadline::STEP_LIMIT, || matcher.compute_mask());
+    let first = deadline::guard(handle, deadline::FIRST_STEP_LIMIT, || {
+        matcher.compute_mask()
+    });
     match first {
         Err(_) if matcher.is_cancelled() => bail!(
             "invalid grammar: its first step did not end within {} s",
-            deadline::STEP_LIMIT.as_secs()
+            deadline::FIRST_STEP_LIMIT.as_secs()
         ),
         Err(e) => bail!("invalid grammar: {}", short(e)),
         Ok(m) if m.is_zero() && !matcher.is_accepting().unwrap_or(false) => {
@@ -401,8 +409,8 @@ impl Constraint {
         let allowed = allowed.map_err(|e| {
             if self.matcher.is_cancelled() {
                 anyhow!(
-                    "grammar: a step did not end within {} s",
-                    deadline::STEP_LIMIT.as_secs()
+                    "grammar: a step did not end within {} ms",
+                    deadline::STEP_LIMIT.as_millis()
                 )
             } else {
                 anyhow!("grammar: {}", short(e))

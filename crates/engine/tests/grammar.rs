@@ -462,6 +462,12 @@ fn hostile_grammars_fail_fast_and_cleanly() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("admits no answer"), "{e}");
+    // Behind a think block too (the model would reason to its limit first).
+    let e = GrammarSpec::Regex("[^\\s\\S]".into())
+        .compile(&c, Think::May)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("admits no answer"), "{e}");
     // One found only after a token is an error of that step, as short.
     let late = GrammarSpec::Lark("start: \"a\" b\nb: b \"c\"\n".into());
     let mut con = late.compile(&c, Think::No).unwrap();

@@ -276,6 +276,9 @@ fn sse_stream(
                     // Headers are sent already: report in-band, as OpenAI does.
                     st.pending
                         .push_back(ApiError::internal(msg).body().to_string());
+                    // The stream still ends as every stream does (vLLM sends it too), so a
+                    // client waiting for it is not left hanging.
+                    st.pending.push_back("[DONE]".to_owned());
                     st.ended = true;
                 }
                 None => st.ended = true,

@@ -379,6 +379,27 @@ async fn bad_structured_requests_are_400s() {
         let m = v["error"]["message"].as_str().unwrap();
         assert!(m.contains(msg), "{body}: {m:?} lacks {msg:?}");
     }
+    // A grammar that fails mid-answer: a short 500, and streamed, an in-band error that still
+    // ends with [DONE].
+    let late = json!({"prompt": "x", "max_tokens": 5, "temperature": 0,
+        "guided_grammar": "start: \"a\" b\nb: b \"c\"\n"});
+    let (st, v) = post(&srv.base, "/v1/completions", &late).await;
+    assert_eq!(st, 500, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("admits no answer"),
+        "{v}"
+    );
+    let mut s = late.clone();
+    s["stream"] = json!(true);
+    let (st, _, sse) = post_stream(&srv.base, "/v1/completions", &s).await;
+    assert_eq!(st, 200);
+    let last = sse.chunks.last().unwrap();
+    let msg = last["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("admits no answer"), "{}", sse.raw);
+    assert!(sse.done, "{}", sse.raw);
     // The server still answers.
     let (st, _) = post(
         &srv.base,
