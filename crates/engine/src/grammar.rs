@@ -372,6 +372,9 @@ impl GrammarCompiler {
         let env: TokEnv = Arc::new(TrieEnv { trie, plain });
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.quiet();
+        // Errors without the parser's state and the grammar (llguidance's verbose default):
+        // they go to clients, and a dump of tokens and rules is long and says nothing there.
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarCompiler {
             factory,
             eos: eos.into(),

@@ -478,6 +478,18 @@ fn hostile_grammars_fail_fast_and_cleanly() {
     let e = con.mask(&mut l).unwrap_err().to_string();
     assert!(e.starts_with("grammar"), "{e}");
     assert!(e.chars().count() < 500, "{e}");
+    // An item-limit error mid-answer (3000 alternatives in a row): without the parser's state
+    // dump (its tokens, its rules).
+    let wide: Vec<String> = (0..3000).map(|i| format!("w{i}")).collect();
+    let spec = GrammarSpec::JsonSchema(json!({"anyOf": wide.iter()
+        .map(|w| json!({"type": "object", "properties": {w: {"type": "integer"}}, "required": [w]}))
+        .collect::<Vec<_>>()}));
+    let mut con = spec.compile(&c, Think::No).unwrap();
+    let brace = tok.encode("{").unwrap();
+    con.mask(&mut vec![0.0f32; VOCAB]).unwrap();
+    let e = con.commit(brace[0]).unwrap_err().to_string();
+    assert!(e.contains("max is 2000"), "{e}");
+    assert!(!e.contains("Tokens:") && !e.contains("<state>"), "{e}");
     // Text that spells a special token is text: `<|im_end|>` in a constant is not the end.
     let s = GrammarSpec::JsonSchema(json!({"const": "<|im_end|>x"}));
     let mut con = s.compile(&c, Think::No).unwrap();
