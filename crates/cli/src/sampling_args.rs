@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use nibble_engine::grammar::{GrammarCompiler, GrammarSpec, Think};
+use nibble_engine::grammar::{GrammarCompiler, GrammarSpec};
 use nibble_engine::session::GenParams;
 use nibble_engine::{Constraint, SamplingParams};
 
@@ -102,16 +102,13 @@ impl GrammarArgs {
         c: &GrammarCompiler,
         chat_prompt: Option<&str>,
     ) -> Result<Constraint> {
-        let think = match chat_prompt {
-            Some(p) if !matches!(spec, GrammarSpec::Lark(_)) => Think::after_chat_prompt(p),
-            _ => Think::No,
-        };
-        spec.compile(c, think).map_err(|e| match spec {
-            GrammarSpec::Lark(g) if g.contains("::=") => {
-                e.context("--grammar-file reads Lark, and this looks like GBNF (`::=`)")
-            }
-            _ => e,
-        })
+        spec.compile(c, spec.think_after(chat_prompt))
+            .map_err(|e| match spec {
+                GrammarSpec::Lark(g) if g.contains("::=") => {
+                    e.context("--grammar-file reads Lark, and this looks like GBNF (`::=`)")
+                }
+                _ => e,
+            })
     }
 }
 

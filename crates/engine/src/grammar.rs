@@ -84,9 +84,7 @@ impl Think {
 /// Whether a rendered chat prompt ends inside a thinking block (Qwen3 Thinking-2507 templates
 /// end the generation prompt with `<think>\n`; Qwen3's own with thinking off closes it).
 pub fn opens_thinking(prompt: &str) -> bool {
-    prompt
-        .trim_end_matches(|c: char| c.is_ascii_whitespace())
-        .ends_with("<think>")
+    Think::after_chat_prompt(prompt) == Think::Open
 }
 
 /// The reasoning text up to and including `</think>` (lazy: the first one ends it), and the
@@ -142,6 +140,16 @@ fn bounded(schema: &Value) -> Value {
 }
 
 impl GrammarSpec {
+    /// The reasoning block this grammar allows before the answer to `chat_prompt` (a rendered
+    /// chat prompt; `None` for a raw one): none for Lark grammars, which describe the whole
+    /// answer, else as [`Think::after_chat_prompt`] says.
+    pub fn think_after(&self, chat_prompt: Option<&str>) -> Think {
+        match chat_prompt {
+            Some(p) if !matches!(self, GrammarSpec::Lark(_)) => Think::after_chat_prompt(p),
+            _ => Think::No,
+        }
+    }
+
     /// The Lark text of this grammar, behind the reasoning block `think` allows.
     fn lark(&self, think: Think) -> Result<String> {
         let answer = match self {

@@ -16,7 +16,7 @@
 
 use std::sync::OnceLock;
 
-use nibble_engine::grammar::{GrammarCompiler, GrammarSpec, Think};
+use nibble_engine::grammar::{GrammarCompiler, GrammarSpec};
 use nibble_engine::{Constraint, Tokenizer};
 use serde_json::{json, Value};
 
@@ -232,12 +232,7 @@ pub fn compile(
     prompt_text: Option<&str>,
     reasoning: bool,
 ) -> Result<Constraint, ApiError> {
-    let think = match prompt_text {
-        Some(p) if reasoning && !matches!(spec, GrammarSpec::Lark(_)) => {
-            Think::after_chat_prompt(p)
-        }
-        _ => Think::No,
-    };
+    let think = spec.think_after(prompt_text.filter(|_| reasoning));
     let gbnf = matches!(&spec, GrammarSpec::Lark(g) if g.contains("::="));
     let c = grammars.get(tok, eos)?;
     spec.compile(c, think).map_err(|e| {
