@@ -63,6 +63,40 @@ pub trait Backend: Send {
     fn step(&mut self, token: u32) -> anyhow::Result<Vec<f32>> {
         self.prefill(&[token])
     }
+    /// Append `tokens` as [`Backend::prefill`] does, handing the logits `[V]` after each of them
+    /// to `row`: `row(i, logits)` is the model's distribution of the token that follows
+    /// `tokens[..=i]` (scoring a text: perplexity, prompt logprobs). Rows come in order; a
+    /// backend that redoes work after a fallback may hand a row again, and the last one holds.
+    /// An error from `row` ends the call. The default steps token by token (one step's logits
+    /// per row); a fast backend reads the rows of its batched prefill instead.
+    fn prefill_rows(&mut self, tokens: &[u32], row: &mut RowSink<'_>) -> anyhow::Result<()> {
+        let start = self.position();
+        check_prompt(self.config().vocab_size, tokens, start, self.context_len())?;
+        let run = rows_by_steps(tokens, row, &mut |t| self.step(t));
+        if run.is_err() {
+            // A failed call appends nothing (the trait's invariant).
+            self.truncate(start)?;
+        }
+        run
+    }
+    /// [`Backend::prefill_rows`] for stream `slot`, keeping its first `start` positions as
+    /// [`Backend::stream_prefill`] does. The default feeds the tokens one at a time; a failure
+    /// may leave the stream past `start` (callers end the stream then).
+    fn stream_prefill_rows(
+        &mut self,
+        slot: usize,
+        start: usize,
+        tokens: &[u32],
+        row: &mut RowSink<'_>,
+    ) -> anyhow::Result<()> {
+        check_prompt(self.config().vocab_size, tokens, start, self.context_len())?;
+        let mut pos = start;
+        rows_by_steps(tokens, row, &mut |t| {
+            let logits = self.stream_prefill(slot, pos, &[t])?;
+            pos += 1;
+            Ok(logits)
+        })
+    }
     /// Multi-stream decode: how many independent sequences ("streams", each with its own KV
     /// cache slot and position, apart from the main sequence of `prefill`/`step`) one device run
     /// can decode together. 0: the backend has no multi-stream path.
@@ -253,6 +287,23 @@ pub trait Backend: Send {
         let _ = (token, n, run, eos, spec, on_ids);
         anyhow::bail!("{}: no device sampling", self.name())
     }
+}
+
+/// What [`Backend::prefill_rows`] hands each row to: `(index in the tokens, logits [V])`.
+pub type RowSink<'a> = dyn FnMut(usize, &[f32]) -> anyhow::Result<()> + 'a;
+
+/// [`Backend::prefill_rows`] one step at a time: `step(t)` appends `t` and returns its logits.
+/// Fast backends fall back to it where their batched path is off.
+pub fn rows_by_steps(
+    tokens: &[u32],
+    row: &mut RowSink<'_>,
+    step: &mut dyn FnMut(u32) -> anyhow::Result<Vec<f32>>,
+) -> anyhow::Result<()> {
+    for (i, &t) in tokens.iter().enumerate() {
+        let logits = step(t)?;
+        row(i, &logits)?;
+    }
+    Ok(())
 }
 
 /// The one check every backend makes on a token id: it must index the vocabulary of `vocab`.

@@ -62,6 +62,45 @@ fn prefill_matches_step_by_step() {
     assert!(max_rel_diff(&batched, &split) <= 1e-5);
 }
 
+/// The trait's default `prefill_rows` (the oracle's): each row is that step's logits, bit for
+/// bit; a sink's error appends nothing; bad ids are refused before any row.
+#[test]
+fn prompt_rows_are_the_steps_logits() {
+    let cfg = tiny_cfg();
+    let toks = random_tokens(12, 9, cfg.vocab_size);
+    let mut a = backend(random_model(&cfg, 3), 32);
+    let mut b = backend(random_model(&cfg, 3), 32);
+    a.prefill(&toks[..2]).unwrap();
+    b.prefill(&toks[..2]).unwrap();
+    let mut rows = Vec::new();
+    a.prefill_rows(&toks[2..], &mut |i, l| {
+        assert_eq!(i, rows.len());
+        rows.push(bits(l));
+        Ok(())
+    })
+    .unwrap();
+    let stepped: Vec<Vec<u32>> = toks[2..]
+        .iter()
+        .map(|t| bits(&b.step(*t).unwrap()))
+        .collect();
+    assert_eq!(rows, stepped);
+    assert_eq!(a.position(), 9);
+    let e = a
+        .prefill_rows(&toks, &mut |i, _| {
+            anyhow::ensure!(i < 2, "sink says stop");
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("sink says stop"), "{e}");
+    assert_eq!(a.position(), 9, "a failed call appends nothing");
+    let bad = [1, cfg.vocab_size as u32];
+    let e = a
+        .prefill_rows(&bad, &mut |_, _| panic!("no row"))
+        .unwrap_err();
+    assert!(e.to_string().contains("vocabulary"), "{e}");
+    assert_eq!(a.position(), 9);
+}
+
 #[test]
 fn thread_count_does_not_change_a_bit() {
     let cfg = tiny_cfg();

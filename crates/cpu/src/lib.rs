@@ -29,7 +29,7 @@ mod tests;
 use anyhow::{ensure, Context, Result};
 use matmul::{decode_row, Job};
 use nibble_backend::reference::check;
-use nibble_backend::{Backend, StepTrace};
+use nibble_backend::{Backend, RowSink, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use ops::Heads;
@@ -39,6 +39,10 @@ use std::sync::Arc;
 /// most chosen experts (256 tokens x 8 of 128 experts: ~16 tokens per expert), small enough that
 /// its activations (~55 MB at Qwen3-30B-A3B's shapes, the MoE step's peak) stay modest.
 pub const PREFILL_CHUNK: usize = 256;
+
+/// Tokens per chunk when every token's logits are wanted ([`Backend::prefill_rows`]): a
+/// chunk's rows are held at once (`[64, V]` f32, 39 MB for Qwen3's vocabulary).
+pub const ROWS_CHUNK: usize = 64;
 
 /// The per-layer vectors, decoded once at start-up.
 struct LayerNorms {
@@ -466,27 +470,46 @@ impl CpuBackend {
 
 impl CpuBackend {
     /// Feed `tokens` (checked: ids in the vocabulary, room in the context) to cache `cache` from
-    /// position `start`, in chunks of [`PREFILL_CHUNK`]; the last token's logits.
-    fn prefill_cache(&mut self, cache: usize, start: usize, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// position `start`, in chunks of [`PREFILL_CHUNK`]; the last token's logits. With `rows`,
+    /// every token's logits go to it instead ([`Backend::prefill_rows`]) and the result is
+    /// empty: chunks of [`ROWS_CHUNK`] then, as each chunk's logits are held at once.
+    fn prefill_cache(
+        &mut self,
+        cache: usize,
+        start: usize,
+        tokens: &[u32],
+        mut rows: Option<&mut RowSink<'_>>,
+    ) -> Result<Vec<f32>> {
+        let size = if rows.is_some() {
+            ROWS_CHUNK
+        } else {
+            PREFILL_CHUNK
+        };
         let mut logits = Vec::new();
-        let chunks = tokens.len().div_ceil(PREFILL_CHUNK);
-        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
-            let first = start + i * PREFILL_CHUNK;
+        let chunks = tokens.len().div_ceil(size);
+        for (i, chunk) in tokens.chunks(size).enumerate() {
+            let first = start + i * size;
             let places: Vec<Place> = (0..chunk.len())
                 .map(|t| Place {
                     cache,
                     pos: first + t,
                 })
                 .collect();
-            let last: &[usize] = if i + 1 == chunks {
-                &[chunk.len() - 1]
-            } else {
-                &[]
+            let all: Vec<usize> = (0..chunk.len()).collect();
+            let last: &[usize] = match (&rows, i + 1 == chunks) {
+                (Some(_), _) => &all,
+                (None, true) => &all[chunk.len() - 1..],
+                (None, false) => &[],
             };
-            logits = self
-                .forward(chunk, &places, last)?
-                .pop()
-                .unwrap_or_default();
+            let mut out = self.forward(chunk, &places, last)?;
+            match rows.as_deref_mut() {
+                Some(row) => {
+                    for (j, l) in out.iter().enumerate() {
+                        row(i * size + j, l)?;
+                    }
+                }
+                None => logits = out.pop().unwrap_or_default(),
+            }
         }
         Ok(logits)
     }
@@ -558,9 +581,17 @@ impl Backend for CpuBackend {
         let start = self.pos;
         self.check_tokens(tokens, start)?;
         // A failed call appends nothing: the rows it wrote are past the position.
-        let logits = self.prefill_cache(MAIN, start, tokens)?;
+        let logits = self.prefill_cache(MAIN, start, tokens, None)?;
         self.pos = start + tokens.len();
         Ok(logits)
+    }
+
+    fn prefill_rows(&mut self, tokens: &[u32], row: &mut RowSink<'_>) -> Result<()> {
+        let start = self.pos;
+        self.check_tokens(tokens, start)?;
+        self.prefill_cache(MAIN, start, tokens, Some(row))?;
+        self.pos = start + tokens.len();
+        Ok(())
     }
 
     /// The oracle's intermediates of one step under its names, all but `router_probs` (the
@@ -582,7 +613,18 @@ impl Backend for CpuBackend {
     }
 
     fn stream_prefill(&mut self, slot: usize, start: usize, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.streams_prefill(slot, start, tokens)
+        self.streams_prefill(slot, start, tokens, None)
+    }
+
+    fn stream_prefill_rows(
+        &mut self,
+        slot: usize,
+        start: usize,
+        tokens: &[u32],
+        row: &mut RowSink<'_>,
+    ) -> Result<()> {
+        self.streams_prefill(slot, start, tokens, Some(row))?;
+        Ok(())
     }
 
     fn streams_decode_greedy(

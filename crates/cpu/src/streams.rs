@@ -65,12 +65,13 @@ impl CpuBackend {
         Ok(c)
     }
 
-    /// See [`nibble_backend::Backend::stream_prefill`].
+    /// See [`nibble_backend::Backend::stream_prefill`] (and `stream_prefill_rows`, with `rows`).
     pub(crate) fn streams_prefill(
         &mut self,
         slot: usize,
         start: usize,
         tokens: &[u32],
+        rows: Option<&mut nibble_backend::RowSink<'_>>,
     ) -> Result<Vec<f32>> {
         self.slot_check(slot)?;
         let held = self.streams.slots[slot].pos;
@@ -86,7 +87,7 @@ impl CpuBackend {
             pos: start,
             next: None,
         };
-        let logits = self.prefill_cache(cache, start, tokens)?;
+        let logits = self.prefill_cache(cache, start, tokens, rows)?;
         self.streams.slots[slot].pos = start + tokens.len();
         Ok(logits)
     }

@@ -625,3 +625,54 @@ fn trace_names_the_first_op_a_changed_weight_touches() {
     let d = nibble_backend::divergence::first_divergence(&want, &got, 1e-4).expect("a divergence");
     assert_eq!(d.name, "l2.attn_out", "{d:?}");
 }
+
+/// Every prompt token's logits (`prefill_rows`, in `ROWS_CHUNK` chunks) against the oracle
+/// stepped token by token, for the main sequence and a stream slot; the cache they leave
+/// continues as the oracle's.
+#[test]
+fn prompt_rows_match_the_oracle_stepped() {
+    let m = model(512, false);
+    let p: Vec<u32> = (0..crate::ROWS_CHUNK as u32 + 9)
+        .map(|i| (i * 37 + 11) % 512)
+        .collect();
+    let mut rb = RefBackend::new(m.clone(), 128).unwrap();
+    let want: Vec<Vec<f32>> = p.iter().map(|&t| rb.step(t).unwrap()).collect();
+    let next = rb
+        .decode_greedy(argmax(want.last().unwrap()), 5, &[])
+        .unwrap();
+    let mut b = CpuBackend::with_streams(m, 128, 2).unwrap();
+    let check = |got: &[Vec<f32>], want: &[Vec<f32>]| {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let c = cosine(g, w);
+            assert!(c >= 0.99999, "row {i} cosine {c}");
+            assert_eq!(argmax(g), argmax(w), "row {i}");
+        }
+    };
+    let mut got = Vec::new();
+    b.prefill_rows(&p, &mut |i, l| {
+        assert_eq!(i, got.len());
+        got.push(l.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    check(&got, &want);
+    assert_eq!(b.position(), p.len());
+    assert_eq!(
+        b.decode_greedy(argmax(&got[p.len() - 1]), 5, &[]).unwrap(),
+        next
+    );
+    // Stream 1 keeps 5 positions and scores the rest.
+    b.stream_prefill(1, 0, &p[..5]).unwrap();
+    let mut got = Vec::new();
+    b.stream_prefill_rows(1, 5, &p[5..], &mut |_, l| {
+        got.push(l.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    check(&got, &want[5..]);
+    let ids = b
+        .streams_decode_greedy(&[None, Some(argmax(got.last().unwrap()))], 5, &[])
+        .unwrap();
+    assert_eq!(ids[1], next);
+}

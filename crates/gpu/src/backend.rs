@@ -29,7 +29,7 @@ use crate::plan::{DecodePlan, PlanOptions};
 use crate::stream::GreedyRuns;
 use crate::weights::{DenseForms, GpuWeights};
 use anyhow::{bail, ensure, Result};
-use nibble_backend::{argmax, Backend, DeviceSampling, OpTime, StepTrace};
+use nibble_backend::{argmax, Backend, DeviceSampling, OpTime, RowSink, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::weights::WeightSource;
 
@@ -447,14 +447,11 @@ impl Backend for GpuBackend {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let start = self.pos;
-        let vocab = self.plan.weights.cfg.vocab_size;
-        nibble_backend::check_prompt(vocab, tokens, start, self.context_len())?;
-        self.lone_idle("prefill")?;
-        // A failure leaves the position at `start` (the rows written are stale).
-        let logits = self.prefill_main(tokens, start)?;
-        self.pos = start + tokens.len();
-        Ok(logits)
+        self.prefill_with(tokens, None)
+    }
+
+    fn prefill_rows(&mut self, tokens: &[u32], row: &mut RowSink<'_>) -> Result<()> {
+        self.prefill_with(tokens, Some(row)).map(drop)
     }
 
     fn max_streams(&self) -> usize {
@@ -462,31 +459,18 @@ impl Backend for GpuBackend {
     }
 
     fn stream_prefill(&mut self, slot: usize, start: usize, prompt: &[u32]) -> Result<Vec<f32>> {
-        let streams = self.max_streams();
-        ensure!(
-            streams > 0,
-            "no multi-stream path: the GPU backend was built with 0 streams"
-        );
-        ensure!(slot < streams, "stream {slot} of {streams}");
-        ensure!(
-            start <= self.stream_pos[slot],
-            "stream {slot} holds {} positions, cannot keep {start}",
-            self.stream_pos[slot]
-        );
-        let vocab = self.plan.weights.cfg.vocab_size;
-        nibble_backend::check_prompt(vocab, prompt, start, self.context_len())?;
-        self.lone_idle("stream prefill")?;
-        let b = self.batch.as_mut().expect("checked above");
-        ensure!(
-            b.queued_runs() == 0,
-            "stream prefill with {} multi-stream runs queued: collect them first",
-            b.queued_runs()
-        );
-        // A failure leaves the stream at `start` (rows past it are stale).
-        self.stream_pos[slot] = start;
-        let logits = self.prefill_stream(slot, prompt, start)?;
-        self.stream_pos[slot] = start + prompt.len();
-        Ok(logits)
+        self.stream_prefill_with(slot, start, prompt, None)
+    }
+
+    fn stream_prefill_rows(
+        &mut self,
+        slot: usize,
+        start: usize,
+        tokens: &[u32],
+        row: &mut RowSink<'_>,
+    ) -> Result<()> {
+        self.stream_prefill_with(slot, start, tokens, Some(row))
+            .map(drop)
     }
 
     fn streams_decode_greedy(

@@ -17,7 +17,7 @@ use crate::prefill::{PrefillPlan, PrefillShape, Target};
 use crate::tensor::QForm;
 use crate::tune::Tune;
 use anyhow::{ensure, Result};
-use nibble_backend::{Backend, OpTime};
+use nibble_backend::{Backend, OpTime, RowSink};
 use std::io::Write as _;
 
 /// The default [`GpuOptions::prefill_gemm_min`]: prompts shorter than this many tokens go
@@ -234,8 +234,120 @@ impl GpuBackend {
         if !g.uses_matrix_units() || logits.iter().all(|v| v.is_finite()) {
             return Ok(logits);
         }
-        let GemmPrefill::Built(_, shape, merge) = self.gemm_prefill else {
+        self.prefill_on_fmas();
+        let g = self.gemm_prefill()?.expect("rebuilt");
+        g.prefill(target, tokens, start)
+    }
+
+    /// [`Backend::prefill`], or with `rows` [`Backend::prefill_rows`] (the result then empty).
+    pub(super) fn prefill_with(
+        &mut self,
+        tokens: &[u32],
+        rows: Option<&mut RowSink<'_>>,
+    ) -> Result<Vec<f32>> {
+        let start = self.pos;
+        let vocab = self.plan.weights.cfg.vocab_size;
+        nibble_backend::check_prompt(vocab, tokens, start, self.context_len())?;
+        self.lone_idle("prefill")?;
+        // A failure leaves the position at `start` (the rows written are stale).
+        let logits = match rows {
+            None => self.prefill_main(tokens, start)?,
+            Some(row) => {
+                self.rows_of(Target::Main, tokens, start, row)?;
+                Vec::new()
+            }
+        };
+        self.pos = start + tokens.len();
+        Ok(logits)
+    }
+
+    /// [`Backend::stream_prefill`], or with `rows` [`Backend::stream_prefill_rows`] (the
+    /// result then empty).
+    pub(super) fn stream_prefill_with(
+        &mut self,
+        slot: usize,
+        start: usize,
+        prompt: &[u32],
+        rows: Option<&mut RowSink<'_>>,
+    ) -> Result<Vec<f32>> {
+        let streams = self.max_streams();
+        ensure!(
+            streams > 0,
+            "no multi-stream path: the GPU backend was built with 0 streams"
+        );
+        ensure!(slot < streams, "stream {slot} of {streams}");
+        ensure!(
+            start <= self.stream_pos[slot],
+            "stream {slot} holds {} positions, cannot keep {start}",
+            self.stream_pos[slot]
+        );
+        let vocab = self.plan.weights.cfg.vocab_size;
+        nibble_backend::check_prompt(vocab, prompt, start, self.context_len())?;
+        self.lone_idle("stream prefill")?;
+        let b = self.batch.as_mut().expect("checked above");
+        ensure!(
+            b.queued_runs() == 0,
+            "stream prefill with {} multi-stream runs queued: collect them first",
+            b.queued_runs()
+        );
+        // A failure leaves the stream at `start` (rows past it are stale).
+        self.stream_pos[slot] = start;
+        let logits = match rows {
+            None => self.prefill_stream(slot, prompt, start)?,
+            Some(row) => {
+                self.rows_of(Target::Stream(slot as u32), prompt, start, row)?;
+                Vec::new()
+            }
+        };
+        self.stream_pos[slot] = start + prompt.len();
+        Ok(logits)
+    }
+
+    /// Every row of `tokens` (checked by the caller) at positions `start..` of `target`: the
+    /// GEMM prefill's where it is on, whatever the prompt's length (the column prefill keeps
+    /// only its last row), else token by token. Where the matrix-unit GEMMs gave a non-finite
+    /// row, the plan is rebuilt on f32 fmas as in [`Self::run_gemm_prefill`] and the prompt
+    /// redone, its rows handed again.
+    fn rows_of(
+        &mut self,
+        target: Target,
+        tokens: &[u32],
+        start: usize,
+        row: &mut RowSink<'_>,
+    ) -> Result<()> {
+        if matches!(self.gemm_prefill, GemmPrefill::Off) {
+            let mut pos = start;
+            return nibble_backend::rows_by_steps(tokens, row, &mut |t| {
+                let logits = match target {
+                    Target::Main => self.prefill_main(&[t], pos),
+                    Target::Stream(s) => self.prefill_stream(s as usize, &[t], pos),
+                }?;
+                pos += 1;
+                Ok(logits)
+            });
+        }
+        self.gemm_prefill()?;
+        let GemmPrefill::Built(g, ..) = &self.gemm_prefill else {
             unreachable!("built above");
+        };
+        let finite = g.prefill_rows(&self.plan.weights, target, tokens, start, row)?;
+        if finite || !g.uses_matrix_units() {
+            return Ok(());
+        }
+        self.prefill_on_fmas();
+        self.gemm_prefill()?;
+        let GemmPrefill::Built(g, ..) = &self.gemm_prefill else {
+            unreachable!("built above");
+        };
+        g.prefill_rows(&self.plan.weights, target, tokens, start, row)?;
+        Ok(())
+    }
+
+    /// From now on the GEMM prefill runs on f32 fmas (rebuilt at its next use), with a warning:
+    /// the matrix-unit GEMM gave non-finite values.
+    fn prefill_on_fmas(&mut self) {
+        let GemmPrefill::Built(_, shape, merge) = self.gemm_prefill else {
+            return;
         };
         // Not `eprintln!`, which panics on a stderr that cannot be written.
         let _ = writeln!(
@@ -250,8 +362,6 @@ impl GpuBackend {
             },
             merge,
         };
-        let g = self.gemm_prefill()?.expect("rebuilt");
-        g.prefill(target, tokens, start)
     }
 
     /// `tokens` (checked by the caller) at positions `start..` of the main sequence; the logits

@@ -49,6 +49,8 @@ use crate::tensor::Q4Matrix;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
 
+mod rows;
+
 /// Prompt tokens per chunk by default. Longer chunks give each expert more tokens per weight
 /// tile: on the H200 a 2048-token prompt ran at 1217 / 1535 / 1729 tok/s with chunks of 512 /
 /// 1024 / 2048 (docs/BENCHMARKS.md run 81). [`PrefillPlan::new`] shortens it when the buffers
@@ -152,6 +154,8 @@ pub struct PrefillPlan {
     tiles_scratch: Option<AttentionPrefillScratch>,
     /// Multi-stream KV slots bound, 0 before [`Self::bind_streams`].
     stream_slots: u32,
+    /// The lm_head over 8 rows at a time, for [`Self::prefill_rows`]; bound at its first use.
+    rows: std::sync::OnceLock<rows::RowsHead>,
 }
 
 /// The prefill's build choices (from [`crate::GpuOptions`]).
@@ -457,6 +461,7 @@ impl PrefillPlan {
             scratch,
             tiles_scratch,
             stream_slots: 0,
+            rows: Default::default(),
         })
     }
 
@@ -543,17 +548,7 @@ impl PrefillPlan {
     /// after the last token. The caller checks the ids and that `pos + len` fits the context.
     pub fn prefill(&self, target: Target, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
         ensure!(!tokens.is_empty(), "prefill of an empty token list");
-        let slot = match target {
-            Target::Main => 0,
-            Target::Stream(s) => {
-                ensure!(
-                    s < self.stream_slots,
-                    "stream slot {s} of {} bound to the prefill",
-                    self.stream_slots
-                );
-                s
-            }
-        };
+        let slot = self.slot_of(target)?;
         let chunks: Vec<&[u32]> = tokens.chunks(self.chunk as usize).collect();
         let mut last = None;
         for (c, group) in chunks.iter().enumerate() {
@@ -580,6 +575,21 @@ impl PrefillPlan {
         let index = last.expect("at least one chunk");
         let bytes = self.ctx.map_read(&self.logits_rb, index)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// The KV slot `target` writes (0 for the main sequence), checked against the bound ones.
+    fn slot_of(&self, target: Target) -> Result<u32> {
+        Ok(match target {
+            Target::Main => 0,
+            Target::Stream(s) => {
+                ensure!(
+                    s < self.stream_slots,
+                    "stream slot {s} of {} bound to the prefill",
+                    self.stream_slots
+                );
+                s
+            }
+        })
     }
 
     /// Write a chunk's columns (`tokens` at positions `p0..` of stream slot `slot`) and its
