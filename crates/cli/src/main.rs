@@ -16,6 +16,7 @@ mod cmd_chat;
 mod cmd_generate;
 mod cmd_inspect;
 mod cmd_parity;
+mod cmd_perplexity;
 mod cmd_serve;
 mod cmd_synth;
 mod plot;
@@ -46,6 +47,9 @@ enum Command {
     Bench(cmd_bench::Args),
     /// Compare a fast backend with the oracle: greedy sequences, logits cosine, first divergence.
     Parity(cmd_parity::Args),
+    /// The model's perplexity on a text file (llama.cpp's protocol: windows of --ctx tokens,
+    /// the second half of each scored).
+    Perplexity(cmd_perplexity::Args),
     /// OpenAI-compatible HTTP server (chat/completions, SSE streaming, /metrics).
     Serve(cmd_serve::Args),
     /// Describe a model file: architecture, dims, tensors, bytes per type, parameters.
@@ -73,7 +77,7 @@ fn main() -> std::process::ExitCode {
     #[cfg(unix)]
     if matches!(
         cli.command,
-        Command::Inspect(_) | Command::Bench(_) | Command::Parity(_)
+        Command::Inspect(_) | Command::Bench(_) | Command::Parity(_) | Command::Perplexity(_)
     ) {
         default_sigpipe();
     }
@@ -84,6 +88,7 @@ fn main() -> std::process::ExitCode {
         Command::Chat(a) => cmd_chat::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::Parity(a) => cmd_parity::run(a),
+        Command::Perplexity(a) => cmd_perplexity::run(a),
         Command::Serve(a) => cmd_serve::run(a),
     };
     match result {

@@ -10,6 +10,7 @@ pub mod error;
 pub mod grammar;
 pub mod logprobs;
 pub mod sampler;
+pub mod score;
 pub mod session;
 pub mod stop;
 pub mod streams;
