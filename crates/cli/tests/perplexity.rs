@@ -44,7 +44,7 @@ fn perplexity_matches_the_oracle_summed_by_hand() {
 
     // By hand: the oracle stepped token by token from an empty cache per window, the
     // log-softmax in f64, tokens 17..31 of each window.
-    let tok = nibble_engine::Tokenizer::from_hf_dir(&tokenizer_dir().unwrap()).unwrap();
+    let tok = nibble_engine::Tokenizer::from_hf_dir(tokenizer_dir().unwrap()).unwrap();
     let ids = tok.encode(TEXT).unwrap();
     assert_eq!(want["text_tokens"].as_u64().unwrap() as usize, ids.len());
     let loaded = nibble_model::loader::open(std::path::Path::new(m)).unwrap();
