@@ -114,6 +114,7 @@ impl GrammarArgs {
 
 impl SamplingArgs {
     pub fn params(&self, max_tokens: usize) -> Result<GenParams> {
+        anyhow::ensure!(max_tokens > 0, "max tokens (-n) must be at least 1");
         let sampling = SamplingParams {
             temperature: self.temperature,
             top_k: self.top_k,
@@ -135,6 +136,7 @@ impl SamplingArgs {
             skip_special_tokens: !self.special,
             logprobs: None,
             constraint: None,
+            prompt_logprobs: None,
         })
     }
 }

@@ -67,7 +67,8 @@ fn prompt_longer_than_context_is_a_clear_error() {
     );
 }
 
-/// `-n 0` is refused: the first id would be emitted before the length is checked.
+/// `-n 0` is refused: `generate` makes at least one token (the server's `max_tokens: 0` only
+/// echoes or scores a prompt).
 #[test]
 fn zero_max_tokens_is_a_clear_error() {
     let Some(m) = model() else { return };

@@ -389,3 +389,64 @@ fn a_failing_grammar_ends_only_its_own_request() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Prompt scoring on the multi-stream slots (`echo` with logprobs, `prompt_logprobs`): the GPU
+/// (where an adapter exists) and CPU servers give the reference server's prompt logprobs, and
+/// a repeated prompt (cached in its slot) is scored whole again.
+#[test]
+fn stream_slots_score_prompts_as_the_oracle_does() {
+    let Some(tok) = tokenizer_json() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "3", &tok);
+    let body = serde_json::json!({"prompt": "The capital of France is Paris, and of Spain",
+        "max_tokens": 2, "temperature": 0, "echo": true, "logprobs": 1,
+        "prompt_logprobs": 2})
+    .to_string();
+    let score = |args: &[&str]| {
+        let (mut child, addr) = spawn_serve(args, &model);
+        let mut out = Vec::new();
+        for _ in 0..2 {
+            let (st, b) = exchange(&addr, "POST", "/v1/completions", &body);
+            assert_eq!(st, 200, "{args:?}: {b}");
+            out.push(serde_json::from_str::<serde_json::Value>(&b).unwrap());
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        out
+    };
+    let want = score(&["--backend", "ref", "--ctx", "256"]);
+    let lps = |v: &serde_json::Value| -> Vec<f64> {
+        let c = &v["choices"][0];
+        let mut x: Vec<f64> = (c["logprobs"]["token_logprobs"].as_array().unwrap())
+            .iter()
+            .filter_map(|x| x.as_f64())
+            .collect();
+        for (i, e) in c["prompt_logprobs"].as_array().unwrap().iter().enumerate() {
+            if i > 0 {
+                let m = e.as_object().unwrap();
+                assert!(m.len() <= 3, "{e}");
+                x.extend(m.values().map(|y| y["logprob"].as_f64().unwrap()));
+            }
+        }
+        x
+    };
+    let mut backends = vec!["cpu"];
+    if have_gpu() {
+        backends.push("gpu");
+    }
+    for b in backends {
+        let got = score(&["--backend", b, "--ctx", "256", "--max-streams", "2"]);
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g["choices"][0]["text"], w["choices"][0]["text"], "{b}");
+            assert_eq!(
+                g["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+                "{b}"
+            );
+            let (g, w) = (lps(g), lps(w));
+            assert_eq!(g.len(), w.len(), "{b}");
+            for (i, (x, y)) in g.iter().zip(&w).enumerate() {
+                assert!((x - y).abs() < 1e-3, "{b}: logprob {i}: {x} vs {y}");
+            }
+        }
+    }
+}

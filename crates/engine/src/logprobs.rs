@@ -14,6 +14,9 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 pub struct TokenLogprob {
     pub id: u32,
     pub logprob: f32,
+    /// `id`'s rank in the row, 1 for the most likely (1 + the ids with a strictly higher
+    /// logit), as vLLM reports it.
+    pub rank: u32,
     /// `(id, logprob)`, most likely first (ties: lower id first); `k` of them.
     pub top: Vec<(u32, f32)>,
 }
@@ -50,8 +53,13 @@ pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
             top.truncate(k);
         }
     }
+    let own = logits
+        .get(id as usize)
+        .map_or(f32::NEG_INFINITY, |&x| finite(x));
+    let rank = 1 + logits.iter().filter(|&&x| finite(x) > own).count() as u32;
     TokenLogprob {
         id,
+        rank,
         logprob: logits
             .get(id as usize)
             .map_or(f32::NEG_INFINITY, |&x| lp(x)),
@@ -68,7 +76,7 @@ mod tests {
         let p = [0.1f64, 0.2, 0.3, 0.4];
         let logits: Vec<f32> = p.iter().map(|x| (x.ln() + 3.0) as f32).collect();
         let e = token_logprob(&logits, 1, 2);
-        assert_eq!(e.id, 1);
+        assert_eq!((e.id, e.rank), (1, 3));
         assert!((e.logprob - 0.2f32.ln()).abs() < 1e-6, "{e:?}");
         assert_eq!(e.top.len(), 2);
         assert_eq!((e.top[0].0, e.top[1].0), (3, 2));
@@ -78,6 +86,9 @@ mod tests {
         let e = token_logprob(&[1.0, f32::NAN, 1.0, 0.0], 0, 50);
         let ids: Vec<u32> = e.top.iter().map(|t| t.0).collect();
         assert_eq!(ids, vec![0, 2, 3, 1]);
+        // A tie shares the better rank; NaN ranks below every number.
+        assert_eq!(e.rank, 1);
+        assert_eq!(token_logprob(&[1.0, f32::NAN, 1.0, 0.0], 1, 0).rank, 4);
         assert_eq!(e.top[3].1, f32::NEG_INFINITY);
         assert!((e.logprob - e.top[1].1).abs() < 1e-7);
         let big: Vec<f32> = (0..100).map(|i| i as f32 * 0.01).collect();

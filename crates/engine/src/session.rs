@@ -15,6 +15,7 @@
 use crate::grammar::Constraint;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampler::{Sampler, SamplingParams};
+use crate::score;
 use crate::stop::{StopChecker, StopReason};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Result};
@@ -40,6 +41,10 @@ pub struct GenParams {
     /// A grammar the answer must follow (structured outputs), in its start state; `None`: free
     /// text. Asking samples on the host each step (the logits are masked first).
     pub constraint: Option<Constraint>,
+    /// Each prompt token's logprob (after the first) with this many alternatives
+    /// ([`crate::score::prompt_logprobs`]); the whole prompt is then prefilled afresh (no
+    /// cached prefix: its rows are needed). `None`: none.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for GenParams {
@@ -52,6 +57,7 @@ impl Default for GenParams {
             skip_special_tokens: true,
             logprobs: None,
             constraint: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -83,6 +89,8 @@ pub struct GenStats {
     pub finish: FinishReason,
     /// One entry per generated id when [`GenParams::logprobs`] asked; else empty.
     pub logprobs: Vec<TokenLogprob>,
+    /// One entry per prompt token after the first when [`GenParams::prompt_logprobs`] asked.
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 impl GenStats {
@@ -144,10 +152,6 @@ impl Session {
         if prompt.is_empty() {
             bail!("empty prompt: nothing to condition on");
         }
-        if p.max_tokens == 0 {
-            // The first id is emitted before the length check below.
-            bail!("max tokens (-n) must be at least 1");
-        }
         let ctx = self.backend.context_len();
         if prompt.len() >= ctx {
             bail!(
@@ -177,20 +181,43 @@ impl Session {
                 .backend
                 .samples_on_device(&sampler.device_sampling(&[], &[]));
 
-        // Reuse the cached prefix; at least one prompt token must be fed to get logits.
-        let common = self
-            .cached
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len() - 1);
+        // Reuse the cached prefix; at least one prompt token must be fed to get logits. Prompt
+        // logprobs need every prompt row: nothing is reused then.
+        let common = match p.prompt_logprobs {
+            Some(_) => 0,
+            None => self
+                .cached
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len() - 1),
+        };
         self.backend.truncate(common)?;
         self.cached.truncate(common);
         let t0 = Instant::now();
-        let logits = self.backend.prefill(&prompt[common..])?;
+        let (logits, prompt_logprobs) = match p.prompt_logprobs {
+            Some(k) => {
+                let (entries, last) = score::prompt_logprobs(self.backend.as_mut(), prompt, k)?;
+                (last, entries)
+            }
+            None => (self.backend.prefill(&prompt[common..])?, Vec::new()),
+        };
         self.cached.extend_from_slice(&prompt[common..]);
         let prompt_secs = t0.elapsed().as_secs_f64();
+        if p.max_tokens == 0 {
+            // Only the prompt (scored, or echoed by the caller).
+            return Ok(GenStats {
+                prompt_tokens: prompt.len(),
+                cached_tokens: common,
+                generated: Vec::new(),
+                prompt_secs,
+                decode_secs: 0.0,
+                finish: FinishReason::Length,
+                logprobs: Vec::new(),
+                prompt_logprobs,
+            });
+        }
 
         let eos_ids = self.backend.config().eos_token_ids.clone();
         let mut stop = StopChecker::new(&eos_ids, &p.stop_strings);
@@ -312,6 +339,7 @@ impl Session {
             decode_secs: t1.elapsed().as_secs_f64(),
             finish,
             logprobs,
+            prompt_logprobs,
         })
     }
 }

@@ -11,6 +11,7 @@
 use crate::grammar::Constraint;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampler::Sampler;
+use crate::score;
 use crate::session::{pick, FinishReason, GenParams, GenStats};
 use crate::stop::StopChecker;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -45,6 +46,8 @@ pub struct StreamSeq {
     logprobs: Vec<TokenLogprob>,
     /// The grammar the answer follows ([`GenParams::constraint`]), at the current id.
     constraint: Option<Constraint>,
+    /// Each prompt token's entry after the first ([`GenParams::prompt_logprobs`]).
+    prompt_logprobs: Vec<TokenLogprob>,
 }
 
 impl StreamSeq {
@@ -68,7 +71,20 @@ impl StreamSeq {
         let sampler =
             Some(Sampler::new(p.sampling.clone())?).filter(|s| !s.is_greedy() || host_logits);
         let t0 = Instant::now();
-        let logits = backend.stream_prefill(slot, keep, &prompt[keep..])?;
+        // Prompt logprobs need every prompt row: nothing is reused then.
+        let keep = if p.prompt_logprobs.is_some() { 0 } else { keep };
+        let mut prompt_logprobs = Vec::new();
+        let logits = match p.prompt_logprobs {
+            Some(k) => {
+                let mut last = Vec::new();
+                backend.stream_prefill_rows(slot, 0, prompt, &mut |i, row| {
+                    score::entry_or_last(prompt, i, row, k, &mut prompt_logprobs, &mut last);
+                    Ok(())
+                })?;
+                last
+            }
+            None => backend.stream_prefill(slot, keep, &prompt[keep..])?,
+        };
         let eos = backend.config().eos_token_ids.clone();
         let mut s = StreamSeq {
             slot,
@@ -89,7 +105,13 @@ impl StreamSeq {
             logprobs_k: p.logprobs,
             logprobs: Vec::new(),
             constraint: p.constraint.clone(),
+            prompt_logprobs,
         };
+        if p.max_tokens == 0 {
+            // Only the prompt (scored, or echoed by the caller).
+            s.finish = Some(FinishReason::Length);
+            return Ok(s);
+        }
         let first = s.choose(&logits)?;
         s.push(first, on_text);
         Ok(s)
@@ -226,6 +248,7 @@ impl StreamSeq {
             decode_secs: self.t1.elapsed().as_secs_f64(),
             finish,
             logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
         }
     }
 }

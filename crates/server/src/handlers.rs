@@ -78,6 +78,12 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         tools: p.tools,
         thinking_open: p.thinking_open,
     });
+    let scoring = Scoring {
+        echo: p.echo.clone(),
+        first: p.prompt[0],
+        echo_k: p.gen.logprobs.filter(|_| p.echo.is_some()),
+        prompt_k: p.prompt_logprobs,
+    };
     s.queue.submit(Job {
         prompt: p.prompt,
         gen: p.gen,
@@ -101,9 +107,46 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         (m.tokenizer.token_bytes(id), shown)
     });
     if stream {
-        Ok(Sse::new(sse_stream(env, rx, include_usage, parse, tok)).into_response())
+        let st = sse_stream(env, rx, include_usage, parse, tok, scoring);
+        Ok(Sse::new(st).into_response())
     } else {
-        collect(env, rx, parse, tok).await
+        collect(env, rx, parse, tok, scoring).await
+    }
+}
+
+/// What a request asked of its prompt: completions' `echo` (its text, and with `logprobs` the
+/// prompt's entries at `echo_k` alternatives), vLLM's `prompt_logprobs` (`prompt_k`).
+#[derive(Debug, Clone, Default)]
+struct Scoring {
+    echo: Option<String>,
+    /// The prompt's first token (it has no entry).
+    first: u32,
+    echo_k: Option<usize>,
+    prompt_k: Option<usize>,
+}
+
+impl Scoring {
+    /// The choice's `logprobs`: the generated entries, after the prompt's when echoed.
+    fn logprobs(
+        &self,
+        env: &Envelope,
+        prompt: &[TokenLogprob],
+        entries: &[TokenLogprob],
+        tok: &TokenText,
+    ) -> Value {
+        match (&self.echo, self.echo_k) {
+            (Some(text), Some(k)) => {
+                let at = (entries, text.chars().count());
+                env.echoed_logprobs(self.first, prompt, k, at, tok.as_ref())
+            }
+            _ => logprobs_value(env, entries, tok),
+        }
+    }
+
+    /// vLLM's `prompt_logprobs`, when asked.
+    fn prompt_logprobs(&self, prompt: &[TokenLogprob], tok: &TokenText) -> Option<Value> {
+        let k = self.prompt_k?;
+        Some(Envelope::prompt_logprobs(prompt, k, tok.as_ref()))
     }
 }
 
@@ -135,8 +178,9 @@ async fn collect(
     mut rx: UnboundedReceiver<Event>,
     parse: Option<ParseCfg>,
     tok: TokenText,
+    scoring: Scoring,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
+    let mut text = scoring.echo.clone().unwrap_or_default();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
@@ -144,6 +188,7 @@ async fn collect(
                 finish,
                 usage,
                 logprobs,
+                prompt_logprobs,
             } => {
                 let (reasoning, content, calls) = match parse {
                     Some(cfg) => parse_whole(&text, cfg),
@@ -153,10 +198,18 @@ async fn collect(
                     reasoning,
                     content,
                     calls,
-                    logprobs: logprobs_value(&env, &logprobs, &tok),
+                    logprobs: scoring.logprobs(&env, &prompt_logprobs, &logprobs, &tok),
                 };
                 let finish = finish_with_calls(finish, answer.calls.len());
-                return Ok(Json(env.response(&answer, finish, usage)).into_response());
+                let mut v = env.response(&answer, finish, usage);
+                if let Some(p) = scoring.prompt_logprobs(&prompt_logprobs, &tok) {
+                    // vLLM's places: the choice's for completions, the response's for chat.
+                    match env.kind {
+                        Kind::Text => v["choices"][0]["prompt_logprobs"] = p,
+                        Kind::Chat => v["prompt_logprobs"] = p,
+                    }
+                }
+                return Ok(Json(v).into_response());
             }
             Event::Error(msg) => return Err(ApiError::internal(msg)),
         }
@@ -177,6 +230,7 @@ struct SseState {
     calls: usize,
     /// Writes logprob entries' tokens.
     tok: TokenText,
+    scoring: Scoring,
 }
 
 impl SseState {
@@ -220,10 +274,15 @@ fn sse_stream(
     include_usage: bool,
     parse: Option<ParseCfg>,
     tok: TokenText,
+    scoring: Scoring,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let mut pending = VecDeque::new();
     if env.kind == Kind::Chat {
         pending.push_back(env.chunk(None, true, None).to_string());
+    }
+    // Completions' echo: the prompt's text is the first chunk (vLLM's way).
+    if let Some(t) = scoring.echo.as_deref().filter(|t| !t.is_empty()) {
+        pending.push_back(env.chunk(Some(t), false, None).to_string());
     }
     let st = SseState {
         rx,
@@ -234,6 +293,7 @@ fn sse_stream(
         parser: parse.map(|cfg| cfg.parser()).filter(ChatParser::active),
         calls: 0,
         tok,
+        scoring,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -249,11 +309,15 @@ fn sse_stream(
                     finish,
                     usage,
                     logprobs,
+                    prompt_logprobs,
                 }) => {
                     st.queue_text("", true);
-                    // The entries of every token, in one chunk before the final one.
-                    if !logprobs.is_empty() {
-                        let v = logprobs_value(&st.env, &logprobs, &st.tok);
+                    // The entries of every token (an echoed prompt's first), in one chunk
+                    // before the final one.
+                    let v = st
+                        .scoring
+                        .logprobs(&st.env, &prompt_logprobs, &logprobs, &st.tok);
+                    if !v.is_null() {
                         st.pending.push_back(st.env.logprobs_chunk(v).to_string());
                     }
                     let finish = finish_with_calls(finish, st.calls);
@@ -438,6 +502,7 @@ mod tests {
             finish: "stop",
             usage,
             logprobs: vec![],
+            prompt_logprobs: vec![],
         })
         .unwrap();
         rx
@@ -450,7 +515,9 @@ mod tests {
             tools: true,
             thinking_open: false,
         };
-        let r = collect(env(), events(), Some(both), names()).await.unwrap();
+        let r = collect(env(), events(), Some(both), names(), Scoring::default())
+            .await
+            .unwrap();
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         let v: Value = serde_json::from_slice(&body).unwrap();
         let choice = &v["choices"][0];
@@ -474,6 +541,7 @@ mod tests {
             parser: Some(both.parser()),
             calls: 0,
             tok: names(),
+            scoring: Scoring::default(),
         };
         for p in PIECES {
             st.queue_text(p, false);
@@ -492,9 +560,15 @@ mod tests {
         assert_eq!(calls[1][0]["function"]["name"], "now");
         assert_eq!(st.calls, 2);
         // Neither switch: the text is the content, as generated.
-        let r = collect(env(), events(), Some(ParseCfg::default()), names())
-            .await
-            .unwrap();
+        let r = collect(
+            env(),
+            events(),
+            Some(ParseCfg::default()),
+            names(),
+            Scoring::default(),
+        )
+        .await
+        .unwrap();
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["choices"][0]["message"]["content"], PIECES.concat());

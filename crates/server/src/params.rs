@@ -9,8 +9,9 @@
 //! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0; `logit_bias` ids in the
 //! vocabulary with biases in [-100, 100]; `skip_special_tokens` (vLLM's, default true);
 //! logprobs (chat: `logprobs: true` and `top_logprobs` 0-20; completions: `logprobs` 0-5).
-//! structured outputs ([`crate::structured`]). Features not implemented (`n` > 1, `echo`, ...)
-//! are refused, never ignored. A prompt must leave room for one generated token, and
+//! structured outputs ([`crate::structured`]); completions' `echo` and vLLM's `prompt_logprobs`
+//! (with either, `max_tokens` may be 0: the prompt alone). Features not implemented (`n` > 1,
+//! `best_of`, ...) are refused, never ignored. A prompt must leave room for one generated token, and
 //! prompt + max_tokens must fit the context (`context_length_exceeded`).
 
 use crate::error::ApiError;
@@ -57,6 +58,10 @@ pub struct Prepared {
     /// A chat prompt that ends inside a thinking block (`<think>`, as Qwen3 Thinking-2507
     /// templates render the generation prompt): the answer starts as reasoning.
     pub thinking_open: bool,
+    /// Completions' `echo`: the prompt's text, to go before the answer's.
+    pub echo: Option<String>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt token in that field.
+    pub prompt_logprobs: Option<usize>,
 }
 
 fn in_range(
@@ -266,6 +271,33 @@ fn logprobs(r: &CompletionRequest, kind: Kind) -> Result<Option<usize>, ApiError
     }
 }
 
+/// vLLM's `prompt_logprobs`: how many alternatives each prompt token's entry lists.
+fn prompt_logprobs(r: &CompletionRequest) -> Result<Option<usize>, ApiError> {
+    let k = match &r.prompt_logprobs {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => 1,
+        Some(Value::Number(n))
+            if n.as_u64()
+                .is_some_and(|k| k <= nibble_engine::MAX_TOP_LOGPROBS as u64) =>
+        {
+            n.as_u64().unwrap_or(0) as usize
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "prompt_logprobs",
+                format!("prompt_logprobs = {v} is out of range: want an integer from 0 to 20"),
+            ))
+        }
+    };
+    if r.stream == Some(true) {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            "prompt_logprobs is not supported with stream: true",
+        ));
+    }
+    Ok(Some(k))
+}
+
 /// Features this server does not implement: rejected rather than silently ignored.
 fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
     if let Some(n) = r.n {
@@ -275,9 +307,6 @@ fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
                 format!("n = {n} is not supported: only one choice (n = 1) per request"),
             ));
         }
-    }
-    if r.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "echo is not supported"));
     }
     if r.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::invalid(
@@ -455,6 +484,17 @@ fn text_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<Vec<u32>, ApiErro
     encode(&text, m)
 }
 
+/// The text `echo` puts before the answer: the prompt as sent, or its token ids decoded.
+fn echo_text(r: &CompletionRequest, ids: &[u32], m: &ModelInfo) -> String {
+    match &r.prompt {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+            items[0].as_str().unwrap_or_default().to_owned()
+        }
+        _ => m.tokenizer.decode(ids),
+    }
+}
+
 fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
     m.tokenizer
         .encode_within(text, m.context_len)
@@ -491,6 +531,17 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
         }
         Kind::Text => text_prompt(r, m)?,
     };
+    let echo = match (kind, r.echo) {
+        (_, None | Some(false)) => None,
+        (Kind::Text, Some(true)) => Some(echo_text(r, &prompt, m)),
+        (Kind::Chat, Some(true)) => {
+            return Err(ApiError::invalid(
+                "echo",
+                "echo is supported on /v1/completions only",
+            ))
+        }
+    };
+    let prompt_k = prompt_logprobs(r)?;
     // After the prompt: the tools it renders are checked there first.
     let grammar = structured::requested(r, kind)?;
     let param = if kind == Kind::Chat {
@@ -516,10 +567,12 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
     let max_tokens = match asked {
         None if kind == Kind::Text => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
         None => room,
+        // Zero only scores or echoes the prompt.
+        Some(0) if echo.is_some() || prompt_k.is_some() => 0,
         Some(v) if v < 1 => {
             return Err(ApiError::invalid(
                 max_param,
-                format!("{max_param} = {v} must be at least 1"),
+                format!("{max_param} = {v} must be at least 1 (0 with echo or prompt_logprobs)"),
             ))
         }
         Some(v) if v as u64 > room as u64 => {
@@ -527,6 +580,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
         }
         Some(v) => v as usize,
     };
+    let gen_logprobs = logprobs(r, kind)?;
     let constraint = grammar
         .map(|g| {
             let tok = &m.tokenizer;
@@ -547,10 +601,17 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             sampling,
             stop_strings: stop,
             skip_special_tokens: r.skip_special_tokens.unwrap_or(true),
-            logprobs: logprobs(r, kind)?,
+            logprobs: gen_logprobs,
             constraint,
+            // Echoed logprobs list the prompt's entries too.
+            prompt_logprobs: match (prompt_k, gen_logprobs.filter(|_| echo.is_some())) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
+            },
             ..GenParams::default()
         },
+        echo,
+        prompt_logprobs: prompt_k,
         stream: r.stream.unwrap_or(false),
         include_usage: r
             .stream_options

@@ -53,8 +53,12 @@ pub struct CompletionRequest {
     /// Chat: alternatives per token (0-20), with `logprobs: true`.
     #[serde(default, deserialize_with = "whole")]
     pub top_logprobs: Option<i64>,
-    /// Completions: unsupported when true.
+    /// Completions: the prompt's text goes before the answer's (with `logprobs`, its tokens'
+    /// entries too, the first one null), as OpenAI's legacy endpoint and lm-eval-harness use it.
     pub echo: Option<bool>,
+    /// vLLM's: each prompt token's logprob with this many alternatives (0-20; `true` is 1), in
+    /// `prompt_logprobs` (the choice's for completions, the response's for chat).
+    pub prompt_logprobs: Option<Value>,
     /// Completions: unsupported above 1.
     #[serde(default, deserialize_with = "whole")]
     pub best_of: Option<i64>,
@@ -287,6 +291,78 @@ impl Envelope {
         }
     }
 
+    /// A completion's `logprobs` with `echo`: the prompt's tokens first (token `first` with
+    /// null entries, then `prompt`'s, each token shown in the echoed text as it is), then the
+    /// generated `entries`, whose offsets start after `echo_chars`, the echoed text's length.
+    /// Alternatives are cut to `k`.
+    pub fn echoed_logprobs(
+        &self,
+        first: u32,
+        prompt: &[TokenLogprob],
+        k: usize,
+        (entries, echo_chars): (&[TokenLogprob], usize),
+        text_of: &dyn Fn(u32) -> (Vec<u8>, bool),
+    ) -> Value {
+        let cut: Vec<TokenLogprob> = (prompt.iter())
+            .map(|e| TokenLogprob {
+                top: e.top.iter().take(k).copied().collect(),
+                ..e.clone()
+            })
+            .collect();
+        let literal = |id: u32| (text_of(id).0, true);
+        let p = self.logprobs(&cut, &literal);
+        let g = self.logprobs(entries, text_of);
+        let first_text = String::from_utf8_lossy(&text_of(first).0).into_owned();
+        let lead = first_text.chars().count();
+        let list = |v: &Value, key: &str| v[key].as_array().cloned().unwrap_or_default();
+        let shifted = |v: &Value, by: usize| -> Vec<Value> {
+            (list(v, "text_offset").iter())
+                .map(|o| json!(o.as_u64().unwrap_or(0) as usize + by))
+                .collect()
+        };
+        let join = |head: Value, key: &str| -> Value {
+            let mut all = vec![head];
+            all.extend(list(&p, key));
+            all.extend(list(&g, key));
+            Value::Array(all)
+        };
+        let mut offsets = vec![json!(0)];
+        offsets.extend(shifted(&p, lead));
+        offsets.extend(shifted(&g, echo_chars));
+        json!({
+            "tokens": join(json!(first_text), "tokens"),
+            "token_logprobs": join(Value::Null, "token_logprobs"),
+            "top_logprobs": join(Value::Null, "top_logprobs"),
+            "text_offset": offsets,
+        })
+    }
+
+    /// vLLM's `prompt_logprobs`: null for the first prompt token, then per token a map from
+    /// token id (as a string) to `{logprob, rank, decoded_token}` holding the prompt's token and
+    /// its `k` most likely alternatives.
+    pub fn prompt_logprobs(
+        prompt: &[TokenLogprob],
+        k: usize,
+        text_of: &dyn Fn(u32) -> (Vec<u8>, bool),
+    ) -> Value {
+        let lp = |x: f32| if x.is_finite() { f64::from(x) } else { -9999.0 };
+        let item = |id: u32, logprob: f32, rank: u32| {
+            let t = String::from_utf8_lossy(&text_of(id).0).into_owned();
+            json!({"logprob": lp(logprob), "rank": rank, "decoded_token": t})
+        };
+        let mut out = vec![Value::Null];
+        for e in prompt {
+            let mut m = serde_json::Map::new();
+            m.insert(e.id.to_string(), item(e.id, e.logprob, e.rank));
+            for (r, &(id, x)) in e.top.iter().take(k).enumerate() {
+                m.entry(id.to_string())
+                    .or_insert_with(|| item(id, x, r as u32 + 1));
+            }
+            out.push(Value::Object(m));
+        }
+        Value::Array(out)
+    }
+
     /// Tool call `index` of this answer, as OpenAI writes one (the id is unique per answer).
     pub fn tool_call(&self, index: usize, name: &str, arguments: &str) -> Value {
         json!({
@@ -395,11 +471,13 @@ mod tests {
         let entries = [
             TokenLogprob {
                 id: 7,
+                rank: 1,
                 logprob: -0.25,
                 top: vec![(7, -0.25), (9, f32::NEG_INFINITY)],
             },
             TokenLogprob {
                 id: 8,
+                rank: 2,
                 logprob: -1.5,
                 top: vec![(3, -0.5), (8, -1.5)],
             },

@@ -49,11 +49,13 @@ pub const IN_FLIGHT: usize = 2;
 pub enum Event {
     /// A piece of generated text (complete UTF-8, stop strings already removed).
     Text(String),
-    /// Generation ended normally; `logprobs` holds an entry per generated id if asked.
+    /// Generation ended normally; `logprobs` holds an entry per generated id if asked,
+    /// `prompt_logprobs` one per prompt token after the first if asked.
     Done {
         finish: &'static str,
         usage: Usage,
         logprobs: Vec<TokenLogprob>,
+        prompt_logprobs: Vec<TokenLogprob>,
     },
     /// Generation failed inside the engine.
     Error(String),
@@ -572,6 +574,7 @@ impl Worker {
                 finish,
                 usage,
                 logprobs: stats.logprobs,
+                prompt_logprobs: stats.prompt_logprobs,
             });
         }
         self.metrics.active_streams.set(sched.running.len() as i64);

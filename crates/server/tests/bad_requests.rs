@@ -407,11 +407,11 @@ fn table() -> Vec<Case> {
             "the prompt has 64 tokens but the context holds 64",
         ),
         case(
-            "echo",
-            T,
-            json!({"prompt": "a", "echo": true}),
+            "echo on chat",
+            C,
+            json!({"messages": [{"role": "user", "content": "a"}], "echo": true}),
             Some("echo"),
-            "echo is not supported",
+            "echo is supported on /v1/completions only",
         ),
         Case {
             method: "GET",
