@@ -67,20 +67,27 @@ pub trait Backend: Send {
     /// to `row`: `row(i, logits)` is the model's distribution of the token that follows
     /// `tokens[..=i]` (scoring a text: perplexity, prompt logprobs). Rows come in order; a
     /// backend that redoes work after a fallback may hand a row again, and the last one holds.
-    /// An error from `row` ends the call. The default steps token by token (one step's logits
-    /// per row); a fast backend reads the rows of its batched prefill instead.
-    fn prefill_rows(&mut self, tokens: &[u32], row: &mut RowSink<'_>) -> anyhow::Result<()> {
+    /// An error from `row` ends the call. Only rows from index `from` on are handed (a scorer
+    /// that reads the later rows alone, as perplexity does, spares the others' lm_head). The
+    /// default steps token by token (one step's logits per row); a fast backend reads the rows
+    /// of its batched prefill instead.
+    fn prefill_rows(
+        &mut self,
+        tokens: &[u32],
+        from: usize,
+        row: &mut RowSink<'_>,
+    ) -> anyhow::Result<()> {
         let start = self.position();
         check_prompt(self.config().vocab_size, tokens, start, self.context_len())?;
-        let run = rows_by_steps(tokens, row, &mut |t| self.step(t));
+        let run = rows_by_steps(tokens, from, row, &mut |t| self.step(t));
         if run.is_err() {
             // A failed call appends nothing (the trait's invariant).
             self.truncate(start)?;
         }
         run
     }
-    /// [`Backend::prefill_rows`] for stream `slot`, keeping its first `start` positions as
-    /// [`Backend::stream_prefill`] does. The default feeds the tokens one at a time; a failure
+    /// [`Backend::prefill_rows`] (every row) for stream `slot`, keeping its first `start`
+    /// positions as [`Backend::stream_prefill`] does. The default feeds the tokens one at a time; a failure
     /// may leave the stream past `start` (callers end the stream then).
     fn stream_prefill_rows(
         &mut self,
@@ -91,7 +98,7 @@ pub trait Backend: Send {
     ) -> anyhow::Result<()> {
         check_prompt(self.config().vocab_size, tokens, start, self.context_len())?;
         let mut pos = start;
-        rows_by_steps(tokens, row, &mut |t| {
+        rows_by_steps(tokens, 0, row, &mut |t| {
             let logits = self.stream_prefill(slot, pos, &[t])?;
             pos += 1;
             Ok(logits)
@@ -292,16 +299,19 @@ pub trait Backend: Send {
 /// What [`Backend::prefill_rows`] hands each row to: `(index in the tokens, logits [V])`.
 pub type RowSink<'a> = dyn FnMut(usize, &[f32]) -> anyhow::Result<()> + 'a;
 
-/// [`Backend::prefill_rows`] one step at a time: `step(t)` appends `t` and returns its logits.
-/// Fast backends fall back to it where their batched path is off.
+/// [`Backend::prefill_rows`] one step at a time: `step(t)` appends `t` and returns its logits;
+/// rows from `from` on are handed. Fast backends fall back to it where their batched path is off.
 pub fn rows_by_steps(
     tokens: &[u32],
+    from: usize,
     row: &mut RowSink<'_>,
     step: &mut dyn FnMut(u32) -> anyhow::Result<Vec<f32>>,
 ) -> anyhow::Result<()> {
     for (i, &t) in tokens.iter().enumerate() {
         let logits = step(t)?;
-        row(i, &logits)?;
+        if i >= from {
+            row(i, &logits)?;
+        }
     }
     Ok(())
 }

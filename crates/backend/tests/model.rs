@@ -73,7 +73,7 @@ fn prompt_rows_are_the_steps_logits() {
     a.prefill(&toks[..2]).unwrap();
     b.prefill(&toks[..2]).unwrap();
     let mut rows = Vec::new();
-    a.prefill_rows(&toks[2..], &mut |i, l| {
+    a.prefill_rows(&toks[2..], 0, &mut |i, l| {
         assert_eq!(i, rows.len());
         rows.push(bits(l));
         Ok(())
@@ -85,8 +85,18 @@ fn prompt_rows_are_the_steps_logits() {
         .collect();
     assert_eq!(rows, stepped);
     assert_eq!(a.position(), 9);
+    // From index 4 on: the later rows alone, the same logits.
+    a.truncate(2).unwrap();
+    let mut later = Vec::new();
+    a.prefill_rows(&toks[2..], 4, &mut |i, l| {
+        later.push((i, bits(l)));
+        Ok(())
+    })
+    .unwrap();
+    let want: Vec<(usize, Vec<u32>)> = stepped.iter().cloned().enumerate().skip(4).collect();
+    assert_eq!(later, want);
     let e = a
-        .prefill_rows(&toks, &mut |i, _| {
+        .prefill_rows(&toks, 0, &mut |i, _| {
             anyhow::ensure!(i < 2, "sink says stop");
             Ok(())
         })
@@ -95,7 +105,7 @@ fn prompt_rows_are_the_steps_logits() {
     assert_eq!(a.position(), 9, "a failed call appends nothing");
     let bad = [1, cfg.vocab_size as u32];
     let e = a
-        .prefill_rows(&bad, &mut |_, _| panic!("no row"))
+        .prefill_rows(&bad, 0, &mut |_, _| panic!("no row"))
         .unwrap_err();
     assert!(e.to_string().contains("vocabulary"), "{e}");
     assert_eq!(a.position(), 9);

@@ -108,7 +108,8 @@ pub fn run(a: Args) -> Result<()> {
         let _ = err.flush();
     }
     let _ = writeln!(err);
-    let rest: f64 = times[1..].iter().sum();
+    // A fold from +0.0: an empty `sum()` of floats is -0.0.
+    let rest = times[1..].iter().fold(0.0, |a, t| a + t);
     let report = Report {
         backend: backend.name(),
         ctx: window,

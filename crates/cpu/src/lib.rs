@@ -470,15 +470,16 @@ impl CpuBackend {
 
 impl CpuBackend {
     /// Feed `tokens` (checked: ids in the vocabulary, room in the context) to cache `cache` from
-    /// position `start`, in chunks of [`PREFILL_CHUNK`]; the last token's logits. With `rows`,
-    /// every token's logits go to it instead ([`Backend::prefill_rows`]) and the result is
-    /// empty: chunks of [`ROWS_CHUNK`] then, as each chunk's logits are held at once.
+    /// position `start`, in chunks of [`PREFILL_CHUNK`]; the last token's logits. With `rows =
+    /// (from, row)`, the logits of every token from index `from` on go to `row` instead
+    /// ([`Backend::prefill_rows`]) and the result is empty: chunks of [`ROWS_CHUNK`] then, as
+    /// each chunk's logits are held at once.
     fn prefill_cache(
         &mut self,
         cache: usize,
         start: usize,
         tokens: &[u32],
-        mut rows: Option<&mut RowSink<'_>>,
+        mut rows: Option<(usize, &mut RowSink<'_>)>,
     ) -> Result<Vec<f32>> {
         let size = if rows.is_some() {
             ROWS_CHUNK
@@ -496,16 +497,20 @@ impl CpuBackend {
                 })
                 .collect();
             let all: Vec<usize> = (0..chunk.len()).collect();
+            let wanted = match &rows {
+                Some((from, _)) => from.saturating_sub(i * size).min(chunk.len()),
+                None => 0,
+            };
             let last: &[usize] = match (&rows, i + 1 == chunks) {
-                (Some(_), _) => &all,
+                (Some(_), _) => &all[wanted..],
                 (None, true) => &all[chunk.len() - 1..],
                 (None, false) => &[],
             };
             let mut out = self.forward(chunk, &places, last)?;
-            match rows.as_deref_mut() {
-                Some(row) => {
+            match rows.as_mut() {
+                Some((_, row)) => {
                     for (j, l) in out.iter().enumerate() {
-                        row(i * size + j, l)?;
+                        row(i * size + wanted + j, l)?;
                     }
                 }
                 None => logits = out.pop().unwrap_or_default(),
@@ -586,10 +591,10 @@ impl Backend for CpuBackend {
         Ok(logits)
     }
 
-    fn prefill_rows(&mut self, tokens: &[u32], row: &mut RowSink<'_>) -> Result<()> {
+    fn prefill_rows(&mut self, tokens: &[u32], from: usize, row: &mut RowSink<'_>) -> Result<()> {
         let start = self.pos;
         self.check_tokens(tokens, start)?;
-        self.prefill_cache(MAIN, start, tokens, Some(row))?;
+        self.prefill_cache(MAIN, start, tokens, Some((from, row)))?;
         self.pos = start + tokens.len();
         Ok(())
     }
@@ -623,7 +628,7 @@ impl Backend for CpuBackend {
         tokens: &[u32],
         row: &mut RowSink<'_>,
     ) -> Result<()> {
-        self.streams_prefill(slot, start, tokens, Some(row))?;
+        self.streams_prefill(slot, start, tokens, Some((0, row)))?;
         Ok(())
     }
 

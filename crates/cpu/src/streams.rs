@@ -71,7 +71,7 @@ impl CpuBackend {
         slot: usize,
         start: usize,
         tokens: &[u32],
-        rows: Option<&mut nibble_backend::RowSink<'_>>,
+        rows: Option<(usize, &mut nibble_backend::RowSink<'_>)>,
     ) -> Result<Vec<f32>> {
         self.slot_check(slot)?;
         let held = self.streams.slots[slot].pos;

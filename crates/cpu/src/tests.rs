@@ -650,7 +650,7 @@ fn prompt_rows_match_the_oracle_stepped() {
         }
     };
     let mut got = Vec::new();
-    b.prefill_rows(&p, &mut |i, l| {
+    b.prefill_rows(&p, 0, &mut |i, l| {
         assert_eq!(i, got.len());
         got.push(l.to_vec());
         Ok(())

@@ -113,7 +113,7 @@ pub fn score_window(
         pending.clear();
         Ok(())
     };
-    backend.prefill_rows(window, &mut |i, row| {
+    backend.prefill_rows(window, first, &mut |i, row| {
         if seen.is_some_and(|s| i <= s) {
             win = Perplexity::default();
             pending.clear();
@@ -147,7 +147,7 @@ pub fn prompt_logprobs(
 ) -> Result<(Vec<TokenLogprob>, Vec<f32>)> {
     let mut entries = Vec::with_capacity(tokens.len().saturating_sub(1));
     let mut last = Vec::new();
-    backend.prefill_rows(tokens, &mut |i, row| {
+    backend.prefill_rows(tokens, 0, &mut |i, row| {
         entry_or_last(tokens, i, row, k, &mut entries, &mut last);
         Ok(())
     })?;
@@ -257,11 +257,12 @@ mod tests {
         fn prefill_rows(
             &mut self,
             tokens: &[u32],
+            from: usize,
             row: &mut nibble_backend::RowSink<'_>,
         ) -> Result<()> {
             let start = self.fed.len();
             for pass in 0..1 + usize::from(self.again) {
-                for i in 0..tokens.len() {
+                for i in from..tokens.len() {
                     // The first pass of a repeated run hands garbage: the second must win.
                     let mut r = Mock::row(start + i);
                     if self.again && pass == 0 {

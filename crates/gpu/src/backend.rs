@@ -450,8 +450,8 @@ impl Backend for GpuBackend {
         self.prefill_with(tokens, None)
     }
 
-    fn prefill_rows(&mut self, tokens: &[u32], row: &mut RowSink<'_>) -> Result<()> {
-        self.prefill_with(tokens, Some(row)).map(drop)
+    fn prefill_rows(&mut self, tokens: &[u32], from: usize, row: &mut RowSink<'_>) -> Result<()> {
+        self.prefill_with(tokens, Some((from, row))).map(drop)
     }
 
     fn max_streams(&self) -> usize {
@@ -469,7 +469,7 @@ impl Backend for GpuBackend {
         tokens: &[u32],
         row: &mut RowSink<'_>,
     ) -> Result<()> {
-        self.stream_prefill_with(slot, start, tokens, Some(row))
+        self.stream_prefill_with(slot, start, tokens, Some((0, row)))
             .map(drop)
     }
 

@@ -243,7 +243,7 @@ impl GpuBackend {
     pub(super) fn prefill_with(
         &mut self,
         tokens: &[u32],
-        rows: Option<&mut RowSink<'_>>,
+        rows: Option<(usize, &mut RowSink<'_>)>,
     ) -> Result<Vec<f32>> {
         let start = self.pos;
         let vocab = self.plan.weights.cfg.vocab_size;
@@ -252,8 +252,8 @@ impl GpuBackend {
         // A failure leaves the position at `start` (the rows written are stale).
         let logits = match rows {
             None => self.prefill_main(tokens, start)?,
-            Some(row) => {
-                self.rows_of(Target::Main, tokens, start, row)?;
+            Some((from, row)) => {
+                self.rows_of(Target::Main, tokens, (start, from), row)?;
                 Vec::new()
             }
         };
@@ -268,7 +268,7 @@ impl GpuBackend {
         slot: usize,
         start: usize,
         prompt: &[u32],
-        rows: Option<&mut RowSink<'_>>,
+        rows: Option<(usize, &mut RowSink<'_>)>,
     ) -> Result<Vec<f32>> {
         let streams = self.max_streams();
         ensure!(
@@ -294,8 +294,8 @@ impl GpuBackend {
         self.stream_pos[slot] = start;
         let logits = match rows {
             None => self.prefill_stream(slot, prompt, start)?,
-            Some(row) => {
-                self.rows_of(Target::Stream(slot as u32), prompt, start, row)?;
+            Some((from, row)) => {
+                self.rows_of(Target::Stream(slot as u32), prompt, (start, from), row)?;
                 Vec::new()
             }
         };
@@ -303,7 +303,8 @@ impl GpuBackend {
         Ok(logits)
     }
 
-    /// Every row of `tokens` (checked by the caller) at positions `start..` of `target`: the
+    /// The rows from index `from` on of `tokens` (checked by the caller) at positions `start..`
+    /// of `target`: the
     /// GEMM prefill's where it is on, whatever the prompt's length (the column prefill keeps
     /// only its last row), else token by token. Where the matrix-unit GEMMs gave a non-finite
     /// row, the plan is rebuilt on f32 fmas as in [`Self::run_gemm_prefill`] and the prompt
@@ -312,12 +313,12 @@ impl GpuBackend {
         &mut self,
         target: Target,
         tokens: &[u32],
-        start: usize,
+        (start, from): (usize, usize),
         row: &mut RowSink<'_>,
     ) -> Result<()> {
         if matches!(self.gemm_prefill, GemmPrefill::Off) {
             let mut pos = start;
-            return nibble_backend::rows_by_steps(tokens, row, &mut |t| {
+            return nibble_backend::rows_by_steps(tokens, from, row, &mut |t| {
                 let logits = match target {
                     Target::Main => self.prefill_main(&[t], pos),
                     Target::Stream(s) => self.prefill_stream(s as usize, &[t], pos),
@@ -330,7 +331,7 @@ impl GpuBackend {
         let GemmPrefill::Built(g, ..) = &self.gemm_prefill else {
             unreachable!("built above");
         };
-        let finite = g.prefill_rows(&self.plan.weights, target, tokens, start, row)?;
+        let finite = g.prefill_rows(&self.plan.weights, target, tokens, (start, from), row)?;
         if finite || !g.uses_matrix_units() {
             return Ok(());
         }
@@ -339,7 +340,7 @@ impl GpuBackend {
         let GemmPrefill::Built(g, ..) = &self.gemm_prefill else {
             unreachable!("built above");
         };
-        g.prefill_rows(&self.plan.weights, target, tokens, start, row)?;
+        g.prefill_rows(&self.plan.weights, target, tokens, (start, from), row)?;
         Ok(())
     }
 

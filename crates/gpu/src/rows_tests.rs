@@ -57,7 +57,7 @@ fn prompt_rows_match_the_oracle_stepped() {
         return;
     };
     let m = model_with_vocab(21, false, 512);
-    let p = prompt(45, 1);
+    let p = prompt(100, 1);
     let tail = prompt(9, 2);
     let mut rb = RefBackend::new(m.clone(), 128).unwrap();
     let want = oracle_rows(&mut rb, &p);
@@ -65,25 +65,37 @@ fn prompt_rows_match_the_oracle_stepped() {
     let want_next = rb
         .decode_greedy(argmax(want_tail.last().unwrap()), 6, &[])
         .unwrap();
-    // 16-token chunks (45 = 16 + 16 + 13, and rows read back 32 at a time across them), one
-    // chunk, and the GEMM prefill off (token by token).
+    // 16-token chunks (100 = 6 x 16 + 4: a batch of rows each), one chunk (four batches of
+    // up to 32 rows, the two readback buffers each used twice), and the GEMM prefill off
+    // (token by token).
     for (name, o) in [
         ("chunks of 16", opts(16, 0)),
         ("one chunk", opts(512, 0)),
         ("token by token", opts(0, 0)),
     ] {
         let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), o).unwrap();
-        let got = collect(|row| gb.prefill_rows(&p, row));
+        let got = collect(|row| gb.prefill_rows(&p, 0, row));
         assert_rows_match(&got, &want, name);
         assert_eq!(gb.position(), p.len(), "{name}: position");
         // Continued at a non-zero position (a 9-token tail: under the GEMM crossover, which
         // rows take anyway), then greedy decode from the cache the rows wrote.
-        let got_tail = collect(|row| gb.prefill_rows(&tail, row));
+        let got_tail = collect(|row| gb.prefill_rows(&tail, 0, row));
         assert_rows_match(&got_tail, &want_tail, name);
         let next = gb
             .decode_greedy(argmax(got_tail.last().unwrap()), 6, &[])
             .unwrap();
         assert_eq!(next, want_next, "{name}: continuation");
+        // From index 35 on (inside the third 16-token chunk; inside the second batch of one chunk):
+        // those rows alone, the same logits.
+        gb.truncate(0).unwrap();
+        let mut later = Vec::new();
+        gb.prefill_rows(&p, 35, &mut |i, l| {
+            assert_eq!(i, 35 + later.len(), "{name}");
+            later.push(l.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        assert_rows_match(&later, &want[35..], name);
     }
 }
 
@@ -125,7 +137,7 @@ fn prompt_rows_refuse_bad_input_and_stop_on_a_sink_error() {
     let mut gb = GpuBackend::with_context(&ctx, m.as_ref(), opts(16, 0)).unwrap();
     let mut seen = 0;
     let e = gb
-        .prefill_rows(&prompt(20, 4), &mut |i, _| {
+        .prefill_rows(&prompt(20, 4), 0, &mut |i, _| {
             seen += 1;
             anyhow::ensure!(i < 3, "enough");
             Ok(())
@@ -135,15 +147,15 @@ fn prompt_rows_refuse_bad_input_and_stop_on_a_sink_error() {
     assert_eq!(seen, 4);
     assert_eq!(gb.position(), 0);
     let e = gb
-        .prefill_rows(&[1, 512], &mut |_, _| panic!("no row"))
+        .prefill_rows(&[1, 512], 0, &mut |_, _| panic!("no row"))
         .unwrap_err();
     assert!(e.to_string().contains("vocabulary"), "{e}");
     let e = gb
-        .prefill_rows(&prompt(129, 4), &mut |_, _| panic!("no row"))
+        .prefill_rows(&prompt(129, 4), 0, &mut |_, _| panic!("no row"))
         .unwrap_err();
     assert!(e.to_string().contains("exceeds the context"), "{e}");
     let e = gb
-        .prefill_rows(&[], &mut |_, _| panic!("no row"))
+        .prefill_rows(&[], 0, &mut |_, _| panic!("no row"))
         .unwrap_err();
     assert!(e.to_string().contains("empty"), "{e}");
 }
