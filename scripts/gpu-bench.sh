@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl,pplab
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -49,7 +49,7 @@ if has fixture; then
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has grammar || has ppl || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has grammar || has ppl || has pplab || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -158,6 +158,20 @@ if has ppl; then
   say "perplexity gpu: --ctx 512, 40 windows, then --ctx 2048, 8 windows"
   timeout 300 $N perplexity -m $MODEL --backend gpu --ctx 512 --chunks 40 -f /tmp/ppl.txt 2>&1 | grep -v XDG_RUNTIME | tail -3 | tee -a "$S"
   timeout 300 $N perplexity -m $MODEL --backend gpu --ctx 2048 --chunks 8 -f /tmp/ppl.txt 2>&1 | grep -v XDG_RUNTIME | tail -3 | tee -a "$S"
+fi
+if has pplab; then
+  # Perplexity throughput of several builds side by side (each binary of $PPL_BINS, default
+  # the carried one and every target/ab/nibble-*), two rounds interleaved, --ctx 512 and 2048.
+  cat docs/BENCHMARKS.md ARCHITECTURE.md README.md docs/runs/*.txt > /tmp/ppl.txt 2>/dev/null
+  for r in 1 2; do
+    for bin in ${PPL_BINS:-$N target/ab/nibble-*}; do
+      for c in "512 24" "2048 6"; do
+        set -- $c
+        line=$(timeout 200 $bin perplexity -m $MODEL --backend gpu --ctx $1 --chunks $2 -f /tmp/ppl.txt 2>/dev/null | tr '\n' ' ')
+        echo "round $r $(basename $bin) ctx $1: $line" | tee -a "$S"
+      done
+    done
+  done
 fi
 if has profile; then
   # Where one step's GPU time goes in the real plan (timestamps after every op), at three depths.
