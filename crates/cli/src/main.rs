@@ -48,7 +48,7 @@ enum Command {
     /// Compare a fast backend with the oracle: greedy sequences, logits cosine, first divergence.
     Parity(cmd_parity::Args),
     /// The model's perplexity on a text file (llama.cpp's protocol: windows of --ctx tokens,
-    /// the second half of each scored).
+    /// 512 by default, each from an empty cache, the second half of each scored).
     Perplexity(cmd_perplexity::Args),
     /// OpenAI-compatible HTTP server (chat/completions, SSE streaming, /metrics).
     Serve(cmd_serve::Args),
