@@ -153,7 +153,8 @@ impl Session {
             bail!("empty prompt: nothing to condition on");
         }
         let ctx = self.backend.context_len();
-        if prompt.len() >= ctx {
+        // A prompt alone (max_tokens 0: scored or echoed) may fill the context.
+        if prompt.len() > ctx || (prompt.len() == ctx && p.max_tokens > 0) {
             bail!(
                 "prompt of {} tokens does not fit the context of {ctx} tokens (at least one must be left to generate)",
                 prompt.len()

@@ -285,7 +285,9 @@ fn prompt_logprobs(r: &CompletionRequest) -> Result<Option<usize>, ApiError> {
         Some(v) => {
             return Err(ApiError::invalid(
                 "prompt_logprobs",
-                format!("prompt_logprobs = {v} is out of range: want an integer from 0 to 20"),
+                format!(
+                    "prompt_logprobs = {v} is not valid: want an integer from 0 to 20 (or true)"
+                ),
             ))
         }
     };
@@ -556,19 +558,21 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
         ));
     }
     let ctx = m.context_len;
-    if prompt.len() >= ctx {
-        return Err(ApiError::invalid(param, format!("the prompt has {} tokens but the context holds {ctx} and one must be left to generate", prompt.len())).with_code("context_length_exceeded"));
-    }
-    let room = ctx - prompt.len();
     let (max_param, asked) = match (r.max_completion_tokens, r.max_tokens) {
         (Some(v), _) => ("max_completion_tokens", Some(v)),
         (None, v) => ("max_tokens", v),
     };
+    // A request that only scores or echoes its prompt may fill the context.
+    let prompt_only = asked == Some(0) && (echo.is_some() || prompt_k.is_some());
+    if prompt.len() > ctx || (prompt.len() == ctx && !prompt_only) {
+        return Err(ApiError::invalid(param, format!("the prompt has {} tokens but the context holds {ctx} and one must be left to generate", prompt.len())).with_code("context_length_exceeded"));
+    }
+    let room = ctx - prompt.len();
     let max_tokens = match asked {
         None if kind == Kind::Text => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
         None => room,
         // Zero only scores or echoes the prompt.
-        Some(0) if echo.is_some() || prompt_k.is_some() => 0,
+        Some(0) if prompt_only => 0,
         Some(v) if v < 1 => {
             return Err(ApiError::invalid(
                 max_param,

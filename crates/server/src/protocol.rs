@@ -164,6 +164,39 @@ pub struct Answer {
     pub logprobs: Value,
 }
 
+/// Characters of a byte stream fed in pieces: complete UTF-8 characters count as they end, an
+/// invalid sequence as the replacement characters lossy decoding gives it, and a character
+/// still incomplete at the end of the bytes so far not yet.
+#[derive(Debug, Default)]
+struct CharCount {
+    total: usize,
+    pending: Vec<u8>,
+}
+
+impl CharCount {
+    fn push(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        match std::str::from_utf8(&self.pending) {
+            Ok(s) => {
+                self.total += s.chars().count();
+                self.pending.clear();
+            }
+            // Incomplete at the end: count the valid part, keep the tail.
+            Err(e) if e.error_len().is_none() => {
+                let valid = e.valid_up_to();
+                self.total += String::from_utf8_lossy(&self.pending[..valid])
+                    .chars()
+                    .count();
+                self.pending.drain(..valid);
+            }
+            Err(_) => {
+                self.total += String::from_utf8_lossy(&self.pending).chars().count();
+                self.pending.clear();
+            }
+        }
+    }
+}
+
 /// Which route a response belongs to; it fixes the `object` names and the choice shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -292,9 +325,10 @@ impl Envelope {
     }
 
     /// A completion's `logprobs` with `echo`: the prompt's tokens first (token `first` with
-    /// null entries, then `prompt`'s, each token shown in the echoed text as it is), then the
-    /// generated `entries`, whose offsets start after `echo_chars`, the echoed text's length.
-    /// Alternatives are cut to `k`.
+    /// null entries, then `prompt`'s), then the generated `entries`, whose offsets start after
+    /// `echo_chars`, the echoed text's length. A prompt token's offset is the characters of the
+    /// prompt's bytes before it (a character split over tokens counts once, where it starts),
+    /// at most `echo_chars`, so the offsets never go back. Alternatives are cut to `k`.
     pub fn echoed_logprobs(
         &self,
         first: u32,
@@ -312,22 +346,27 @@ impl Envelope {
         let literal = |id: u32| (text_of(id).0, true);
         let p = self.logprobs(&cut, &literal);
         let g = self.logprobs(entries, text_of);
-        let first_text = String::from_utf8_lossy(&text_of(first).0).into_owned();
-        let lead = first_text.chars().count();
+        let first_bytes = text_of(first).0;
+        let first_text = String::from_utf8_lossy(&first_bytes).into_owned();
         let list = |v: &Value, key: &str| v[key].as_array().cloned().unwrap_or_default();
         let shifted = |v: &Value, by: usize| -> Vec<Value> {
             (list(v, "text_offset").iter())
                 .map(|o| json!(o.as_u64().unwrap_or(0) as usize + by))
                 .collect()
         };
+        let mut chars = CharCount::default();
+        chars.push(&first_bytes);
+        let mut offsets = vec![json!(0)];
+        for e in prompt {
+            offsets.push(json!(chars.total.min(echo_chars)));
+            chars.push(&text_of(e.id).0);
+        }
         let join = |head: Value, key: &str| -> Value {
             let mut all = vec![head];
             all.extend(list(&p, key));
             all.extend(list(&g, key));
             Value::Array(all)
         };
-        let mut offsets = vec![json!(0)];
-        offsets.extend(shifted(&p, lead));
         offsets.extend(shifted(&g, echo_chars));
         json!({
             "tokens": join(json!(first_text), "tokens"),
@@ -513,6 +552,36 @@ mod tests {
         let chunk = env(Kind::Chat).logprobs_chunk(c.clone());
         assert_eq!(chunk["choices"][0]["delta"], json!({}));
         assert_eq!(chunk["choices"][0]["logprobs"], c);
+    }
+
+    /// Echoed offsets: a character split over prompt tokens counts once, where it starts, so
+    /// the offsets never go back and the generated ones start at the echoed text's end;
+    /// the first token's entries are null.
+    #[test]
+    fn echoed_offsets_never_go_back() {
+        // " 🤖x" as the tokens " ", F0 9F, A4 96, "x"; then "y" generated.
+        let bytes: [&[u8]; 5] = [b" ", &[0xf0, 0x9f], &[0xa4, 0x96], b"x", b"y"];
+        let text_of = |id: u32| (bytes[id as usize].to_vec(), true);
+        let entry = |id: u32| TokenLogprob {
+            id,
+            rank: 1,
+            logprob: -0.5,
+            top: vec![(id, -0.5), (0, -1.0)],
+        };
+        let prompt = [entry(1), entry(2), entry(3)];
+        let v = env(Kind::Text).echoed_logprobs(0, &prompt, 1, (&[entry(4)], 3), &text_of);
+        assert_eq!(v["text_offset"], json!([0, 1, 1, 2, 3]));
+        assert_eq!(v["token_logprobs"], json!([null, -0.5, -0.5, -0.5, -0.5]));
+        assert!(v["top_logprobs"][0].is_null());
+        // Alternatives cut to k = 1 for the prompt's entries.
+        assert_eq!(v["top_logprobs"][3], json!({"x": -0.5}));
+        assert_eq!(v["tokens"][4], "y");
+        let mut c = CharCount::default();
+        for b in [&b"a\xff"[..], &[0xe2, 0x82], &[0xac]] {
+            c.push(b);
+        }
+        // "a", one replacement character, then the euro sign once complete.
+        assert_eq!(c.total, 3);
     }
 
     #[test]

@@ -219,6 +219,14 @@ impl Worker {
             if seq.stream.is_some() {
                 continue;
             }
+            // A client that left while its request waited for a slot costs no prefill.
+            if seq.job.events.is_closed() {
+                out.push(SeqOutput {
+                    index,
+                    result: Err("the client went away".to_owned()),
+                });
+                continue;
+            }
             // The free slot whose cached ids share the longest prefix with the prompt (a
             // follow-up chat turn lands where its conversation is cached).
             let prompt = &seq.job.prompt;
@@ -513,6 +521,14 @@ impl Worker {
         seqs.map(|index| {
             let job = &sched.running[index].job;
             let events = &job.events;
+            // A client that left while its request waited for its turn costs nothing (a
+            // scored prompt emits no text, so generation would not notice).
+            if events.is_closed() {
+                return SeqOutput {
+                    index,
+                    result: Err("the client went away".to_owned()),
+                };
+            }
             let session = &mut self.session;
             let tok = &self.tok;
             let out = catch_unwind(AssertUnwindSafe(|| {

@@ -145,6 +145,33 @@ async fn prompt_logprobs_have_vllms_shape_on_both_routes() {
             assert!(ranks.starts_with(&[1, 2]) || ranks == [1, 2], "{e}");
         }
     }
+    // A prompt alone may fill the context (nothing is generated); one more token may not.
+    let small = start(cfg(), 64).await;
+    let full: Vec<u32> = (0..64).map(|i| (i * 7 + 3) % 5000).collect();
+    let over = [full.clone(), vec![5]].concat();
+    let body = json!({"prompt": full, "max_tokens": 0, "prompt_logprobs": 0, "echo": true,
+        "logprobs": 0});
+    let (st, v) = post(&small.base, "/v1/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["prompt_logprobs"].as_array().unwrap().len(),
+        64
+    );
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        64
+    );
+    for b in [
+        json!({"prompt": full, "max_tokens": 1, "prompt_logprobs": 0}),
+        json!({"prompt": over, "max_tokens": 0, "echo": true}),
+    ] {
+        let (st, v) = post(&small.base, "/v1/completions", &b).await;
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    }
     // Chat: at the response's top level, one entry per prompt token.
     let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
         "temperature": 0, "prompt_logprobs": true});
