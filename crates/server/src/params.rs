@@ -438,12 +438,19 @@ pub(crate) fn chat_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<String
         .map_err(|e| ApiError::invalid("messages", e.to_string()))
 }
 
-/// Completions `prompt`: a string, `[string]`, or a list of token ids.
+/// Completions `prompt`: a string, `[string]`, a list of token ids, or `[[ids]]` (a batch of
+/// one token list, as lm-eval-harness sends tokenized requests).
 fn text_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
     let bad = || {
         ApiError::invalid(
             "prompt",
             "prompt must be a string, an array with one string, or an array of token ids",
+        )
+    };
+    let batched = |n: usize, what: &str| {
+        ApiError::invalid(
+            "prompt",
+            format!("batched prompts ({n} {what}) are not supported: send one prompt per request"),
         )
     };
     let text = match &r.prompt {
@@ -453,37 +460,43 @@ fn text_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<Vec<u32>, ApiErro
             items[0].as_str().unwrap_or_default().to_owned()
         }
         Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
-            return items
-                .iter()
-                .map(|x| {
-                    let id = x.as_u64().unwrap_or(u64::MAX);
-                    u32::try_from(id)
-                        .ok()
-                        .filter(|&t| (t as usize) < m.vocab_size)
-                        .ok_or_else(|| {
-                            ApiError::invalid(
-                                "prompt",
-                                format!(
-                                    "token id {id} is outside the vocabulary of {}",
-                                    m.vocab_size
-                                ),
-                            )
-                        })
-                })
-                .collect();
+            return token_ids(items, m);
+        }
+        Some(Value::Array(items)) if items.iter().all(|x| x.is_array()) => {
+            return match items.as_slice() {
+                [Value::Array(ids)] if ids.iter().all(Value::is_u64) => token_ids(ids, m),
+                [_] => Err(bad()),
+                _ => Err(batched(items.len(), "token lists")),
+            };
         }
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            return Err(ApiError::invalid(
-                "prompt",
-                format!(
-                    "batched prompts ({} strings) are not supported: send one prompt per request",
-                    items.len()
-                ),
-            ));
+            return Err(batched(items.len(), "strings"));
         }
         Some(_) => return Err(bad()),
     };
     encode(&text, m)
+}
+
+/// A prompt given as token ids, each checked against the vocabulary.
+fn token_ids(items: &[Value], m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    items
+        .iter()
+        .map(|x| {
+            let id = x.as_u64().unwrap_or(u64::MAX);
+            u32::try_from(id)
+                .ok()
+                .filter(|&t| (t as usize) < m.vocab_size)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "prompt",
+                        format!(
+                            "token id {id} is outside the vocabulary of {}",
+                            m.vocab_size
+                        ),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// The text `echo` puts before the answer: the prompt as sent, or its token ids decoded.

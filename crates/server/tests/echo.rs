@@ -111,6 +111,65 @@ async fn echo_scores_the_prompt_as_the_oracle_does() {
     assert!(lp[0]["token_logprobs"][0].is_null());
 }
 
+/// lm-eval-harness's loglikelihood request as its `local-completions` model sends it: the
+/// context and continuation as one batch of one token list, one token generated, echo and
+/// logprobs 1; the continuation's loglikelihood (its entries, the generated one left out) and
+/// greediness read from the answer equal the oracle's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_lm_eval_harness_loglikelihood_request() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let tok = tokenizer();
+    let ctx = tok
+        .encode("Question: what is the capital of France? Answer:")
+        .unwrap();
+    let cont = tok.encode(" Paris").unwrap();
+    let all = [ctx.clone(), cont.clone()].concat();
+    let body = json!({"prompt": [all], "max_tokens": 1, "temperature": 0, "logprobs": 1,
+        "echo": true, "seed": 1234});
+    let (st, v) = post(&srv.base, "/v1/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let n = lp["token_logprobs"].as_array().unwrap().len();
+    assert_eq!(n, all.len() + 1);
+    let got: f64 = floats(&Value::Array(
+        lp["token_logprobs"].as_array().unwrap()[ctx.len()..n - 1].to_vec(),
+    ))
+    .iter()
+    .sum();
+    let want: f64 = oracle_logprobs(&all)[ctx.len() - 1..].iter().sum();
+    assert!((got - want).abs() < 1e-3, "{got} vs {want}");
+    // Greedy: each continuation token is its row's favourite (the top alternative's value).
+    let mut b = backend(CTX);
+    let mut greedy = true;
+    for (i, &t) in all.iter().enumerate().take(all.len() - 1) {
+        let row = nibble_backend::Backend::step(&mut b, t).unwrap();
+        if i + 1 >= ctx.len() {
+            greedy &= nibble_backend::argmax(&row) == all[i + 1];
+        }
+    }
+    let read = (ctx.len()..n - 1).all(|i| {
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        (lp["token_logprobs"][i].as_f64().unwrap() - best).abs() < 1e-9
+    });
+    assert_eq!(read, greedy);
+    // A batch of two token lists is refused by name.
+    let two = json!({"prompt": [ctx, cont], "max_tokens": 1, "echo": true});
+    let (st, v) = post(&srv.base, "/v1/completions", &two).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 token lists"),
+        "{v}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_logprobs_have_vllms_shape_on_both_routes() {
     let Some(_) = model_path() else { return };
