@@ -88,6 +88,18 @@ def main() -> None:
     )
     assert bang.choices[0].text == "!!!", bang
     assert bang.choices[0].logprobs.tokens == ["!", "!", "!"], bang.choices[0].logprobs
+    # A prompt scored, not continued: echo with logprobs and max_tokens 0 (the first entry is
+    # null), and vLLM's prompt_logprobs through extra_body (one entry per prompt token).
+    scored = client.completions.create(
+        model=model, prompt="Once upon a time", echo=True, logprobs=1, max_tokens=0,
+        extra_body={"prompt_logprobs": 1},
+    )
+    sl = scored.choices[0].logprobs
+    assert scored.choices[0].text == "Once upon a time", scored
+    assert sl.token_logprobs[0] is None and all(x <= 0 for x in sl.token_logprobs[1:]), sl
+    assert "".join(sl.tokens) == "Once upon a time", sl.tokens
+    plp = scored.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == scored.usage.prompt_tokens and plp[0] is None, plp
 
     # Structured outputs: the SDK's own pydantic path (a strict json_schema) and a forced call.
     class Ball(pydantic.BaseModel):
