@@ -11,8 +11,9 @@
 //! logprobs (chat: `logprobs: true` and `top_logprobs` 0-20; completions: `logprobs` 0-5).
 //! structured outputs ([`crate::structured`]); completions' `echo` and vLLM's `prompt_logprobs`
 //! (with either, `max_tokens` may be 0: the prompt alone). Features not implemented (`n` > 1,
-//! `best_of`, ...) are refused, never ignored. A prompt must leave room for one generated token, and
-//! prompt + max_tokens must fit the context (`context_length_exceeded`).
+//! `best_of`, ...) are refused, never ignored. A prompt must leave room for one generated token
+//! (a prompt alone, `max_tokens` 0, may fill the context), and prompt + max_tokens must fit the
+//! context (`context_length_exceeded`).
 
 use crate::error::ApiError;
 use crate::protocol::{ChatMessage, CompletionRequest, Kind};
