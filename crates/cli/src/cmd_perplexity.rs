@@ -18,6 +18,10 @@ use std::time::Instant;
 const DEFAULT_WINDOW: usize = 512;
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Here --ctx is the window length (default 512): each window is scored from an \
+                  empty KV cache of that many positions, the last half of its tokens counted."
+)]
 pub struct Args {
     /// Model: a .gguf file, a Hugging Face or MLX directory.
     #[arg(short, long)]
@@ -31,8 +35,7 @@ pub struct Args {
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// `--ctx` is the window length here (default 512): each window is scored from an empty
-    /// KV cache of that many positions.
+    /// `--ctx` is the window length here (see `after_help`).
     #[command(flatten)]
     backend: BackendArgs,
 }
