@@ -3,7 +3,9 @@
 //! and stream slots alike; the column prefill below that (8 tokens per dispatch: the main
 //! sequence's [`ColumnPrefill`], a stream's own multi-stream plan) and for every prompt with
 //! `--prefill-chunk 0`; token by token (`--per-token`, the int8 numerics); and a one-token
-//! prompt as a decode step. Both prefill plans are built at their first use, so backends that
+//! prompt as a decode step. `Backend::prefill_rows` (every row's logits, for scoring) takes the
+//! GEMM prefill whatever the prompt's length (prefill/rows.rs), else steps token by token.
+//! Both prefill plans are built at their first use, so backends that
 //! never prefill (decode-only benchmarks, most tests on lavapipe, where compiling pipelines is
 //! slow) pay for neither.
 
