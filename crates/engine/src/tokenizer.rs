@@ -177,6 +177,29 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// [`Tokenizer::encode`] of a long text (a corpus to score) in pieces of about
+    /// `piece_bytes`, so the tokenizer's working memory (~500 bytes per token) stays bounded.
+    /// A piece ends after a line break followed by an ASCII letter: Qwen's pre-tokenizer never
+    /// joins a run of line breaks to the letter after it, NFC never merges across an ASCII
+    /// letter, and no special token spans a line break, so the ids are those of the whole
+    /// text. A text without such a break is encoded whole.
+    pub fn encode_long(&self, text: &str, piece_bytes: usize) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut rest = text;
+        while rest.len() > piece_bytes {
+            let cut = rest.as_bytes()[piece_bytes..]
+                .windows(2)
+                .position(|w| w[0] == b'\n' && w[1].is_ascii_alphabetic())
+                .map(|i| piece_bytes + i + 1);
+            let Some(cut) = cut else { break };
+            // A line break and an ASCII letter: `cut` is a char boundary.
+            ids.extend(self.encode(&rest[..cut])?);
+            rest = &rest[cut..];
+        }
+        ids.extend(self.encode(rest)?);
+        Ok(ids)
+    }
+
     /// [`Tokenizer::encode`] for a context of `ctx` tokens: a text too long to fit is refused
     /// before it is tokenized (megabytes take seconds to tokenize, e.g. a chat template's
     /// output). The bound is safe: no token covers more than the longest token's bytes of

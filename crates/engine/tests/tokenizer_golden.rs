@@ -285,3 +285,24 @@ fn output_text_skips_special_tokens_unless_asked() {
     assert_eq!(tok.decode_skipping_special(&[151_659]), "<|fim_prefix|>");
     assert_eq!(rebuilt.decode_skipping_special(&[151_659]), "");
 }
+
+/// A long text encoded in pieces cut after line breaks gives the ids of the whole text: every
+/// golden case joined by line breaks (some followed by letters, where the pieces are cut), in
+/// pieces of 1 to 64 bytes.
+#[test]
+fn a_text_encoded_in_pieces_gives_the_whole_texts_ids() {
+    let Some(tok) = qwen3_tokenizer() else { return };
+    let mut text = String::new();
+    for (i, case) in text_cases().iter().enumerate() {
+        text.push_str(&case.text);
+        text.push_str(["\nNext ", "\n\nword", "\n  \nx", "\r\nAb", "\n"][i % 5]);
+    }
+    let whole = tok.encode(&text).unwrap();
+    for piece in [1, 7, 64, text.len()] {
+        assert_eq!(
+            tok.encode_long(&text, piece).unwrap(),
+            whole,
+            "pieces of {piece}"
+        );
+    }
+}
