@@ -21,23 +21,45 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
-/// The entry of `id` chosen from `logits` (one row), with the `k` most likely ids.
-pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
-    let finite = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+/// A logit as the log-softmax takes it: NaN counts as -inf.
+fn finite(x: f32) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        x
+    }
+}
+
+/// `log Σ exp(x)` over one row (f64 sums; `+inf` where no logit is finite, so that every
+/// log-probability comes out -inf) and the rank of the logit `own` in it (1 + the logits
+/// strictly above it), in one pass after the maximum's. NaN counts as -inf.
+pub(crate) fn log_sum_exp_rank(logits: &[f32], own: f32) -> (f64, u32) {
     let max = logits
         .iter()
         .map(|&x| finite(x))
         .fold(f32::NEG_INFINITY, f32::max);
+    let (mut sum, mut above) = (0f64, 0u32);
+    for &x in logits {
+        let x = finite(x);
+        above += u32::from(x > own);
+        if max.is_finite() {
+            sum += (f64::from(x) - f64::from(max)).exp();
+        }
+    }
     let lse = if max.is_finite() {
-        let sum: f64 = logits
-            .iter()
-            .map(|&x| (f64::from(finite(x)) - f64::from(max)).exp())
-            .sum();
         f64::from(max) + sum.ln()
     } else {
-        // No finite logit: every log-probability is reported as -inf.
         f64::INFINITY
     };
+    (lse, 1 + above)
+}
+
+/// The entry of `id` chosen from `logits` (one row), with the `k` most likely ids.
+pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
+    let own = logits
+        .get(id as usize)
+        .map_or(f32::NEG_INFINITY, |&x| finite(x));
+    let (lse, rank) = log_sum_exp_rank(logits, own);
     let lp = |x: f32| (f64::from(finite(x)) - lse) as f32;
     let k = k.min(MAX_TOP_LOGPROBS).min(logits.len());
     // The top k: a sorted list, each logit compared with its worst entry first.
@@ -53,10 +75,6 @@ pub fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
             top.truncate(k);
         }
     }
-    let own = logits
-        .get(id as usize)
-        .map_or(f32::NEG_INFINITY, |&x| finite(x));
-    let rank = 1 + logits.iter().filter(|&&x| finite(x) > own).count() as u32;
     TokenLogprob {
         id,
         rank,

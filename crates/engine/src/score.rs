@@ -8,7 +8,7 @@
 //! context), and PPL = exp(mean negative log-likelihood) over all scored tokens. The ± is the
 //! standard error of that mean carried through the exponential (`ppl · se`).
 
-use crate::logprobs::{token_logprob, TokenLogprob};
+use crate::logprobs::{log_sum_exp_rank, token_logprob, TokenLogprob};
 use anyhow::{ensure, Result};
 use nibble_backend::{argmax, Backend};
 use rayon::prelude::*;
@@ -71,13 +71,9 @@ pub fn nll_of(logits: &[f32], id: u32, at: usize) -> Result<(f64, bool)> {
         (id as usize) < logits.len(),
         "token id {id} outside the logits"
     );
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits
-        .iter()
-        .map(|&x| (f64::from(x) - f64::from(max)).exp())
-        .sum();
-    let lse = f64::from(max) + sum.ln();
-    Ok((lse - f64::from(logits[id as usize]), argmax(logits) == id))
+    let own = logits[id as usize];
+    let (lse, _) = log_sum_exp_rank(logits, own);
+    Ok((lse - f64::from(own), argmax(logits) == id))
 }
 
 /// Rows are scored this many at a time on rayon's threads (an exp per logit: ~150k per row).
