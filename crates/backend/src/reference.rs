@@ -22,8 +22,9 @@ use attention::{attention, AttnDims};
 use kv::KvCache;
 use moe::{moe_combine, route_logits, ExpertWeights};
 use nibble_model::config::Qwen3MoeConfig;
+use nibble_model::rope::RopeTable;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
-use ops::{matvec, rmsnorm, rmsnorm_heads, rope_heads, rope_inv_freq};
+use ops::{matvec, rmsnorm, rmsnorm_heads, rope_heads};
 use std::sync::{Arc, Mutex};
 
 /// Trace hook: `(position, name, values)` for every named intermediate of every token.
@@ -63,27 +64,27 @@ pub struct RefBackend {
     /// Tokens in the KV cache.
     pos: usize,
     kv: KvCache,
-    /// `[D/2]` RoPE inverse frequencies.
-    inv_freq: Vec<f32>,
+    /// The rotation: `[D/2]` inverse frequencies and YaRN's attention factor.
+    rope: RopeTable,
     trace: Option<TraceFn>,
 }
 
 impl RefBackend {
     /// Check the config and every tensor of `source` once, then allocate the KV cache for
-    /// `context_len` positions (at most `max_position_embeddings`).
+    /// `context_len` positions (at most the model's [`Qwen3MoeConfig::max_context`]).
     pub fn new(source: Arc<dyn WeightSource>, context_len: usize) -> anyhow::Result<Self> {
         let cfg = source.config().clone();
         cfg.validate().context("invalid model config")?;
         ensure!(context_len > 0, "the context length must be at least 1");
         ensure!(
-            context_len <= cfg.max_position_embeddings,
-            "a context of {context_len} positions exceeds the model's max_position_embeddings ({})",
-            cfg.max_position_embeddings
+            context_len <= cfg.max_context(),
+            "a context of {context_len} positions exceeds the model's context ({})",
+            cfg.max_context()
         );
         check::check_all(source.as_ref(), &cfg)?;
         let kv = KvCache::new(cfg.num_layers, context_len, cfg.kv_dim())?;
         Ok(RefBackend {
-            inv_freq: rope_inv_freq(cfg.rope_theta, cfg.head_dim),
+            rope: cfg.rope(),
             source,
             cfg,
             context_len,
@@ -199,8 +200,8 @@ impl RefBackend {
         );
         self.emit(pos, Some(l), "q_normed", &q);
         self.emit(pos, Some(l), "k_normed", &k);
-        rope_heads(&mut q, &self.inv_freq, pos);
-        rope_heads(&mut k, &self.inv_freq, pos);
+        rope_heads(&mut q, &self.rope, pos);
+        rope_heads(&mut k, &self.rope, pos);
         self.emit(pos, Some(l), "q_rope", &q);
         self.emit(pos, Some(l), "k_rope", &k);
 

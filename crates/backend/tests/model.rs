@@ -188,7 +188,7 @@ fn construction_checks_context_and_every_tensor() {
         Err(e) => format!("{e:#}"),
     };
     assert!(err(random_model(&cfg, 6), 0).contains("at least 1"));
-    assert!(err(random_model(&cfg, 6), 4097).contains("max_position_embeddings"));
+    assert!(err(random_model(&cfg, 6), 4097).contains("exceeds the model's context (4096)"));
 
     let mut src = random_model(&cfg, 6);
     let key = TensorKey::Layer(2, LayerTensor::AttnK);

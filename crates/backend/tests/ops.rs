@@ -7,12 +7,18 @@ use nibble_backend::argmax;
 use nibble_backend::reference::attention::{attention, AttnDims};
 use nibble_backend::reference::moe::{route, route_logits};
 use nibble_backend::reference::ops::{
-    dot_f64, matvec, rmsnorm, rmsnorm_heads, rope_head, rope_inv_freq, silu, softmax,
+    dot_f64, matvec, rmsnorm, rmsnorm_heads, rope_head, silu, softmax,
 };
+use nibble_model::rope::{rope_table, RopeTable};
 use nibble_model::weights::Weight;
 use nibble_quant::DType;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+
+/// The plain rotation (no scaling) for base `theta` and head size `d`.
+fn rope_inv_freq(theta: f32, d: usize) -> RopeTable {
+    rope_table(theta, None, d)
+}
 
 fn close(a: f32, b: f64, rel: f64) -> bool {
     (a as f64 - b).abs() <= rel * b.abs().max(1e-30)
@@ -55,12 +61,12 @@ fn qk_norm_shares_one_weight_across_heads() {
 
 #[test]
 fn rope_inverse_frequencies() {
-    let f = rope_inv_freq(10_000.0, 8);
+    let f = rope_inv_freq(10_000.0, 8).inv_freq;
     assert_eq!(f.len(), 4);
     for (a, b) in f.iter().zip([1.0, 0.1, 0.01, 0.001]) {
         assert!(close(*a, b, 1e-7), "{f:?}");
     }
-    let f = rope_inv_freq(1e6, 128);
+    let f = rope_inv_freq(1e6, 128).inv_freq;
     assert!(close(f[63], 1e6f64.powf(-126.0 / 128.0), 1e-7));
 }
 
@@ -75,11 +81,12 @@ fn rope_at_position_zero_is_identity() {
 
 #[test]
 fn rope_rotates_pair_i_with_i_plus_half() {
-    let f = rope_inv_freq(10_000.0, 8); // [1, 0.1, 0.01, 0.001]
+    let rope = rope_inv_freq(10_000.0, 8);
+    let f = &rope.inv_freq; // [1, 0.1, 0.01, 0.001]
     let p = 3usize;
     // A unit vector in element 0 rotates into element 4 (not element 1).
     let mut x = vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-    rope_head(&mut x, &f, p);
+    rope_head(&mut x, &rope, p);
     assert!(
         close(x[0], 3f64.cos(), 1e-7) && close(x[4], 3f64.sin(), 1e-7),
         "{x:?}"
@@ -89,7 +96,7 @@ fn rope_rotates_pair_i_with_i_plus_half() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     let x0 = uniform(&mut rng, 8, 1.0);
     let mut x = x0.clone();
-    rope_head(&mut x, &f, p);
+    rope_head(&mut x, &rope, p);
     for i in 0..4 {
         let ang = p as f64 * f[i] as f64;
         let (a, b) = (x0[i] as f64, x0[i + 4] as f64);

@@ -1,11 +1,13 @@
 //! Backend selection, done once at start-up (`--backend auto|gpu|cpu|ref`).
 
+use crate::rope_args::RopeArgs;
 use anyhow::Result;
 use nibble_backend::reference::RefBackend;
 use nibble_backend::Backend;
 use nibble_cpu::CpuBackend;
 use nibble_gpu::backend::{GpuBackend, GpuOptions};
 use nibble_gpu::context::{AdapterChoice, Context};
+use nibble_model::loader::LoadedModel;
 use nibble_model::weights::WeightSource;
 use std::sync::Arc;
 
@@ -91,9 +93,12 @@ pub struct BackendArgs {
     /// (default: the crossover measured on the H200; 2: the GEMM prefill for every prompt).
     #[arg(long, default_value_t = nibble_gpu::backend::GEMM_PREFILL_MIN_TOKENS)]
     pub prefill_gemm_min: usize,
-    /// KV-cache capacity in tokens (default: the model's context, capped at 4096).
+    /// KV-cache capacity in tokens (default: the model's context, capped at 4096; a RoPE
+    /// scaling raises the model's context, e.g. YaRN x4 over 32768 to 131072).
     #[arg(long)]
     pub ctx: Option<usize>,
+    #[command(flatten)]
+    pub rope: RopeArgs,
     /// Print what runs (backend, kernel variants, memory).
     #[arg(short, long)]
     pub verbose: bool,
@@ -203,14 +208,36 @@ impl BackendArgs {
     }
 }
 
+/// Open the model at `path` with `args`' RoPE scaling flags applied (every command that runs a
+/// model opens it here, so its backends, context checks and messages see one config).
+pub fn open_model(path: &std::path::Path, args: &BackendArgs) -> Result<LoadedModel> {
+    let model = nibble_model::loader::open(path)?;
+    let scaling = args.rope.resolve(model.weights.config())?;
+    let model = model.with_rope_scaling(scaling)?;
+    if args.verbose {
+        if let Some(s) = model.weights.config().rope_scaling {
+            note!(
+                "rope scaling: {s} (context up to {})",
+                model.weights.config().max_context()
+            );
+        }
+    }
+    Ok(model)
+}
+
 /// Build the chosen backend over `weights`.
 pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dyn Backend>> {
     let cfg = weights.config().clone();
     let ctx = args.ctx.unwrap_or(cfg.max_position_embeddings.min(4096));
-    if ctx == 0 || ctx > cfg.max_position_embeddings {
+    if ctx == 0 || ctx > cfg.max_context() {
         anyhow::bail!(
-            "--ctx {ctx} must be between 1 and the model's context of {}",
-            cfg.max_position_embeddings
+            "--ctx {ctx} must be between 1 and the model's context of {}{}",
+            cfg.max_context(),
+            if cfg.rope_scaling.is_none() {
+                " (--rope-scaling yarn --rope-scale F extends it)"
+            } else {
+                ""
+            }
         );
     }
     let kind = match args.backend {

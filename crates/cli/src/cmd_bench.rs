@@ -344,7 +344,7 @@ pub fn run(mut a: Args) -> Result<()> {
     // A depth given twice is measured once, in the order given.
     let mut seen = std::collections::HashSet::new();
     a.depth.retain(|d| seen.insert(*d));
-    let model = nibble_model::loader::open(&a.model)?;
+    let model = crate::backends::open_model(&a.model, &a.backend)?;
     let reps = a.reps;
     let mut stats = vec![];
     anyhow::ensure!(
@@ -365,7 +365,7 @@ pub fn run(mut a: Args) -> Result<()> {
     let mut b = backends::make(&bargs, model.weights.clone())?;
     let name = b.name();
     // What a context error suggests: a larger --ctx, unless the context is the model's own.
-    let hint = if b.context_len() < model.weights.config().max_position_embeddings {
+    let hint = if b.context_len() < model.weights.config().max_context() {
         "raise --ctx"
     } else {
         "the model's own limit"

@@ -44,7 +44,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut params = a.sampling.params(a.max_tokens)?;
     let grammar = a.sampling.grammar.spec()?;
-    let model = nibble_model::loader::open(&a.model)?;
+    let model = crate::backends::open_model(&a.model, &a.backend)?;
     let tok = crate::tokenizer::required(&model)?;
     let tpl = ChatTemplate::new(model.chat_template.as_deref().ok_or_else(|| {
         anyhow!(

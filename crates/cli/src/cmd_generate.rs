@@ -47,7 +47,7 @@ pub fn run(a: Args) -> Result<()> {
         (None, Some(f)) => read_prompt(f)?,
         (None, None) => unreachable!("clap requires --prompt or --file"),
     };
-    let model = nibble_model::loader::open(&a.model)?;
+    let model = crate::backends::open_model(&a.model, &a.backend)?;
     let tok = crate::tokenizer::required(&model)?;
     let text = if a.chat {
         let tpl = model.chat_template.as_deref().ok_or_else(|| {

@@ -48,8 +48,13 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     writeln!(
         out,
-        "rope_theta     {}  rms_norm_eps {}",
-        c.rope_theta, c.rms_norm_eps
+        "rope_theta     {}  rms_norm_eps {}{}",
+        c.rope_theta,
+        c.rms_norm_eps,
+        match c.rope_scaling {
+            Some(s) => format!("  rope scaling {s} (context up to {})", c.max_context()),
+            None => String::new(),
+        }
     )?;
     writeln!(out, "tensors        {}", info.tensor_count)?;
     for (t, b) in &info.bytes_per_type {

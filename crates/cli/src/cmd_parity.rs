@@ -314,7 +314,7 @@ pub fn run(a: Args) -> Result<()> {
     if !(-1.0..=1.0).contains(&a.min_cosine) {
         bail!("--min-cosine must be a number from -1 to 1");
     }
-    let model = nibble_model::loader::open(&a.model)?;
+    let model = crate::backends::open_model(&a.model, &a.backend)?;
     let tok = crate::tokenizer::from_model(&model)?;
     let texts: Vec<String> = match &a.prompts {
         Some(p) => std::fs::read_to_string(p)
@@ -332,7 +332,7 @@ pub fn run(a: Args) -> Result<()> {
         .backend
         .ctx
         .unwrap_or(4096)
-        .min(model.weights.config().max_position_embeddings);
+        .min(model.weights.config().max_context());
     let prompts = (texts.iter().enumerate())
         .map(|(i, text)| prompt_ids(tok.as_ref(), text, i, ctx))
         .collect::<Result<Vec<_>>>()?;
@@ -345,7 +345,7 @@ pub fn run(a: Args) -> Result<()> {
                 i + 1,
                 a.tokens,
                 len + a.tokens - 1,
-                if ctx < model.weights.config().max_position_embeddings {
+                if ctx < model.weights.config().max_context() {
                     "raise --ctx or lower -n"
                 } else {
                     "the model's own limit: lower -n"

@@ -70,7 +70,7 @@ pub fn run(a: Args) -> Result<()> {
     if window < 3 {
         bail!("--ctx {window}: a window needs at least 3 tokens to score one");
     }
-    let model = nibble_model::loader::open(&a.model)?;
+    let model = crate::backends::open_model(&a.model, &a.backend)?;
     let Some(tok) = crate::tokenizer::from_model(&model)? else {
         bail!(
             "{}: the model carries no tokenizer, and perplexity scores text",

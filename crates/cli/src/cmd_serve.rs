@@ -63,7 +63,7 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(ctx) = a.backend.ctx.filter(|c| *c < 2) {
         anyhow::bail!("--ctx {ctx} cannot hold a prompt and one generated token");
     }
-    let model = nibble_model::loader::open(&a.model)?;
+    let model = crate::backends::open_model(&a.model, &a.backend)?;
     let tok = crate::tokenizer::required(&model)?;
     let mut bargs = a.backend.clone();
     if a.max_streams >= 2 {

@@ -79,14 +79,20 @@ pub struct Args {
     /// No progress bar.
     #[arg(short, long)]
     quiet: bool,
+    /// A RoPE scaling written into the model's config (e.g. `--rope-scaling yarn --rope-scale 4
+    /// --yarn-orig-ctx 1024`), as a config.json with `rope_scaling` or a GGUF converted from one.
+    #[command(flatten)]
+    rope: crate::rope_args::RopeArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let cfg = match a.preset {
+    let mut cfg = match a.preset {
         Preset::Tiny => Qwen3MoeConfig::tiny(),
         Preset::Small => Qwen3MoeConfig::small(),
         Preset::Qwen3_30bA3b => Qwen3MoeConfig::qwen3_30b_a3b(),
     };
+    cfg.rope_scaling = a.rope.resolve(&cfg)?;
+    cfg.validate()?;
     // The logits' std: past 1000 no greedy margin grows, and far past it the lm_head's block
     // scales overflow f16 (a 1e30 wrote infinities).
     if !(a.logit_scale > 0.0 && a.logit_scale <= 1000.0) {

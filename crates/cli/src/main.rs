@@ -21,6 +21,7 @@ mod cmd_serve;
 mod cmd_synth;
 mod plot;
 mod prefill_trace;
+mod rope_args;
 mod sampling_args;
 mod tokenizer;
 

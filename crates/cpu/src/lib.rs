@@ -104,8 +104,9 @@ pub struct CpuBackend {
     /// `caches[MAIN]`, then one per stream slot, allocated when the slot is first used.
     caches: Vec<Option<Cache>>,
     streams: streams::Streams,
-    /// `[D/2]` RoPE inverse frequencies (f32, as Hugging Face holds them).
-    inv_freq: Vec<f32>,
+    /// The rotation: `[D/2]` inverse frequencies (f32, as Hugging Face holds them) and YaRN's
+    /// attention factor.
+    rope: nibble_model::rope::RopeTable,
     norms: Vec<LayerNorms>,
     out_norm: Vec<f32>, // [H]
     /// Set during [`Backend::trace_step`] only: the one token's named intermediates.
@@ -126,7 +127,7 @@ fn emit(trace: &mut Option<StepTrace>, layer: Option<usize>, name: &str, values:
 
 impl CpuBackend {
     /// Check the config and every tensor of `source` once, decode the norm weights and allocate
-    /// the KV cache for `context_len` positions (at most `max_position_embeddings`).
+    /// the KV cache for `context_len` positions (at most the model's `max_context()`).
     pub fn new(source: Arc<dyn WeightSource>, context_len: usize) -> Result<Self> {
         Self::with_streams(source, context_len, 0)
     }
@@ -147,9 +148,9 @@ impl CpuBackend {
         cfg.validate().context("invalid model config")?;
         ensure!(context_len > 0, "the context length must be at least 1");
         ensure!(
-            context_len <= cfg.max_position_embeddings,
-            "a context of {context_len} positions exceeds the model's max_position_embeddings ({})",
-            cfg.max_position_embeddings
+            context_len <= cfg.max_context(),
+            "a context of {context_len} positions exceeds the model's context ({})",
+            cfg.max_context()
         );
         check::check_all(source.as_ref(), &cfg)?;
         let vector = |key: TensorKey| -> Result<Vec<f32>> {
@@ -172,9 +173,7 @@ impl CpuBackend {
             .collect::<Result<Vec<_>>>()?;
         let mut caches = vec![Some(Cache::new(&cfg, context_len)?)];
         caches.resize_with(1 + streams, || None);
-        let inv_freq = (0..cfg.head_dim / 2)
-            .map(|i| (cfg.rope_theta as f64).powf(-2.0 * i as f64 / cfg.head_dim as f64) as f32)
-            .collect();
+        let rope = cfg.rope();
         Ok(CpuBackend {
             out_norm: vector(TensorKey::OutputNorm)?,
             source,
@@ -183,7 +182,7 @@ impl CpuBackend {
             pos: 0,
             caches,
             streams: streams::Streams::new(streams),
-            inv_freq,
+            rope,
             norms,
             trace: None,
         })
@@ -288,7 +287,7 @@ impl CpuBackend {
             emit(&mut self.trace, Some(l), name, x);
         }
         for (t, place) in places.iter().enumerate() {
-            let angles = ops::rope_angles(&self.inv_freq, place.pos);
+            let angles = ops::rope_angles(&self.rope, place.pos);
             let qt = &mut q[t * qd..(t + 1) * qd];
             ops::rmsnorm_heads(qt, &norms.q, eps);
             emit(&mut self.trace, Some(l), "q_normed", qt);

@@ -3,6 +3,7 @@
 //! is in the weight products ([`crate::matmul`]), not here.
 
 use crate::matmul::dot;
+use nibble_model::rope::RopeTable;
 use rayon::prelude::*;
 
 /// `out = w ⊙ x / sqrt(mean(x²) + eps)`; the sum of squares in f64 (cheap, and it keeps the
@@ -24,14 +25,16 @@ pub fn rmsnorm_heads(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `(cos, sin)` of the RoPE angles `pos · f_i` for `i < D/2` (`inv_freq` `[D/2]`); the angle and
-/// its sine in f64, so a position deep in the context loses nothing to f32 rounding.
-pub fn rope_angles(inv_freq: &[f32], pos: usize) -> Vec<(f32, f32)> {
-    inv_freq
+/// `(cos, sin)` of the RoPE angles `pos · f_i` for `i < D/2` (`rope.inv_freq` `[D/2]`), both
+/// times YaRN's attention factor (1 otherwise), as transformers scales them; the angle and its
+/// sine in f64, so a position deep in the context loses nothing to f32 rounding.
+pub fn rope_angles(rope: &RopeTable, pos: usize) -> Vec<(f32, f32)> {
+    let af = f64::from(rope.attention_factor);
+    rope.inv_freq
         .iter()
         .map(|f| {
             let (s, c) = (pos as f64 * *f as f64).sin_cos();
-            (c as f32, s as f32)
+            ((c * af) as f32, (s * af) as f32)
         })
         .collect()
 }

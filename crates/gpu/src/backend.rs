@@ -200,10 +200,10 @@ impl GpuBackend {
             "the context length must be at least 1"
         );
         ensure!(
-            opts.context_len <= cfg.max_position_embeddings,
-            "a context of {} positions exceeds max_position_embeddings ({})",
+            opts.context_len <= cfg.max_context(),
+            "a context of {} positions exceeds the model's context ({})",
             opts.context_len,
-            cfg.max_position_embeddings
+            cfg.max_context()
         );
         ensure!(opts.fold > 0, "fold must be at least 1");
         // The quantised and bfp24 matvecs read Q4_0 only: other dense forms are widened for them.

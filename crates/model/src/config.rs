@@ -1,5 +1,6 @@
 //! Qwen3-MoE hyper-parameters, validated once so that later tiers can trust them.
 
+use crate::rope::{rope_table, RopeScaling, RopeTable};
 use serde_json::Value;
 
 /// Error naming the config field that is missing or wrong.
@@ -40,6 +41,9 @@ pub struct Qwen3MoeConfig {
     pub vocab_size: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
+    /// A RoPE frequency scaling for contexts beyond the trained one (YaRN, linear); `None` for
+    /// the plain rotation of every released Qwen3-MoE config.
+    pub rope_scaling: Option<RopeScaling>,
     pub max_position_embeddings: usize,
     /// Renormalise the top-k router weights (true for every released Qwen3-MoE).
     pub norm_topk_prob: bool,
@@ -65,6 +69,7 @@ impl Qwen3MoeConfig {
             vocab_size: 151936,
             rms_norm_eps: 1e-6,
             rope_theta: 1_000_000.0,
+            rope_scaling: None,
             max_position_embeddings: 40960,
             norm_topk_prob: true,
             tie_word_embeddings: false,
@@ -110,6 +115,19 @@ impl Qwen3MoeConfig {
     /// Key/value projection width `Hkv * D`.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The most positions a KV cache may hold: `max_position_embeddings`, or what a RoPE
+    /// scaling reaches ([`RopeScaling::context_limit`]).
+    pub fn max_context(&self) -> usize {
+        self.rope_scaling.map_or(self.max_position_embeddings, |s| {
+            s.context_limit(self.max_position_embeddings)
+        })
+    }
+
+    /// The rotation every backend applies (`rope_theta` with `rope_scaling`).
+    pub fn rope(&self) -> RopeTable {
+        rope_table(self.rope_theta, self.rope_scaling, self.head_dim)
     }
 
     /// Check the invariants every later tier relies on; the error names the bad field.
@@ -171,6 +189,9 @@ impl Qwen3MoeConfig {
                 format!("{} is not a number > 1", self.rope_theta),
             ));
         }
+        if let Some(s) = self.rope_scaling {
+            s.validate("rope_scaling")?;
+        }
         Ok(())
     }
 
@@ -227,6 +248,16 @@ impl Qwen3MoeConfig {
                 .map(|x| x as f32)
                 .unwrap_or(10_000.0),
         };
+        // transformers 4 writes `rope_scaling`; 5 folds it into `rope_parameters` (whose
+        // `rope_type` is "default" when there is none).
+        let max_position_embeddings = usize_of(&["max_position_embeddings"])?;
+        let rope_scaling = match get(&["rope_scaling"]) {
+            Some(v) => RopeScaling::from_hf(v, max_position_embeddings, "rope_scaling")?,
+            None => match obj.get("rope_parameters") {
+                Some(v) => RopeScaling::from_hf(v, max_position_embeddings, "rope_parameters")?,
+                None => None,
+            },
+        };
         if obj
             .get("mlp_only_layers")
             .and_then(Value::as_array)
@@ -280,7 +311,8 @@ impl Qwen3MoeConfig {
             vocab_size: usize_of(&["vocab_size"])?,
             rms_norm_eps: f32_of(&["rms_norm_eps"], Some(1e-6))?,
             rope_theta,
-            max_position_embeddings: usize_of(&["max_position_embeddings"])?,
+            rope_scaling,
+            max_position_embeddings,
             norm_topk_prob: bool_of("norm_topk_prob", false)?,
             tie_word_embeddings: bool_of("tie_word_embeddings", false)?,
             bos_token_id: match get(&["bos_token_id"]).and_then(Value::as_u64) {
@@ -322,7 +354,7 @@ impl Qwen3MoeConfig {
             "num_key_value_heads": self.num_kv_heads,
             "output_router_logits": false,
             "rms_norm_eps": self.rms_norm_eps,
-            "rope_scaling": null,
+            "rope_scaling": self.rope_scaling.map(RopeScaling::to_hf),
             "rope_theta": self.rope_theta,
             "router_aux_loss_coef": 0.001,
             "sliding_window": null,

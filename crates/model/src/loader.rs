@@ -6,7 +6,8 @@
 
 use crate::config::Qwen3MoeConfig;
 use crate::qwen3_moe::{GgufWeights, HfWeights};
-use crate::weights::{LayerTensor, TensorKey, WeightSource};
+use crate::rope::RopeScaling;
+use crate::weights::{LayerTensor, Reconfigured, TensorKey, WeightSource};
 use anyhow::{bail, Context, Result};
 use nibble_formats::gguf::{GgufFile, MetaValue};
 use nibble_formats::safetensors::SafetensorsModel;
@@ -226,6 +227,17 @@ pub struct ModelInfo {
 }
 
 impl LoadedModel {
+    /// This model run with RoPE scaling `s` instead of its file's (llama.cpp's
+    /// `--rope-scaling` flags): every backend reads the config through the weights.
+    pub fn with_rope_scaling(mut self, s: Option<RopeScaling>) -> Result<Self> {
+        if s != self.weights.config().rope_scaling {
+            let mut cfg = self.weights.config().clone();
+            cfg.rope_scaling = s;
+            self.weights = Arc::new(Reconfigured::new(self.weights, cfg)?);
+        }
+        Ok(self)
+    }
+
     /// Summarise the model for `inspect`.
     pub fn info(&self) -> Result<ModelInfo> {
         let cfg = self.weights.config().clone();

@@ -6,6 +6,7 @@
 //! once, up front, naming the tensor; a tensor the config does not describe is refused too.
 
 use crate::config::{ConfigError, Qwen3MoeConfig};
+use crate::rope::{yarn_default_attention_factor, RopeScaling};
 use crate::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use anyhow::{anyhow, bail, Context, Result};
 use nibble_formats::gguf::{GgufFile, MetaValue};
@@ -185,6 +186,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Qwen3MoeConfig, ConfigError> {
         vocab_size,
         rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-6)?,
         rope_theta: float("rope.freq_base", 10_000.0)?,
+        rope_scaling: gguf_rope_scaling(f, int("context_length")?)?,
         max_position_embeddings: int("context_length")?,
         // llama.cpp renormalises the top-k weights for qwen3moe regardless (formats-spec §1.7).
         norm_topk_prob: true,
@@ -196,11 +198,96 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<Qwen3MoeConfig, ConfigError> {
     Ok(cfg)
 }
 
+/// The RoPE scaling of llama.cpp's `rope.scaling.*` keys (formats-spec §3.5: what
+/// `convert_hf_to_gguf.py` writes for a config with YaRN), or of the older `rope.scale_linear`.
+/// Keys that would change YaRN in ways not implemented here are refused unless neutral.
+fn gguf_rope_scaling(
+    f: &GgufFile,
+    context_length: usize,
+) -> Result<Option<RopeScaling>, ConfigError> {
+    let key = |k: &str| format!("{GGUF_ARCH}.rope.{k}");
+    let bad = |k: &str, problem: String| ConfigError {
+        field: key(k),
+        problem,
+    };
+    let float = |k: &str| -> Result<Option<f32>, ConfigError> {
+        match f.get(&key(k)) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| bad(k, format!("expected a float, got {}", v.type_name()))),
+        }
+    };
+    for (k, neutral) in [
+        ("scaling.attn_factor", &[1.0f32][..]),
+        ("scaling.yarn_attn_factor", &[1.0]),
+        ("scaling.yarn_ext_factor", &[1.0, -1.0]),
+        ("scaling.yarn_log_multiplier", &[0.0]),
+    ] {
+        if let Some(v) = float(k)? {
+            if !neutral.contains(&v) {
+                return Err(bad(k, format!("{v} is not supported (only {neutral:?})")));
+            }
+        }
+    }
+    let kind = match f.get(&key("scaling.type")) {
+        None => None,
+        Some(v) => Some(v.as_str().ok_or_else(|| {
+            bad(
+                "scaling.type",
+                format!("expected a string, got {}", v.type_name()),
+            )
+        })?),
+    };
+    let factor = float("scaling.factor")?;
+    let scaling = match (kind, factor) {
+        (None | Some("none"), _) => match float("scale_linear")? {
+            Some(s) if s != 1.0 => Some(RopeScaling::Linear { factor: s }),
+            _ => None,
+        },
+        // A factor of 0 is llama.cpp's "none" as well.
+        (Some("linear" | "yarn"), None | Some(0.0)) => {
+            return Err(bad("scaling.factor", "missing for a scaled rope".into()))
+        }
+        (Some("linear"), Some(factor)) => Some(RopeScaling::Linear { factor }),
+        (Some("yarn"), Some(factor)) => Some(RopeScaling::Yarn {
+            factor,
+            original_context: match f.get(&key("scaling.original_context_length")) {
+                None => context_length,
+                Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                    bad(
+                        "scaling.original_context_length",
+                        format!("expected an unsigned integer, got {}", v.type_name()),
+                    )
+                })?,
+            },
+            beta_fast: float("scaling.yarn_beta_fast")?.unwrap_or(32.0),
+            beta_slow: float("scaling.yarn_beta_slow")?.unwrap_or(1.0),
+            attention_factor: yarn_default_attention_factor(factor),
+            truncate: true,
+        }),
+        (Some(other), _) => {
+            return Err(bad(
+                "scaling.type",
+                format!(
+                    "`{other}` is not supported (none, linear and yarn are); ignoring it would \
+                     rotate positions differently from the trained model"
+                ),
+            ))
+        }
+    };
+    if let Some(s) = scaling {
+        s.validate(&key("scaling"))?;
+    }
+    Ok(scaling)
+}
+
 /// GGUF metadata describing `cfg` (what llama.cpp's converter writes for qwen3moe).
 pub fn gguf_metadata(cfg: &Qwen3MoeConfig, name: &str) -> Vec<(String, MetaValue)> {
     let u = |v: usize| MetaValue::U32(v as u32);
     let k = |s: &str| format!("{GGUF_ARCH}.{s}");
-    vec![
+    let mut meta = vec![
         (
             "general.architecture".into(),
             MetaValue::String(GGUF_ARCH.into()),
@@ -231,7 +318,35 @@ pub fn gguf_metadata(cfg: &Qwen3MoeConfig, name: &str) -> Vec<(String, MetaValue
             k("expert_feed_forward_length"),
             u(cfg.moe_intermediate_size),
         ),
-    ]
+    ];
+    match cfg.rope_scaling {
+        None => {}
+        Some(RopeScaling::Linear { factor }) => {
+            meta.push((k("rope.scaling.type"), MetaValue::String("linear".into())));
+            meta.push((k("rope.scaling.factor"), MetaValue::F32(factor)));
+        }
+        Some(RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast,
+            beta_slow,
+            ..
+        }) => {
+            meta.push((k("rope.scaling.type"), MetaValue::String("yarn".into())));
+            meta.push((k("rope.scaling.factor"), MetaValue::F32(factor)));
+            meta.push((
+                k("rope.scaling.original_context_length"),
+                u(original_context),
+            ));
+            if beta_fast != 32.0 {
+                meta.push((k("rope.scaling.yarn_beta_fast"), MetaValue::F32(beta_fast)));
+            }
+            if beta_slow != 1.0 {
+                meta.push((k("rope.scaling.yarn_beta_slow"), MetaValue::F32(beta_slow)));
+            }
+        }
+    }
+    meta
 }
 
 /// Storage types a Qwen3-MoE tensor may have; anything else is refused at open time.

@@ -182,3 +182,49 @@ pub trait WeightSource: Send + Sync {
         f(&self.weight(key)?)
     }
 }
+
+/// Another source's tensors under a changed config (a start-up override such as the CLI's
+/// RoPE scaling flags): only the RoPE scaling may differ.
+pub struct Reconfigured {
+    inner: std::sync::Arc<dyn WeightSource>,
+    cfg: Qwen3MoeConfig,
+}
+
+impl Reconfigured {
+    /// `inner` under `cfg`; an error if `cfg` is invalid or changes a shape of `inner`'s.
+    pub fn new(
+        inner: std::sync::Arc<dyn WeightSource>,
+        cfg: Qwen3MoeConfig,
+    ) -> anyhow::Result<Self> {
+        cfg.validate()?;
+        let shapes = |c: &Qwen3MoeConfig| {
+            let mut c = c.clone();
+            c.rope_scaling = None;
+            c
+        };
+        anyhow::ensure!(
+            shapes(&cfg) == shapes(inner.config()),
+            "a config override may change the RoPE scaling only"
+        );
+        Ok(Reconfigured { inner, cfg })
+    }
+}
+
+impl WeightSource for Reconfigured {
+    fn config(&self) -> &Qwen3MoeConfig {
+        &self.cfg
+    }
+    fn weight(&self, key: TensorKey) -> anyhow::Result<Weight<'_>> {
+        self.inner.weight(key)
+    }
+    fn dtype(&self, key: TensorKey) -> anyhow::Result<DType> {
+        self.inner.dtype(key)
+    }
+    fn with_weight(
+        &self,
+        key: TensorKey,
+        f: &mut dyn FnMut(&Weight<'_>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.inner.with_weight(key, f)
+    }
+}

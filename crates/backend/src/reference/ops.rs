@@ -9,6 +9,7 @@
 //!   order, so results are bit-identical whatever the thread count.
 
 use anyhow::{ensure, Context};
+use nibble_model::rope::RopeTable;
 use nibble_model::weights::Weight;
 use rayon::prelude::*;
 
@@ -79,32 +80,27 @@ pub fn rmsnorm_heads(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// RoPE inverse frequencies `f_i = θ^(−2i/D)` for `i < D/2`, computed in f64 and rounded to f32
-/// (the value Hugging Face's float32 `inv_freq` holds).
-pub fn rope_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
-    (0..head_dim / 2)
-        .map(|i| (theta as f64).powf(-2.0 * i as f64 / head_dim as f64) as f32)
-        .collect()
-}
-
 /// Rotate one head vector `x` `[D]` in place at position `pos` (rotate-half / NeoX pairing:
-/// element `i` with `i + D/2`, formats-spec §1.6). The angle `pos · f_i` is exact in f64.
-pub fn rope_head(x: &mut [f32], inv_freq: &[f32], pos: usize) {
-    let half = inv_freq.len();
+/// element `i` with `i + D/2`, formats-spec §1.6) by `rope`'s frequencies, then scale it by its
+/// attention factor (YaRN's; 1 otherwise), as transformers scales its cos and sin. The angle
+/// `pos · f_i` is exact in f64.
+pub fn rope_head(x: &mut [f32], rope: &RopeTable, pos: usize) {
+    let half = rope.inv_freq.len();
     assert_eq!(x.len(), 2 * half, "rope: head of the wrong length");
-    for (i, f) in inv_freq.iter().enumerate() {
+    let af = f64::from(rope.attention_factor);
+    for (i, f) in rope.inv_freq.iter().enumerate() {
         let angle = pos as f64 * *f as f64;
         let (s, c) = angle.sin_cos();
         let (a, b) = (x[i] as f64, x[i + half] as f64);
-        x[i] = (a * c - b * s) as f32;
-        x[i + half] = (b * c + a * s) as f32;
+        x[i] = ((a * c - b * s) * af) as f32;
+        x[i + half] = ((b * c + a * s) * af) as f32;
     }
 }
 
-/// RoPE on every `D`-long head of `x` (`D = 2·inv_freq.len()`).
-pub fn rope_heads(x: &mut [f32], inv_freq: &[f32], pos: usize) {
-    for head in x.chunks_exact_mut(2 * inv_freq.len()) {
-        rope_head(head, inv_freq, pos);
+/// RoPE on every `D`-long head of `x` (`D = 2·rope.inv_freq.len()`).
+pub fn rope_heads(x: &mut [f32], rope: &RopeTable, pos: usize) {
+    for head in x.chunks_exact_mut(2 * rope.inv_freq.len()) {
+        rope_head(head, rope, pos);
     }
 }
 

@@ -45,6 +45,7 @@ use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_out_wgsl, Numerics};
 use crate::state::STATE_WGSL;
 use crate::tensor::QuantActs;
+use nibble_model::rope::{rope_table, RopeScaling, RopeTable};
 
 /// Largest workgroup of the chunk and combine kernels (a power of two, >= D/4 for every valid
 /// D). Both are sized from the shape (`G * D/4` outputs, `D/4` lanes x 8 chunk slices) between
@@ -112,6 +113,9 @@ pub struct AttentionParams {
     /// contexts use longer chunks (see `Split`).
     pub chunk: u32,
     pub rope_theta: f32,
+    /// YaRN or linear RoPE scaling (the model's); its attention factor's square scales the
+    /// scores (the kernels leave `q` and `k` unscaled, so the cache holds plain rotated keys).
+    pub rope_scaling: Option<RopeScaling>,
     pub eps: f32,
 }
 
@@ -129,6 +133,7 @@ impl AttentionParams {
             ctx: u(ctx, "ctx")?,
             chunk: 16,
             rope_theta: cfg.rope_theta,
+            rope_scaling: cfg.rope_scaling,
             eps: cfg.rms_norm_eps,
         };
         p.validate()?;
@@ -175,12 +180,11 @@ impl AttentionParams {
     }
 }
 
-/// RoPE inverse frequencies `theta^(-2i/D)`, `i < D/2`, computed in f64 and rounded to f32 (the
-/// f32 values HF's `1 / theta^(2i/D)` produces up to an ulp). Shared by the kernel and the reference.
-pub fn inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
-    (0..head_dim / 2)
-        .map(|i| (theta as f64).powf(-2.0 * i as f64 / head_dim as f64) as f32)
-        .collect()
+/// The rotation of `p` (`nibble_model::rope::rope_table`): the `[D/2]` inverse frequencies the
+/// kernels read and the attention factor whose square their score scale carries. Shared by the
+/// kernels and the reference.
+pub fn rope(p: &AttentionParams) -> RopeTable {
+    rope_table(p.rope_theta, p.rope_scaling, p.head_dim as usize)
 }
 
 /// Compiled attention pipelines plus the constant inverse-frequency table.
@@ -362,7 +366,7 @@ impl AttentionKernel {
             ),
             u32_const("OPT", (g * d4).div_ceil(wg)),
             f32_const("EPS", p.eps),
-            f32_const("SCALE", 1.0 / (d as f32).sqrt()),
+            f32_const("SCALE", rope(p).score_scale()),
             split.wgsl(),
         ]
         .concat();
@@ -431,7 +435,7 @@ impl AttentionKernel {
         } else {
             None
         };
-        let table = inv_freq(p.rope_theta, d as usize);
+        let table = rope(p).inv_freq;
         let inv_freq = ctx.storage_init("attention.inv_freq", bytemuck::cast_slice(&table))?;
         Ok(AttentionKernel {
             params,

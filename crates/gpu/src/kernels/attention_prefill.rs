@@ -18,7 +18,7 @@
 //! Shapes: `G = Hq / Hkv` divides 64 and `D % 16 == 0` ([`AttentionPrefillKernel::supports`]);
 //! the prefill plan falls back to the column attention otherwise.
 
-use super::attention::{inv_freq, AttentionParams};
+use super::attention::{rope, AttentionParams};
 use crate::columns::COLUMNS_WGSL;
 use crate::context::{Context, GpuError, Result};
 
@@ -142,7 +142,7 @@ impl AttentionPrefillKernel {
             p.kv_heads,
             p.ctx,
             p.eps,
-            1.0 / (d as f32).sqrt(),
+            rope(&p).score_scale(),
             (p.heads + 2 * p.kv_heads) * d / 4,
             d4 + 1,
             bk + 4,
@@ -184,7 +184,7 @@ impl AttentionPrefillKernel {
         let module = unsafe { ctx.module_unchecked("attention_prefill", &src)? };
         let pipeline = ctx.pipeline("attention_prefill", &module, "main")?;
         let combine = ctx.pipeline("attention_prefill.combine", &module, "combine")?;
-        let table = inv_freq(p.rope_theta, d as usize);
+        let table = rope(&p).inv_freq;
         let inv_freq =
             ctx.storage_init("attention_prefill.inv_freq", bytemuck::cast_slice(&table))?;
         Ok(AttentionPrefillKernel {

@@ -22,6 +22,7 @@ fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32) -> AttentionParams
         ctx,
         chunk: 16,
         rope_theta: 1_000_000.0,
+        rope_scaling: None,
         eps: 1e-6,
     }
 }

@@ -1,7 +1,7 @@
 //! Scalar references of the attention kernels (f64 where it matters), for the lavapipe tests and
 //! the trace comparisons: the q/k norm + RoPE and single-query GQA attention over a cache.
 
-use super::{inv_freq, AttentionParams};
+use super::{rope, AttentionParams};
 
 /// Scalar reference of the q/k norm + RoPE done inside the chunk kernel: returns (roped q `[Hq*D]`, roped k `[Hkv*D]`) from the
 /// raw fused `qkv`. Norm in f64; angle `f32(pos) * inv_freq` rounded in f32 as HF does, then
@@ -15,7 +15,9 @@ pub fn rope_ref(
 ) -> (Vec<f32>, Vec<f32>) {
     let d = p.head_dim as usize;
     let half = d / 2;
-    let freqs = inv_freq(p.rope_theta, d);
+    // The kernels' convention: plain rotated q and k, YaRN's attention factor in the score
+    // scale (`attention_ref`).
+    let freqs = rope(p).inv_freq;
     let head = |x: &[f32], w: &[f32]| -> Vec<f32> {
         let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
         let r = 1.0 / (ms + p.eps as f64).sqrt();
@@ -54,6 +56,7 @@ pub fn attention_ref(
 ) -> Vec<f32> {
     let (d, hkv, g) = (p.head_dim as usize, p.kv_heads as usize, p.group() as usize);
     let n = pos as usize + 1;
+    let af = f64::from(rope(p).attention_factor);
     let mut out = vec![0f32; p.heads as usize * d];
     for j in 0..p.heads as usize {
         let kvh = j / g;
@@ -66,6 +69,8 @@ pub fn attention_ref(
                     .zip(k)
                     .map(|(a, b)| *a as f64 * *b as f64)
                     .sum::<f64>()
+                    * af
+                    * af
                     / (d as f64).sqrt()
             })
             .collect();

@@ -129,6 +129,7 @@ pub(crate) fn params(
         ctx,
         chunk,
         rope_theta: 1_000_000.0,
+        rope_scaling: None,
         eps: 1e-6,
     }
 }

@@ -30,7 +30,7 @@
 //! dispatches; `qkv` keeps the raw projection (tracing reads it); KV row `pos` is written only
 //! by the step at `pos`, as in attention.rs.
 
-use super::attention::{inv_freq, AttentionParams};
+use super::attention::{rope, AttentionParams};
 use super::matvec::{check_norm_input, check_out, params, rows_index, NormInput};
 use super::matvec_wgsl::{q4f_body, q4f_input};
 use crate::context::{Context, GpuError, Result};
@@ -162,7 +162,7 @@ impl QkvAttentionKernel {
             + &format!(
                 "const EPS: f32 = {:e};\nconst SCALE: f32 = {:e};\n",
                 p.eps,
-                1.0 / (d as f32).sqrt()
+                rope(p).score_scale()
             );
         let src = with_state(&format!(
             "{consts}{}const R: u32 = {rows_per_team}u;\n{}{}{}",
@@ -172,7 +172,7 @@ impl QkvAttentionKernel {
             tail_part(g, d4),
         ));
         let pipeline = ctx.compute("qkv_attention", &edit(src), "main")?;
-        let table = inv_freq(p.rope_theta, d as usize);
+        let table = rope(p).inv_freq;
         let inv_freq = ctx.storage_init("qkv_attention.inv_freq", bytemuck::cast_slice(&table))?;
         Ok(Some(QkvAttentionKernel {
             params,
