@@ -48,6 +48,11 @@ if has fixture; then
   say "oracle fixture"
   $N synth --preset tiny --format safetensors --seed 0 -o /tmp/tiny-hf --quiet 2>&1 | tee -a "$S"
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf --out "$OUT/oracle_hf.json" 2>&1 | tail -3 | tee -a "$S"
+  # The same model with YaRN (x4 over 1024 positions; max_position_embeddings 4096 = 4 x 1024,
+  # so transformers releases that take the ratio for the factor agree too).
+  $N synth --preset tiny --format safetensors --seed 0 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 1024 -o /tmp/tiny-hf-yarn --quiet 2>&1 | tee -a "$S"
+  PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf-yarn --out "$OUT/oracle_hf_yarn.json" \
+    --synth "nibble synth --preset tiny --format safetensors --seed 0 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 1024" 2>&1 | tail -3 | tee -a "$S"
 fi
 if has synth || has parity || has sampled || has grammar || has ppl || has pplab || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"

@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--new-tokens", type=int, default=40)
+    ap.add_argument("--synth", default="nibble synth --preset tiny --format safetensors --seed 0",
+                    help="the command that made --model (recorded in the fixture)")
     a = ap.parse_args()
     torch.manual_seed(0)
     try:  # transformers >= 5 spells it `dtype`
@@ -52,6 +54,7 @@ def main():
     except TypeError:
         model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32)
     model.eval()
+    rotary = model.model.rotary_emb
     cases = []
     with torch.no_grad():
         for ids in PROMPTS:
@@ -78,7 +81,11 @@ def main():
             })
     fixture = {
         "command": " ".join(sys.argv),
-        "model": "nibble synth --preset tiny --format safetensors --seed 0",
+        "model": a.synth,
+        # The rotation transformers built from the config (RoPE scaling, if any, included).
+        "rope_scaling": model.config.to_dict().get("rope_scaling"),
+        "inv_freq": rotary.inv_freq.double().tolist(),
+        "attention_scaling": float(rotary.attention_scaling),
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -53,8 +53,10 @@ impl RopeTable {
     /// The scale of the attention scores: `attention_factor² / sqrt(D)` (a backend that leaves
     /// `q` and `k` unscaled multiplies their dot by this instead).
     pub fn score_scale(&self) -> f32 {
+        // In f32 as the kernels always computed `1 / sqrt(D)`: without a scaling the constant
+        // stays bit for bit what it was.
         let af = f64::from(self.attention_factor);
-        (af * af / ((2 * self.inv_freq.len()) as f64).sqrt()) as f32
+        (af * af) as f32 / ((2 * self.inv_freq.len()) as f32).sqrt()
     }
 }
 
