@@ -369,6 +369,60 @@ fn k_quant_mix_matches_the_oracle() {
 
 /// A prompt longer than a prefill chunk (tied embeddings, the other lm_head) gives the oracle's
 /// last logits, and the same bits as feeding it token by token.
+/// YaRN (x4 over 1024 positions): the chunked prefill and the decode follow the oracle, which
+/// scales the rotated q and k as transformers does (the CPU scales cos and sin the same way),
+/// and the scaling moves this model's logits (a backend ignoring it would fail here).
+#[test]
+fn yarn_matches_the_oracle() {
+    let yarn = nibble_model::rope::RopeScaling::Yarn {
+        factor: 4.0,
+        original_context: 1024,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: nibble_model::rope::yarn_default_attention_factor(4.0),
+        truncate: true,
+    };
+    let cfg = Qwen3MoeConfig {
+        vocab_size: 512,
+        rope_scaling: Some(yarn),
+        ..Qwen3MoeConfig::tiny()
+    };
+    let m = Arc::new(MemModel::new(&cfg, &SynthParams::default()));
+    let prompt: Vec<u32> = (0..PREFILL_CHUNK as u32 + 37)
+        .map(|i| (i * 89 + 3) % 512)
+        .collect();
+    let mut oracle = RefBackend::new(m.clone(), 512).unwrap();
+    let mut want_logits = vec![oracle.prefill(&prompt).unwrap()];
+    let mut want = vec![argmax(&want_logits[0])];
+    while want.len() < 24 {
+        want_logits.push(oracle.step(*want.last().unwrap()).unwrap());
+        want.push(argmax(want_logits.last().unwrap()));
+    }
+    let plain = Qwen3MoeConfig {
+        rope_scaling: None,
+        ..cfg
+    };
+    let mut p = RefBackend::new(
+        Arc::new(MemModel::new(&plain, &SynthParams::default())),
+        512,
+    )
+    .unwrap();
+    let c = cosine(&p.prefill(&prompt).unwrap(), &want_logits[0]);
+    assert!(c < 0.999, "YaRN barely moves the logits: cosine {c}");
+
+    let mut cpu = CpuBackend::new(m, 512).unwrap();
+    let got = cpu.prefill(&prompt).unwrap();
+    assert!(cosine(&got, &want_logits[0]) >= 0.99999);
+    let mut ids = vec![argmax(&got)];
+    ids.extend(cpu.decode_greedy(ids[0], 23, &[]).unwrap());
+    assert_eq!(ids, want);
+    cpu.truncate(prompt.len()).unwrap();
+    for s in 1..want.len() {
+        let c = cosine(&cpu.step(want[s - 1]).unwrap(), &want_logits[s]);
+        assert!(c >= 0.99999, "step {s}: cosine {c}");
+    }
+}
+
 #[test]
 fn chunked_prefill_matches_the_oracle_and_single_steps() {
     let m = model(512, true);

@@ -47,6 +47,8 @@ pub mod profile;
 pub mod qform;
 pub mod repack;
 #[cfg(test)]
+mod rope_tests;
+#[cfg(test)]
 mod rows_tests;
 #[cfg(test)]
 mod sampled_tests;
