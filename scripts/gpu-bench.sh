@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl,pplab
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl,pplab,yarn
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -54,7 +54,7 @@ if has fixture; then
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf-yarn --out "$OUT/oracle_hf_yarn.json" \
     --synth "nibble synth --preset tiny --format safetensors --seed 0 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 1024" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has grammar || has ppl || has pplab || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has grammar || has ppl || has pplab || has yarn || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -163,6 +163,16 @@ if has ppl; then
   say "perplexity gpu: --ctx 512, 40 windows, then --ctx 2048, 8 windows"
   timeout 300 $N perplexity -m $MODEL --backend gpu --ctx 512 --chunks 40 -f /tmp/ppl.txt 2>&1 | grep -v XDG_RUNTIME | tail -3 | tee -a "$S"
   timeout 300 $N perplexity -m $MODEL --backend gpu --ctx 2048 --chunks 8 -f /tmp/ppl.txt 2>&1 | grep -v XDG_RUNTIME | tail -3 | tee -a "$S"
+fi
+if has yarn; then
+  # Qwen's long-context recipe (YaRN x4 over 32768 positions) on the full-size model: greedy
+  # parity with the oracle under the same flags, then decode from depth 65536 (past the
+  # model's own 40960), the context the scaling opens.
+  Y="--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768"
+  say "parity gpu vs oracle with $Y (3 built-in prompts x 32 tokens)"
+  timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v $Y 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
+  say "bench gpu with $Y: tg32 from depth 65536"
+  timeout 400 $N bench -m $MODEL --backend gpu -p 0 -n 32 --reps 1 --depth 65536 --ctx 65600 $Y 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
 fi
 if has pplab; then
   # Perplexity throughput of several builds side by side (each binary of $PPL_BINS, default
