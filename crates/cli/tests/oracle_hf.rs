@@ -11,6 +11,7 @@ use nibble_backend::reference::RefBackend;
 use nibble_backend::{argmax, Backend};
 use nibble_model::config::Qwen3MoeConfig;
 use nibble_model::loader;
+use nibble_model::rope::{yarn_default_attention_factor, RopeScaling};
 use nibble_model::synth::{self, SynthParams};
 use serde::Deserialize;
 
@@ -37,6 +38,11 @@ struct Fixture {
     transformers: String,
     probe_ids: Vec<u32>,
     cases: Vec<Case>,
+    /// The rotary embedding transformers built (fixtures written since RoPE scaling).
+    #[serde(default)]
+    inv_freq: Vec<f64>,
+    #[serde(default)]
+    attention_scaling: Option<f64>,
 }
 
 /// Compare one row of oracle logits with HF's summary; returns max |delta| / scale.
@@ -77,13 +83,55 @@ fn compare(ours: &[f32], hf: &Summary, probes: &[u32], what: &str) -> f64 {
 
 #[test]
 fn oracle_matches_transformers_in_both_formats() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/fixtures/oracle_hf.json"
-    );
-    let fx: Fixture =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("fixture present")).unwrap();
-    let cfg = Qwen3MoeConfig::tiny();
+    check_fixture("oracle_hf.json", Qwen3MoeConfig::tiny());
+}
+
+/// The same with YaRN (x4 over 1024 positions; the fixture's model was written by `synth
+/// --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 1024`): the rotation table and attention
+/// factor are transformers' own, and so are the logits and greedy continuations.
+#[test]
+fn oracle_matches_transformers_with_yarn() {
+    let cfg = Qwen3MoeConfig {
+        rope_scaling: Some(RopeScaling::Yarn {
+            factor: 4.0,
+            original_context: 1024,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: yarn_default_attention_factor(4.0),
+            truncate: true,
+        }),
+        ..Qwen3MoeConfig::tiny()
+    };
+    let fx = check_fixture("oracle_hf_yarn.json", cfg.clone());
+    let rope = cfg.rope();
+    assert_eq!(fx.inv_freq.len(), rope.inv_freq.len());
+    for (i, (want, got)) in fx.inv_freq.iter().zip(&rope.inv_freq).enumerate() {
+        // transformers computes in f32, nibble in f64 rounded once.
+        assert!(
+            (*got as f64 - want).abs() <= 4.0 * f32::EPSILON as f64 * want,
+            "inv_freq[{i}]: {got} vs transformers {want}"
+        );
+    }
+    let af = fx.attention_scaling.expect("the fixture records it");
+    assert!((rope.attention_factor as f64 - af).abs() < 1e-6, "{af}");
+    // The scaling moves this model: the plain fixture's greedy runs differ.
+    let plain = fixture("oracle_hf.json");
+    assert!(plain
+        .cases
+        .iter()
+        .zip(&fx.cases)
+        .any(|(a, b)| a.greedy != b.greedy));
+}
+
+fn fixture(name: &str) -> Fixture {
+    let path = format!("{}/../../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture present")).unwrap()
+}
+
+/// The oracle on `cfg`'s synthetic model (seed 0), as GGUF and as safetensors, against the
+/// fixture `name`; returns the fixture.
+fn check_fixture(name: &str, cfg: Qwen3MoeConfig) -> Fixture {
+    let fx = fixture(name);
     let p = SynthParams {
         seed: 0,
         ..Default::default()
@@ -143,7 +191,8 @@ fn oracle_matches_transformers_in_both_formats() {
         assert_eq!(&ids[..], &case.greedy[1..]);
     }
     eprintln!(
-        "oracle vs transformers {}: max |delta logit| / scale = {worst:.2e}",
+        "oracle vs transformers {} ({name}): max |delta logit| / scale = {worst:.2e}",
         fx.transformers
     );
+    fx
 }
