@@ -101,6 +101,25 @@ def main() -> None:
     plp = scored.choices[0].model_extra["prompt_logprobs"]
     assert len(plp) == scored.usage.prompt_tokens and plp[0] is None, plp
 
+    # n choices: each its own sequence (seeded one apart), the prompt counted once.
+    many = client.chat.completions.create(
+        model=model, messages=msgs, temperature=1, seed=7, n=3, max_tokens=8, extra_body=extra
+    )
+    assert [c.index for c in many.choices] == [0, 1, 2], many
+    one = client.chat.completions.create(
+        model=model, messages=msgs, temperature=1, seed=8, max_tokens=8, extra_body=extra
+    )
+    assert many.choices[1].message.content == one.choices[0].message.content, (many, one)
+    assert many.usage.prompt_tokens == one.usage.prompt_tokens, many.usage
+    seen = {}
+    for chunk in client.chat.completions.create(
+        model=model, messages=msgs, temperature=1, seed=7, n=3, max_tokens=8, stream=True,
+        extra_body=extra,
+    ):
+        for c in chunk.choices:
+            seen[c.index] = seen.get(c.index, "") + (c.delta.content or "")
+    assert [seen[i] for i in range(3)] == [c.message.content for c in many.choices], seen
+
     # Structured outputs: the SDK's own pydantic path (a strict json_schema) and a forced call.
     class Ball(pydantic.BaseModel):
         color: Literal["red", "green", "blue"]

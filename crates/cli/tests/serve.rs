@@ -260,6 +260,26 @@ fn concurrent_requests_on(backend: &str) {
         .as_u64()
         .unwrap();
     assert!(cached >= 4, "follow-up reused {cached} cached tokens: {b}");
+    // `n` choices decode as sequences of their own, together: three greedy ones give the
+    // single-stream text each; of two sampled ones, the first is the seed's text.
+    let many = serde_json::json!({"prompt": prompts[1], "max_tokens": max_tokens(1), "temperature": 0, "n": 3});
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &many.to_string());
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    for i in 0..3 {
+        assert_eq!(v["choices"][i]["index"], i, "{b}");
+        assert_eq!(
+            v["choices"][i]["text"].as_str().unwrap(),
+            want[1],
+            "choice {i}"
+        );
+    }
+    let many = serde_json::json!({"prompt": prompts[4], "max_tokens": 12, "temperature": 0.9, "top_k": 40, "seed": seed(4), "n": 2});
+    let (st, b) = exchange(&addr, "POST", "/v1/completions", &many.to_string());
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want[4], "{b}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2, "{b}");
     // A streaming request whose client leaves after a few chunks is cancelled and frees its
     // slot: the server goes idle long before the 200 tokens it asked for.
     let generated_before = metric(

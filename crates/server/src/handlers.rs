@@ -5,7 +5,7 @@ use crate::error::{ApiError, ApiJson};
 use crate::metrics::{self, Metrics};
 use crate::params::{prepare, ModelInfo};
 use crate::parse::{parse_whole, ChatParser, ParseCfg, Part};
-use crate::protocol::{Answer, CompletionRequest, Envelope, Kind};
+use crate::protocol::{Answer, CompletionRequest, Envelope, Kind, Usage};
 use crate::scheduler::{Event, Job, Queue};
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use nibble_engine::TokenLogprob;
 use serde_json::json;
 use serde_json::Value;
@@ -69,7 +69,6 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
     let p = tokio::task::spawn_blocking(move || prepare(&req, kind, &model))
         .await
         .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
-    let (tx, rx) = unbounded_channel();
     let (stream, include_usage) = (p.stream, p.include_usage);
     let skip_special = p.gen.skip_special_tokens;
     // What the chat answer's text is parsed for (a completion's text is left as it is).
@@ -84,11 +83,20 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         echo_k: p.gen.logprobs.filter(|_| p.echo.is_some()),
         prompt_k: p.prompt_logprobs,
     };
-    s.queue.submit(Job {
-        prompt: p.prompt,
-        gen: p.gen,
-        events: tx,
-    })?;
+    // One sequence per choice (`n`), each queued as a request of its own; choice i samples from
+    // seed + i. A refused one drops those queued before it, which the worker then skips.
+    let mut rxs = Vec::with_capacity(p.choices);
+    for i in 0..p.choices {
+        let (tx, rx) = unbounded_channel();
+        let mut gen = p.gen.clone();
+        gen.sampling.seed = gen.sampling.seed.map(|s| s.wrapping_add(i as u64));
+        s.queue.submit(Job {
+            prompt: p.prompt.clone(),
+            gen,
+            events: tx,
+        })?;
+        rxs.push(rx);
+    }
     let n = s.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = if kind == Kind::Chat {
         "chatcmpl"
@@ -100,18 +108,72 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         id: format!("{prefix}-{:x}{n:06x}", s.started),
         created: now(),
         model: s.model_id.clone(),
+        choice: 0,
     };
     let m = Arc::clone(&s.model);
     let tok: TokenText = Arc::new(move |id| {
         let shown = !(skip_special && m.tokenizer.is_skipped_special(id));
         (m.tokenizer.token_bytes(id), shown)
     });
+    let of = |i: usize| Envelope {
+        choice: i,
+        ..env.clone()
+    };
     if stream {
-        let st = sse_stream(env, rx, include_usage, parse, tok, scoring);
-        Ok(Sse::new(st).into_response())
+        if rxs.len() == 1 {
+            let rx = rxs.remove(0);
+            let st = sse_stream(env, rx, parse, tok, scoring, Tail::Whole { include_usage });
+            return Ok(Sse::new(st).into_response());
+        }
+        // The choices' chunks interleaved as they come, then one usage chunk (the sum) and
+        // one [DONE] after the last choice ends.
+        let totals: Totals = Arc::default();
+        let members = (rxs.into_iter().enumerate()).map(|(i, rx)| {
+            let tail = Tail::Member(Arc::clone(&totals));
+            let scoring = scoring.clone();
+            sse_stream(of(i), rx, parse, Arc::clone(&tok), scoring, tail).boxed()
+        });
+        let members: Vec<_> = members.collect();
+        let end = stream::once(async move {
+            let mut last = vec![];
+            if let Some(u) = include_usage
+                .then(|| *totals.lock().expect("totals"))
+                .flatten()
+            {
+                last.push(env.usage_chunk(u).to_string());
+            }
+            last.push("[DONE]".to_owned());
+            stream::iter(last.into_iter().map(|d| Ok(SseEvent::default().data(d))))
+        })
+        .flatten();
+        Ok(Sse::new(stream::select_all(members).chain(end)).into_response())
     } else {
-        collect(env, rx, parse, tok, scoring).await
+        let answers = rxs
+            .into_iter()
+            .enumerate()
+            .map(|(i, rx)| collect(of(i), rx, parse, Arc::clone(&tok), scoring.clone()));
+        let mut answers = futures_util::future::try_join_all(answers).await?;
+        let (mut v, mut usage) = answers.remove(0);
+        for (other, u) in answers {
+            let choice = other["choices"][0].clone();
+            v["choices"].as_array_mut().expect("choices").push(choice);
+            usage = usage.and(u);
+        }
+        v["usage"] = usage.json();
+        Ok(Json(v).into_response())
     }
+}
+
+/// The usage of a request's choices so far (`n` > 1 streams): its prompt once, their
+/// generated tokens summed.
+type Totals = Arc<std::sync::Mutex<Option<Usage>>>;
+
+/// How a chunk stream ends: as a whole response (its final chunk, a usage chunk if asked,
+/// `[DONE]`), or as one choice of several (its final chunk only; its usage added to the
+/// request's totals).
+enum Tail {
+    Whole { include_usage: bool },
+    Member(Totals),
 }
 
 /// What a request asked of its prompt: completions' `echo` (its text, and with `logprobs` the
@@ -171,15 +233,16 @@ fn finish_with_calls(finish: &'static str, calls: usize) -> &'static str {
     }
 }
 
-/// Waits for the whole answer. Dropping this future (client gone) drops `rx`, which cancels.
-/// `parse`: what a chat answer is parsed for; `tok` writes logprob entries' tokens.
+/// Waits for the whole answer: the response of `env`'s choice and its usage. Dropping this
+/// future (client gone) drops `rx`, which cancels. `parse`: what a chat answer is parsed for;
+/// `tok` writes logprob entries' tokens.
 async fn collect(
     env: Envelope,
     mut rx: UnboundedReceiver<Event>,
     parse: Option<ParseCfg>,
     tok: TokenText,
     scoring: Scoring,
-) -> Result<Response, ApiError> {
+) -> Result<(Value, Usage), ApiError> {
     let mut text = scoring.echo.clone().unwrap_or_default();
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -209,7 +272,7 @@ async fn collect(
                         Kind::Chat => v["prompt_logprobs"] = p,
                     }
                 }
-                return Ok(Json(v).into_response());
+                return Ok((v, usage));
             }
             Event::Error(msg) => return Err(ApiError::internal(msg)),
         }
@@ -221,7 +284,7 @@ async fn collect(
 struct SseState {
     rx: UnboundedReceiver<Event>,
     env: Envelope,
-    include_usage: bool,
+    tail: Tail,
     pending: VecDeque<String>,
     ended: bool,
     /// A chat answer's parser (reasoning and tool calls), when either is parsed.
@@ -268,13 +331,14 @@ impl SseState {
 /// `usage` (null with `include_usage`, which adds a usage-only chunk after it), then `[DONE]`.
 /// When the client disconnects hyper drops this stream and with it `rx`: the worker's next send
 /// fails and generation is cancelled.
+/// `tail` says how it ends (one choice of several leaves the usage and `[DONE]` to the caller).
 fn sse_stream(
     env: Envelope,
     rx: UnboundedReceiver<Event>,
-    include_usage: bool,
     parse: Option<ParseCfg>,
     tok: TokenText,
     scoring: Scoring,
+    tail: Tail,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let mut pending = VecDeque::new();
     if env.kind == Kind::Chat {
@@ -287,7 +351,7 @@ fn sse_stream(
     let st = SseState {
         rx,
         env,
-        include_usage,
+        tail,
         pending,
         ended: false,
         parser: parse.map(|cfg| cfg.parser()).filter(ChatParser::active),
@@ -324,14 +388,23 @@ fn sse_stream(
                     // The usage goes in one chunk only, so a client that adds up the chunks'
                     // usage counts it once: OpenAI's usage-only chunk when asked for, else
                     // the final chunk (as llama.cpp and vLLM put it).
-                    let last = st
-                        .env
-                        .final_chunk(finish, (!st.include_usage).then_some(usage));
-                    st.pending.push_back(last.to_string());
-                    if st.include_usage {
-                        st.pending.push_back(st.env.usage_chunk(usage).to_string());
+                    match &st.tail {
+                        Tail::Whole { include_usage } => {
+                            let u = (!include_usage).then_some(usage);
+                            st.pending
+                                .push_back(st.env.final_chunk(finish, u).to_string());
+                            if *include_usage {
+                                st.pending.push_back(st.env.usage_chunk(usage).to_string());
+                            }
+                            st.pending.push_back("[DONE]".to_owned());
+                        }
+                        Tail::Member(totals) => {
+                            let mut t = totals.lock().expect("totals");
+                            *t = Some(t.map_or(usage, |t| t.and(usage)));
+                            st.pending
+                                .push_back(st.env.final_chunk(finish, None).to_string());
+                        }
                     }
-                    st.pending.push_back("[DONE]".to_owned());
                     st.ended = true;
                 }
                 Some(Event::Error(msg)) => {
@@ -341,8 +414,11 @@ fn sse_stream(
                     st.pending
                         .push_back(ApiError::internal(msg).body().to_string());
                     // The stream still ends as every stream does (vLLM sends it too), so a
-                    // client waiting for it is not left hanging.
-                    st.pending.push_back("[DONE]".to_owned());
+                    // client waiting for it is not left hanging (a choice of several: after
+                    // the others).
+                    if let Tail::Whole { .. } = st.tail {
+                        st.pending.push_back("[DONE]".to_owned());
+                    }
                     st.ended = true;
                 }
                 None => st.ended = true,
@@ -480,6 +556,7 @@ mod tests {
             id: "chatcmpl-5".into(),
             created: 1,
             model: "tiny".into(),
+            choice: 0,
         }
     }
 
@@ -515,11 +592,9 @@ mod tests {
             tools: true,
             thinking_open: false,
         };
-        let r = collect(env(), events(), Some(both), names(), Scoring::default())
+        let (v, _) = collect(env(), events(), Some(both), names(), Scoring::default())
             .await
             .unwrap();
-        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
-        let v: Value = serde_json::from_slice(&body).unwrap();
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
         let m = &choice["message"];
@@ -535,7 +610,9 @@ mod tests {
         let mut st = SseState {
             rx: events(),
             env: env(),
-            include_usage: false,
+            tail: Tail::Whole {
+                include_usage: false,
+            },
             pending: VecDeque::new(),
             ended: false,
             parser: Some(both.parser()),
@@ -560,7 +637,7 @@ mod tests {
         assert_eq!(calls[1][0]["function"]["name"], "now");
         assert_eq!(st.calls, 2);
         // Neither switch: the text is the content, as generated.
-        let r = collect(
+        let (v, _) = collect(
             env(),
             events(),
             Some(ParseCfg::default()),
@@ -569,8 +646,6 @@ mod tests {
         )
         .await
         .unwrap();
-        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
-        let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["choices"][0]["message"]["content"], PIECES.concat());
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
     }

@@ -5,13 +5,14 @@
 //! `max_tokens` (or `max_completion_tokens`) defaults to the rest of the context for chat and to
 //! 16 for `/v1/completions`, as OpenAI's legacy completions endpoint does (capped by the context).
 //! Ranges are OpenAI's: temperature in [0, 2], top_p in (0, 1], presence and frequency penalties
-//! in [-2, 2], at most 4 stop strings (of at most 4096 bytes each), `n` must be 1; extensions:
+//! in [-2, 2], at most 4 stop strings (of at most 4096 bytes each), `n` from 1 to 16 choices
+//! (each its own sequence, as vLLM generates them); extensions:
 //! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0; `logit_bias` ids in the
 //! vocabulary with biases in [-100, 100]; `skip_special_tokens` (vLLM's, default true);
 //! logprobs (chat: `logprobs: true` and `top_logprobs` 0-20; completions: `logprobs` 0-5).
 //! structured outputs ([`crate::structured`]); completions' `echo` and vLLM's `prompt_logprobs`
-//! (with either, `max_tokens` may be 0: the prompt alone). Features not implemented (`n` > 1,
-//! `best_of`, ...) are refused, never ignored. A prompt must leave room for one generated token
+//! (with either, `max_tokens` may be 0: the prompt alone). Features not implemented
+//! (`best_of`, ...) are refused, never ignored. A prompt must leave room for one generated token
 //! (a prompt alone, `max_tokens` 0, may fill the context), and prompt + max_tokens must fit the
 //! context (`context_length_exceeded`).
 
@@ -63,6 +64,9 @@ pub struct Prepared {
     pub echo: Option<String>,
     /// vLLM's `prompt_logprobs`: alternatives per prompt token in that field.
     pub prompt_logprobs: Option<usize>,
+    /// `n`: choices to generate, each its own sequence (choice `i` sampled from seed + `i`
+    /// where a seed is given).
+    pub choices: usize,
 }
 
 fn in_range(
@@ -301,16 +305,22 @@ fn prompt_logprobs(r: &CompletionRequest) -> Result<Option<usize>, ApiError> {
     Ok(Some(k))
 }
 
+/// Most choices one request may ask for (`n`): each is a sequence of its own.
+pub const MAX_CHOICES: i64 = 16;
+
+/// `n`: how many choices (independent completions of the prompt) to generate.
+fn choices(r: &CompletionRequest) -> Result<usize, ApiError> {
+    match r.n.unwrap_or(1) {
+        n @ 1..=MAX_CHOICES => Ok(n as usize),
+        n => Err(ApiError::invalid(
+            "n",
+            format!("n = {n} is out of range: want 1 to {MAX_CHOICES} choices"),
+        )),
+    }
+}
+
 /// Features this server does not implement: rejected rather than silently ignored.
 fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
-    if let Some(n) = r.n {
-        if n != 1 {
-            return Err(ApiError::invalid(
-                "n",
-                format!("n = {n} is not supported: only one choice (n = 1) per request"),
-            ));
-        }
-    }
     if r.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::invalid(
             "best_of",
@@ -533,6 +543,7 @@ fn offered_tools(r: &CompletionRequest) -> Option<&Value> {
 /// Validates `r` for the route `kind` and tokenizes its prompt (CPU work: call off the runtime).
 pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepared, ApiError> {
     unsupported(r)?;
+    let choices = choices(r)?;
     let sampling = sampling(r, m.vocab_size)?;
     let stop = stop_strings(&r.stop)?;
     let mut thinking_open = false;
@@ -630,6 +641,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
         },
         echo,
         prompt_logprobs: prompt_k,
+        choices,
         stream: r.stream.unwrap_or(false),
         include_usage: r
             .stream_options

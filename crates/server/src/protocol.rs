@@ -142,6 +142,16 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// This usage and another choice's of the same request: the prompt counted once, the
+    /// generated tokens summed.
+    pub fn and(self, other: Usage) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens.max(other.prompt_tokens),
+            completion_tokens: self.completion_tokens + other.completion_tokens,
+            cached_tokens: self.cached_tokens.max(other.cached_tokens),
+        }
+    }
+
     pub fn json(&self) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
@@ -213,10 +223,16 @@ pub struct Envelope {
     /// Unix seconds.
     pub created: u64,
     pub model: String,
+    /// Which of the request's choices (`n`) these chunks and responses carry: every choice's
+    /// `index`.
+    pub choice: usize,
 }
 
 impl Envelope {
-    fn wrap(&self, object: &str, choices: Value) -> Value {
+    fn wrap(&self, object: &str, mut choices: Value) -> Value {
+        if let Some(c) = choices.get_mut(0) {
+            c["index"] = json!(self.choice);
+        }
         json!({
             "id": self.id,
             "object": object,
@@ -480,6 +496,7 @@ mod tests {
             id: "chatcmpl-7".into(),
             created: 1_700_000_000,
             model: "tiny".into(),
+            choice: 0,
         }
     }
 

@@ -196,11 +196,18 @@ fn table() -> Vec<Case> {
             "out of range",
         ),
         case(
-            "n = 2",
+            "n = 17",
             C,
-            chat(json!({"n": 2})),
+            chat(json!({"n": 17})),
             Some("n"),
-            "n = 2 is not supported",
+            "n = 17 is out of range",
+        ),
+        case(
+            "n = 0",
+            C,
+            chat(json!({"n": 0})),
+            Some("n"),
+            "n = 0 is out of range",
         ),
         case(
             "stop of the wrong type",
