@@ -76,6 +76,7 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         reasoning: s.reasoning,
         tools: p.tools,
         thinking_open: p.thinking_open,
+        types: Arc::new(p.tool_types.clone()),
     });
     let scoring = Scoring {
         echo: p.echo.clone(),
@@ -131,7 +132,7 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         let members = (rxs.into_iter().enumerate()).map(|(i, rx)| {
             let tail = Tail::Member(Arc::clone(&totals));
             let scoring = scoring.clone();
-            sse_stream(of(i), rx, parse, Arc::clone(&tok), scoring, tail).boxed()
+            sse_stream(of(i), rx, parse.clone(), Arc::clone(&tok), scoring, tail).boxed()
         });
         let members: Vec<_> = members.collect();
         let end = stream::once(async move {
@@ -151,7 +152,7 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         let answers = rxs
             .into_iter()
             .enumerate()
-            .map(|(i, rx)| collect(of(i), rx, parse, Arc::clone(&tok), scoring.clone()));
+            .map(|(i, rx)| collect(of(i), rx, parse.clone(), Arc::clone(&tok), scoring.clone()));
         let mut answers = futures_util::future::try_join_all(answers).await?;
         let (mut v, mut usage) = answers.remove(0);
         for (other, u) in answers {
@@ -254,7 +255,7 @@ async fn collect(
                 prompt_logprobs,
             } => {
                 let (reasoning, content, calls) = match parse {
-                    Some(cfg) => parse_whole(&text, cfg),
+                    Some(cfg) => parse_whole(&text, &cfg),
                     None => (String::new(), text, vec![]),
                 };
                 let answer = Answer {
@@ -591,10 +592,17 @@ mod tests {
             reasoning: true,
             tools: true,
             thinking_open: false,
+            types: Arc::default(),
         };
-        let (v, _) = collect(env(), events(), Some(both), names(), Scoring::default())
-            .await
-            .unwrap();
+        let (v, _) = collect(
+            env(),
+            events(),
+            Some(both.clone()),
+            names(),
+            Scoring::default(),
+        )
+        .await
+        .unwrap();
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
         let m = &choice["message"];

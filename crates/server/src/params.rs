@@ -57,6 +57,8 @@ pub struct Prepared {
     pub include_usage: bool,
     /// A chat request that offers tools: its answer's `<tool_call>` blocks are parsed.
     pub tools: bool,
+    /// The offered functions' parameter types (Qwen3-Coder's XML calls are typed by them).
+    pub tool_types: crate::parse::ToolTypes,
     /// A chat prompt that ends inside a thinking block (`<think>`, as Qwen3 Thinking-2507
     /// templates render the generation prompt): the answer starts as reasoning.
     pub thinking_open: bool,
@@ -652,6 +654,9 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             && offered_tools(r)
                 .and_then(Value::as_array)
                 .is_some_and(|t| !t.is_empty()),
+        tool_types: offered_tools(r)
+            .map(crate::parse::ToolTypes::from_tools)
+            .unwrap_or_default(),
         thinking_open,
     })
 }

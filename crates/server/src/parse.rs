@@ -14,13 +14,154 @@
 //! not an object with a non-empty string `name` (and object or string `arguments`) stays
 //! content, tags included, and so does an unclosed one; an unclosed thinking block stays
 //! reasoning. Until a call's JSON is complete, the text after `<tool_call>` is held back.
+//!
+//! Qwen3-Coder models (same architecture, their own template) write a call's body as XML
+//! instead: `<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>` for each argument,
+//! `</function>` (vLLM's `qwen3_coder` tool parser, llama.cpp's Qwen3-Coder format). Its values
+//! are text: each is typed by the offered function's JSON schema ([`ToolTypes`]: integers,
+//! numbers, booleans, objects and arrays parsed, strings kept; an argument the schema does not
+//! describe stays a string, as vLLM keeps it). The body is held until `</tool_call>`; a missing
+//! `</parameter>` or `</function>` ends at the next tag, as vLLM's parser reads it.
 
 use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 const THINK: &str = "<think>";
 const THINK_END: &str = "</think>";
 const CALL: &str = "<tool_call>";
 const CALL_END: &str = "</tool_call>";
+/// Qwen3-Coder's XML call body.
+const FUNCTION: &str = "<function=";
+const FUNCTION_END: &str = "</function>";
+const PARAMETER: &str = "<parameter=";
+const PARAMETER_END: &str = "</parameter>";
+
+/// The JSON-schema `type` of each offered function's parameters (function name -> parameter ->
+/// type), for typing the text values of Qwen3-Coder's XML calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolTypes(HashMap<String, HashMap<String, String>>);
+
+impl ToolTypes {
+    /// From a request's `tools` (`[{"type": "function", "function": {"name", "parameters"}}]`);
+    /// a `type` list (`["integer", "null"]`) gives its first non-null entry.
+    pub fn from_tools(tools: &Value) -> Self {
+        let mut out = HashMap::new();
+        for t in tools.as_array().into_iter().flatten() {
+            let f = &t["function"];
+            let Some(name) = f["name"].as_str() else {
+                continue;
+            };
+            let params = f["parameters"]["properties"].as_object().map(|props| {
+                props
+                    .iter()
+                    .filter_map(|(k, schema)| {
+                        let ty = match &schema["type"] {
+                            Value::String(s) => Some(s.as_str()),
+                            Value::Array(a) => {
+                                a.iter().filter_map(Value::as_str).find(|s| *s != "null")
+                            }
+                            _ => None,
+                        }?;
+                        Some((k.clone(), ty.to_ascii_lowercase()))
+                    })
+                    .collect()
+            });
+            out.insert(name.to_owned(), params.unwrap_or_default());
+        }
+        ToolTypes(out)
+    }
+
+    fn of(&self, function: &str, param: &str) -> Option<&str> {
+        self.0.get(function)?.get(param).map(String::as_str)
+    }
+}
+
+/// A Qwen3-Coder argument's text as the JSON value its schema type says (vLLM's conversions);
+/// text that does not read as that type stays a string.
+fn typed(text: &str, ty: Option<&str>) -> Value {
+    let string = || Value::String(text.to_owned());
+    let Some(ty) = ty else {
+        return string();
+    };
+    if matches!(ty, "string" | "str" | "text" | "varchar" | "char" | "enum") {
+        return string();
+    }
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("null") {
+        return Value::Null;
+    }
+    let parsed = if ty.starts_with("int") || ty.starts_with("uint") || ty == "long" {
+        t.parse::<i64>().ok().map(Value::from)
+    } else if matches!(ty, "number" | "float" | "double" | "num") {
+        t.parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number)
+    } else if matches!(ty, "boolean" | "bool") {
+        match t.to_ascii_lowercase().as_str() {
+            "true" => Some(Value::Bool(true)),
+            "false" => Some(Value::Bool(false)),
+            _ => None,
+        }
+    } else {
+        // object, array, or a type named otherwise: its JSON if it is JSON.
+        serde_json::from_str(t).ok()
+    };
+    parsed.unwrap_or_else(string)
+}
+
+/// The first of `tags` in `s`: (its offset, its length); `s.len()` and 0 if none occurs.
+fn first_of(s: &str, tags: &[&str]) -> (usize, usize) {
+    tags.iter()
+        .filter_map(|t| s.find(t).map(|at| (at, t.len())))
+        .min()
+        .unwrap_or((s.len(), 0))
+}
+
+/// A Qwen3-Coder call body (the text between `<tool_call>` and `</tool_call>`), or `None`
+/// where it is not one.
+fn xml_call(body: &str, types: &ToolTypes) -> Option<Part> {
+    let rest = body.trim_matches(ws).strip_prefix(FUNCTION)?;
+    let (name, mut rest) = rest.split_once('>')?;
+    let name = name.trim_matches(ws);
+    if name.is_empty() || name.contains('<') {
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    loop {
+        rest = rest.trim_start_matches(ws);
+        if rest.is_empty() {
+            break;
+        }
+        if let Some(after) = rest.strip_prefix(FUNCTION_END) {
+            if !after.trim_matches(ws).is_empty() {
+                return None;
+            }
+            break;
+        }
+        let (key, after) = rest.strip_prefix(PARAMETER)?.split_once('>')?;
+        let key = key.trim_matches(ws);
+        if key.is_empty() || key.contains('<') {
+            return None;
+        }
+        let (end, tag) = first_of(after, &[PARAMETER_END, PARAMETER, FUNCTION_END]);
+        let raw = &after[..end];
+        // The newlines around a value are the format's.
+        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        args.insert(key.to_owned(), typed(raw, types.of(name, key)));
+        rest = if after[end..].starts_with(PARAMETER_END) {
+            &after[end + tag..]
+        } else {
+            &after[end..]
+        };
+    }
+    Some(Part::ToolCall {
+        name: name.to_owned(),
+        arguments: Value::Object(args).to_string(),
+    })
+}
 
 /// A settled part of the answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +197,8 @@ pub struct ChatParser {
     reasoning: bool,
     /// Drop whitespace at the start of the next reasoning or content text.
     trim_start: bool,
+    /// The offered functions' parameter types (Qwen3-Coder's XML calls).
+    types: Arc<ToolTypes>,
 }
 
 /// Whitespace as llama.cpp trims it (ASCII only: U+3000 and U+00A0 are text).
@@ -81,10 +224,25 @@ enum CallScan {
     Done(Part, usize),
 }
 
-/// Reads `held` (starting with `<tool_call>`): the JSON value, then `</tool_call>`.
-fn scan_call(held: &str) -> CallScan {
+/// Reads `held` (starting with `<tool_call>`): the JSON value, then `</tool_call>`; or
+/// Qwen3-Coder's XML body up to `</tool_call>`.
+fn scan_call(held: &str, types: &ToolTypes) -> CallScan {
     let body = &held[CALL.len()..];
     let value = body.trim_start_matches(ws);
+    if value.starts_with(FUNCTION) {
+        return match held.find(CALL_END) {
+            Some(at) => {
+                let used = at + CALL_END.len();
+                let part = xml_call(&held[CALL.len()..at], types)
+                    .unwrap_or_else(|| Part::Content(held[..used].to_owned()));
+                CallScan::Done(part, used)
+            }
+            None => CallScan::Open,
+        };
+    }
+    if !value.is_empty() && FUNCTION.starts_with(value) {
+        return CallScan::Open;
+    }
     let mut it = serde_json::Deserializer::from_str(value).into_iter::<Value>();
     let parsed = match it.next() {
         None => return CallScan::Open,
@@ -125,6 +283,7 @@ impl ChatParser {
             tools,
             reasoning,
             trim_start: false,
+            types: Arc::default(),
         }
     }
 
@@ -211,7 +370,7 @@ impl ChatParser {
                         }
                     }
                 }
-                State::Call => match scan_call(&self.held) {
+                State::Call => match scan_call(&self.held, &self.types) {
                     CallScan::Open => return out,
                     CallScan::Done(part, used) => {
                         self.held.drain(..used);
@@ -267,7 +426,7 @@ fn tool_call(v: &Value) -> Option<Part> {
 }
 
 /// What a chat answer is parsed for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ParseCfg {
     /// A leading thinking block is reasoning (`--reasoning-format auto`).
     pub reasoning: bool,
@@ -275,12 +434,15 @@ pub struct ParseCfg {
     pub tools: bool,
     /// The prompt ended inside a thinking block.
     pub thinking_open: bool,
+    /// The offered functions' parameter types, for Qwen3-Coder's XML calls.
+    pub types: Arc<ToolTypes>,
 }
 
 impl ParseCfg {
     /// A parser for one answer.
     pub fn parser(&self) -> ChatParser {
-        let p = ChatParser::new(self.reasoning, self.tools);
+        let mut p = ChatParser::new(self.reasoning, self.tools);
+        p.types = Arc::clone(&self.types);
         if self.thinking_open {
             p.thinking_open()
         } else {
@@ -290,7 +452,7 @@ impl ParseCfg {
 }
 
 /// The parts of a whole answer, merged: (reasoning, content, tool calls).
-pub fn parse_whole(text: &str, cfg: ParseCfg) -> (String, String, Vec<(String, String)>) {
+pub fn parse_whole(text: &str, cfg: &ParseCfg) -> (String, String, Vec<(String, String)>) {
     let mut p = cfg.parser();
     let mut parts = p.push(text);
     parts.extend(p.finish());

@@ -10,11 +10,12 @@ fn cfg(reasoning: bool, tools: bool) -> ParseCfg {
         reasoning,
         tools,
         thinking_open: false,
+        types: Arc::default(),
     }
 }
 
 /// Feeds `text` in pieces split at the given byte offsets and merges the settled parts.
-fn streamed_with(text: &str, cuts: &[usize], c: ParseCfg) -> Vec<Part> {
+fn streamed_with(text: &str, cuts: &[usize], c: &ParseCfg) -> Vec<Part> {
     let mut p = c.parser();
     let mut parts = Vec::new();
     let mut at = 0;
@@ -27,7 +28,7 @@ fn streamed_with(text: &str, cuts: &[usize], c: ParseCfg) -> Vec<Part> {
 }
 
 fn streamed(text: &str, cuts: &[usize], reasoning: bool, tools: bool) -> Vec<Part> {
-    streamed_with(text, cuts, cfg(reasoning, tools))
+    streamed_with(text, cuts, &cfg(reasoning, tools))
 }
 
 /// Adjacent text parts of one kind joined (a stream settles text in any number of pieces).
@@ -45,19 +46,19 @@ fn merge(parts: Vec<Part>) -> Vec<Part> {
 
 /// Every split into two pieces and into single characters gives the whole text's parts.
 fn same_however_split(text: &str, c: ParseCfg) -> Vec<Part> {
-    let whole = streamed_with(text, &[], c);
+    let whole = streamed_with(text, &[], &c);
     let cuts: Vec<usize> = (1..text.len())
         .filter(|&i| text.is_char_boundary(i))
         .collect();
     for &cut in &cuts {
         assert_eq!(
-            streamed_with(text, &[cut], c),
+            streamed_with(text, &[cut], &c),
             whole,
             "{text:?} cut at {cut}"
         );
     }
     assert_eq!(
-        streamed_with(text, &cuts, c),
+        streamed_with(text, &cuts, &c),
         whole,
         "{text:?} by characters"
     );
@@ -80,7 +81,7 @@ fn a_thinking_answer_with_tool_calls_splits_into_its_parts() {
         call("get_time", r#"{"tz": "CET"}"#),
     ];
     assert_eq!(same_however_split(ANSWER, cfg(true, true)), want);
-    let (r, c, calls) = parse_whole(ANSWER, cfg(true, true));
+    let (r, c, calls) = parse_whole(ANSWER, &cfg(true, true));
     assert_eq!(r, "The user wants the weather.");
     assert_eq!(c, "Let me check.\n");
     assert_eq!(calls.len(), 2);
@@ -131,11 +132,11 @@ fn text_around_calls_is_kept_as_generated() {
 
 #[test]
 fn without_tools_calls_stay_content_and_without_reasoning_thinking_does() {
-    let (r, c, calls) = parse_whole(ANSWER, cfg(true, false));
+    let (r, c, calls) = parse_whole(ANSWER, &cfg(true, false));
     assert_eq!(r, "The user wants the weather.");
     assert!(c.starts_with("Let me check.\n<tool_call>\n{\"name\": \"get_weather\""));
     assert!(calls.is_empty());
-    let (r, c, calls) = parse_whole(ANSWER, cfg(false, false));
+    let (r, c, calls) = parse_whole(ANSWER, &cfg(false, false));
     assert_eq!((r.as_str(), c.as_str(), calls.len()), ("", ANSWER, 0));
     // Not an active parser at all: the text passes unchanged, whitespace included.
     assert!(!ChatParser::new(false, false).active());
@@ -174,7 +175,7 @@ fn thinking_blocks_where_qwen3_puts_them() {
         ..cfg(false, false)
     };
     assert_eq!(
-        streamed_with("a</think>b", &[], off),
+        streamed_with("a</think>b", &[], &off),
         vec![Part::Content("a</think>b".into())]
     );
     // A block cut by the token limit is all reasoning.
@@ -189,7 +190,7 @@ fn thinking_blocks_where_qwen3_puts_them() {
         "x <think> later",
         "x</think>y",
     ] {
-        let (r, c, calls) = parse_whole(text, cfg(true, false));
+        let (r, c, calls) = parse_whole(text, &cfg(true, false));
         assert_eq!(
             (r.as_str(), c.as_str(), calls.len()),
             ("", text, 0),
@@ -211,4 +212,104 @@ fn partial_tags_are_held_only_while_they_may_complete() {
     assert_eq!(p.push("nk>\nabc </th"), vec![Part::Reasoning("abc".into())]);
     assert_eq!(p.push("ink> x <tool"), vec![Part::Content("x ".into())]);
     assert_eq!(p.push("ing"), vec![Part::Content("<tooling".into())]);
+}
+
+/// Offered tools as a request gives them: `get_weather(city: string, days: integer, metric:
+/// boolean, hours: array)` and `locate(lat: number|null)`.
+fn coder_cfg() -> ParseCfg {
+    let tools = serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                "metric": {"type": "boolean"}, "hours": {"type": "array"}}}}},
+        {"type": "function", "function": {"name": "locate", "parameters": {"type": "object",
+            "properties": {"lat": {"type": ["number", "null"]}}}}},
+    ]);
+    ParseCfg {
+        types: Arc::new(ToolTypes::from_tools(&tools)),
+        ..cfg(true, true)
+    }
+}
+
+#[test]
+fn qwen3_coder_xml_calls_are_typed_by_the_schema() {
+    let text = "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=hours>\n[9, 12]\n</parameter>\n<parameter=note>\n42\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=locate>\n<parameter=lat>\n37.5\n</parameter>\n</function>\n</tool_call>";
+    let parts = same_however_split(text, coder_cfg());
+    let args = |i: usize| match &parts[i] {
+        Part::ToolCall { name, arguments } => (
+            name.clone(),
+            serde_json::from_str::<Value>(arguments).unwrap(),
+        ),
+        p => panic!("not a call: {p:?}"),
+    };
+    assert_eq!(parts[0], Part::Content("I'll check.\n".into()));
+    let (name, a) = args(1);
+    assert_eq!(name, "get_weather");
+    // Typed by the schema; `note` is not in it, so it stays the text it is (as vLLM keeps it).
+    assert_eq!(
+        a,
+        serde_json::json!({"city": "San Francisco", "days": 3, "metric": true,
+            "hours": [9, 12], "note": "42"})
+    );
+    assert_eq!(args(2), ("locate".into(), serde_json::json!({"lat": 37.5})));
+    assert_eq!(parts.len(), 3);
+    // A value that does not read as its type stays a string; "null" is null for a
+    // non-string type; a multi-line value keeps its inner newlines.
+    let text = "<tool_call><function=get_weather><parameter=days>three</parameter><parameter=hours>null</parameter><parameter=city>\nline 1\nline 2\n</parameter></function></tool_call>";
+    let (_, _, calls) = parse_whole(text, &coder_cfg());
+    let a: Value = serde_json::from_str(&calls[0].1).unwrap();
+    assert_eq!(
+        a,
+        serde_json::json!({"days": "three", "hours": null, "city": "line 1\nline 2"})
+    );
+    // Without the schema every value is a string; no parameters is `{}`.
+    let (_, _, calls) = parse_whole(text, &cfg(false, true));
+    let a: Value = serde_json::from_str(&calls[0].1).unwrap();
+    assert_eq!(a["days"], "three");
+    let (_, _, calls) = parse_whole(
+        "<tool_call>\n<function=now>\n</function>\n</tool_call>",
+        &cfg(false, true),
+    );
+    assert_eq!(calls, vec![("now".to_string(), "{}".to_string())]);
+}
+
+#[test]
+fn qwen3_coder_calls_missing_closing_tags_and_malformed_bodies() {
+    // vLLM's reading: a missing </parameter> ends at the next tag, a missing </function> at
+    // </tool_call>.
+    let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=days>\n2\n</tool_call>";
+    let (_, c, calls) = parse_whole(text, &coder_cfg());
+    assert_eq!(c, "");
+    assert_eq!(calls[0].0, "get_weather");
+    let a: Value = serde_json::from_str(&calls[0].1).unwrap();
+    assert_eq!(a, serde_json::json!({"city": "Paris", "days": 2}));
+    // Not a call: the text stays content, tags included; an unclosed body is content at the end.
+    for bad in [
+        "<tool_call><function=>x</function></tool_call>",
+        "<tool_call><function=f><param=a>1</param></function></tool_call>",
+        "<tool_call><function=f></function> trailing</tool_call>",
+        "<tool_call><function=f<parameter=a>1</parameter></function></tool_call>",
+        "<tool_call><function=f><parameter=a>1</parameter>",
+    ] {
+        let parts = same_however_split(bad, coder_cfg());
+        assert_eq!(parts, vec![Part::Content(bad.into())], "{bad}");
+    }
+    // The Hermes form still parses beside it, and a body that starts like neither waits for
+    // more text only while it may still become one.
+    let mixed = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call><tool_call><function=b></function></tool_call>";
+    let (_, _, calls) = parse_whole(mixed, &coder_cfg());
+    let names: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    let mut p = coder_cfg().parser();
+    assert_eq!(p.push("<tool_call>\n<func"), vec![]);
+    assert_eq!(p.push("tion=f>\n"), vec![]);
+    assert_eq!(
+        p.push("</function></tool_call> ok"),
+        vec![
+            Part::ToolCall {
+                name: "f".into(),
+                arguments: "{}".into()
+            },
+            Part::Content("ok".into())
+        ]
+    );
 }
