@@ -63,7 +63,14 @@ impl RopeArgs {
         let factor = match (self.rope_scale, file) {
             (Some(f), _) => f,
             (None, Some(s)) if same_kind(kind, s) => s.factor(),
-            (None, _) => bail!("--rope-scaling {kind:?} needs --rope-scale (the factor)"),
+            (None, _) => bail!(
+                "--rope-scaling {} needs --rope-scale (the factor)",
+                if kind == RopeKind::Linear {
+                    "linear"
+                } else {
+                    "yarn"
+                }
+            ),
         };
         if !(factor.is_finite() && (1.0..=1024.0).contains(&factor)) {
             bail!("--rope-scale {factor} must be a number in [1, 1024]");

@@ -241,12 +241,19 @@ impl Qwen3MoeConfig {
         // transformers 5 moves rope_theta into rope_parameters.
         let rope_theta = match get(&["rope_theta"]) {
             Some(_) => f32_of(&["rope_theta"], None)?,
-            None => obj
+            None => match obj
                 .get("rope_parameters")
                 .and_then(|p| p.get("rope_theta"))
-                .and_then(Value::as_f64)
-                .map(|x| x as f32)
-                .unwrap_or(10_000.0),
+                .filter(|v| !v.is_null())
+            {
+                Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| {
+                    err(
+                        "rope_parameters",
+                        format!("rope_theta: expected a number, got {v}"),
+                    )
+                })?,
+                None => 10_000.0,
+            },
         };
         // transformers 4 writes `rope_scaling`; 5 folds it into `rope_parameters` (whose
         // `rope_type` is "default" when there is none).

@@ -241,11 +241,11 @@ fn gguf_rope_scaling(
         })?),
     };
     let factor = float("scaling.factor")?;
+    // llama.cpp reads a factor without a type as linear, and a factor of 0 or 1 as none.
+    let factor = factor.or(float("scale_linear")?);
     let scaling = match (kind, factor) {
-        (None | Some("none"), _) => match float("scale_linear")? {
-            Some(s) if s != 1.0 => Some(RopeScaling::Linear { factor: s }),
-            _ => None,
-        },
+        (Some("none"), _) | (None, None | Some(0.0) | Some(1.0)) => None,
+        (None, Some(factor)) => Some(RopeScaling::Linear { factor }),
         // A factor of 0 is llama.cpp's "none" as well.
         (Some("linear" | "yarn"), None | Some(0.0)) => {
             return Err(bad("scaling.factor", "missing for a scaled rope".into()))

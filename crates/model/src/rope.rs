@@ -181,10 +181,12 @@ impl RopeScaling {
                     return Err(err(field, format!("{name} {v} is not a positive number")));
                 }
             }
-            if !(attention_factor.is_finite() && attention_factor > 0.0) {
+            // Real ones are near 1 (0.1 ln(factor) + 1, or a ratio of two such); the scores
+            // carry its square, which overflows f32 from ~1.8e19.
+            if !(attention_factor.is_finite() && (1.0 / 64.0..=64.0).contains(&attention_factor)) {
                 return Err(err(
                     field,
-                    format!("attention factor {attention_factor} is not a positive number"),
+                    format!("attention factor {attention_factor} is not in [1/64, 64]"),
                 ));
             }
         }
@@ -205,6 +207,10 @@ impl RopeScaling {
         };
         let get = |k: &str| o.get(k).filter(|x| !x.is_null());
         let kind = match get("rope_type").or_else(|| get("type")) {
+            // A factor with no type says nothing about how to scale: refused, not dropped.
+            None if get("factor").is_some() => {
+                return Err(err(field, "a factor but no rope_type (linear or yarn?)"))
+            }
             None => return Ok(None),
             Some(Value::String(s)) => s.as_str(),
             Some(other) => {

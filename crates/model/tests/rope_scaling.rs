@@ -224,6 +224,16 @@ fn unsupported_or_bad_scalings_are_named() {
             json!({"rope_type": "yarn", "factor": 4.0, "attention_factor": 0}),
             "attention factor",
         ),
+        // Its square scales the scores: 1e20 overflowed f32 into NaN logits on the CPU.
+        (
+            json!({"rope_type": "yarn", "factor": 4.0, "attention_factor": 1e20}),
+            "attention factor",
+        ),
+        (
+            json!({"rope_type": "yarn", "factor": 4.0, "mscale": 1e30, "mscale_all_dim": 1.0}),
+            "attention factor",
+        ),
+        (json!({"factor": 4.0}), "no rope_type"),
         (
             json!({"rope_type": "yarn", "factor": 4.0, "truncate": 1}),
             "truncate",
@@ -234,6 +244,24 @@ fn unsupported_or_bad_scalings_are_named() {
         let e = hf(v.clone()).unwrap_err();
         assert!(e.contains("rope_scaling") && e.contains(says), "{v}: {e}");
     }
+}
+
+#[test]
+fn rope_parameters_theta_of_the_wrong_type_is_named() {
+    let mut j = Qwen3MoeConfig::tiny().to_hf_json();
+    let o = j.as_object_mut().unwrap();
+    o.remove("rope_theta");
+    o.insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": "abc"}),
+    );
+    let e = Qwen3MoeConfig::from_hf_json(&j.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rope_parameters") && e.contains("rope_theta"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -283,6 +311,38 @@ fn gguf_err(extra: &[(&str, MetaValue)]) -> String {
         Ok(_) => panic!("accepted: {extra:?}"),
         Err(e) => format!("{e:#}"),
     }
+}
+
+/// The scaling read from [`small_cfg`]'s GGUF metadata plus `extra` (a tensorless file).
+fn gguf_scaling(extra: &[(&str, MetaValue)]) -> Option<RopeScaling> {
+    let mut meta = gguf_metadata(&small_cfg(None), "t");
+    for (k, v) in extra {
+        meta.push((k.to_string(), v.clone()));
+    }
+    meta.push(("qwen3moe.vocab_size".into(), MetaValue::U32(256)));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let w = GgufWriter::new(std::fs::File::create(&path).unwrap(), meta, vec![]).unwrap();
+    w.finish().unwrap();
+    let f = nibble_formats::gguf::GgufFile::open(&path).unwrap();
+    nibble_model::qwen3_moe::config_from_gguf(&f)
+        .unwrap()
+        .rope_scaling
+}
+
+#[test]
+fn gguf_factor_without_a_type_is_linear_as_llama_cpp_reads_it() {
+    let f = |x: f32| ("qwen3moe.rope.scaling.factor", MetaValue::F32(x));
+    assert_eq!(
+        gguf_scaling(&[f(4.0)]),
+        Some(RopeScaling::Linear { factor: 4.0 })
+    );
+    assert_eq!(gguf_scaling(&[f(1.0)]), None);
+    assert_eq!(gguf_scaling(&[f(0.0)]), None);
+    assert_eq!(
+        gguf_scaling(&[("qwen3moe.rope.scale_linear", MetaValue::F32(2.0))]),
+        Some(RopeScaling::Linear { factor: 2.0 })
+    );
 }
 
 #[test]

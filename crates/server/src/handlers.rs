@@ -85,19 +85,21 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         prompt_k: p.prompt_logprobs,
     };
     // One sequence per choice (`n`), each queued as a request of its own; choice i samples from
-    // seed + i. A refused one drops those queued before it, which the worker then skips.
-    let mut rxs = Vec::with_capacity(p.choices);
+    // seed + i.
+    let (mut rxs, mut jobs) = (Vec::with_capacity(p.choices), Vec::with_capacity(p.choices));
     for i in 0..p.choices {
         let (tx, rx) = unbounded_channel();
         let mut gen = p.gen.clone();
         gen.sampling.seed = gen.sampling.seed.map(|s| s.wrapping_add(i as u64));
-        s.queue.submit(Job {
+        jobs.push(Job {
             prompt: p.prompt.clone(),
             gen,
             events: tx,
-        })?;
+        });
         rxs.push(rx);
     }
+    // All of the request's sequences enter the queue together, or none does.
+    s.queue.submit_all(jobs)?;
     let n = s.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = if kind == Kind::Chat {
         "chatcmpl"

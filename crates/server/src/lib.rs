@@ -158,13 +158,61 @@ pub fn app(
         .with_state(state))
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// How long a client may take to send a request's headers before its connection is closed
+/// (hyper's default once a timer is set; a client that opens connections and never finishes
+/// their headers would otherwise hold them, and their file descriptors, forever).
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves `router` on `listener` until `shutdown` resolves, then waits for the open
+/// connections' requests to finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, shutdown, HEADER_TIMEOUT).await
+}
+
+/// [`serve`] with the header-read timeout `header_timeout`. Each connection is served by
+/// hyper (HTTP/1.1) with a tokio timer, which `axum::serve` does not set.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    header_timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors and the like: wait, as axum::serve does, rather
+                // than spin.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // The router takes hyper's request bodies as they are (any `HttpBody`).
+        let service = TowerToHyperService::new(router.clone());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            // A client that left or timed out ends its connection; nothing to report.
+            let _ = conn.await;
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
 }

@@ -421,7 +421,11 @@ impl Envelope {
     /// Tool call `index` of this answer, as OpenAI writes one (the id is unique per answer).
     pub fn tool_call(&self, index: usize, name: &str, arguments: &str) -> Value {
         json!({
-            "id": format!("call_{}_{index}", self.id.trim_start_matches("chatcmpl-")),
+            // Unique within the response: a second choice's calls name their choice too.
+            "id": match self.choice {
+                0 => format!("call_{}_{index}", self.id.trim_start_matches("chatcmpl-")),
+                c => format!("call_{}_{c}_{index}", self.id.trim_start_matches("chatcmpl-")),
+            },
             "type": "function",
             "function": {"name": name, "arguments": arguments},
         })

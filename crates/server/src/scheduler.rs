@@ -33,7 +33,9 @@ use nibble_engine::{TokenLogprob, Tokenizer};
 use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Tokens per multi-stream device run: small, so a request that arrives mid-run waits little,
@@ -73,26 +75,55 @@ pub struct Job {
 pub struct Queue {
     tx: SyncSender<Job>,
     capacity: usize,
+    /// Jobs sent and not yet taken by the worker (it decrements on taking one): slots are
+    /// reserved here first, so a request's jobs enter all together or not at all.
+    pending: Arc<AtomicUsize>,
     metrics: Metrics,
 }
 
 impl Queue {
     /// Enqueues without waiting: 429 when all slots are taken, 503 when the worker is gone.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        // Count first so the worker's decrement can never run before the increment.
-        self.metrics.queue_depth.inc();
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(e) => {
+        self.submit_all(vec![job])
+    }
+
+    /// Enqueues every job of one request (its `n` choices) or none: 400 when they could never
+    /// fit the queue, 429 when its free slots are fewer, 503 when the worker is gone.
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
+        let n = jobs.len();
+        if n > self.capacity {
+            return Err(ApiError::invalid(
+                "n",
+                format!(
+                    "n = {n} choices exceed this server's queue of {} (serve --queue)",
+                    self.capacity
+                ),
+            ));
+        }
+        let reserved = self
+            .pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (p + n <= self.capacity).then_some(p + n)
+            });
+        if reserved.is_err() {
+            return Err(ApiError::queue_full(self.capacity));
+        }
+        for (i, job) in jobs.into_iter().enumerate() {
+            // Count first so the worker's decrement can never run before the increment.
+            self.metrics.queue_depth.inc();
+            if let Err(e) = self.tx.try_send(job) {
+                // Only a stopped worker fails here: the reservation left room for every job.
                 self.metrics.queue_depth.dec();
-                Err(match e {
+                self.pending.fetch_sub(n - i, Ordering::AcqRel);
+                return Err(match e {
                     TrySendError::Full(_) => ApiError::queue_full(self.capacity),
                     TrySendError::Disconnected(_) => {
                         ApiError::unavailable("the engine worker has stopped")
                     }
-                })
+                });
             }
         }
+        Ok(())
     }
 }
 
@@ -112,6 +143,8 @@ pub struct Scheduler {
     running: VecDeque<Seq>,
     max_streams: usize,
     metrics: Metrics,
+    /// The queue's count of jobs not yet taken ([`Queue`]).
+    pending: Arc<AtomicUsize>,
 }
 
 /// One step's explicit input: indices into the admitted sequences to advance, oldest first.
@@ -123,6 +156,7 @@ pub struct Step {
 impl Scheduler {
     fn admit(&mut self, job: Job) {
         self.metrics.queue_depth.dec();
+        self.pending.fetch_sub(1, Ordering::AcqRel);
         // A client that left while queued costs nothing.
         if job.events.is_closed() {
             return;
@@ -607,11 +641,13 @@ pub fn spawn(
     metrics: Metrics,
 ) -> std::io::Result<(Queue, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(queue.max(1));
+    let pending = Arc::new(AtomicUsize::new(0));
     let mut sched = Scheduler {
         rx,
         running: VecDeque::new(),
         max_streams: max_streams.max(1),
         metrics: metrics.clone(),
+        pending: Arc::clone(&pending),
     };
     let slots = vec![false; session.backend().max_streams().min(max_streams.max(1))];
     let mut worker = Worker {
@@ -633,6 +669,7 @@ pub fn spawn(
     let q = Queue {
         tx,
         capacity: queue.max(1),
+        pending,
         metrics,
     };
     Ok((q, handle))

@@ -133,3 +133,55 @@ async fn sampled_choices_are_seeded_one_apart_and_stream_interleaved() {
         .count();
     assert_eq!(finishes, 2);
 }
+
+/// A request's choices enter the queue together or not at all: more than the queue holds is a
+/// 400 naming `n` (a 429 would never clear), as many as it holds on an idle server all run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choices_are_admitted_all_together() {
+    let Some(_) = model_path() else { return };
+    let cfg = nibble_server::ServerConfig {
+        queue: 4,
+        max_streams: 1,
+        ..cfg()
+    };
+    let srv = start(cfg, CTX).await;
+    let body = |n: u32| json!({"prompt": "Hi", "max_tokens": 2, "temperature": 0, "n": n});
+    for _ in 0..3 {
+        let (st, v) = post(&srv.base, "/v1/completions", &body(5)).await;
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"]["param"], "n", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("queue of 4"),
+            "{v}"
+        );
+        let (st, v) = post(&srv.base, "/v1/completions", &body(4)).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"].as_array().unwrap().len(), 4);
+    }
+    // Nothing of the refused requests ran: 3 x 4 choices of 2 tokens were generated.
+    let (_, m) = get(&srv.base, "/metrics", None).await;
+    assert_eq!(metric(&m, "nibble_generated_tokens_total"), 24.0, "{m}");
+    assert_eq!(metric(&m, "nibble_queue_depth"), 0.0);
+}
+
+/// Each choice's tool calls have ids of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_ids_are_unique_across_choices() {
+    let Some(_) = model_path() else { return };
+    let srv = start(cfg(), CTX).await;
+    let tools = json!([{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"side": {"enum": ["left", "right"]}},
+        "required": ["side"], "additionalProperties": false}}}]);
+    let body = chat(
+        json!({"temperature": 0, "n": 2, "max_tokens": 40, "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "pick"}}}),
+    );
+    let (st, v) = post(&srv.base, "/v1/chat/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    let id = |i: usize| v["choices"][i]["message"]["tool_calls"][0]["id"].clone();
+    assert!(id(0).is_string() && id(1).is_string(), "{v}");
+    assert_ne!(id(0), id(1), "{v}");
+}

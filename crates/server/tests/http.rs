@@ -771,3 +771,36 @@ async fn a_stalled_body_gets_408() {
     let (st, _) = get(&srv.base, "/health", None).await;
     assert_eq!(st, 200);
 }
+
+/// A client that never finishes its request's headers (slowloris) has its connection closed
+/// after the header-read timeout instead of holding it forever; the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_headers_are_cut_off() {
+    use std::io::{Read, Write};
+    let Some(_) = model_path() else { return };
+    let srv = start_with(cfg(), CTX, Duration::from_secs(1)).await;
+    let addr = srv.base.trim_start_matches("http://").to_owned();
+    let (closed, waited) = tokio::task::spawn_blocking(move || {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .unwrap();
+        let t = Instant::now();
+        let mut buf = vec![0u8; 1024];
+        // The server ends the connection: EOF, a reset, or hyper's 408.
+        let closed = match c.read(&mut buf) {
+            Ok(0) | Err(_) => true,
+            Ok(n) => String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"),
+        };
+        (closed, t.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(closed, "the stalled connection was answered otherwise");
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(15),
+        "{waited:?}"
+    );
+    let (st, _) = get(&srv.base, "/health", None).await;
+    assert_eq!(st, 200);
+}

@@ -109,6 +109,11 @@ impl Drop for TestServer {
 
 /// Starts a server on 127.0.0.1:0 (call inside a multi-thread tokio runtime).
 pub async fn start(cfg: ServerConfig, ctx: usize) -> TestServer {
+    start_with(cfg, ctx, nibble_server::HEADER_TIMEOUT).await
+}
+
+/// [`start`] with a header-read timeout of `header_timeout`.
+pub async fn start_with(cfg: ServerConfig, ctx: usize, header_timeout: Duration) -> TestServer {
     let m = open();
     let backend = RefBackend::new(m.weights.clone(), ctx).unwrap();
     let router = nibble_server::app(
@@ -121,9 +126,15 @@ pub async fn start(cfg: ServerConfig, ctx: usize) -> TestServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(nibble_server::serve(listener, router, async {
+    let stop = async {
         let _ = rx.await;
-    }));
+    };
+    tokio::spawn(nibble_server::serve_with(
+        listener,
+        router,
+        stop,
+        header_timeout,
+    ));
     TestServer {
         base: format!("http://{addr}"),
         stop: Some(tx),
