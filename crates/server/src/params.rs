@@ -10,7 +10,8 @@
 //! top_k (-1 or 0 = off), min_p in [0, 1], repetition_penalty > 0; `logit_bias` ids in the
 //! vocabulary with biases in [-100, 100]; `skip_special_tokens` (vLLM's, default true);
 //! logprobs (chat: `logprobs: true` and `top_logprobs` 0-20; completions: `logprobs` 0-5).
-//! structured outputs ([`crate::structured`]); completions' `echo` and vLLM's `prompt_logprobs`
+//! structured outputs ([`crate::structured`]); completions' `suffix` (fill-in-the-middle in
+//! Qwen's form, [`FIM`]); completions' `echo` and vLLM's `prompt_logprobs`
 //! (with either, `max_tokens` may be 0: the prompt alone). Features not implemented
 //! (`best_of`, ...) are refused, never ignored. A prompt must leave room for one generated token
 //! (a prompt alone, `max_tokens` 0, may fill the context), and prompt + max_tokens must fit the
@@ -329,12 +330,6 @@ fn unsupported(r: &CompletionRequest) -> Result<(), ApiError> {
             "best_of other than 1 is not supported",
         ));
     }
-    if r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid(
-            "suffix",
-            "suffix (insertion) is not supported",
-        ));
-    }
     if r.continue_final_message == Some(true) {
         return Err(ApiError::invalid(
             "continue_final_message",
@@ -490,6 +485,51 @@ fn text_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<Vec<u32>, ApiErro
     encode(&text, m)
 }
 
+/// Qwen's fill-in-the-middle tokens (Qwen2.5-Coder and Qwen3-Coder are trained on them; every
+/// Qwen3 vocabulary has them).
+const FIM: [&str; 3] = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
+
+/// Completions' `suffix` (OpenAI's insertion): the text between `prompt` and `suffix` is
+/// asked for in Qwen's fill-in-the-middle form, `<|fim_prefix|>` prompt `<|fim_suffix|>`
+/// suffix `<|fim_middle|>`, the ids of the three markers placed as such (text that spells a
+/// marker inside the prompt or suffix is tokenized as it would be anywhere else).
+fn fim_prompt(r: &CompletionRequest, suffix: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    let ids = FIM
+        .iter()
+        .map(|t| m.tokenizer.token_to_id(t))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "suffix",
+                "suffix needs a tokenizer with Qwen's fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>); this one lacks them",
+            )
+        })?;
+    let prefix = match &r.prompt {
+        Some(Value::String(s)) => s.as_str(),
+        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+            items[0].as_str().unwrap_or_default()
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "suffix",
+                "suffix needs the prompt as one string (the text before the insertion)",
+            ))
+        }
+    };
+    if r.echo == Some(true) {
+        return Err(ApiError::invalid(
+            "echo",
+            "echo is not supported with suffix (an insertion is not a continuation)",
+        ));
+    }
+    let mut out = vec![ids[0]];
+    out.extend(encode(prefix, m)?);
+    out.push(ids[1]);
+    out.extend(encode(suffix, m)?);
+    out.push(ids[2]);
+    Ok(out)
+}
+
 /// A prompt given as token ids, each checked against the vocabulary.
 fn token_ids(items: &[Value], m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
     items
@@ -550,6 +590,12 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
     let stop = stop_strings(&r.stop)?;
     let mut thinking_open = false;
     let mut chat_text = None;
+    if kind == Kind::Chat && r.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(
+            "suffix",
+            "suffix is supported on /v1/completions only",
+        ));
+    }
     let prompt = match kind {
         Kind::Chat => {
             let text = chat_prompt(r, m)?;
@@ -558,7 +604,10 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             chat_text = Some(text);
             ids
         }
-        Kind::Text => text_prompt(r, m)?,
+        Kind::Text => match r.suffix.as_deref().filter(|s| !s.is_empty()) {
+            Some(suffix) => fim_prompt(r, suffix, m)?,
+            None => text_prompt(r, m)?,
+        },
     };
     let echo = match (kind, r.echo) {
         (_, None | Some(false)) => None,
