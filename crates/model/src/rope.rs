@@ -241,7 +241,14 @@ impl RopeScaling {
                 let factor = factor()?;
                 let original_context = match get("original_max_position_embeddings") {
                     None => max_position_embeddings,
-                    Some(x) => x.as_u64().map(|x| x as usize).ok_or_else(|| {
+                    // transformers takes an integral float too (1024.0).
+                    Some(x) => (x.as_u64().or_else(|| {
+                        x.as_f64()
+                            .filter(|f| f.fract() == 0.0 && (1.0..=16_777_216.0).contains(f))
+                            .map(|f| f as u64)
+                    }))
+                    .map(|x| x as usize)
+                    .ok_or_else(|| {
                         err(
                             field,
                             format!(

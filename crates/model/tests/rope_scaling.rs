@@ -127,6 +127,12 @@ fn hf_configs_in_every_spelling() {
     o.insert("rope_parameters".into(), params);
     let c = Qwen3MoeConfig::from_hf_json(&j.to_string()).unwrap();
     assert_eq!((c.rope_theta, c.rope_scaling), (1e6, Some(qwen_yarn())));
+    // An integral float is an integer, as transformers reads it.
+    let c = hf(
+        json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768.0}),
+    )
+    .unwrap();
+    assert_eq!(c.rope_scaling, Some(qwen_yarn()));
     // Without original_max_position_embeddings: max_position_embeddings (4096 here).
     let c = hf(json!({"rope_type": "yarn", "factor": 2.0})).unwrap();
     assert!(matches!(
