@@ -140,7 +140,7 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         let end = stream::once(async move {
             let mut last = vec![];
             if let Some(u) = include_usage
-                .then(|| *totals.lock().expect("totals"))
+                .then(|| *totals.lock().unwrap_or_else(|p| p.into_inner()))
                 .flatten()
             {
                 last.push(env.usage_chunk(u).to_string());
@@ -158,8 +158,9 @@ async fn complete(s: Shared, req: CompletionRequest, kind: Kind) -> Result<Respo
         let mut answers = futures_util::future::try_join_all(answers).await?;
         let (mut v, mut usage) = answers.remove(0);
         for (other, u) in answers {
-            let choice = other["choices"][0].clone();
-            v["choices"].as_array_mut().expect("choices").push(choice);
+            if let Some(list) = v["choices"].as_array_mut() {
+                list.push(other["choices"][0].clone());
+            }
             usage = usage.and(u);
         }
         v["usage"] = usage.json();
@@ -402,7 +403,7 @@ fn sse_stream(
                             st.pending.push_back("[DONE]".to_owned());
                         }
                         Tail::Member(totals) => {
-                            let mut t = totals.lock().expect("totals");
+                            let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
                             *t = Some(t.map_or(usage, |t| t.and(usage)));
                             st.pending
                                 .push_back(st.env.final_chunk(finish, None).to_string());
