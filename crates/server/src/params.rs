@@ -461,28 +461,31 @@ fn text_prompt(r: &CompletionRequest, m: &ModelInfo) -> Result<Vec<u32>, ApiErro
             format!("batched prompts ({n} {what}) are not supported: send one prompt per request"),
         )
     };
-    let text = match &r.prompt {
-        None | Some(Value::Null) => return Err(ApiError::invalid("prompt", "prompt is required")),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
-            items[0].as_str().unwrap_or_default().to_owned()
-        }
-        Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
-            return token_ids(items, m);
-        }
-        Some(Value::Array(items)) if items.iter().all(|x| x.is_array()) => {
-            return match items.as_slice() {
-                [Value::Array(ids)] if ids.iter().all(Value::is_u64) => token_ids(ids, m),
-                [_] => Err(bad()),
-                _ => Err(batched(items.len(), "token lists")),
-            };
-        }
+    if let Some(text) = prompt_text(r) {
+        return encode(text, m);
+    }
+    match &r.prompt {
+        None | Some(Value::Null) => Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(Value::Array(items)) if items.iter().all(Value::is_u64) => token_ids(items, m),
+        Some(Value::Array(items)) if items.iter().all(|x| x.is_array()) => match items.as_slice() {
+            [Value::Array(ids)] if ids.iter().all(Value::is_u64) => token_ids(ids, m),
+            [_] => Err(bad()),
+            _ => Err(batched(items.len(), "token lists")),
+        },
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-            return Err(batched(items.len(), "strings"));
+            Err(batched(items.len(), "strings"))
         }
-        Some(_) => return Err(bad()),
-    };
-    encode(&text, m)
+        Some(_) => Err(bad()),
+    }
+}
+
+/// A completions prompt given as text: a string, or an array of one string.
+fn prompt_text(r: &CompletionRequest) -> Option<&str> {
+    match &r.prompt {
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Array(items)) if items.len() == 1 => items[0].as_str(),
+        _ => None,
+    }
 }
 
 /// Qwen's fill-in-the-middle tokens (Qwen2.5-Coder and Qwen3-Coder are trained on them; every
@@ -504,18 +507,12 @@ fn fim_prompt(r: &CompletionRequest, suffix: &str, m: &ModelInfo) -> Result<Vec<
                 "suffix needs a tokenizer with Qwen's fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>); this one lacks them",
             )
         })?;
-    let prefix = match &r.prompt {
-        Some(Value::String(s)) => s.as_str(),
-        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
-            items[0].as_str().unwrap_or_default()
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "suffix",
-                "suffix needs the prompt as one string (the text before the insertion)",
-            ))
-        }
-    };
+    let prefix = prompt_text(r).ok_or_else(|| {
+        ApiError::invalid(
+            "suffix",
+            "suffix needs the prompt as one string (the text before the insertion)",
+        )
+    })?;
     if r.echo == Some(true) {
         return Err(ApiError::invalid(
             "echo",
