@@ -174,19 +174,21 @@ pub async fn serve(
 }
 
 /// [`serve`] with the header-read timeout `header_timeout`. Each connection is served by
-/// hyper (HTTP/1.1) with a tokio timer, which `axum::serve` does not set.
+/// hyper's HTTP/1.1 server (HTTP/1 only, as the router's axum features) with a tokio timer,
+/// which `axum::serve` does not set; the timer runs from the connection's first byte wait, so
+/// a client that sends nothing is closed too. hyper-util's version-sniffing builder was not
+/// used: it waits for the HTTP/2 preface with no timer at all. On `shutdown` the listener
+/// closes first, then the open requests finish, unless a second Ctrl-C cuts them off.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
     header_timeout: std::time::Duration,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
-    let mut builder = Builder::new(TokioExecutor::new());
+    let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -206,13 +208,17 @@ pub async fn serve_with(
         };
         // The router takes hyper's request bodies as they are (any `HttpBody`).
         let service = TowerToHyperService::new(router.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
         tokio::spawn(async move {
             // A client that left or timed out ends its connection; nothing to report.
             let _ = conn.await;
         });
     }
-    graceful.shutdown().await;
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
     Ok(())
 }

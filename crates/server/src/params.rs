@@ -507,12 +507,14 @@ fn fim_prompt(r: &CompletionRequest, suffix: &str, m: &ModelInfo) -> Result<Vec<
                 "suffix needs a tokenizer with Qwen's fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>); this one lacks them",
             )
         })?;
-    let prefix = prompt_text(r).ok_or_else(|| {
-        ApiError::invalid(
+    let Some(prefix) = prompt_text(r) else {
+        // A prompt that is no prompt at all is named as such; token ids are not text.
+        text_prompt(r, m)?;
+        return Err(ApiError::invalid(
             "suffix",
             "suffix needs the prompt as one string (the text before the insertion)",
-        )
-    })?;
+        ));
+    };
     if r.echo == Some(true) {
         return Err(ApiError::invalid(
             "echo",
@@ -522,7 +524,7 @@ fn fim_prompt(r: &CompletionRequest, suffix: &str, m: &ModelInfo) -> Result<Vec<
     let mut out = vec![ids[0]];
     out.extend(encode(prefix, m)?);
     out.push(ids[1]);
-    out.extend(encode(suffix, m)?);
+    out.extend(encode_field(suffix, m, "suffix")?);
     out.push(ids[2]);
     Ok(out)
 }
@@ -561,14 +563,19 @@ fn echo_text(r: &CompletionRequest, ids: &[u32], m: &ModelInfo) -> String {
 }
 
 fn encode(text: &str, m: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    encode_field(text, m, "prompt")
+}
+
+/// [`encode`] of the request field `param` (errors name it).
+fn encode_field(text: &str, m: &ModelInfo, param: &str) -> Result<Vec<u32>, ApiError> {
     m.tokenizer
         .encode_within(text, m.context_len)
         .map_err(|e| match e {
             // Too long to be worth tokenizing: the same code as a prompt counted too long.
             nibble_engine::Error::PromptTooLong { .. } => {
-                ApiError::invalid("prompt", e.to_string()).with_code("context_length_exceeded")
+                ApiError::invalid(param, e.to_string()).with_code("context_length_exceeded")
             }
-            e => ApiError::invalid("prompt", e.to_string()),
+            e => ApiError::invalid(param, e.to_string()),
         })
 }
 

@@ -94,10 +94,13 @@ fn typed(text: &str, ty: Option<&str>) -> Value {
     let parsed = if ty.starts_with("int") || ty.starts_with("uint") || ty == "long" {
         t.parse::<i64>().ok().map(Value::from)
     } else if matches!(ty, "number" | "float" | "double" | "num") {
-        t.parse::<f64>()
-            .ok()
-            .and_then(serde_json::Number::from_f64)
-            .map(Value::Number)
+        // An integer stays one (`1`, not `1.0`), as vLLM gives it.
+        t.parse::<i64>().ok().map(Value::from).or_else(|| {
+            t.parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map(Value::Number)
+        })
     } else if matches!(ty, "boolean" | "bool") {
         match t.to_ascii_lowercase().as_str() {
             "true" => Some(Value::Bool(true)),
@@ -147,9 +150,9 @@ fn xml_call(body: &str, types: &ToolTypes) -> Option<Part> {
         }
         let (end, tag) = first_of(after, &[PARAMETER_END, PARAMETER, FUNCTION_END]);
         let raw = &after[..end];
-        // The newlines around a value are the format's.
-        let raw = raw.strip_prefix('\n').unwrap_or(raw);
-        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        // The line breaks around a value are the format's.
+        let raw = (raw.strip_prefix("\r\n").or_else(|| raw.strip_prefix('\n'))).unwrap_or(raw);
+        let raw = (raw.strip_suffix("\r\n").or_else(|| raw.strip_suffix('\n'))).unwrap_or(raw);
         args.insert(key.to_owned(), typed(raw, types.of(name, key)));
         rest = if after[end..].starts_with(PARAMETER_END) {
             &after[end + tag..]

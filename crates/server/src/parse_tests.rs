@@ -251,6 +251,12 @@ fn qwen3_coder_xml_calls_are_typed_by_the_schema() {
             "hours": [9, 12], "note": "42"})
     );
     assert_eq!(args(2), ("locate".into(), serde_json::json!({"lat": 37.5})));
+    // CRLF around a value is the format's too; an integral number stays an integer.
+    let (_, _, calls) = parse_whole(
+        "<tool_call><function=locate><parameter=lat>\r\n2\r\n</parameter></function></tool_call>",
+        &coder_cfg(),
+    );
+    assert_eq!(calls[0].1, r#"{"lat":2}"#);
     assert_eq!(parts.len(), 3);
     // A value that does not read as its type stays a string; "null" is null for a
     // non-string type; a multi-line value keeps its inner newlines.

@@ -58,6 +58,26 @@ async fn suffix_is_a_fill_in_the_middle_prompt() {
             "suffix",
             "prompt as one string",
         ),
+        // The prompt's own faults name the prompt.
+        (
+            "/v1/completions",
+            json!({"suffix": "b"}),
+            "prompt",
+            "prompt is required",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ["a", "b"], "suffix": "c"}),
+            "prompt",
+            "batched prompts",
+        ),
+        // A suffix too long for the context names the suffix.
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "suffix": "word ".repeat(40_000)}),
+            "suffix",
+            "cannot fit",
+        ),
     ] {
         let (st, v) = post(&srv.base, path, &body).await;
         assert_eq!(st, 400, "{body}: {v}");
