@@ -206,6 +206,9 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
+        // A stream's chunks are small and one per token: sent at once, not held for Nagle's
+        // coalescing (uvicorn, under vLLM, sets it too).
+        let _ = stream.set_nodelay(true);
         // The router takes hyper's request bodies as they are (any `HttpBody`).
         let service = TowerToHyperService::new(router.clone());
         let conn = builder.serve_connection(TokioIo::new(stream), service);
