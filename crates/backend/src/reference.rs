@@ -22,6 +22,7 @@ use attention::{attention, AttnDims};
 use kv::KvCache;
 use moe::{moe_combine, route_logits, ExpertWeights};
 use nibble_model::config::Qwen3MoeConfig;
+use nibble_model::kv_cache::CacheType;
 use nibble_model::rope::RopeTable;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use ops::{matvec, rmsnorm, rmsnorm_heads, rope_heads};
@@ -56,7 +57,8 @@ pub const TRACE_NAMES: &[&str] = &[
     "logits",
 ];
 
-/// The reference backend: one sequence, an f32 KV cache for `context_len` positions.
+/// The reference backend: one sequence, a KV cache for `context_len` positions (f32 values
+/// rounded as its [`CacheType`] holds them).
 pub struct RefBackend {
     source: Arc<dyn WeightSource>,
     cfg: Qwen3MoeConfig,
@@ -71,8 +73,18 @@ pub struct RefBackend {
 
 impl RefBackend {
     /// Check the config and every tensor of `source` once, then allocate the KV cache for
-    /// `context_len` positions (at most the model's [`Qwen3MoeConfig::max_context`]).
+    /// `context_len` positions (at most the model's [`Qwen3MoeConfig::max_context`]) of the
+    /// default [`CacheType`] (f32, as the fast backends' default).
     pub fn new(source: Arc<dyn WeightSource>, context_len: usize) -> anyhow::Result<Self> {
+        Self::with_cache(source, context_len, CacheType::default())
+    }
+
+    /// [`RefBackend::new`] with a KV cache of type `cache` (`F32`: transformers' numerics).
+    pub fn with_cache(
+        source: Arc<dyn WeightSource>,
+        context_len: usize,
+        cache: CacheType,
+    ) -> anyhow::Result<Self> {
         let cfg = source.config().clone();
         cfg.validate().context("invalid model config")?;
         ensure!(context_len > 0, "the context length must be at least 1");
@@ -82,7 +94,7 @@ impl RefBackend {
             cfg.max_context()
         );
         check::check_all(source.as_ref(), &cfg)?;
-        let kv = KvCache::new(cfg.num_layers, context_len, cfg.kv_dim())?;
+        let kv = KvCache::new(cfg.num_layers, context_len, cfg.kv_dim(), cache)?;
         Ok(RefBackend {
             rope: cfg.rope(),
             source,

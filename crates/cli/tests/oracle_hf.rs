@@ -10,6 +10,7 @@
 use nibble_backend::reference::RefBackend;
 use nibble_backend::{argmax, Backend};
 use nibble_model::config::Qwen3MoeConfig;
+use nibble_model::kv_cache::CacheType;
 use nibble_model::loader;
 use nibble_model::rope::{yarn_default_attention_factor, RopeScaling};
 use nibble_model::synth::{self, SynthParams};
@@ -123,6 +124,47 @@ fn oracle_matches_transformers_with_yarn() {
         .any(|(a, b)| a.greedy != b.greedy));
 }
 
+/// An f16 KV cache (`--cache-type f16`) moves the oracle off transformers' f32 numerics by its rounding
+/// alone: each row of the prompt stays within 2e-3 of the logit scale of the fixture's, with the
+/// same top-1, and the rounding is visible (the rows differ from the f32 cache's).
+#[test]
+fn f16_cache_stays_close_to_transformers() {
+    let fx = fixture("oracle_hf.json");
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    let p = SynthParams {
+        seed: 0,
+        ..Default::default()
+    };
+    synth::write_gguf(&Qwen3MoeConfig::tiny(), &p, None, &gguf, true).unwrap();
+    let m = loader::open(&gguf).unwrap();
+    let (mut worst, mut moved) = (0f64, 0f64);
+    for case in &fx.cases {
+        let mut half = RefBackend::with_cache(m.weights.clone(), 256, CacheType::F16).unwrap();
+        let mut full = RefBackend::with_cache(m.weights.clone(), 256, CacheType::F32).unwrap();
+        for (t, &id) in case.prompt.iter().enumerate() {
+            let (a, b) = (half.step(id).unwrap(), full.step(id).unwrap());
+            let hf = &case.prompt_logits[t];
+            let scale = hf.max_abs.max(1e-6);
+            for (id, want) in hf.top_ids.iter().zip(&hf.top_logits) {
+                worst = worst.max((a[*id as usize] as f64 - want).abs() / scale);
+            }
+            moved = a
+                .iter()
+                .zip(&b)
+                .fold(moved, |m, (x, y)| m.max((x - y).abs() as f64 / scale));
+            assert_eq!(
+                argmax(&a),
+                hf.top_ids[0],
+                "prompt position {t}: top-1 differs"
+            );
+        }
+    }
+    eprintln!("f16 cache vs transformers: max |delta logit| / scale = {worst:.2e}, vs f32 cache {moved:.2e}");
+    assert!(worst <= 2e-3, "{worst:.2e}");
+    assert!(moved > 0.0, "the f16 cache changed nothing");
+}
+
 fn fixture(name: &str) -> Fixture {
     let path = format!("{}/../../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture present")).unwrap()
@@ -146,7 +188,7 @@ fn check_fixture(name: &str, cfg: Qwen3MoeConfig) -> Fixture {
     for case in &fx.cases {
         let mut backends: Vec<RefBackend> = models
             .iter()
-            .map(|m| RefBackend::new(m.weights.clone(), 256).unwrap())
+            .map(|m| RefBackend::with_cache(m.weights.clone(), 256, CacheType::F32).unwrap())
             .collect();
         let mut rows = vec![];
         for (t, &id) in case.prompt.iter().enumerate() {
@@ -184,7 +226,7 @@ fn check_fixture(name: &str, cfg: Qwen3MoeConfig) -> Fixture {
             next = argmax(&a);
         }
         // The folded greedy path of the oracle gives the same continuation.
-        let mut b = RefBackend::new(models[0].weights.clone(), 256).unwrap();
+        let mut b = RefBackend::with_cache(models[0].weights.clone(), 256, CacheType::F32).unwrap();
         let last = b.prefill(&case.prompt).unwrap();
         let first = argmax(&last);
         let ids = b.decode_greedy(first, case.greedy.len() - 1, &[]).unwrap();

@@ -12,7 +12,9 @@
 //!   gate/up of every chosen expert together, their down rows together);
 //! - concurrent sequences (`streams.rs`, the server's requests) share each forward pass.
 //!
-//! Numerics: f32 activations and sums (see [`matmul`]); the KV cache is f32. A token gives the
+//! Numerics: f32 activations and sums (see [`matmul`]); the KV cache holds f32 slots, each value
+//! rounded as the cache type holds it (`CacheType::round`: exact in f32, the default; in f16 as the
+//! oracle and the GPU round it, though the memory stays that of f32). A token gives the
 //! same bits whether it was prefilled in a chunk or decoded alone, and whatever the thread count.
 //! Parity with the oracle is tested like the GPU's: identical greedy ids for 128 tokens, logits
 //! cosine >= 0.99999.
@@ -31,6 +33,7 @@ use matmul::{decode_row, Job};
 use nibble_backend::reference::check;
 use nibble_backend::{Backend, RowSink, StepTrace};
 use nibble_model::config::Qwen3MoeConfig;
+use nibble_model::kv_cache::CacheType;
 use nibble_model::weights::{LayerTensor, TensorKey, Weight, WeightSource};
 use ops::Heads;
 use std::sync::Arc;
@@ -52,7 +55,7 @@ struct LayerNorms {
     k: Vec<f32>,    // [D]
 }
 
-/// One sequence's f32 KV cache.
+/// One sequence's KV cache (f32 slots holding values rounded to the backend's `CacheType`).
 struct Cache {
     /// Per layer `[context_len, Hkv·D]`.
     keys: Vec<Vec<f32>>,
@@ -94,13 +97,15 @@ struct Place {
 const MAIN: usize = 0;
 
 /// The CPU backend: the main sequence and up to `streams` independent ones (`streams.rs`), each
-/// with an f32 KV cache of `context_len` positions.
+/// with a KV cache of `context_len` positions.
 pub struct CpuBackend {
     source: Arc<dyn WeightSource>,
     cfg: Qwen3MoeConfig,
     context_len: usize,
     /// Tokens in the main sequence's cache.
     pos: usize,
+    /// How cached keys and values are rounded (the oracle's rounding for the same type).
+    cache_type: CacheType,
     /// `caches[MAIN]`, then one per stream slot, allocated when the slot is first used.
     caches: Vec<Option<Cache>>,
     streams: streams::Streams,
@@ -138,6 +143,16 @@ impl CpuBackend {
         source: Arc<dyn WeightSource>,
         context_len: usize,
         streams: usize,
+    ) -> Result<Self> {
+        Self::with_cache(source, context_len, streams, CacheType::default())
+    }
+
+    /// [`CpuBackend::with_streams`] with KV caches of type `cache_type`.
+    pub fn with_cache(
+        source: Arc<dyn WeightSource>,
+        context_len: usize,
+        streams: usize,
+        cache_type: CacheType,
     ) -> Result<Self> {
         ensure!(
             streams <= streams::MAX_STREAMS,
@@ -180,6 +195,7 @@ impl CpuBackend {
             cfg,
             context_len,
             pos: 0,
+            cache_type,
             caches,
             streams: streams::Streams::new(streams),
             rope,
@@ -303,7 +319,10 @@ impl CpuBackend {
             ops::rope_heads(kt, &angles);
             emit(&mut self.trace, Some(l), "q_rope", qt);
             emit(&mut self.trace, Some(l), "k_rope", kt);
-            cache.values[l][row].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+            cache.values[l][row.clone()].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+            // The trace saw the exact k; the cache holds it as its type does, as the oracle's.
+            self.cache_type.round_all(&mut cache.keys[l][row.clone()]);
+            self.cache_type.round_all(&mut cache.values[l][row]);
         }
         let heads = Heads {
             q: cfg.num_heads,

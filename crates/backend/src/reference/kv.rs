@@ -1,4 +1,8 @@
-//! The reference backend's f32 KV cache, allocated once for the whole context.
+//! The reference backend's KV cache, allocated once for the whole context.
+//!
+//! Values are held as f32, each rounded on write as a cache of its [`CacheType`] holds it
+//! ([`CacheType::round`]: exact for f32, the nearest f16 for f16), so the oracle attends over exactly the
+//! keys and values a fast backend's f16 cache gives back.
 //!
 //! Layout: keys and values each `[L, C, Hkv·D]` (layer-major, then position), C = context
 //! length. Slot `p` of layer `l` holds the post-norm, post-RoPE key and the raw value of the
@@ -6,6 +10,7 @@
 //! truncation only moves the position back, and the next append overwrites them.
 
 use anyhow::{ensure, Context};
+use nibble_model::kv_cache::CacheType;
 
 /// Per-layer key/value storage for `context` positions.
 pub struct KvCache {
@@ -16,11 +21,13 @@ pub struct KvCache {
     context: usize,
     /// Hkv·D, the width of one cached position.
     row: usize,
+    /// How each written element is rounded.
+    kind: CacheType,
 }
 
 impl KvCache {
     /// Allocate `layers × context × row` keys and values, failing cleanly when that is too big.
-    pub fn new(layers: usize, context: usize, row: usize) -> anyhow::Result<Self> {
+    pub fn new(layers: usize, context: usize, row: usize, kind: CacheType) -> anyhow::Result<Self> {
         let n = layers
             .checked_mul(context)
             .and_then(|x| x.checked_mul(row))
@@ -42,10 +49,12 @@ impl KvCache {
             values: alloc("value")?,
             context,
             row,
+            kind,
         })
     }
 
-    /// Store the key and value `[Hkv·D]` of position `pos` in layer `layer`.
+    /// Store the key and value `[Hkv·D]` of position `pos` in layer `layer`, each element
+    /// rounded as the cache type holds it.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> anyhow::Result<()> {
         ensure!(
             pos < self.context,
@@ -59,6 +68,8 @@ impl KvCache {
         let at = (layer * self.context + pos) * self.row;
         self.keys[at..at + self.row].copy_from_slice(k);
         self.values[at..at + self.row].copy_from_slice(v);
+        self.kind.round_all(&mut self.keys[at..at + self.row]);
+        self.kind.round_all(&mut self.values[at..at + self.row]);
         Ok(())
     }
 
