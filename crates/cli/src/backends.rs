@@ -7,6 +7,7 @@ use nibble_backend::Backend;
 use nibble_cpu::CpuBackend;
 use nibble_gpu::backend::{GpuBackend, GpuOptions};
 use nibble_gpu::context::{AdapterChoice, Context};
+use nibble_model::kv_cache::CacheType;
 use nibble_model::loader::LoadedModel;
 use nibble_model::weights::WeightSource;
 use std::sync::Arc;
@@ -97,6 +98,12 @@ pub struct BackendArgs {
     /// scaling raises the model's context, e.g. YaRN x4 over 32768 to 131072).
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// The KV cache's element type: f32 (the default: exact, the oracle's parity bar holds) or
+    /// f16 (half the cache's memory and reads, as llama.cpp's default `--cache-type-k f16`;
+    /// every backend, the oracle included, then rounds what it caches to f16, and parity is
+    /// near rather than exact).
+    #[arg(long, default_value_t = CacheType::default(), value_parser = |s: &str| s.parse::<CacheType>())]
+    pub cache_type: CacheType,
     #[command(flatten)]
     pub rope: RopeArgs,
     /// Print what runs (backend, kernel variants, memory).
@@ -108,6 +115,7 @@ pub struct BackendArgs {
 pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> Result<GpuBackend> {
     let opts = GpuOptions {
         context_len: ctx,
+        cache: args.cache_type,
         fold: args.fold.max(1),
         per_token: args.per_token,
         numerics: args.numerics,
@@ -127,12 +135,14 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     let g = GpuBackend::new(weights, opts)?;
     if args.verbose {
         note!(
-            "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident, \
-             {} weights, numerics {}, fold {}, {}, attention combine {:?}, MoE down slot \
+            "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident \
+             weights, {} KV cache {:.3} GB, {} weights, numerics {}, fold {}, {}, attention combine {:?}, MoE down slot \
              groups {}, L2 warming {}, tune {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
+            args.cache_type,
+            g.kv_cache_bytes() as f64 / 1e9,
             g.plan().weights.form_names(),
             args.numerics,
             args.fold,
@@ -272,11 +282,20 @@ pub fn make(args: &BackendArgs, weights: Arc<dyn WeightSource>) -> Result<Box<dy
     }
     let b: Box<dyn Backend> = match kind {
         BackendKind::Gpu => Box::new(make_gpu(args, weights.as_ref(), ctx)?),
-        BackendKind::Cpu => Box::new(CpuBackend::with_streams(weights, ctx, args.streams)?),
-        _ => Box::new(RefBackend::new(weights, ctx)?),
+        BackendKind::Cpu => Box::new(CpuBackend::with_cache(
+            weights,
+            ctx,
+            args.streams,
+            args.cache_type,
+        )?),
+        _ => Box::new(RefBackend::with_cache(weights, ctx, args.cache_type)?),
     };
     if args.verbose {
-        note!("backend: {} (context {ctx} tokens)", b.name());
+        note!(
+            "backend: {} (context {ctx} tokens, {} KV cache)",
+            b.name(),
+            args.cache_type
+        );
     }
     Ok(b)
 }

@@ -353,7 +353,8 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
     }
-    let mut oracle = RefBackend::new(model.weights.clone(), ctx)?;
+    // The oracle holds the same KV cache type as the fast backend (f16 rounds in both).
+    let mut oracle = RefBackend::with_cache(model.weights.clone(), ctx, a.backend.cache_type)?;
     let mut fast = match &a.plant_error {
         None => backends::make(&a.backend, model.weights.clone())?,
         Some(spec) => {

@@ -38,6 +38,9 @@ use nibble_model::weights::WeightSource;
 pub struct GpuOptions {
     /// KV-cache positions.
     pub context_len: usize,
+    /// The KV cache's element type (f32 by default; f16 halves its memory and its reads:
+    /// nibble_model::kv_cache).
+    pub cache: nibble_model::kv_cache::CacheType,
     /// Greedy steps per submission in `decode_greedy`. Default 4, from the H200 sweep of
     /// 2026-11-29 (docs/BENCHMARKS.md run 3, runs overlapped): tg128 249.1 / 249.6 / 248.3 /
     /// 245.3 / 239.8 / 234.5 tok/s at N = 1 / 4 / 8 / 16 / 32 / 64.
@@ -88,6 +91,7 @@ impl Default for GpuOptions {
     fn default() -> Self {
         GpuOptions {
             context_len: 4096,
+            cache: Default::default(),
             fold: 4,
             per_token: false,
             routing: Routing::default(),
@@ -217,6 +221,7 @@ impl GpuBackend {
             weights,
             PlanOptions {
                 context_len: opts.context_len,
+                cache: opts.cache,
                 max_run: opts.fold,
                 routing: opts.routing,
                 max_eos: MAX_EOS,
@@ -233,7 +238,7 @@ impl GpuBackend {
             n => Some(BatchPlan::new(
                 ctx,
                 &plan.weights,
-                (n, opts.context_len),
+                (n, opts.context_len, opts.cache),
                 opts.numerics,
                 merge,
                 opts.tune,
@@ -264,6 +269,13 @@ impl GpuBackend {
             gemm_prefill,
             gemm_min: opts.prefill_gemm_min,
         })
+    }
+
+    /// Bytes of the KV caches on the GPU: keys and values of every layer, for the main sequence
+    /// and each multi-stream slot.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        let per_seq = 2 * self.plan.weights.cfg.num_layers as u64 * self.plan.cache_bytes();
+        per_seq * (1 + self.batch.as_ref().map_or(0, |b| b.streams() as u64))
     }
 
     /// Bytes of weights resident on the GPU (with the folded router's matrices).
@@ -341,7 +353,8 @@ impl GpuBackend {
              routing {:?}, router {}, attention {}, attention combine {}, MoE down slot \
              groups {}, lm_head {}, L2 warming {}, tune {}\n\
              prefill: {}\n\
-             resident weights: {} bytes ({:.1} MiB), context {} positions{}",
+             resident weights: {} bytes ({:.1} MiB), context {} positions, KV cache {} ({:.1} \
+             MiB){}",
             info.name,
             info.device_type,
             info.backend,
@@ -373,6 +386,8 @@ impl GpuBackend {
             self.resident_bytes(),
             self.resident_bytes() as f64 / (1u64 << 20) as f64,
             o.context_len,
+            o.cache,
+            self.kv_cache_bytes() as f64 / (1u64 << 20) as f64,
             match self.streams_summary() {
                 x if x.is_empty() => x,
                 x => format!("\nmulti-stream: {x}"),

@@ -181,7 +181,11 @@ impl GpuBackend {
             let b = BatchPlan::new(
                 &self.plan.ctx,
                 &self.plan.weights,
-                (crate::columns::MAX_COLUMNS, self.context_len()),
+                (
+                    crate::columns::MAX_COLUMNS,
+                    self.context_len(),
+                    self.plan.cache_type(),
+                ),
                 numerics,
                 merge,
                 tune,
@@ -201,7 +205,7 @@ impl GpuBackend {
             let mut p = PrefillPlan::new(
                 &self.plan.ctx,
                 &self.plan.weights,
-                self.context_len(),
+                (self.context_len(), self.plan.cache_type()),
                 shape,
                 merge,
                 self.plan.kv_caches(),

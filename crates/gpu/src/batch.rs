@@ -41,6 +41,7 @@ use crate::tune::Tune;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
 use nibble_backend::DeviceSampling;
+use nibble_model::kv_cache::CacheType;
 
 /// One layer's bindings.
 /// The matmuls are bound once per column count (`[nb - 1]`), so a run records only the columns
@@ -157,12 +158,12 @@ pub enum BatchMode<'a> {
 }
 
 impl BatchPlan {
-    /// Allocate `streams` KV slots of `context_len` positions and bind every layer of `w`; the
+    /// Allocate `streams` KV slots of `context_len` positions of type `cache` and bind every layer of `w`; the
     /// attention merges its chunks as `merge` says.
     pub fn new(
         ctx: &Context,
         w: &GpuWeights,
-        (streams, context_len): (usize, usize),
+        (streams, context_len, cache): (usize, usize, CacheType),
         numerics: Numerics,
         merge: Combine,
         tune: Tune,
@@ -188,7 +189,7 @@ impl BatchPlan {
         let eps = cfg.rms_norm_eps;
         let bs = streams;
         let f32s = |label: &str, n: usize| ctx.storage(label, (bs * n) as u64 * 4);
-        let ap = AttentionParams::from_config(cfg, context_len)?;
+        let ap = AttentionParams::from_config(cfg, context_len, cache)?;
         let attn_k = tune.attention(ctx, ap, merge)?;
         let mp = MoeParams::from_config(cfg)?;
         let moe_k = MoeSet::new(ctx, mp, numerics, tune.moe(ctx, &mp), &w.moe_forms())?;
@@ -207,7 +208,7 @@ impl BatchPlan {
         let out_tokens = ctx.storage("b.out_tokens", (bs * context_len) as u64 * 4)?;
         let (slots, col_mode, k_cache, v_cache) = match mode {
             BatchMode::Streams => {
-                let cache_bytes = (bs * context_len * kv) as u64 * 4;
+                let cache_bytes = bs as u64 * ap.cache_bytes();
                 let alloc = |label: &str| -> GpuResult<Vec<wgpu::Buffer>> {
                     (0..cfg.num_layers)
                         .map(|_| ctx.storage(label, cache_bytes))

@@ -32,6 +32,8 @@ pub mod bandwidth;
 pub mod batch;
 #[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod cache_tests;
 pub mod columns;
 pub mod context;
 pub mod kernels;

@@ -58,6 +58,7 @@ use crate::tensor::{Q4Matrix, QForm, QuantActs};
 use crate::tune::Tune;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use nibble_backend::DeviceSampling;
+use nibble_model::kv_cache::CacheType;
 
 /// How a recorded step ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +76,8 @@ pub enum Pick {
 pub struct PlanOptions {
     /// KV-cache positions.
     pub context_len: usize,
+    /// The KV cache's element type.
+    pub cache: CacheType,
     /// Most steps one folded run may record.
     pub max_run: u32,
     pub routing: Routing,
@@ -240,7 +243,7 @@ impl DecodePlan {
     ) -> anyhow::Result<DecodePlan> {
         let cfg = weights.cfg.clone();
         anyhow::ensure!(opts.max_run > 0, "a run needs at least one step");
-        let ap = AttentionParams::from_config(&cfg, opts.context_len)?;
+        let ap = AttentionParams::from_config(&cfg, opts.context_len, opts.cache)?;
         let mp = MoeParams::from_config(&cfg)?;
         for (key, v) in [
             ("late_norm", opts.tune.late_norm),
@@ -315,7 +318,7 @@ impl DecodePlan {
         let quant = |label: &str, n: usize| QuantActs::for_numerics(ctx, label, n, nq);
         let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
         let f32s = |label: &str, n: usize| ctx.storage(label, n as u64 * 4);
-        let cache_bytes = (opts.context_len * kv) as u64 * 4;
+        let cache_bytes = ap.cache_bytes();
         let acts = Acts {
             state: RunState::default().buffer(ctx)?,
             h: f32s("h", h)?,
@@ -735,6 +738,16 @@ impl DecodePlan {
     /// writes them too.
     pub(crate) fn kv_caches(&self) -> (&[wgpu::Buffer], &[wgpu::Buffer]) {
         (&self.acts.k_cache, &self.acts.v_cache)
+    }
+
+    /// The KV caches' element type.
+    pub(crate) fn cache_type(&self) -> CacheType {
+        self.k.attn.params().cache
+    }
+
+    /// Bytes of one layer's key (or value) cache.
+    pub(crate) fn cache_bytes(&self) -> u64 {
+        self.k.attn.params().cache_bytes()
     }
 }
 

@@ -48,6 +48,7 @@ use crate::state::RunState;
 use crate::tensor::Q4Matrix;
 use crate::weights::{GpuWeights, HeadRef, Matrix};
 use anyhow::{bail, ensure, Result};
+use nibble_model::kv_cache::CacheType;
 
 mod rows;
 
@@ -180,11 +181,11 @@ pub struct PrefillShape {
 
 impl PrefillPlan {
     /// Bind every layer of `w` for chunks of up to `chunk` tokens, writing the main sequence's
-    /// KV rows into `k_cache`/`v_cache` (`[ctx, Hkv, D]` per layer, the decode plan's).
+    /// KV rows (of type `cache`, in a context of `context_len` positions) into `k_cache`/`v_cache` (`[ctx, Hkv, D]` per layer, the decode plan's).
     pub fn new(
         ctx: &Context,
         w: &GpuWeights,
-        context_len: usize,
+        (context_len, cache): (usize, CacheType),
         PrefillShape {
             chunk,
             query_tiles,
@@ -215,7 +216,7 @@ impl PrefillPlan {
             cfg.vocab_size,
         );
         let eps = cfg.rms_norm_eps;
-        let ap = AttentionParams::from_config(cfg, context_len)?;
+        let ap = AttentionParams::from_config(cfg, context_len, cache)?;
         // Every token of the chunk is a column of its own: the sequence needs no split for
         // parallelism, so the fewest chunks (as long as shared memory allows) keep the
         // partials small.

@@ -26,6 +26,7 @@ use nibble_gpu::state::RunState;
 use nibble_gpu::tensor::{Q4Matrix, QuantActs};
 use nibble_gpu::Numerics;
 use nibble_model::config::Qwen3MoeConfig;
+use nibble_model::kv_cache::CacheType;
 use rand::Rng;
 
 /// An f32 activation `[n]` and its quantised copy in every [`Numerics`] form (ALL order).
@@ -242,7 +243,10 @@ impl Bench {
         // Run the head once so argmax sees real logits.
         ctx.run_pass(|p| matvec.record(p, &head_b))?;
 
-        let attn = AttentionKernel::new(ctx, AttentionParams::from_config(cfg, ctx_len)?)?;
+        let attn = AttentionKernel::new(
+            ctx,
+            AttentionParams::from_config(cfg, ctx_len, CacheType::F32)?,
+        )?;
         let scratch = attn.scratch(ctx)?;
         let d = cfg.head_dim;
         let (q_norm, k_norm) = (
@@ -281,7 +285,7 @@ impl Bench {
         // One chunk per kv head up to 256 positions (no combine): the alternative split.
         let attn_one = AttentionKernel::with_split(
             ctx,
-            AttentionParams::from_config(cfg, ctx_len)?,
+            AttentionParams::from_config(cfg, ctx_len, CacheType::F32)?,
             Some((1, 256)),
         )?;
         let scratch_one = attn_one.scratch(ctx)?;
@@ -309,7 +313,7 @@ impl Bench {
             ("tiles of 4 loads/thread", None, 4, dflt),
             ("tiles of 8 loads/thread", None, 8, dflt),
         ] {
-            let params = AttentionParams::from_config(cfg, ctx_len)?;
+            let params = AttentionParams::from_config(cfg, ctx_len, CacheType::F32)?;
             let Ok(k) = AttentionKernel::with_split_tile(ctx, params, over, loads) else {
                 continue; // e.g. a tile past this device's workgroup memory
             };
@@ -363,7 +367,7 @@ impl Bench {
             if numerics != Numerics::F32 {
                 break;
             }
-            let params = AttentionParams::from_config(cfg, ctx_len)?;
+            let params = AttentionParams::from_config(cfg, ctx_len, CacheType::F32)?;
             let rpt = matvec.rows_per_team((q + 2 * kv) as u32);
             let Some(k) =
                 QkvAttentionKernel::with_source_edit(ctx, params, rpt, late, 256, &cut(mark))?

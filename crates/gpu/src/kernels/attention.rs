@@ -45,6 +45,7 @@ use crate::context::{Context, GpuError, Result};
 use crate::numerics::{act_out_wgsl, Numerics};
 use crate::state::STATE_WGSL;
 use crate::tensor::QuantActs;
+use nibble_model::kv_cache::CacheType;
 use nibble_model::rope::{rope_table, RopeScaling, RopeTable};
 
 /// Largest workgroup of the chunk and combine kernels (a power of two, >= D/4 for every valid
@@ -117,12 +118,19 @@ pub struct AttentionParams {
     /// scores (the kernels leave `q` and `k` unscaled, so the cache holds plain rotated keys).
     pub rope_scaling: Option<RopeScaling>,
     pub eps: f32,
+    /// The cache's element type (attention_wgsl.rs `kv_wgsl`): what its rows hold and how many
+    /// bytes they take.
+    pub cache: CacheType,
 }
 
 impl AttentionParams {
-    /// The attention of `cfg` with a cache of `ctx` positions and the default minimum chunk of 16
-    /// (one tile at D = 128: at position 512 that is 33 x Hkv workgroups).
-    pub fn from_config(cfg: &nibble_model::config::Qwen3MoeConfig, ctx: usize) -> Result<Self> {
+    /// The attention of `cfg` with a cache of `ctx` positions of type `cache` and the default
+    /// minimum chunk of 16 (one tile at D = 128: at position 512 that is 33 x Hkv workgroups).
+    pub fn from_config(
+        cfg: &nibble_model::config::Qwen3MoeConfig,
+        ctx: usize,
+        cache: CacheType,
+    ) -> Result<Self> {
         let u = |v: usize, what: &str| {
             u32::try_from(v).map_err(|_| GpuError::Shape(format!("{what} {v} does not fit u32")))
         };
@@ -135,6 +143,7 @@ impl AttentionParams {
             rope_theta: cfg.rope_theta,
             rope_scaling: cfg.rope_scaling,
             eps: cfg.rms_norm_eps,
+            cache,
         };
         p.validate()?;
         Ok(p)
@@ -143,6 +152,11 @@ impl AttentionParams {
     /// G: query heads per kv head.
     pub fn group(&self) -> u32 {
         self.heads / self.kv_heads
+    }
+
+    /// Bytes of one slot's cache `[ctx, Hkv, D]` (keys or values).
+    pub fn cache_bytes(&self) -> u64 {
+        self.ctx as u64 * self.kv_heads as u64 * self.head_dim as u64 * self.cache.bytes() as u64
     }
 
     /// Chunks covering the whole cache.
@@ -368,6 +382,7 @@ impl AttentionKernel {
             f32_const("EPS", p.eps),
             f32_const("SCALE", rope(p).score_scale()),
             split.wgsl(),
+            kv_wgsl(p.cache),
         ]
         .concat();
         let src = |wg: u32, extra: &str, body: &str| {
@@ -548,7 +563,7 @@ impl AttentionKernel {
     ) -> Result<AttentionBinding> {
         let p = &self.params;
         let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
-        let cache = p.ctx as u64 * hkv * d * 4;
+        let cache = p.cache_bytes();
         let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
         if kv_offset % align != 0 {
             return Err(GpuError::Shape(format!(
@@ -750,6 +765,7 @@ pub(crate) use split::Split;
 
 #[path = "attention_wgsl.rs"]
 mod wgsl;
+pub(crate) use wgsl::kv_wgsl;
 use wgsl::{f32_const, stage_body, u32_const};
 
 #[path = "attention_ref.rs"]

@@ -236,8 +236,9 @@ impl AttentionKernel {
     fn check_inputs(&self, b: &AttentionColsBuffers<'_>) -> Result<()> {
         let p = &self.params;
         let (hq, hkv, d) = (p.heads as u64, p.kv_heads as u64, p.head_dim as u64);
-        let cache = b.slots as u64 * p.ctx as u64 * hkv * d;
-        if b.slots == 0 || cache >= 1 << 31 {
+        // f32 words of the slots' caches (`need` counts 4-byte words).
+        let cache = b.slots as u64 * p.cache_bytes() / 4;
+        if b.slots == 0 || b.slots as u64 * p.ctx as u64 * hkv * d >= 1 << 31 {
             return Err(GpuError::Shape(format!(
                 "attention cache of {} slots x {} rows: need 1 slot or more and < 2^31 elements",
                 b.slots, p.ctx

@@ -157,7 +157,13 @@ impl AttentionPrefillKernel {
             dv,
             dg,
         )?;
-        let src = [consts.as_str(), COLUMNS_WGSL, body.as_str()].concat();
+        let src = [
+            consts.as_str(),
+            &super::attention::kv_wgsl(p.cache),
+            COLUMNS_WGSL,
+            body.as_str(),
+        ]
+        .concat();
         // Compiled without naga's runtime bounds checks: every module unchecked gave the prefill
         // at depth 4096 +17% over the unchecked GEMMs alone (docs/BENCHMARKS.md runs 115-116),
         // the rest being this kernel.
@@ -258,8 +264,16 @@ impl AttentionPrefillKernel {
         let checks = [
             (b.qkv.size(), t * (hq + 2 * hkv) * d * 4, "qkv"),
             (b.q_norm.size(), d * 4, "q_norm"),
-            (b.k_cache.size(), cache * 4, "k_cache"),
-            (b.v_cache.size(), cache * 4, "v_cache"),
+            (
+                b.k_cache.size(),
+                b.slots as u64 * p.cache_bytes(),
+                "k_cache",
+            ),
+            (
+                b.v_cache.size(),
+                b.slots as u64 * p.cache_bytes(),
+                "v_cache",
+            ),
             (b.out.size(), t * hq * d * 4, "out"),
             (b.cols.size(), t * col, "cols"),
         ];

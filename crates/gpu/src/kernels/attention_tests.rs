@@ -31,19 +31,51 @@ impl Case {
         let d = p.head_dim as usize;
         let qkv_len = (p.heads + 2 * p.kv_heads) as usize * d;
         let cache = p.ctx as usize * p.kv_heads as usize * d;
+        // The host copies hold what a cache of the type holds.
+        let mut cached = |lo, hi| {
+            let mut v = rand_f32(&mut r, cache, lo, hi);
+            p.cache.round_all(&mut v);
+            v
+        };
+        let (k_cache, v_cache) = (cached(-1.5, 1.5), cached(-1.0, 1.0));
         Case {
             p,
             qkv: rand_f32(&mut r, qkv_len, -2.0, 2.0),
             q_norm: rand_f32(&mut r, d, 0.5, 1.5),
             k_norm: rand_f32(&mut r, d, 0.5, 1.5),
-            k_cache: rand_f32(&mut r, cache, -1.5, 1.5),
-            v_cache: rand_f32(&mut r, cache, -1.0, 1.0),
+            k_cache,
+            v_cache,
             split: None,
             tile_loads: TILE_LOADS,
             merge: Combine::Dispatch,
             fused_max: FUSED_MAX_CHUNKS,
             repeats: 1,
         }
+    }
+}
+
+/// A cache's bytes on the GPU for host values `v` (already rounded to the type).
+pub(crate) fn cache_bytes(t: CacheType, v: &[f32]) -> Vec<u8> {
+    match t {
+        CacheType::F32 => bytemuck::cast_slice(v).to_vec(),
+        CacheType::F16 => v
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+    }
+}
+
+/// Read `n` cached values back from a cache buffer of type `t`.
+pub(crate) fn read_cache(ctx: &Context, t: CacheType, buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    match t {
+        CacheType::F32 => ctx.read_f32(buf, n).unwrap(),
+        CacheType::F16 => ctx
+            .read_u32(buf, n / 2)
+            .unwrap()
+            .iter()
+            .flat_map(|w| [*w as u16, (*w >> 16) as u16])
+            .map(|h| half::f16::from_bits(h).to_f32())
+            .collect(),
     }
 }
 
@@ -73,7 +105,11 @@ fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: boo
         .expect("state");
     let qkv = f("qkv", &c.qkv);
     let (qn, kn) = (f("q_norm", &c.q_norm), f("k_norm", &c.k_norm));
-    let (kc, vc) = (f("k_cache", &c.k_cache), f("v_cache", &c.v_cache));
+    let cache = |label: &str, v: &[f32]| {
+        ctx.storage_init(label, &cache_bytes(c.p.cache, v))
+            .expect("cache")
+    };
+    let (kc, vc) = (cache("k_cache", &c.k_cache), cache("v_cache", &c.v_cache));
     let n_out = (c.p.heads * c.p.head_dim) as usize;
     let out = ctx.storage("out", n_out as u64 * 4).expect("out");
     let out_q = quant.then(|| QuantActs::new(ctx, "out_q", n_out).expect("out_q"));
@@ -95,16 +131,16 @@ fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: boo
             // A stale output must not pass for a fresh one.
             ctx.write(&out, 0, bytemuck::cast_slice(&vec![f32::NAN; n_out]));
             // The step wrote row pos; put the original cache back so the step repeats exactly.
-            ctx.write(&kc, 0, bytemuck::cast_slice(&c.k_cache));
-            ctx.write(&vc, 0, bytemuck::cast_slice(&c.v_cache));
+            ctx.write(&kc, 0, &cache_bytes(c.p.cache, &c.k_cache));
+            ctx.write(&vc, 0, &cache_bytes(c.p.cache, &c.v_cache));
         }
         ctx.run_pass(|pass| k.record(pass, &b, pos_bound))
             .expect("run");
     }
     Outputs {
         qkv: ctx.read_f32(&qkv, c.qkv.len()).unwrap(),
-        k_cache: ctx.read_f32(&kc, c.k_cache.len()).unwrap(),
-        v_cache: ctx.read_f32(&vc, c.v_cache.len()).unwrap(),
+        k_cache: read_cache(ctx, c.p.cache, &kc, c.k_cache.len()),
+        v_cache: read_cache(ctx, c.p.cache, &vc, c.v_cache.len()),
         out: ctx.read_f32(&out, n_out).unwrap(),
         out_q: out_q.map(|q| {
             let words = ctx.read_u32(&q.q, n_out / 4).unwrap();
@@ -131,6 +167,7 @@ pub(crate) fn params(
         rope_theta: 1_000_000.0,
         rope_scaling: None,
         eps: 1e-6,
+        cache: nibble_model::kv_cache::CacheType::F32,
     }
 }
 
@@ -174,22 +211,27 @@ fn check_case(ctx: &Context, c: Case, (pos, pos_bound): (u32, u32)) -> u32 {
     let o = run(ctx, &c, pos, pos_bound, false, false);
     let what = format!("{p:?} pos {pos}");
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
-    let (q_want, k_want) = rope_ref(&p, &c.qkv, &c.q_norm, &c.k_norm, pos);
+    let (q_want, mut k_want) = rope_ref(&p, &c.qkv, &c.q_norm, &c.k_norm, pos);
+    // An f16 cache holds the rounded row: the GPU's k may round to the neighbouring half where
+    // the f32 value sits near a boundary (one f16 step, 2^-11 relative), v rounds alike.
+    p.cache.round_all(&mut k_want);
+    let (abs, rel) = match p.cache {
+        CacheType::F32 => (2e-5, 1e-4),
+        CacheType::F16 => (2e-5, 1e-3),
+    };
+    let mut v_want = c.qkv[(hq + hkv) * d..].to_vec();
+    p.cache.round_all(&mut v_want);
     // The kernels norm and rope in workgroup memory: qkv stays raw (the trace reads it).
     assert_eq!(o.qkv, c.qkv, "{what}: qkv changed");
     let row = pos as usize * hkv * d..(pos as usize + 1) * hkv * d;
     assert_close(
         &o.k_cache[row.clone()],
         &k_want,
-        2e-5,
-        1e-4,
+        abs,
+        rel,
         &format!("{what}: k cache row"),
     );
-    assert_eq!(
-        o.v_cache[row.clone()],
-        c.qkv[(hq + hkv) * d..],
-        "{what}: v cache row"
-    );
+    assert_eq!(o.v_cache[row.clone()], v_want, "{what}: v cache row");
     // Every other cache row is untouched.
     for (name, got, orig) in [("k", &o.k_cache, &c.k_cache), ("v", &o.v_cache, &c.v_cache)] {
         assert_eq!(
@@ -211,9 +253,15 @@ fn check_case(ctx: &Context, c: Case, (pos, pos_bound): (u32, u32)) -> u32 {
     let mut kc = c.k_cache.clone();
     kc[row.clone()].copy_from_slice(&k_want);
     let mut vc = c.v_cache.clone();
-    vc[row].copy_from_slice(&c.qkv[(hq + hkv) * d..]);
+    vc[row].copy_from_slice(&v_want);
     let chain = attention_ref(&p, &q_want, &kc, &vc, pos);
-    assert_close(&o.out, &chain, 5e-5, 2e-4, &format!("{what}: chained out"));
+    assert_close(
+        &o.out,
+        &chain,
+        5e-5,
+        2e-4 + rel,
+        &format!("{what}: chained out"),
+    );
     o.dispatches
 }
 
@@ -309,6 +357,43 @@ fn attention_fused_combine_matches_reference() {
             want,
             "pos {pos}: dispatches"
         );
+    }
+}
+
+/// An f16 cache (`CacheType::F16`): the step writes row pos as halves (k within one f16 step of
+/// the rounded reference, v exactly the rounded raw v), reads every row, its own included, as
+/// the cache holds it, and leaves the other rows alone; over the single, chunk + combine and
+/// fused forms, prefetched and staged tiles, one to many chunks.
+#[test]
+fn attention_f16_cache_matches_reference() {
+    let Some(ctx) = gpu("attention_f16_cache_matches_reference") else {
+        return;
+    };
+    // (heads, kv_heads, head_dim, ctx, chunk, split override, tile loads)
+    let shapes = [
+        (6, 2, 36, 100, 7, None, TILE_LOADS),
+        (32, 4, 128, 384, 16, None, TILE_LOADS),
+        (8, 2, 32, 1100, 4, Some((64, 16)), 4),
+    ];
+    for (i, (hq, hkv, d, n, chunk, split, loads)) in shapes.into_iter().enumerate() {
+        let p = AttentionParams {
+            cache: CacheType::F16,
+            ..params(hq, hkv, d, n, chunk)
+        };
+        for (j, pos) in [0, chunk - 1, chunk, 3 * chunk + 1, n - 1]
+            .into_iter()
+            .enumerate()
+        {
+            for (k, merge) in [Combine::Dispatch, Combine::Fused].into_iter().enumerate() {
+                let mut c = Case::new(p, 900 + 40 * i as u64 + 4 * j as u64 + k as u64);
+                c.split = split;
+                c.tile_loads = loads;
+                c.merge = merge;
+                c.fused_max = u32::MAX;
+                c.repeats = 2;
+                check_case(&ctx, c, (pos, pos));
+            }
+        }
     }
 }
 

@@ -2,6 +2,35 @@
 //! pipelines): WGSL constants, and attention.wgsl with `stage`'s and the first tile's prefetch
 //! lines expanded per load, so a thread's loads live in separate variables.
 
+/// The KV cache's element type and its conversions in WGSL, for every module that binds a
+/// cache (`k_cache` / `v_cache` are `array<KV>`, one element per four values of a row):
+/// `kv_in` reads an element as f32s, `kv_out` makes one from f32s, `kv_round(x)` is
+/// `kv_in(kv_out(x))`, the value a cache row holds for x (a row written and substituted in the
+/// same dispatch goes through it, so it reads as if loaded). f16 packs two halves per u32 with
+/// `pack2x16float` after clamping to ±65504 (beyond it the pack is undefined), rounding to
+/// nearest even on Vulkan, Metal and lavapipe, as `CacheType::round` does on the host.
+pub(crate) fn kv_wgsl(t: nibble_model::kv_cache::CacheType) -> String {
+    use nibble_model::kv_cache::{CacheType, F16_MAX};
+    match t {
+        CacheType::F32 => "alias KV = vec4<f32>;
+fn kv_in(x: KV) -> vec4<f32> { return x; }
+fn kv_out(x: vec4<f32>) -> KV { return x; }
+fn kv_round(x: vec4<f32>) -> vec4<f32> { return x; }
+"
+        .to_string(),
+        CacheType::F16 => format!(
+            "alias KV = vec2<u32>;
+fn kv_in(x: KV) -> vec4<f32> {{ return vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)); }}
+fn kv_out(x: vec4<f32>) -> KV {{
+    let c = clamp(x, vec4<f32>(-{F16_MAX:e}), vec4<f32>({F16_MAX:e}));
+    return vec2<u32>(pack2x16float(c.xy), pack2x16float(c.zw));
+}}
+fn kv_round(x: vec4<f32>) -> vec4<f32> {{ return kv_in(kv_out(x)); }}
+"
+        ),
+    }
+}
+
 pub(super) fn u32_const(name: &str, v: u32) -> String {
     format!("const {name}: u32 = {v}u;\n")
 }
@@ -25,9 +54,9 @@ pub(super) fn stage_body(lpt: u32) -> String {
     var a{j} = vec4<f32>(0.0);
     if (e{j} < n) {{
         if (is_v) {{
-            if (t0 + r{j} == own) {{ a{j} = qkv[vb + e{j} % D4]; }} else {{ a{j} = v_cache[s{j}]; }}
+            if (t0 + r{j} == own) {{ a{j} = kv_round(qkv[vb + e{j} % D4]); }} else {{ a{j} = kv_in(v_cache[s{j}]); }}
         }} else {{
-            if (t0 + r{j} == own) {{ a{j} = kown[e{j} % D4]; }} else {{ a{j} = k_cache[s{j}]; }}
+            if (t0 + r{j} == own) {{ a{j} = kown[e{j} % D4]; }} else {{ a{j} = kv_in(k_cache[s{j}]); }}
         }}
     }}
     "
@@ -42,11 +71,11 @@ pub(super) fn stage_body(lpt: u32) -> String {
     let r{j} = e{j} / D4;
     if (e{j} < n) {{
         if (t0 + r{j} == own) {{
-            p.v{j} = qkv[vb + e{j} % D4];
+            p.v{j} = kv_round(qkv[vb + e{j} % D4]);
         }} else {{
             let s{j} = ((s.row0 + t0 + r{j}) * HKV + h) * D4 + e{j} % D4;
-            p.k{j} = k_cache[s{j}];
-            p.v{j} = v_cache[s{j}];
+            p.k{j} = kv_in(k_cache[s{j}]);
+            p.v{j} = kv_in(v_cache[s{j}]);
         }}
     }}
     "

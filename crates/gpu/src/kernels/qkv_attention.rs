@@ -165,7 +165,8 @@ impl QkvAttentionKernel {
                 rope(p).score_scale()
             );
         let src = with_state(&format!(
-            "{consts}{}const R: u32 = {rows_per_team}u;\n{}{}{}",
+            "{consts}{}{}const R: u32 = {rows_per_team}u;\n{}{}{}",
+            super::attention::kv_wgsl(p.cache),
             q4f_input(super::matvec::Fused::Norm, false, late_norm),
             matvec_part(rows_per_team),
             rope_part(),
@@ -230,7 +231,7 @@ impl QkvAttentionKernel {
         }
         check_norm_input(&b.x, b.m.cols, "qkv attention")?;
         check_out(b.qkv, rows, "qkv attention")?;
-        let cache = p.ctx as u64 * p.kv_heads as u64 * d * 4;
+        let cache = p.cache_bytes();
         let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
         if kv_offset % align != 0 {
             return bad(format!(
@@ -331,20 +332,20 @@ fn tail_part(g: u32, d4: u32) -> String {
     for d0 in (0..d4).step_by(SCORE_LOADS as usize) {
         let block = d0..(d0 + SCORE_LOADS).min(d4);
         for d in block.clone() {
-            score += &format!("let k{d} = k_cache[row + {d}u];\n");
+            score += &format!("let k{d} = kv_in(k_cache[row + {d}u]);\n");
         }
         for d in block {
             score += &heads(&|j| format!("s{j} += dot(nol_xs[{}u], k{d});", j * d4 + d));
             score += "\n";
         }
     }
-    let mut loads = String::from("let v0 = v_cache[(t0 * HKV + h) * D4 + c];\n");
+    let mut loads = String::from("let v0 = kv_in(v_cache[(t0 * HKV + h) * D4 + c]);\n");
     let mut body = heads(&|j| format!("o{j} = fma(vec4<f32>(fa_p[t0 * G + {j}u]), v0, o{j});"));
     for u in 1..PV_UNROLL {
         loads += &format!(
             "let t{u} = min(t0 + {u}u * PG, n - 1u);
 let m{u} = select(0.0, 1.0, t0 + {u}u * PG < n);
-let v{u} = v_cache[(t{u} * HKV + h) * D4 + c];\n"
+let v{u} = kv_in(v_cache[(t{u} * HKV + h) * D4 + c]);\n"
         );
         body += "\n";
         body += &heads(&|j| {

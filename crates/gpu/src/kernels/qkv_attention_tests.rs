@@ -34,6 +34,7 @@ fn params(heads: u32, kv_heads: u32, head_dim: u32, ctx: u32) -> AttentionParams
         rope_theta: 1_000_000.0,
         rope_scaling: None,
         eps: 1e-6,
+        cache: nibble_model::kv_cache::CacheType::F32,
     }
 }
 

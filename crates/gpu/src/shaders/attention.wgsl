@@ -32,8 +32,9 @@
 // Shapes for B columns (B = 1 for the single-token entry points):
 // qkv      [B, HQ*D | HKV*D | HKV*D] f32 viewed as vec4: raw q|k|v projection (read only)
 // q_norm, k_norm [D] f32; inv_freq [D/2] f32: theta^(-2i/D) from the host (f64, rounded)
-// k/v      [slots, CTX, HKV, D] f32 viewed as vec4; row pos of the site's slot receives the roped
-//          k and the raw v (single token: one slot)
+// k/v      [slots, CTX, HKV, D] KV (f32 viewed as vec4, or f16 as vec2<u32>: the host's `kv_wgsl`
+//          with kv_in / kv_out / kv_round); row pos of the site's slot receives the roped k and
+//          the raw v (single token: one slot), and rows substituted for it go through kv_round
 // part_o   [B, HQ, NC, D] f32 viewed as vec4: Σ_t exp(s_t - m_c) v_t over the chunk
 // part_ml  [B, HQ, NC] vec2<f32>: (m_c, l_c) = (max_t s_t, Σ_t exp(s_t - m_c))
 // out      [B, HQ*D] f32 viewed as vec4 (`single`, `fused`)
@@ -44,8 +45,8 @@
 @group(0) @binding(2) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(3) var<storage, read> k_norm: array<f32>;
 @group(0) @binding(4) var<storage, read> inv_freq: array<f32>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<KV>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<KV>;
 /*COHERENT*/@group(0) @binding(7) var<storage, read_write> part_o: array<vec4<f32>>;
 /*COHERENT*/@group(0) @binding(8) var<storage, read_write> part_ml: array<vec2<f32>>;
 @group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
@@ -79,7 +80,7 @@ fn sc_set(i: u32, v: f32) {
 }
 var<workgroup> red: array<f32, WG>;
 var<workgroup> stat: array<vec2<f32>, G>;
-// Roped k of this step's row `pos` (owning workgroup only): [D4].
+// Roped k of this step's row `pos` as the cache holds it (owning workgroup only): [D4].
 var<workgroup> kown: array<vec4<f32>, D4>;
 
 // Stage `rows` cache rows of site `s` starting at position t0 of kv head h into `tile`: element
@@ -151,9 +152,9 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
         let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
         for (var d = li; d < D4; d += WG) {
             let k = roped4(s.qkv, h, G, d);
-            kown[d] = k;
-            k_cache[row + d] = k;
-            v_cache[row + d] = qkv[vb + d];
+            kown[d] = kv_round(k);
+            k_cache[row + d] = kv_out(k);
+            v_cache[row + d] = kv_out(qkv[vb + d]);
         }
     }
 

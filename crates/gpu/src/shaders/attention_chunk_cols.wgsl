@@ -68,8 +68,8 @@ fn kv_write_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let row = ((s.row0 + s.pos) * HKV + h) * D4;
     let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
     for (var d = li; d < D4; d += WG) {
-        k_cache[row + d] = roped4(s.qkv, h, G, d);
-        v_cache[row + d] = qkv[vb + d];
+        k_cache[row + d] = kv_out(roped4(s.qkv, h, G, d));
+        v_cache[row + d] = kv_out(qkv[vb + d]);
     }
 }
 

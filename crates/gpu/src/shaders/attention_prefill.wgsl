@@ -38,8 +38,8 @@ struct Dims { m: u32, p1: u32, p2: u32, p3: u32 };
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;        // [T, QKVW4]
 @group(0) @binding(1) var<storage, read> q_norm: array<f32>;           // [D]
 @group(0) @binding(2) var<storage, read> inv_freq: array<f32>;         // [D/2]
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;    // [slots, CTX, HKV, D4]
-@group(0) @binding(4) var<storage, read> v_cache: array<vec4<f32>>;    // [slots, CTX, HKV, D4]
+@group(0) @binding(3) var<storage, read> k_cache: array<KV>;    // [slots, CTX, HKV, D4] (kv_wgsl)
+@group(0) @binding(4) var<storage, read> v_cache: array<KV>;    // [slots, CTX, HKV, D4]
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;  // [T, HQ * D4]
 @group(0) @binding(6) var<storage, read> cols: array<Col>;             // [T] positions, slot
 @group(0) @binding(7) var<uniform> dims: Dims;
@@ -182,8 +182,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let c = i % D4;
             let kp = min(kb + j, pmax);
             let src = ((row0 + kp) * HKV + h) * D4 + c;
-            ks[j * KS + c] = k_cache[src];
-            vs[j * KS + c] = v_cache[src];
+            ks[j * KS + c] = kv_in(k_cache[src]);
+            vs[j * KS + c] = kv_in(v_cache[src]);
         }
         workgroupBarrier();
         // 1. Scores of rows sa, sa + 1 against keys kq + 8 i.

@@ -22,7 +22,8 @@
 //
 // Shapes:
 // q_norm, k_norm [D] f32; inv_freq [D/2] f32 (attention.rs `inv_freq`)
-// k_cache, v_cache [CTX, HKV, D] f32 viewed as vec4; row pos receives the roped k and raw v
+// k_cache, v_cache [CTX, HKV, D] KV (attention_wgsl.rs `kv_wgsl`); row pos receives the roped k
+//          and raw v
 // att      [HQ * D] f32 viewed as vec4: the attention output (normalised)
 // arrive   [HKV] atomic u32: workgroups counted so far; 0 between dispatches (the last one puts
 //          its counter back)
@@ -30,8 +31,8 @@
 @group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
 @group(0) @binding(9) var<storage, read> inv_freq: array<f32>;
-@group(0) @binding(10) var<storage, read_write> k_cache: array<vec4<f32>>;
-@group(0) @binding(11) var<storage, read_write> v_cache: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read_write> k_cache: array<KV>;
+@group(0) @binding(11) var<storage, read_write> v_cache: array<KV>;
 @group(0) @binding(12) var<storage, read_write> att: array<vec4<f32>>;
 @group(0) @binding(13) var<storage, read_write> arrive: array<atomic<u32>>;
 
@@ -123,8 +124,8 @@ fn attend_head(h: u32, li: u32) {
     if (pos < CTX) {
         let row = (pos * HKV + h) * D4;
         for (var d = li; d < D4; d += WG) {
-            k_cache[row + d] = roped4(0u, h, G, d);
-            v_cache[row + d] = nol_xs[QX0 + (G + 1u) * D4 + d];
+            k_cache[row + d] = kv_out(roped4(0u, h, G, d));
+            v_cache[row + d] = kv_out(nol_xs[QX0 + (G + 1u) * D4 + d]);
         }
     }
     // Row pos is read back below by other threads of this workgroup; the queries likewise.
