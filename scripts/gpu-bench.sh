@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl,pplab,yarn,kvcache
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl,pplab,yarn,kvcache,kvdeep
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -54,7 +54,7 @@ if has fixture; then
   PYTHONUNBUFFERED=1 python3 scripts/oracle_fixture.py --model /tmp/tiny-hf-yarn --out "$OUT/oracle_hf_yarn.json" \
     --synth "nibble synth --preset tiny --format safetensors --seed 0 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 1024" 2>&1 | tail -3 | tee -a "$S"
 fi
-if has synth || has parity || has sampled || has grammar || has ppl || has pplab || has yarn || has kvcache || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
+if has synth || has parity || has sampled || has grammar || has ppl || has pplab || has yarn || has kvcache || has kvdeep || has bench || has profile || has routerab || (has ab && [ -z "${AB_QUANT:-}" ]) || has abx || has prefillx || has ksplitab || has dbufab || has lone || has coop || has qtiles || has splits || has combineab || has splitab || (has flagsets && [ -z "${FS_QUANT:-}" ]) || has prefill || has prefillprof || has batch || has mlx || has cpu || has fold || has numerics || has numab || has depth16k || has load; then
   say "synth qwen3-30b-a3b"
   [ -s $MODEL ] && say "(model already present from an earlier call on this warm machine)" || /usr/bin/time -f "synth wall %e s, max RSS %M KB" $N synth --preset qwen3-30b-a3b --seed 0 --tokenizer "$TOK" -o $MODEL --quiet 2>&1 | tee -a "$S"
   $N inspect $MODEL 2>&1 | tee -a "$S"
@@ -177,7 +177,7 @@ fi
 if has kvcache; then
   # The f16 KV cache (--cache-type f16) against the default f32: greedy parity with an oracle
   # holding an f16 cache too, then decode side by side (two interleaved rounds) from depths 0,
-  # 4096 and 16384, and tg32 from depth 32768 once each.
+  # 4096 and 16384 (`kvdeep`: tg32 from depth 32768 once each).
   say "parity gpu vs oracle with --cache-type f16 (3 built-in prompts x 32 tokens)"
   timeout 300 $N parity -m $MODEL --backend gpu -n 32 --ctx 512 -v --cache-type f16 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
   for r in 1 2; do
@@ -186,6 +186,8 @@ if has kvcache; then
       timeout 300 $N bench -m $MODEL --backend gpu -p 0 -n 128 --reps 3 --depth 0,4096,16384 --ctx 16600 --cache-type $t 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
     done
   done
+fi
+if has kvdeep; then
   for t in f32 f16; do
     say "kvcache: --cache-type $t, tg32 at depth 32768"
     timeout 300 $N bench -m $MODEL --backend gpu -p 0 -n 32 --reps 1 --depth 32768 --ctx 32900 --cache-type $t -v 2>&1 | grep -v XDG_RUNTIME | tee -a "$S"
