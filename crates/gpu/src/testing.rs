@@ -7,6 +7,7 @@
 //! the machine has; `NIBBLE_TEST_ADAPTER=<name part>` overrides that (e.g. to test on the H200).
 
 use crate::context::{AdapterChoice, Context};
+use nibble_model::kv_cache::CacheType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::{Mutex, MutexGuard};
@@ -311,4 +312,29 @@ pub fn rand_mlx_a8(rng: &mut impl Rng, rows: usize, cols: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A cache's bytes on the GPU for host values `v` (already rounded to the type).
+pub fn cache_bytes(t: CacheType, v: &[f32]) -> Vec<u8> {
+    match t {
+        CacheType::F32 => bytemuck::cast_slice(v).to_vec(),
+        CacheType::F16 => v
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+    }
+}
+
+/// Read `n` cached values back from a cache buffer of type `t`.
+pub fn read_cache(ctx: &Context, t: CacheType, buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    match t {
+        CacheType::F32 => ctx.read_f32(buf, n).unwrap(),
+        CacheType::F16 => ctx
+            .read_u32(buf, n / 2)
+            .unwrap()
+            .iter()
+            .flat_map(|w| [*w as u16, (*w >> 16) as u16])
+            .map(|h| half::f16::from_bits(h).to_f32())
+            .collect(),
+    }
 }

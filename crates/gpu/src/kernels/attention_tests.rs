@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::tensor::quantize_acts_ref;
-use crate::testing::{assert_close, gpu, rand_f32, rng};
+use crate::testing::{assert_close, cache_bytes, gpu, rand_f32, read_cache, rng};
 
 /// Host copies of everything one attention step reads, plus the GPU buffers holding them.
 struct Case {
@@ -51,31 +51,6 @@ impl Case {
             fused_max: FUSED_MAX_CHUNKS,
             repeats: 1,
         }
-    }
-}
-
-/// A cache's bytes on the GPU for host values `v` (already rounded to the type).
-pub(crate) fn cache_bytes(t: CacheType, v: &[f32]) -> Vec<u8> {
-    match t {
-        CacheType::F32 => bytemuck::cast_slice(v).to_vec(),
-        CacheType::F16 => v
-            .iter()
-            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-            .collect(),
-    }
-}
-
-/// Read `n` cached values back from a cache buffer of type `t`.
-pub(crate) fn read_cache(ctx: &Context, t: CacheType, buf: &wgpu::Buffer, n: usize) -> Vec<f32> {
-    match t {
-        CacheType::F32 => ctx.read_f32(buf, n).unwrap(),
-        CacheType::F16 => ctx
-            .read_u32(buf, n / 2)
-            .unwrap()
-            .iter()
-            .flat_map(|w| [*w as u16, (*w >> 16) as u16])
-            .map(|h| half::f16::from_bits(h).to_f32())
-            .collect(),
     }
 }
 

@@ -8,7 +8,10 @@ use crate::kernels::attention::{AttentionBuffers, AttentionKernel, Combine};
 use crate::kernels::matvec::{f32_rows_per_team, MatvecKernel};
 use crate::kernels::norm::rmsnorm_ref;
 use crate::numerics::Numerics;
-use crate::testing::{assert_close, dequant_q4_0, gpu, rand_f32, rand_q4_0, rng};
+use crate::testing::{
+    assert_close, cache_bytes, dequant_q4_0, gpu, rand_f32, rand_q4_0, read_cache, rng,
+};
+use nibble_model::kv_cache::CacheType;
 
 /// One layer's inputs on the host and the GPU.
 struct Layer {
@@ -45,6 +48,12 @@ impl Layer {
         let wb = rand_q4_0(&mut r, rows, hidden);
         let cache = (p.ctx * p.kv_heads * p.head_dim) as usize;
         let d = p.head_dim as usize;
+        // The host copies hold what a cache of the type holds.
+        let cached = |v: Vec<f32>| {
+            let mut v = v;
+            p.cache.round_all(&mut v);
+            v
+        };
         Layer {
             p,
             hidden,
@@ -55,8 +64,8 @@ impl Layer {
             norm_w: rand_f32(&mut r, hidden, 0.5, 1.5),
             q_norm: rand_f32(&mut r, d, 0.5, 1.5),
             k_norm: rand_f32(&mut r, d, 0.5, 1.5),
-            k_cache: rand_f32(&mut r, cache, -1.5, 1.5),
-            v_cache: rand_f32(&mut r, cache, -1.0, 1.0),
+            k_cache: cached(rand_f32(&mut r, cache, -1.5, 1.5)),
+            v_cache: cached(rand_f32(&mut r, cache, -1.0, 1.0)),
         }
     }
 
@@ -89,6 +98,8 @@ struct Bufs {
 impl Bufs {
     fn new(ctx: &Context, l: &Layer, pos: u32, done: bool) -> Bufs {
         let f = |label: &str, v: &[f32]| ctx.storage_init(label, bytemuck::cast_slice(v)).unwrap();
+        let c =
+            |label: &str, v: &[f32]| ctx.storage_init(label, &cache_bytes(l.p.cache, v)).unwrap();
         let n_att = (l.p.heads * l.p.head_dim) as usize;
         Bufs {
             state: ctx
@@ -98,8 +109,8 @@ impl Bufs {
             norm_w: f("norm_w", &l.norm_w),
             q_norm: f("q_norm", &l.q_norm),
             k_norm: f("k_norm", &l.k_norm),
-            k_cache: f("k_cache", &l.k_cache),
-            v_cache: f("v_cache", &l.v_cache),
+            k_cache: c("k_cache", &l.k_cache),
+            v_cache: c("v_cache", &l.v_cache),
             qkv: f("qkv", &vec![f32::NAN; l.rows()]),
             att: f("att", &vec![f32::NAN; n_att]),
         }
@@ -108,8 +119,8 @@ impl Bufs {
     fn read(&self, ctx: &Context, l: &Layer) -> Out {
         Out {
             qkv: ctx.read_f32(&self.qkv, l.rows()).unwrap(),
-            k_cache: ctx.read_f32(&self.k_cache, l.k_cache.len()).unwrap(),
-            v_cache: ctx.read_f32(&self.v_cache, l.v_cache.len()).unwrap(),
+            k_cache: read_cache(ctx, l.p.cache, &self.k_cache, l.k_cache.len()),
+            v_cache: read_cache(ctx, l.p.cache, &self.v_cache, l.v_cache.len()),
             att: ctx
                 .read_f32(&self.att, (l.p.heads * l.p.head_dim) as usize)
                 .unwrap(),
@@ -156,8 +167,8 @@ fn run_fused(
         .unwrap();
     for r in 0..repeats {
         if r > 0 {
-            ctx.write(&b.k_cache, 0, bytemuck::cast_slice(&l.k_cache));
-            ctx.write(&b.v_cache, 0, bytemuck::cast_slice(&l.v_cache));
+            ctx.write(&b.k_cache, 0, &cache_bytes(l.p.cache, &l.k_cache));
+            ctx.write(&b.v_cache, 0, &cache_bytes(l.p.cache, &l.v_cache));
             ctx.write(&b.qkv, 0, bytemuck::cast_slice(&vec![f32::NAN; l.rows()]));
             let n_att = (l.p.heads * l.p.head_dim) as usize;
             ctx.write(&b.att, 0, bytemuck::cast_slice(&vec![f32::NAN; n_att]));
@@ -260,20 +271,24 @@ fn check(ctx: &Context, ks: &Kernels, l: &Layer, r: u32, pos: u32) {
         "{what}: v cache against the chunk kernel"
     );
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
-    let (q_want, k_want) = rope_ref(&p, &got.qkv, &l.q_norm, &l.k_norm, pos);
+    let (q_want, mut k_want) = rope_ref(&p, &got.qkv, &l.q_norm, &l.k_norm, pos);
+    // An f16 cache holds rounded rows: k within one f16 step of the rounded reference.
+    p.cache.round_all(&mut k_want);
+    let rel = match p.cache {
+        CacheType::F32 => 1e-4,
+        CacheType::F16 => 1e-3,
+    };
+    let mut v_want = got.qkv[(hq + hkv) * d..].to_vec();
+    p.cache.round_all(&mut v_want);
     let row = pos as usize * hkv * d..(pos as usize + 1) * hkv * d;
     assert_close(
         &got.k_cache[row.clone()],
         &k_want,
         2e-5,
-        1e-4,
+        rel,
         &format!("{what}: k row"),
     );
-    assert_eq!(
-        got.v_cache[row.clone()],
-        got.qkv[(hq + hkv) * d..],
-        "{what}: v row"
-    );
+    assert_eq!(got.v_cache[row.clone()], v_want, "{what}: v row");
     assert_eq!(
         got.k_cache[..row.start],
         l.k_cache[..row.start],
@@ -332,6 +347,18 @@ fn qkv_attention_matches_references_and_the_two_dispatches() {
         for pos in [0, 1, 6, 37, last] {
             check(&ctx, &ks, &l, r, pos);
         }
+    }
+    // An f16 cache: the same bits as the chunk kernel's f16 form (row pos written as halves,
+    // read back through them), at Qwen3's heads.
+    let f16 = AttentionParams {
+        cache: CacheType::F16,
+        ..params(32, 4, 128, 270)
+    };
+    let l = Layer::new(&ctx, f16, 256, 60);
+    let r = f32_rows_per_team(l.rows() as u32);
+    let ks = Kernels::new(&ctx, &l, r, MEASURED_MAX_POSITIONS);
+    for pos in [0, 5, 200] {
+        check(&ctx, &ks, &l, r, pos);
     }
     // Every rows-per-team form whose workgroups stay within one head (8 r divides D).
     let l = Layer::new(&ctx, params(32, 4, 128, 64), 128, 50);
