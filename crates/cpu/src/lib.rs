@@ -12,9 +12,9 @@
 //!   gate/up of every chosen expert together, their down rows together);
 //! - concurrent sequences (`streams.rs`, the server's requests) share each forward pass.
 //!
-//! Numerics: f32 activations and sums (see [`matmul`]); the KV cache holds f32 slots, each value
-//! rounded as the cache type holds it (`CacheType::round`: exact in f32, the default; in f16 as the
-//! oracle and the GPU round it, though the memory stays that of f32). A token gives the
+//! Numerics: f32 activations and sums (see [`matmul`]); the KV cache is f32 by default, or halves
+//! with `CacheType::F16` (half the memory; each value the f16 the oracle's and the GPU's caches
+//! hold, widened to f32 as the attention reads it). A token gives the
 //! same bits whether it was prefilled in a chunk or decoded alone, and whatever the thread count.
 //! Parity with the oracle is tested like the GPU's: identical greedy ids for 128 tokens, logits
 //! cosine >= 0.99999.
@@ -55,25 +55,82 @@ struct LayerNorms {
     k: Vec<f32>,    // [D]
 }
 
-/// One sequence's KV cache (f32 slots holding values rounded to the backend's `CacheType`).
+/// One layer's cached keys or values `[context_len, Hkv·D]`, in the cache's type.
+enum Rows {
+    F32(Vec<f32>),
+    /// Halves ([`nibble_model::kv_cache::to_f16`]): half the memory, the values the oracle's f16
+    /// cache holds.
+    F16(Vec<half::f16>),
+}
+
+impl Rows {
+    fn new(kind: CacheType, n: usize) -> Result<Rows> {
+        let what = || format!("allocating a {n}-element {kind} KV cache");
+        Ok(match kind {
+            CacheType::F32 => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).with_context(what)?;
+                v.resize(n, 0f32);
+                Rows::F32(v)
+            }
+            CacheType::F16 => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).with_context(what)?;
+                v.resize(n, half::f16::ZERO);
+                Rows::F16(v)
+            }
+        })
+    }
+
+    /// Store `src` at element `at`, each value as the cache's type holds it.
+    fn put(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Rows::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Rows::F16(v) => {
+                for (d, s) in v[at..at + src.len()].iter_mut().zip(src) {
+                    *d = nibble_model::kv_cache::to_f16(*s);
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Rows::F32(v) => v.len() * 4,
+            Rows::F16(v) => v.len() * 2,
+        }
+    }
+
+    fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Rows::F32(v) => Some(v),
+            Rows::F16(_) => None,
+        }
+    }
+
+    fn as_f16(&self) -> Option<&[half::f16]> {
+        match self {
+            Rows::F16(v) => Some(v),
+            Rows::F32(_) => None,
+        }
+    }
+}
+
+/// One sequence's KV cache, every layer's rows of one [`CacheType`].
 struct Cache {
     /// Per layer `[context_len, Hkv·D]`.
-    keys: Vec<Vec<f32>>,
+    keys: Vec<Rows>,
     /// Per layer `[context_len, Hkv·D]`.
-    values: Vec<Vec<f32>>,
+    values: Vec<Rows>,
 }
 
 impl Cache {
-    fn new(cfg: &Qwen3MoeConfig, context_len: usize) -> Result<Cache> {
-        let layer = || -> Result<Vec<f32>> {
+    fn new(cfg: &Qwen3MoeConfig, context_len: usize, kind: CacheType) -> Result<Cache> {
+        let layer = || -> Result<Rows> {
             let n = context_len
                 .checked_mul(cfg.kv_dim())
                 .context("KV cache size overflows")?;
-            let mut v = Vec::new();
-            v.try_reserve_exact(n)
-                .with_context(|| format!("allocating a {n}-float KV cache"))?;
-            v.resize(n, 0f32);
-            Ok(v)
+            Rows::new(kind, n)
         };
         Ok(Cache {
             keys: (0..cfg.num_layers)
@@ -186,7 +243,7 @@ impl CpuBackend {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut caches = vec![Some(Cache::new(&cfg, context_len)?)];
+        let mut caches = vec![Some(Cache::new(&cfg, context_len, cache_type)?)];
         caches.resize_with(1 + streams, || None);
         let rope = cfg.rope();
         Ok(CpuBackend {
@@ -267,6 +324,42 @@ impl CpuBackend {
 
     /// `h += Wo · attention(rope(qnorm(Wq·a)), cache + rope(knorm(Wk·a)), Wv·a)`, `a = norm(h)`,
     /// for the `n` tokens of `h` (`[n, H]`) at `places`.
+    /// Bytes of the KV caches allocated so far (the main sequence's, and each stream slot's
+    /// once used).
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.caches
+            .iter()
+            .flatten()
+            .flat_map(|c| c.keys.iter().chain(&c.values))
+            .map(Rows::bytes)
+            .sum()
+    }
+
+    /// Each token's view of its cache in layer `l`: the keys and values up to and including its
+    /// own position, as `get` reads the rows (the backend's cache type).
+    fn views<'s, T>(
+        &'s self,
+        l: usize,
+        places: &[Place],
+        get: fn(&Rows) -> Option<&[T]>,
+    ) -> Result<Vec<(&'s [T], &'s [T])>> {
+        let kvd = self.cfg.kv_dim();
+        places
+            .iter()
+            .map(|p| {
+                let c = self.caches[p.cache]
+                    .as_ref()
+                    .context("a KV cache that was never allocated")?;
+                let visible = (p.pos + 1) * kvd;
+                let rows = |r: &'s Rows| -> Result<&'s [T]> {
+                    let all = get(r).context("a KV cache of another type")?;
+                    Ok(&all[..visible])
+                };
+                Ok((rows(&c.keys[l])?, rows(&c.values[l])?))
+            })
+            .collect()
+    }
+
     fn attention_block<'a>(
         &mut self,
         l: usize,
@@ -297,7 +390,7 @@ impl CpuBackend {
         };
         let outs = matmul::run(&[job(&wq, qd), job(&wk, kvd), job(&wv, kvd)])?;
         let mut q = token_major(&outs[0], n); // [n, Hq·D]
-        let k = token_major(&outs[1], n); // [n, Hkv·D]
+        let mut k = token_major(&outs[1], n); // [n, Hkv·D]
         let v = token_major(&outs[2], n); // [n, Hkv·D]
         for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
             emit(&mut self.trace, Some(l), name, x);
@@ -311,34 +404,25 @@ impl CpuBackend {
             let cache = self.caches[place.cache]
                 .as_mut()
                 .context("a KV cache that was never allocated")?;
-            let row = place.pos * kvd..(place.pos + 1) * kvd;
-            let kt = &mut cache.keys[l][row.clone()];
-            kt.copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
+            let kt = &mut k[t * kvd..(t + 1) * kvd];
             ops::rmsnorm_heads(kt, &norms.k, eps);
             emit(&mut self.trace, Some(l), "k_normed", kt);
             ops::rope_heads(kt, &angles);
             emit(&mut self.trace, Some(l), "q_rope", qt);
             emit(&mut self.trace, Some(l), "k_rope", kt);
-            cache.values[l][row.clone()].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
             // The trace saw the exact k; the cache holds it as its type does, as the oracle's.
-            self.cache_type.round_all(&mut cache.keys[l][row.clone()]);
-            self.cache_type.round_all(&mut cache.values[l][row]);
+            cache.keys[l].put(place.pos * kvd, kt);
+            cache.values[l].put(place.pos * kvd, &v[t * kvd..(t + 1) * kvd]);
         }
         let heads = Heads {
             q: cfg.num_heads,
             kv: cfg.num_kv_heads,
             dim: cfg.head_dim,
         };
-        // Each token's view of its cache: the rows up to and including its own position.
-        let views = places
-            .iter()
-            .map(|p| {
-                let c = self.caches[p.cache].as_ref().expect("written above");
-                let visible = (p.pos + 1) * kvd;
-                (&c.keys[l][..visible], &c.values[l][..visible])
-            })
-            .collect::<Vec<_>>();
-        let att = ops::attention(heads, &q, &views); // [n, Hq·D]
+        let att = match self.cache_type {
+            CacheType::F32 => ops::attention(heads, &q, &self.views(l, places, Rows::as_f32)?),
+            CacheType::F16 => ops::attention(heads, &q, &self.views(l, places, Rows::as_f16)?),
+        }; // [n, Hq·D]
         emit(&mut self.trace, Some(l), "attn", &att);
         let wo = lw(LayerTensor::AttnOut)?;
         let o = matmul::run(&[Job {

@@ -64,12 +64,39 @@ pub struct Heads {
     pub dim: usize,
 }
 
+/// An element of a KV cache the attention reads: f32, or a half (an f16 cache).
+pub trait Cached: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    /// `q · k` as [`dot`] sums it (`buf`: scratch for the halves widened to f32).
+    fn dot(q: &[f32], k: &[Self], buf: &mut Vec<f32>) -> f32;
+}
+
+impl Cached for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn dot(q: &[f32], k: &[f32], _: &mut Vec<f32>) -> f32 {
+        dot(q, k)
+    }
+}
+
+impl Cached for half::f16 {
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn dot(q: &[f32], k: &[half::f16], buf: &mut Vec<f32>) -> f32 {
+        buf.clear();
+        buf.extend(k.iter().map(|x| x.to_f32()));
+        dot(q, buf)
+    }
+}
+
 /// GQA attention of `n` query tokens, token `t` over `views[t]`: the keys and values
 /// `[m_t, Hkv·D]` of the positions it sees (its own cache up to and including its position,
 /// so causality is in the views, not a mask). `q` `[n, Hq·D]` (normed and rotated); returns
 /// `[n, Hq·D]`. One parallel task per (token, head); query head `j` reads kv head
 /// `j / (Hq / Hkv)`.
-pub fn attention(h: Heads, q: &[f32], views: &[(&[f32], &[f32])]) -> Vec<f32> {
+pub fn attention<T: Cached>(h: Heads, q: &[f32], views: &[(&[T], &[T])]) -> Vec<f32> {
     let (d, row) = (h.dim, h.kv * h.dim);
     let group = h.q / h.kv;
     let scale = 1.0 / (d as f32).sqrt();
@@ -82,8 +109,9 @@ pub fn attention(h: Heads, q: &[f32], views: &[(&[f32], &[f32])]) -> Vec<f32> {
         let qj = &q[i * d..(i + 1) * d];
         // Head g of cached position m.
         let head = |m: usize| m * row + g * d..m * row + (g + 1) * d;
+        let mut kbuf = Vec::new(); // [D] a key row as f32, for a cache of halves
         let mut scores: Vec<f32> = (0..visible)
-            .map(|m| dot(qj, &keys[head(m)]) * scale)
+            .map(|m| T::dot(qj, &keys[head(m)], &mut kbuf) * scale)
             .collect(); // [visible]
         let max = scores.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
         let mut sum = 0f32;
@@ -95,7 +123,7 @@ pub fn attention(h: Heads, q: &[f32], views: &[(&[f32], &[f32])]) -> Vec<f32> {
         for (m, p) in scores.iter().enumerate() {
             let p = p * inv;
             for (a, v) in o.iter_mut().zip(&values[head(m)]) {
-                *a += p * v;
+                *a += p * v.to_f32();
             }
         }
     });

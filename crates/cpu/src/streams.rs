@@ -60,7 +60,7 @@ impl CpuBackend {
     fn slot_cache(&mut self, slot: usize) -> Result<usize> {
         let c = 1 + slot;
         if self.caches[c].is_none() {
-            self.caches[c] = Some(Cache::new(&self.cfg, self.context_len)?);
+            self.caches[c] = Some(Cache::new(&self.cfg, self.context_len, self.cache_type)?);
         }
         Ok(c)
     }

@@ -332,6 +332,16 @@ fn f16_cache_matches_the_f16_oracle() {
         far(&ours, &want)
     );
     assert!(gap > 0.0, "the oracle's f16 cache rounds nothing");
+    let bytes = |ct| {
+        CpuBackend::with_cache(m.clone(), 64, 0, ct)
+            .unwrap()
+            .kv_cache_bytes()
+    };
+    assert_eq!(
+        bytes(CacheType::F16) * 2,
+        bytes(CacheType::F32),
+        "halves take half"
+    );
     assert!(
         far(&ours, &want) * 10.0 < gap,
         "{} vs {gap}",

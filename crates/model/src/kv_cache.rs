@@ -44,7 +44,7 @@ impl CacheType {
     /// The value a cache of this type holds for `x` (NaN stays NaN).
     pub fn round(self, x: f32) -> f32 {
         match self {
-            CacheType::F16 => half::f16::from_f32(x.clamp(-F16_MAX, F16_MAX)).to_f32(),
+            CacheType::F16 => to_f16(x).to_f32(),
             CacheType::F32 => x,
         }
     }
@@ -65,6 +65,11 @@ impl CacheType {
             CacheType::F32 => "f32",
         }
     }
+}
+
+/// The half an f16 cache holds for `x`: clamped to ±65504, then rounded to nearest even.
+pub fn to_f16(x: f32) -> half::f16 {
+    half::f16::from_f32(x.clamp(-F16_MAX, F16_MAX))
 }
 
 impl fmt::Display for CacheType {
