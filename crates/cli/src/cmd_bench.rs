@@ -104,6 +104,8 @@ struct Report {
     /// Plain read bandwidth of the device measured in this run (GB/s), when the backend has a probe.
     read_gbps: Option<f64>,
     backend: String,
+    /// The KV cache's element type (`--cache-type`).
+    kv_cache: String,
     warmup_tps: f64,
     warmup_tokens: usize,
     stats: Vec<Stat>,
@@ -553,6 +555,7 @@ pub fn run(mut a: Args) -> Result<()> {
         read_gbps,
         model: a.model.display().to_string(),
         backend: name,
+        kv_cache: a.backend.cache_type.to_string(),
         warmup_tps,
         warmup_tokens: w.len(),
         stats,
@@ -598,7 +601,11 @@ pub fn run(mut a: Args) -> Result<()> {
         return Ok(());
     }
     writeln!(out, "model   {}", report.model)?;
-    writeln!(out, "backend {}", report.backend)?;
+    writeln!(
+        out,
+        "backend {} ({} KV cache)",
+        report.backend, report.kv_cache
+    )?;
     writeln!(
         out,
         "warm-up {} tokens at {:.1} tok/s (first run after load; not in the statistics)",

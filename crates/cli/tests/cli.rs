@@ -486,3 +486,38 @@ fn bench_measures_each_depth_once() {
         "{stdout}"
     );
 }
+
+/// `--cache-type` reaches the backends: a bench names the type it ran, `parity` with f16 gives
+/// its oracle the same cache (the CPU's logits then stay within 2e-3 of the oracle's, where
+/// an f32 oracle would sit ~1e-2 away on this model), and a bad type is refused by name.
+#[test]
+fn cache_type_reaches_the_backends_and_their_oracle() {
+    let Some(m) = model() else { return };
+    let m = m.to_str().unwrap();
+    let bench = ["bench", "-m", m, "--backend", "cpu", "-p", "0", "-n", "2"];
+    let out = run(
+        &[&bench[..], &["--reps", "1", "--cache-type", "f16"]].concat(),
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("(f16 KV cache)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let args = ["parity", "-m", m, "--backend", "cpu", "-n", "8", "--json"];
+    let out = run(&[&args[..], &["--cache-type", "f16"]].concat(), None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for p in report["prompts"].as_array().unwrap() {
+        let d = p["max_abs_delta"].as_f64().unwrap();
+        assert!(d < 2e-3, "{}: max |delta| {d}", p["prompt"]);
+    }
+    let out = run(&[&bench[..], &["--cache-type", "q8_0"]].concat(), None);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("expected f16 or f32"),
+        "{}",
+        text(&out.stderr)
+    );
+}
