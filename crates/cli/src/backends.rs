@@ -136,13 +136,13 @@ pub fn make_gpu(args: &BackendArgs, weights: &dyn WeightSource, ctx: usize) -> R
     if args.verbose {
         note!(
             "gpu: {} dispatches per token ({} at the end of the context), {:.3} GB resident \
-             weights, {} KV cache {:.3} GB, {} weights, numerics {}, fold {}, {}, attention combine {:?}, MoE down slot \
+             weights, {} KV cache {:.1} MB, {} weights, numerics {}, fold {}, {}, attention combine {:?}, MoE down slot \
              groups {}, L2 warming {}, tune {}{}{}",
             g.dispatches_per_step(),
             g.dispatches_per_step_max(),
             g.resident_bytes() as f64 / 1e9,
             args.cache_type,
-            g.kv_cache_bytes() as f64 / 1e9,
+            g.kv_cache_bytes() as f64 / 1e6,
             g.plan().weights.form_names(),
             args.numerics,
             args.fold,

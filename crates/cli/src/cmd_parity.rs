@@ -424,15 +424,16 @@ pub fn run(a: Args) -> Result<()> {
             out,
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"backend": fast.name(), "pass": pass, "prompts": reports, "sampled": sampled})
+                &serde_json::json!({"backend": fast.name(), "kv_cache": a.backend.cache_type.to_string(), "pass": pass, "prompts": reports, "sampled": sampled})
             )?
         )?;
     } else {
         writeln!(
             out,
-            "backend {} vs oracle, {} tokens per prompt",
+            "backend {} vs oracle, {} tokens per prompt, {} KV caches",
             fast.name(),
-            a.tokens
+            a.tokens,
+            a.backend.cache_type
         )?;
         writeln!(
             out,

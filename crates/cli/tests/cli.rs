@@ -509,6 +509,7 @@ fn cache_type_reaches_the_backends_and_their_oracle() {
     let out = run(&[&args[..], &["--cache-type", "f16"]].concat(), None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["kv_cache"], "f16");
     for p in report["prompts"].as_array().unwrap() {
         let d = p["max_abs_delta"].as_f64().unwrap();
         assert!(d < 2e-3, "{}: max |delta| {d}", p["prompt"]);
