@@ -65,20 +65,17 @@ enum Rows {
 
 impl Rows {
     fn new(kind: CacheType, n: usize) -> Result<Rows> {
-        let what = || format!("allocating a {n}-element {kind} KV cache");
+        // `n` zeros, failing cleanly when the memory is not there.
+        fn zeros<T: Clone>(n: usize, zero: T, kind: CacheType) -> Result<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)
+                .with_context(|| format!("allocating a {n}-element {kind} KV cache"))?;
+            v.resize(n, zero);
+            Ok(v)
+        }
         Ok(match kind {
-            CacheType::F32 => {
-                let mut v = Vec::new();
-                v.try_reserve_exact(n).with_context(what)?;
-                v.resize(n, 0f32);
-                Rows::F32(v)
-            }
-            CacheType::F16 => {
-                let mut v = Vec::new();
-                v.try_reserve_exact(n).with_context(what)?;
-                v.resize(n, half::f16::ZERO);
-                Rows::F16(v)
-            }
+            CacheType::F32 => Rows::F32(zeros(n, 0f32, kind)?),
+            CacheType::F16 => Rows::F16(zeros(n, half::f16::ZERO, kind)?),
         })
     }
 

@@ -38,8 +38,8 @@ use nibble_model::weights::WeightSource;
 pub struct GpuOptions {
     /// KV-cache positions.
     pub context_len: usize,
-    /// The KV cache's element type (f32 by default; f16 halves its memory and its reads:
-    /// nibble_model::kv_cache).
+    /// The KV cache's element type (f32 by default; f16 halves its memory and its reads, but
+    /// was not faster on the H100, BENCHMARKS runs 171-173: nibble_model::kv_cache).
     pub cache: nibble_model::kv_cache::CacheType,
     /// Greedy steps per submission in `decode_greedy`. Default 4, from the H200 sweep of
     /// 2026-11-29 (docs/BENCHMARKS.md run 3, runs overlapped): tg128 249.1 / 249.6 / 248.3 /
