@@ -258,12 +258,28 @@ impl Qwen3MoeConfig {
         // transformers 4 writes `rope_scaling`; 5 folds it into `rope_parameters` (whose
         // `rope_type` is "default" when there is none).
         let max_position_embeddings = usize_of(&["max_position_embeddings"])?;
-        let rope_scaling = match get(&["rope_scaling"]) {
-            Some(v) => RopeScaling::from_hf(v, max_position_embeddings, "rope_scaling")?,
-            None => match obj.get("rope_parameters") {
-                Some(v) => RopeScaling::from_hf(v, max_position_embeddings, "rope_parameters")?,
-                None => None,
-            },
+        // Both present (a transformers 5 config with Qwen's card's `rope_scaling` added): they
+        // must agree, since which one a reader takes differs between readers.
+        let read = |field: &str| {
+            get(&[field])
+                .map(|v| RopeScaling::from_hf(v, max_position_embeddings, field))
+                .transpose()
+        };
+        let rope_scaling = match (read("rope_scaling")?, read("rope_parameters")?) {
+            (Some(a), Some(b)) if a != b => {
+                let say =
+                    |s: Option<RopeScaling>| s.map_or("none".to_string(), |s| format!("{s:?}"));
+                return Err(err(
+                    "rope_scaling",
+                    format!(
+                        "{} disagrees with rope_parameters' {}: keep one of them",
+                        say(a),
+                        say(b)
+                    ),
+                ));
+            }
+            (Some(a), _) => a,
+            (None, b) => b.flatten(),
         };
         if obj
             .get("mlp_only_layers")

@@ -252,6 +252,40 @@ fn unsupported_or_bad_scalings_are_named() {
     }
 }
 
+/// A config with both spellings: they must agree (a transformers 5 config whose
+/// `rope_parameters` says "default" and Qwen's card's `rope_scaling` added beside it is refused,
+/// not read one way or the other).
+#[test]
+fn rope_scaling_beside_rope_parameters_must_agree() {
+    let card =
+        json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+    let both = |params: serde_json::Value| {
+        let mut j = Qwen3MoeConfig::qwen3_30b_a3b().to_hf_json();
+        j["rope_scaling"] = card.clone();
+        j["rope_parameters"] = params;
+        Qwen3MoeConfig::from_hf_json(&j.to_string()).map_err(|e| e.to_string())
+    };
+    let mut same = card.clone();
+    same["rope_theta"] = json!(1e6);
+    assert_eq!(both(same).unwrap().rope_scaling, Some(qwen_yarn()));
+    for other in [
+        json!({"rope_type": "default", "rope_theta": 1e6}),
+        json!({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}),
+    ] {
+        let e = both(other.clone()).unwrap_err();
+        assert!(
+            e.contains("rope_scaling") && e.contains("disagrees with rope_parameters"),
+            "{other}: {e}"
+        );
+    }
+    // A null rope_scaling beside rope_parameters: the latter holds.
+    let mut j = Qwen3MoeConfig::qwen3_30b_a3b().to_hf_json();
+    j["rope_scaling"] = serde_json::Value::Null;
+    j["rope_parameters"] = card.clone();
+    let c = Qwen3MoeConfig::from_hf_json(&j.to_string()).unwrap();
+    assert_eq!(c.rope_scaling, Some(qwen_yarn()));
+}
+
 #[test]
 fn rope_parameters_theta_of_the_wrong_type_is_named() {
     let mut j = Qwen3MoeConfig::tiny().to_hf_json();
