@@ -158,8 +158,8 @@ pub enum BatchMode<'a> {
 }
 
 impl BatchPlan {
-    /// Allocate `streams` KV slots of `context_len` positions of type `cache` and bind every layer of `w`; the
-    /// attention merges its chunks as `merge` says.
+    /// Allocate `streams` KV slots of `context_len` positions of type `cache` and bind every
+    /// layer of `w`; the attention merges its chunks as `merge` says.
     pub fn new(
         ctx: &Context,
         w: &GpuWeights,

@@ -23,8 +23,8 @@ impl DecodePlan {
     /// Bind the attention of every layer to each of the `slots` KV slots of the multi-stream
     /// caches `k`, `v` (per layer `[slots, ctx, Hkv, D]` f32, this plan's `ctx`). Returns
     /// false, binding nothing, when a slot's byte offset is not a multiple of the device's
-    /// storage-offset alignment (some tiny models at odd context lengths; Qwen3's 2 KiB (f32) or 1 KiB
-    /// (f16) per position always is): the lone stream then stays on the columns.
+    /// storage-offset alignment (some tiny models at odd context lengths; Qwen3's 2 KiB (f32)
+    /// or 1 KiB (f16) per position always is): the lone stream then stays on the columns.
     pub(crate) fn bind_slots(
         &mut self,
         k: &[wgpu::Buffer],
@@ -32,7 +32,7 @@ impl DecodePlan {
         slots: usize,
     ) -> Result<bool> {
         let cfg = &self.weights.cfg;
-        let slot_bytes = self.k.attn.params().cache_bytes();
+        let slot_bytes = self.cache_bytes();
         let align = self.ctx.limits.min_storage_buffer_offset_alignment as u64;
         if slots > 1 && slot_bytes % align != 0 {
             return Ok(false);

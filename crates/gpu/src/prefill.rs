@@ -181,7 +181,8 @@ pub struct PrefillShape {
 
 impl PrefillPlan {
     /// Bind every layer of `w` for chunks of up to `chunk` tokens, writing the main sequence's
-    /// KV rows (of type `cache`, in a context of `context_len` positions) into `k_cache`/`v_cache` (`[ctx, Hkv, D]` per layer, the decode plan's).
+    /// KV rows (of type `cache`, in a context of `context_len` positions) into
+    /// `k_cache`/`v_cache` (`[ctx, Hkv, D]` per layer, the decode plan's).
     pub fn new(
         ctx: &Context,
         w: &GpuWeights,
