@@ -7,7 +7,7 @@
 # Needs: target/release/nibble built on the dev machine and carried; .gl/ (Vulkan loader debs)
 # carried; vendor/qwen3-tokenizer carried. Usage: OUT=/some/dir scripts/gpu-bench.sh [steps]
 # where steps is a comma list of: fixture,synth,kernels,hot,kbab,kbonly,moetune,parity,sampled,bench,profile,routerab,ab,abx,prefillx,ksplitab,lone,prefill,coop,qtiles,splits,prefillprof,combineab,splitab,flagsets,gputests,batch,dbufab,
-# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl,pplab,yarn,kvcache,kvdeep
+# cpu,fold,numerics,numab,depth16k,load,mlx,mlxpre,q8,mlx8,q6k,q4k,q4km,q5km,kprof,grammar,ppl,pplab,yarn,kvcache,kvdeep,kbattn
 # (default: fixture,synth,kernels,parity,bench,profile,fold,numerics,depth16k).
 # `kernels` needs target/release/examples/kernel_bench carried too; `load` needs the server's load
 # test binary as target/release/load-test (`cargo test --release -p nibble-server --test load
@@ -98,6 +98,17 @@ if has kbab; then
         timeout 120 $b --shapes full --pos $pos ${KB_ARGS:-} 2>&1 | grep -E "^  " | grep -v -E "cols|tuning|int8|matmul (qkv|o_proj)| r[124] " | tee -a "$S"
       done
     done
+  done
+fi
+if has kbattn; then
+  # The attention rows of kernel_bench (every split, tile and form it builds, the streamed form
+  # included) at positions 1, 512, 4096 and KBA_POS (default 16384), two rounds after a
+  # discarded warm-up. Needs target/release/examples/kernel_bench.
+  KB=target/release/examples/kernel_bench
+  timeout 120 $KB --shapes full --pos ${KBA_POS:-16384} --only "attention" --reps 2 > /dev/null 2>&1
+  for round in 1 2; do
+    say "kbattn round $round (pos 1, 512, 4096, ${KBA_POS:-16384})"
+    timeout 200 $KB --shapes full --pos ${KBA_POS:-16384} --only "attention" 2>&1 | grep -E "^  |^\* " | tee -a "$S"
   done
 fi
 if has kbonly; then

@@ -9,8 +9,8 @@
 //! up to it that divides K, and 1 where its scratch would pass the binding limit
 //! (`F32Tuning`); `-v` prints the slot groups in use.
 
-use crate::context::{Context, Result};
-use crate::kernels::attention::{AttentionKernel, AttentionParams, Combine};
+use crate::context::{Context, GpuError, Result};
+use crate::kernels::attention::{AttentionKernel, AttentionParams, AttnForm, ChunkShape, Combine};
 use crate::kernels::moe::{F32Tuning, MoeParams};
 use std::str::FromStr;
 
@@ -34,6 +34,11 @@ pub struct Tune {
     pub attn_workgroups: Option<u32>,
     pub attn_tile_loads: Option<u32>,
     pub attn_fused_max: Option<u32>,
+    /// The chunk body: 1 (the default) the tiled form, 2 the streamed form
+    /// ([`crate::kernels::attention::AttnForm`]); and the streamed form's V rows per thread
+    /// per batch (1..=16, default 4).
+    pub attn_form: Option<u32>,
+    pub attn_v_rows: Option<u32>,
     /// 1 or unset (the default since run 63: tg128 318.2 against 315.2): the norm-on-load
     /// matvec (qkv) stages `h ⊙ w` and scales each row's sum by `1 / rms(h)` at the end, so
     /// its dot products need not wait for the norm's reduction (matvec_wgsl.rs
@@ -96,7 +101,7 @@ pub const DEFAULT_HEAD: u32 = 4;
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 21] = [
+pub const KEYS: [&str; 23] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -108,6 +113,8 @@ pub const KEYS: [&str; 21] = [
     "attn_workgroups",
     "attn_tile_loads",
     "attn_fused_max",
+    "attn_form",
+    "attn_v_rows",
     "late_norm",
     "moe_late_norm",
     "head",
@@ -134,6 +141,8 @@ impl Tune {
             "attn_workgroups" => &mut self.attn_workgroups,
             "attn_tile_loads" => &mut self.attn_tile_loads,
             "attn_fused_max" => &mut self.attn_fused_max,
+            "attn_form" => &mut self.attn_form,
+            "attn_v_rows" => &mut self.attn_v_rows,
             "late_norm" => &mut self.late_norm,
             "moe_late_norm" => &mut self.moe_late_norm,
             "head" => &mut self.head,
@@ -172,13 +181,23 @@ impl Tune {
         params: AttentionParams,
         merge: Combine,
     ) -> Result<AttentionKernel> {
-        let k = AttentionKernel::with_overrides(
-            ctx,
-            params,
-            self.attn_workgroups,
-            self.attn_tile_loads,
-        )?
-        .with_combine(merge);
+        let d = ChunkShape::default();
+        let form = match self.attn_form {
+            None | Some(1) => AttnForm::Tiles,
+            Some(2) => AttnForm::Stream,
+            Some(n) => {
+                return Err(GpuError::Shape(format!(
+                    "attn_form={n}: expected 1 (tiles) or 2 (streamed)"
+                )))
+            }
+        };
+        let shape = ChunkShape {
+            form,
+            tile_loads: self.attn_tile_loads.unwrap_or(d.tile_loads),
+            v_rows: self.attn_v_rows.unwrap_or(d.v_rows),
+        };
+        let k = AttentionKernel::with_overrides(ctx, params, self.attn_workgroups, shape)?
+            .with_combine(merge);
         Ok(match self.attn_fused_max {
             Some(n) => k.with_fused_max_chunks(n),
             None => k,
@@ -231,6 +250,8 @@ impl std::fmt::Display for Tune {
             self.attn_workgroups,
             self.attn_tile_loads,
             self.attn_fused_max,
+            self.attn_form,
+            self.attn_v_rows,
             self.late_norm,
             self.moe_late_norm,
             self.head,

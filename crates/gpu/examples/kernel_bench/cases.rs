@@ -8,7 +8,7 @@ use nibble_gpu::context::{Context, Result};
 use nibble_gpu::kernels::argmax::{ArgmaxArgs, ArgmaxBinding, ArgmaxKernel};
 use nibble_gpu::kernels::attention::{
     AttentionBinding, AttentionBuffers, AttentionKernel, AttentionParams, AttentionScratch,
-    Combine, FUSED_MAX_CHUNKS,
+    AttnForm, ChunkShape, Combine, FUSED_MAX_CHUNKS,
 };
 use nibble_gpu::kernels::embed::{EmbedBinding, EmbedKernel};
 use nibble_gpu::kernels::matvec::{
@@ -300,21 +300,71 @@ impl Bench {
             Combine::Dispatch => ("combine fused", Combine::Fused),
         };
         let dflt = (attn.combine(), FUSED_MAX_CHUNKS);
-        for (label, over, loads, (merge, fused_max)) in [
-            (other.0, None, 2, (other.1, FUSED_MAX_CHUNKS)),
+        let tiles = |tile_loads| ChunkShape {
+            tile_loads,
+            ..ChunkShape::default()
+        };
+        let stream = |tile_loads, v_rows| ChunkShape {
+            form: AttnForm::Stream,
+            tile_loads,
+            v_rows,
+        };
+        // The streamed form (attention_stream.wgsl) at the default split and at fewer, longer
+        // chunks (256 and 128 workgroups: 64 and 32 chunks per kv head at Qwen3's shapes), with
+        // key blocks of 4 and 8 loads per thread and V batches of 4 and 8 rows; the tiled form at
+        // 256 workgroups with 8 loads per thread (BENCHMARKS run 174's best) beside them.
+        for (label, over, shape, (merge, fused_max)) in [
+            (other.0, None, tiles(2), (other.1, FUSED_MAX_CHUNKS)),
             (
                 "combine fused, any chunk count",
                 None,
-                2,
+                tiles(2),
                 (Combine::Fused, u32::MAX),
             ),
-            ("128 chunks/kv head", Some((128u32, 256u32)), 2u32, dflt),
-            ("512 chunks/kv head", Some((512, 256)), 2, dflt),
-            ("tiles of 4 loads/thread", None, 4, dflt),
-            ("tiles of 8 loads/thread", None, 8, dflt),
+            ("128 chunks/kv head", Some((128u32, 256u32)), tiles(2), dflt),
+            ("512 chunks/kv head", Some((512, 256)), tiles(2), dflt),
+            ("tiles of 4 loads/thread", None, tiles(4), dflt),
+            ("tiles of 8 loads/thread", None, tiles(8), dflt),
+            (
+                "64 chunks/kv head, tiles of 8",
+                Some((64, 256)),
+                tiles(8),
+                dflt,
+            ),
+            ("streamed 8/4", None, stream(8, 4), dflt),
+            (
+                "streamed 8/4, 64 chunks/kv head",
+                Some((64, 256)),
+                stream(8, 4),
+                dflt,
+            ),
+            (
+                "streamed 8/4, 32 chunks/kv head",
+                Some((32, 256)),
+                stream(8, 4),
+                dflt,
+            ),
+            (
+                "streamed 4/4, 64 chunks/kv head",
+                Some((64, 256)),
+                stream(4, 4),
+                dflt,
+            ),
+            (
+                "streamed 8/8, 64 chunks/kv head",
+                Some((64, 256)),
+                stream(8, 8),
+                dflt,
+            ),
+            (
+                "streamed 8/8, 32 chunks/kv head",
+                Some((32, 256)),
+                stream(8, 8),
+                dflt,
+            ),
         ] {
             let params = AttentionParams::from_config(cfg, ctx_len, CacheType::F32)?;
-            let Ok(k) = AttentionKernel::with_split_tile(ctx, params, over, loads) else {
+            let Ok(k) = AttentionKernel::with_shape(ctx, params, over, shape) else {
                 continue; // e.g. a tile past this device's workgroup memory
             };
             let k = k.with_combine(merge).with_fused_max_chunks(fused_max);

@@ -73,6 +73,43 @@ const TILE_CAP: u32 = 64;
 /// Cache loads per thread per tile (the tile holds `TILE_LOADS * WG / (D/4)` rows): two keeps
 /// each thread's loads in flight together without a long register-held batch.
 pub const TILE_LOADS: u32 = 2;
+/// V rows per thread per batch of the streamed form (loads in flight per thread).
+pub const V_ROWS: u32 = 4;
+
+/// How a chunk workgroup moves its cache rows: the `attend` body appended to attention.wgsl.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttnForm {
+    /// attention_tiles.wgsl: K, then V, through shared-memory tiles; one thread per (head,
+    /// position) scores, one per (head, vec4) sums V.
+    #[default]
+    Tiles,
+    /// attention_stream.wgsl: K blocks through shared memory one block ahead in registers, each
+    /// key read once for several heads; V straight from the cache into registers, every head
+    /// summed per thread.
+    Stream,
+}
+
+/// The chunk body's shape: its form, cache loads per thread per tile (key block, streamed) and
+/// the streamed form's V rows per thread per batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkShape {
+    pub form: AttnForm,
+    /// 1..=16 ([`TILE_LOADS`] by default): a tile holds `tile_loads * WG / (D/4)` rows (at most
+    /// 64).
+    pub tile_loads: u32,
+    /// 1..=16 ([`V_ROWS`] by default; streamed form only).
+    pub v_rows: u32,
+}
+
+impl Default for ChunkShape {
+    fn default() -> Self {
+        ChunkShape {
+            form: AttnForm::default(),
+            tile_loads: TILE_LOADS,
+            v_rows: V_ROWS,
+        }
+    }
+}
 
 /// Where the chunk partials are merged once a position needs several chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +239,7 @@ pub fn rope(p: &AttentionParams) -> RopeTable {
 }
 
 /// Compiled attention pipelines plus the constant inverse-frequency table.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct AttentionKernel {
     /// The shapes the shaders were compiled for. Private: `bind` and `record` read them, and
     /// the unchecked chunk module relies on those matching its constants.
@@ -302,7 +339,7 @@ impl AttentionKernel {
         ctx: &Context,
         params: AttentionParams,
         workgroups: Option<u32>,
-        tile_loads: Option<u32>,
+        shape: ChunkShape,
     ) -> Result<Self> {
         if workgroups == Some(0) {
             return Err(GpuError::Shape(
@@ -310,7 +347,7 @@ impl AttentionKernel {
             ));
         }
         let over = workgroups.map(|w| ((w / params.kv_heads).max(1), CHUNK_CAP));
-        Self::with_split_tile(ctx, params, over, tile_loads.unwrap_or(TILE_LOADS))
+        Self::with_shape(ctx, params, over, shape)
     }
 
     /// [`Self::with_split`] with `tile_loads` cache loads per thread per tile instead of
@@ -321,10 +358,38 @@ impl AttentionKernel {
         over: Option<(u32, u32)>,
         tile_loads: u32,
     ) -> Result<Self> {
+        let shape = ChunkShape {
+            tile_loads,
+            ..ChunkShape::default()
+        };
+        Self::with_shape(ctx, params, over, shape)
+    }
+
+    /// [`Self::with_split`] with the chunk body `shape` (form, loads per thread per tile, V rows
+    /// per batch).
+    pub fn with_shape(
+        ctx: &Context,
+        params: AttentionParams,
+        over: Option<(u32, u32)>,
+        shape: ChunkShape,
+    ) -> Result<Self> {
         params.validate()?;
-        if !(1..=16).contains(&tile_loads) {
+        let ChunkShape {
+            form,
+            tile_loads,
+            v_rows,
+        } = shape;
+        if !(1..=16).contains(&tile_loads) || !(1..=16).contains(&v_rows) {
             return Err(GpuError::Shape(format!(
-                "attention: {tile_loads} loads per thread per tile (expected 1..=16)"
+                "attention: {tile_loads} loads per thread per tile, {v_rows} V rows per batch (expected 1..=16)"
+            )));
+        }
+        // The streamed form keeps a register per head (`acc{g}`): past 32 heads per kv head
+        // they would spill.
+        if form == AttnForm::Stream && params.group() > 32 {
+            return Err(GpuError::Shape(format!(
+                "attention: the streamed form serves at most 32 query heads per kv head, not {}",
+                params.group()
             )));
         }
         let p = &params;
@@ -333,11 +398,15 @@ impl AttentionKernel {
         let wg = (g * d4).next_power_of_two().clamp(64, CHUNK_WG);
         let cwg = (8 * d4).next_power_of_two().clamp(64, CHUNK_WG);
         let tile = (tile_loads * wg / d4).clamp(1, TILE_CAP);
+        let tile_vec4s = match form {
+            AttnForm::Tiles => tile * (d4 + 1),
+            AttnForm::Stream => stream_tile_vec4s(tile, d4, wg),
+        };
         let limit = ctx.limits.max_compute_workgroup_storage_size as u64;
         // Chunk kernel shared memory: qs + tile + red + stat + kown + cst + rms (+ 12: the score
         // buffer rounded up to whole vec4s), plus 4*G bytes per chunk position.
         let fixed =
-            (g * d4 * 16 + tile * (d4 + 1) * 16 + wg * 4 + g * 8 + d * 8 + (g + 1) * 4 + 12) as u64;
+            (g * d4 * 16 + tile_vec4s * 16 + wg * 4 + g * 8 + d * 8 + (g + 1) * 4 + 12) as u64;
         let fit = (limit.saturating_sub(fixed) / (4 * g as u64)).min(u32::MAX as u64) as u32;
         if p.chunk > fit {
             return Err(GpuError::Shape(format!(
@@ -392,12 +461,11 @@ impl AttentionKernel {
         // <= WG / (G + 1) (at least 1) per head vector in the q/k norm reduction.
         let lg = 1u32 << (wg / g).ilog2();
         let lr = 1u32 << (wg / (g + 1)).max(1).ilog2();
-        let lpt = (tile * d4).div_ceil(wg);
         let chunk_src = src(
             wg,
             &[u32_const("LG", lg), u32_const("LR", lr)].concat(),
             &[
-                stage_body(lpt).as_str(),
+                chunk_body(form, tile, d4, wg, g, v_rows).as_str(),
                 include_str!("../shaders/attention_rope.wgsl"),
             ]
             .concat(),
@@ -421,6 +489,12 @@ impl AttentionKernel {
         //   tt + t < len <= chunk_len <= CMAX, the trees' `li + st` stay inside their LG / LR
         //   group (lane < st <= group / 2, WG a multiple of both), qs / kown / cst / rms / stat
         //   below G D4 / D4 / D/2 / G+1 / G by their loop bounds;
+        // - the streamed body (attention_stream.wgsl): a key block element e < rows D4 is row
+        //   e / D4 < rows <= P of `tile` (P DP <= TILE_N) and cache row t0 + tt + e / D4 < t0 +
+        //   len; a V lane loads only while vt < TS, rows r < len, vec4 vd < D4; score_row reads
+        //   tile row t < rows, qs at min(g, G - 1) D4 + d, and writes sc at g < G, tt + t < len;
+        //   the fmas read sc at r < len <= CMAX; the reduction puts (vt GR + j) D4 + vd < TS GR
+        //   D4 <= TILE_N (GR by the host: `stream_body`) and reads u < TS alike;
         // - every loop advances a counter towards a constant or `n` bound (no loop-bounding
         //   needed).
         // The column forms (attention_cols.rs) extend this audit to their column offsets.
@@ -766,7 +840,7 @@ pub(crate) use split::Split;
 #[path = "attention_wgsl.rs"]
 mod wgsl;
 pub(crate) use wgsl::kv_wgsl;
-use wgsl::{f32_const, stage_body, u32_const};
+use wgsl::{chunk_body, f32_const, stream_tile_vec4s, u32_const};
 
 #[path = "attention_ref.rs"]
 mod reference;

@@ -34,7 +34,7 @@ pub enum ColumnMode {
 }
 
 /// Shader sources of the single-token modules (constants + bodies), extended by the column forms.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Sources {
     pub chunk: String,
     pub combine: String,

@@ -16,6 +16,9 @@ struct Case {
     split: Option<(u32, u32)>,
     /// Cache loads per thread per tile ([`AttentionKernel::with_split_tile`]).
     tile_loads: u32,
+    /// The chunk body's form and the streamed form's V rows per batch ([`ChunkShape`]).
+    form: AttnForm,
+    v_rows: u32,
     /// Where the partials merge ([`AttentionKernel::with_combine`]) and up to how many chunks
     /// per kv head the fused form serves ([`AttentionKernel::with_fused_max_chunks`]).
     merge: Combine,
@@ -47,6 +50,8 @@ impl Case {
             v_cache,
             split: None,
             tile_loads: TILE_LOADS,
+            form: AttnForm::Tiles,
+            v_rows: V_ROWS,
             merge: Combine::Dispatch,
             fused_max: FUSED_MAX_CHUNKS,
             repeats: 1,
@@ -65,10 +70,33 @@ struct Outputs {
     dispatches: u32,
 }
 
+/// The kernel `c` asks for (compiled: a lavapipe compile takes ~1 s, so tests that run many
+/// steps of one shape build it once and hand it to [`check_case_with`]).
+fn kernel(ctx: &Context, c: &Case) -> AttentionKernel {
+    let shape = ChunkShape {
+        form: c.form,
+        tile_loads: c.tile_loads,
+        v_rows: c.v_rows,
+    };
+    AttentionKernel::with_shape(ctx, c.p, c.split, shape).expect("kernel")
+}
+
 /// Upload `c`, run one step at `pos` (optionally with the done flag set), read everything back.
 fn run(ctx: &Context, c: &Case, pos: u32, pos_bound: u32, done: bool, quant: bool) -> Outputs {
-    let k = AttentionKernel::with_split_tile(ctx, c.p, c.split, c.tile_loads)
-        .expect("kernel")
+    run_with(ctx, &kernel(ctx, c), c, (pos, pos_bound), done, quant)
+}
+
+/// [`run`] on the compiled `k` (built for `c`'s params, split and shape), merging as `c` says.
+fn run_with(
+    ctx: &Context,
+    k: &AttentionKernel,
+    c: &Case,
+    (pos, pos_bound): (u32, u32),
+    done: bool,
+    quant: bool,
+) -> Outputs {
+    let k = k
+        .clone()
         .with_combine(c.merge)
         .with_fused_max_chunks(c.fused_max);
     let f = |label: &str, v: &[f32]| {
@@ -181,9 +209,19 @@ fn check_step_tile(
 }
 
 /// The checks of [`check_step`] for a prepared case.
-fn check_case(ctx: &Context, c: Case, (pos, pos_bound): (u32, u32)) -> u32 {
+fn check_case(ctx: &Context, c: Case, at: (u32, u32)) -> u32 {
+    check_case_with(ctx, &kernel(ctx, &c), c, at)
+}
+
+/// [`check_case`] on the compiled `k` (see [`run_with`]).
+fn check_case_with(
+    ctx: &Context,
+    k: &AttentionKernel,
+    c: Case,
+    (pos, pos_bound): (u32, u32),
+) -> u32 {
     let p = c.p;
-    let o = run(ctx, &c, pos, pos_bound, false, false);
+    let o = run_with(ctx, k, &c, (pos, pos_bound), false, false);
     let what = format!("{p:?} pos {pos}");
     let (hq, hkv, d) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
     let (q_want, mut k_want) = rope_ref(&p, &c.qkv, &c.q_norm, &c.k_norm, pos);
@@ -693,4 +731,75 @@ fn attention_rejects_bad_shapes() {
         .bind(&ctx, &bufs, &scratch)
         .expect_err("small cache accepted");
     assert!(e.to_string().contains("k_cache"), "{e}");
+}
+
+/// The streamed chunk body (`AttnForm::Stream`) against the references over the shapes the
+/// tiled body is checked at: odd group sizes and head dims (D/4 not dividing the workgroup, so
+/// some V lanes idle), one kv head, G = 32 (several heads per score thread, several reduction
+/// rounds), the real head shape; key blocks of 1 to 64 rows with the owning row in the first,
+/// a middle or the last block; V batches of 1 to 16 rows; the single, chunk + combine and fused
+/// forms, tight and loose position bounds; f32 and f16 caches. One compile per shape and cache.
+#[test]
+fn attention_streamed_form_matches_reference() {
+    let Some(ctx) = gpu("attention_streamed_form_matches_reference") else {
+        return;
+    };
+    // (heads, kv_heads, head_dim, ctx, chunk, split override, tile loads, v rows)
+    let shapes = [
+        (4, 2, 32, 512, 16, None, TILE_LOADS, V_ROWS),
+        (6, 2, 36, 100, 7, None, 8, 3),
+        (5, 1, 20, 64, 5, None, 1, 1),
+        (32, 1, 16, 80, 4, Some((4, 64)), 4, 2),
+        (12, 4, 64, 96, 16, Some((1, 96)), 8, 16),
+        (32, 4, 128, 384, 16, Some((4, 128)), 4, V_ROWS),
+        (8, 2, 32, 300, 16, Some((1, 256)), 8, 5),
+    ];
+    for (i, (hq, hkv, d, n, chunk, split, loads, v_rows)) in shapes.into_iter().enumerate() {
+        for (ci, cache) in [CacheType::F32, CacheType::F16].into_iter().enumerate() {
+            let p = AttentionParams {
+                cache,
+                ..params(hq, hkv, d, n, chunk)
+            };
+            let case = |seed: u64, merge: Combine| {
+                let mut c = Case::new(p, seed);
+                c.form = AttnForm::Stream;
+                c.split = split;
+                c.tile_loads = loads;
+                c.v_rows = v_rows;
+                c.merge = merge;
+                c.fused_max = u32::MAX;
+                c
+            };
+            let k = kernel(&ctx, &case(0, Combine::Dispatch));
+            for (j, pos) in [0, 1, chunk - 1, chunk, 3 * chunk + 1, n / 2 + 3, n - 1]
+                .into_iter()
+                .enumerate()
+            {
+                let seed = 3000 + 100 * i as u64 + 40 * ci as u64 + 4 * j as u64;
+                // The fused form twice on one scratch: its arrival counters go back to zero.
+                let mut c = case(seed, Combine::Fused);
+                c.repeats = 2;
+                check_case_with(&ctx, &k, c, (pos, pos));
+                check_case_with(&ctx, &k, case(seed + 1, Combine::Dispatch), (pos, pos));
+                // A loose bound: chunks past pos exit without touching anything.
+                check_case_with(&ctx, &k, case(seed + 2, Combine::Dispatch), (pos, n - 1));
+            }
+        }
+    }
+    let p = params(8, 2, 32, 300, 16);
+    let bad = |tile_loads, v_rows| {
+        let shape = ChunkShape {
+            form: AttnForm::Stream,
+            tile_loads,
+            v_rows,
+        };
+        AttentionKernel::with_shape(&ctx, p, None, shape).is_err()
+    };
+    assert!(bad(0, 4) && bad(17, 4) && bad(8, 0) && bad(8, 17));
+    // More than 32 heads per kv head would spill the streamed form's registers.
+    let shape = ChunkShape {
+        form: AttnForm::Stream,
+        ..ChunkShape::default()
+    };
+    assert!(AttentionKernel::with_shape(&ctx, params(64, 1, 32, 64, 16), None, shape).is_err());
 }

@@ -2,6 +2,8 @@
 //! pipelines): WGSL constants, and attention.wgsl with `stage`'s and the first tile's prefetch
 //! lines expanded per load, so a thread's loads live in separate variables.
 
+use super::AttnForm;
+
 /// The KV cache's element type and its conversions in WGSL, for every module that binds a
 /// cache (`k_cache` / `v_cache` are `array<KV>`, one element per four values of a row):
 /// `kv_in` reads an element as f32s, `kv_out` makes one from f32s, `kv_round(x)` is
@@ -43,10 +45,28 @@ pub(super) fn f32_const(name: &str, v: f32) -> String {
     format!("const {name}: f32 = {v:e};\n")
 }
 
-/// attention.wgsl with `stage`'s per-load lines written out for `lpt` loads per thread: all the
-/// loads (element e = li + j WG of the tile: row e / D4, vec4 e % D4), then all the stores; and
-/// likewise the fields, loads and stores of the first tile's prefetch (`Pre`: K and V).
-pub(super) fn stage_body(lpt: u32) -> String {
+/// The chunk module's body for `form`: attention.wgsl (bindings, entry points, fused combine)
+/// followed by the form's `attend` with its per-load (and, streamed, per-head) lines written out,
+/// and the form's own constants. `p` rows per tile / key block, `d4` = D/4, `wg` threads, `g`
+/// query heads per kv head, `v_rows` V rows per thread per batch (streamed only).
+pub(super) fn chunk_body(form: AttnForm, p: u32, d4: u32, wg: u32, g: u32, v_rows: u32) -> String {
+    let common = include_str!("../shaders/attention.wgsl");
+    match form {
+        AttnForm::Tiles => format!("{common}{}", tiles_body((p * d4).div_ceil(wg))),
+        AttnForm::Stream => format!("{common}{}", stream_body(p, d4, wg, g, v_rows)),
+    }
+}
+
+/// Shared-memory vec4s of the streamed body's `tile`: a key block of `p` rows (stride D4 + 1) or
+/// the V partials of one reduction round (at least one head's TS x D4).
+pub(super) fn stream_tile_vec4s(p: u32, d4: u32, wg: u32) -> u32 {
+    (p * (d4 + 1)).max((wg / d4).max(1) * d4)
+}
+
+/// attention_tiles.wgsl with `stage`'s per-load lines written out for `lpt` loads per thread: all
+/// the loads (element e = li + j WG of the tile: row e / D4, vec4 e % D4), then all the stores;
+/// and likewise the fields, loads and stores of the first tile's prefetch (`Pre`: K and V).
+fn tiles_body(lpt: u32) -> String {
     let (mut loads, mut stores) = (String::new(), String::new());
     for j in 0..lpt {
         loads += &format!(
@@ -93,10 +113,150 @@ pub(super) fn stage_body(lpt: u32) -> String {
     "
         );
     }
-    include_str!("../shaders/attention.wgsl")
+    include_str!("../shaders/attention_tiles.wgsl")
         .replace("//STAGE_LOADS", &loads)
         .replace("//STAGE_STORES", &stores)
         .replace("//PRE_FIELDS", &fields)
         .replace("//PRE_LOADS", &pre_loads)
         .replace("//PRE_STORES", &pre_stores)
+}
+
+/// attention_stream.wgsl with its constants and written-out lines for `p` key rows per block
+/// (LK = ceil(p D4 / WG) loads per thread), TS = WG / D4 V lanes of `v_rows` rows per batch, and
+/// `g` heads: the key block's fields, loads and stores, the V batch's fields, loads and
+/// per-(row, head) fmas into `acc{g}`, the score row's GH heads and the reduction rounds.
+fn stream_body(p: u32, d4: u32, wg: u32, g: u32, v_rows: u32) -> String {
+    let lk = (p * d4).div_ceil(wg);
+    let ts = (wg / d4).max(1);
+    let sgn = (wg / p).max(1);
+    let gh = g.div_ceil(sgn);
+    let tile_n = stream_tile_vec4s(p, d4, wg);
+    let gr = (tile_n / (ts * d4)).clamp(1, g);
+    let consts = [
+        u32_const("LK", lk),
+        u32_const("TS", ts),
+        u32_const("LV", v_rows),
+        u32_const("SGN", sgn),
+        u32_const("GH", gh),
+        u32_const("GR", gr),
+        u32_const("TILE_N", tile_n),
+    ]
+    .concat();
+    let w = |f: &mut String, line: String| {
+        f.push_str(&line);
+        f.push_str("\n    ");
+    };
+    let (mut kf, mut kl, mut ks) = (String::new(), String::new(), String::new());
+    for j in 0..lk {
+        w(&mut kf, format!("k{j}: vec4<f32>,"));
+        w(
+            &mut kl,
+            format!(
+                "let e{j} = li + {j}u * WG;
+    if (e{j} < n && t0 + e{j} / D4 != own) {{
+        b.k{j} = kv_in(k_cache[((s.row0 + t0 + e{j} / D4) * HKV + h) * D4 + e{j} % D4]);
+    }}"
+            ),
+        );
+        w(
+            &mut ks,
+            format!(
+                "let e{j} = li + {j}u * WG;
+    if (e{j} < n) {{
+        var a{j} = b.k{j};
+        if (t0 + e{j} / D4 == own) {{ a{j} = kown[e{j} % D4]; }}
+        tile[(e{j} / D4) * DP + e{j} % D4] = a{j};
+    }}"
+            ),
+        );
+    }
+    let (mut vf, mut vl, mut va) = (String::new(), String::new(), String::new());
+    for j in 0..v_rows {
+        w(&mut vf, format!("v{j}: vec4<f32>,"));
+        w(
+            &mut vl,
+            format!(
+                "let r{j} = base + vt + {j}u * TS;
+    if (r{j} < len) {{
+        if (t0 + r{j} == own) {{
+            b.v{j} = kv_round(qkv[vb + vd]);
+        }} else {{
+            b.v{j} = kv_in(v_cache[((s.row0 + t0 + r{j}) * HKV + h) * D4 + vd]);
+        }}
+    }}"
+            ),
+        );
+        let fmas: String = (0..g)
+            .map(|k| {
+                format!(
+                    "\n                    acc{k} = fma(vec4<f32>(sc[{k}u * CMAX + r]), cur.v{j}, acc{k});"
+                )
+            })
+            .collect();
+        va.push_str(&format!(
+            "{{
+                let r = base + vt + {j}u * TS;
+                if (r < len) {{{fmas}
+                }}
+            }}
+            "
+        ));
+    }
+    let decl: String = (0..g)
+        .map(|k| format!("var acc{k} = vec4<f32>(0.0);\n    "))
+        .collect();
+    let mut rounds = String::new();
+    for g0 in (0..g).step_by(gr as usize) {
+        let puts: String = (g0..(g0 + gr).min(g))
+            .map(|k| {
+                format!(
+                    "\n        tile[(vt * GR + {j}u) * D4 + vd] = acc{k};",
+                    j = k - g0
+                )
+            })
+            .collect();
+        rounds.push_str(&format!(
+            "workgroupBarrier();
+    if (vlive) {{{puts}
+    }}
+    workgroupBarrier();
+    reduce_round({g0}u, s, h, c, li, single);
+    "
+        ));
+    }
+    let mut score = String::new();
+    for j in 0..gh {
+        w(
+            &mut score,
+            format!("var a{j} = vec4<f32>(0.0);\n    let q{j} = min(g0 + {j}u, G - 1u) * D4;"),
+        );
+    }
+    let dots: String = (0..gh)
+        .map(|j| format!("\n        a{j} = fma(qs[q{j} + d], k, a{j});"))
+        .collect();
+    score.push_str(&format!(
+        "for (var d = 0u; d < D4; d++) {{
+        let k = tile[t * DP + d];{dots}
+    }}
+    "
+    ));
+    for j in 0..gh {
+        w(
+            &mut score,
+            format!(
+                "if (g0 + {j}u < G) {{ sc[(g0 + {j}u) * CMAX + tt + t] = (a{j}.x + a{j}.y) + (a{j}.z + a{j}.w); }}"
+            ),
+        );
+    }
+    let body = include_str!("../shaders/attention_stream.wgsl")
+        .replace("//KB_FIELDS", &kf)
+        .replace("//KB_LOADS", &kl)
+        .replace("//KB_STORES", &ks)
+        .replace("//VB_FIELDS", &vf)
+        .replace("//VB_LOADS", &vl)
+        .replace("//VB_ACC", &va)
+        .replace("//ACC_DECL", &decl)
+        .replace("//ACC_ROUNDS", &rounds)
+        .replace("//SCORE_ROW", &score);
+    format!("{consts}{body}")
 }
