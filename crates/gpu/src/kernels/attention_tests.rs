@@ -738,52 +738,59 @@ fn attention_rejects_bad_shapes() {
 /// some V lanes idle), one kv head, G = 32 (several heads per score thread, several reduction
 /// rounds), the real head shape; key blocks of 1 to 64 rows with the owning row in the first,
 /// a middle or the last block; V batches of 1 to 16 rows; the single, chunk + combine and fused
-/// forms, tight and loose position bounds; f32 and f16 caches. One compile per shape and cache.
+/// forms, tight and loose position bounds; f32 and f16 caches. One compile per shape.
 #[test]
 fn attention_streamed_form_matches_reference() {
     let Some(ctx) = gpu("attention_streamed_form_matches_reference") else {
         return;
     };
-    // (heads, kv_heads, head_dim, ctx, chunk, split override, tile loads, v rows)
+    // (heads, kv_heads, head_dim, ctx, chunk, split override, tile loads, v rows, cache): five
+    // compiles (a cold lavapipe compile of the chunk and combine modules takes ~30 s).
     let shapes = [
-        (4, 2, 32, 512, 16, None, TILE_LOADS, V_ROWS),
-        (6, 2, 36, 100, 7, None, 8, 3),
-        (5, 1, 20, 64, 5, None, 1, 1),
-        (32, 1, 16, 80, 4, Some((4, 64)), 4, 2),
-        (12, 4, 64, 96, 16, Some((1, 96)), 8, 16),
-        (32, 4, 128, 384, 16, Some((4, 128)), 4, V_ROWS),
-        (8, 2, 32, 300, 16, Some((1, 256)), 8, 5),
+        (6, 2, 36, 100, 7, None, 8, 3, CacheType::F32),
+        (5, 1, 20, 64, 5, None, 1, 1, CacheType::F16),
+        (32, 1, 16, 80, 4, Some((4, 64)), 4, 2, CacheType::F32),
+        (
+            32,
+            4,
+            128,
+            384,
+            16,
+            Some((4, 128)),
+            4,
+            V_ROWS,
+            CacheType::F16,
+        ),
+        (8, 2, 32, 300, 16, Some((1, 256)), 8, 5, CacheType::F32),
     ];
-    for (i, (hq, hkv, d, n, chunk, split, loads, v_rows)) in shapes.into_iter().enumerate() {
-        for (ci, cache) in [CacheType::F32, CacheType::F16].into_iter().enumerate() {
-            let p = AttentionParams {
-                cache,
-                ..params(hq, hkv, d, n, chunk)
-            };
-            let case = |seed: u64, merge: Combine| {
-                let mut c = Case::new(p, seed);
-                c.form = AttnForm::Stream;
-                c.split = split;
-                c.tile_loads = loads;
-                c.v_rows = v_rows;
-                c.merge = merge;
-                c.fused_max = u32::MAX;
-                c
-            };
-            let k = kernel(&ctx, &case(0, Combine::Dispatch));
-            for (j, pos) in [0, 1, chunk - 1, chunk, 3 * chunk + 1, n / 2 + 3, n - 1]
-                .into_iter()
-                .enumerate()
-            {
-                let seed = 3000 + 100 * i as u64 + 40 * ci as u64 + 4 * j as u64;
-                // The fused form twice on one scratch: its arrival counters go back to zero.
-                let mut c = case(seed, Combine::Fused);
-                c.repeats = 2;
-                check_case_with(&ctx, &k, c, (pos, pos));
-                check_case_with(&ctx, &k, case(seed + 1, Combine::Dispatch), (pos, pos));
-                // A loose bound: chunks past pos exit without touching anything.
-                check_case_with(&ctx, &k, case(seed + 2, Combine::Dispatch), (pos, n - 1));
-            }
+    for (i, (hq, hkv, d, n, chunk, split, loads, v_rows, cache)) in shapes.into_iter().enumerate() {
+        let p = AttentionParams {
+            cache,
+            ..params(hq, hkv, d, n, chunk)
+        };
+        let case = |seed: u64, merge: Combine| {
+            let mut c = Case::new(p, seed);
+            c.form = AttnForm::Stream;
+            c.split = split;
+            c.tile_loads = loads;
+            c.v_rows = v_rows;
+            c.merge = merge;
+            c.fused_max = u32::MAX;
+            c
+        };
+        let k = kernel(&ctx, &case(0, Combine::Dispatch));
+        for (j, pos) in [0, 1, chunk - 1, chunk, 3 * chunk + 1, n / 2 + 3, n - 1]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 3000 + 100 * i as u64 + 4 * j as u64;
+            // The fused form twice on one scratch: its arrival counters go back to zero.
+            let mut c = case(seed, Combine::Fused);
+            c.repeats = 2;
+            check_case_with(&ctx, &k, c, (pos, pos));
+            check_case_with(&ctx, &k, case(seed + 1, Combine::Dispatch), (pos, pos));
+            // A loose bound: chunks past pos exit without touching anything.
+            check_case_with(&ctx, &k, case(seed + 2, Combine::Dispatch), (pos, n - 1));
         }
     }
     let p = params(8, 2, 32, 300, 16);

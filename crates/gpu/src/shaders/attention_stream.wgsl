@@ -11,7 +11,7 @@
 //   of rows vt, vt + TS, ... straight from the cache (a row is D4 consecutive vec4s: a
 //   coalesced load across the lanes of one vt), LV rows per batch with the next batch in flight,
 //   and accumulates all G heads (`acc{g}`, named registers) with the probabilities from `sc`
-//   (one address per vt: a broadcast). The first batch is issued before the softmax. The TS
+//   (one address per vt: a broadcast). The first batch is issued as the kernel begins. The TS
 //   partial sums of each (head, vec4) then meet in `tile`, GR heads per round, and are added in
 //   vt order.
 // Host consts besides the prelude's: LK (key loads per thread per block: P * D4 <= LK * WG), TS
@@ -82,9 +82,16 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
         own = pos;
     }
 
-    // The first key block's loads overlap the q/k norms and RoPE (the cache does not depend on
-    // them).
+    // The first key block's and the first V batch's loads overlap the q/k norms and RoPE and
+    // the scores (the cache does not depend on them; row `own` is substituted, never read).
     var kb = load_k(s, t0, h, min(P, len), li, own);
+    let vt = li / D4;
+    let vd = li % D4;
+    let vlive = vt < TS;
+    var vbat: VBatch;
+    if (vlive) {
+        vbat = load_v(s, t0, 0u, len, h, vt, vd, own);
+    }
     rope_prepare(s.qkv, h, pos, li, 0u);
     for (var o = li; o < G * D4; o += WG) {
         qs[o] = roped4(s.qkv, h, o / D4, o % D4) * SCALE;
@@ -116,14 +123,6 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
         }
     }
 
-    // The V lane of this thread and its first batch, in flight through the softmax.
-    let vt = li / D4;
-    let vd = li % D4;
-    let vlive = vt < TS;
-    var vbat: VBatch;
-    if (vlive) {
-        vbat = load_v(s, t0, 0u, len, h, vt, vd, own);
-    }
     workgroupBarrier();
 
     // Per-head max then exp-sum over the chunk: LG lanes per head, tree reductions.
