@@ -2,7 +2,9 @@
 //! `attention_ref`) and, for prefill, against the single-token kernel run token by token.
 
 use super::super::tests::params;
-use super::super::{attention_ref, rope_ref, AttentionBuffers, AttentionParams, Combine};
+use super::super::{
+    attention_ref, rope_ref, AttentionBuffers, AttentionParams, AttnForm, ChunkShape, Combine,
+};
 use super::*;
 use crate::columns::{self, Col};
 use crate::testing::{assert_close, gpu, rand_f32, rng};
@@ -343,14 +345,19 @@ fn attention_cols_independent_slots_and_positions() {
     // mode's contract).
     let p = params(4, 2, 32, 64, 16);
     for merge in [Combine::Dispatch, Combine::Fused] {
-        independent_slots_and_positions(&ctx, p, merge);
+        independent_slots_and_positions(&ctx, p, merge, ChunkShape::default());
     }
 }
 
 /// [`attention_cols_independent_slots_and_positions`] with the chunks merged as `merge` (the
 /// fused form serves every position of this 4-chunk cache in one dispatch).
-fn independent_slots_and_positions(ctx: &Context, p: AttentionParams, merge: Combine) {
-    let k = AttentionKernel::new(ctx, p)
+fn independent_slots_and_positions(
+    ctx: &Context,
+    p: AttentionParams,
+    merge: Combine,
+    shape: ChunkShape,
+) {
+    let k = AttentionKernel::with_shape(ctx, p, None, shape)
         .expect("kernel")
         .with_combine(merge);
     let a = Col::active;
@@ -411,14 +418,38 @@ fn attention_cols_prefill_matches_token_by_token() {
     };
     let p = params(4, 2, 32, 64, 16);
     for merge in [Combine::Dispatch, Combine::Fused] {
-        prefill_matches_token_by_token(&ctx, p, merge);
+        prefill_matches_token_by_token(&ctx, p, merge, ChunkShape::default());
+    }
+}
+
+/// The column forms (independent columns, prefill) on the streamed chunk body
+/// (`AttnForm::Stream`), both merges: the body is shared, the column offsets are the forms'.
+#[test]
+fn attention_cols_streamed_form() {
+    let Some(ctx) = gpu("attention_cols_streamed_form") else {
+        return;
+    };
+    let p = params(4, 2, 32, 64, 16);
+    let shape = ChunkShape {
+        form: AttnForm::Stream,
+        tile_loads: 4,
+        v_rows: 3,
+    };
+    for merge in [Combine::Dispatch, Combine::Fused] {
+        independent_slots_and_positions(&ctx, p, merge, shape);
+        prefill_matches_token_by_token(&ctx, p, merge, shape);
     }
 }
 
 /// [`attention_cols_prefill_matches_token_by_token`] with the chunks merged as `merge` (fused:
 /// the KV write and one attention dispatch at every bound of this 4-chunk cache).
-fn prefill_matches_token_by_token(ctx: &Context, p: AttentionParams, merge: Combine) {
-    let k = AttentionKernel::new(ctx, p)
+fn prefill_matches_token_by_token(
+    ctx: &Context,
+    p: AttentionParams,
+    merge: Combine,
+    shape: ChunkShape,
+) {
+    let k = AttentionKernel::with_shape(ctx, p, None, shape)
         .expect("kernel")
         .with_combine(merge);
     // (slots, slot, p0, nb, bound): nb 1, 2, 3, 8 from position 0 (one chunk: KV write +
