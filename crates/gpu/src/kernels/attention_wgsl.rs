@@ -1,6 +1,8 @@
 //! WGSL text of the attention kernels that the host writes out (attention.rs builds the
-//! pipelines): WGSL constants, and attention.wgsl with `stage`'s and the first tile's prefetch
-//! lines expanded per load, so a thread's loads live in separate variables.
+//! pipelines): WGSL constants, and the chunk module (attention.wgsl plus the form's body) with
+//! its per-load lines written out (the tiled body's `stage` and first-tile prefetch, the
+//! streamed body's key blocks, V batches and per-head accumulators), so a thread's loads and
+//! sums live in separate variables.
 
 use super::AttnForm;
 

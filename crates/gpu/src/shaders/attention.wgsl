@@ -15,9 +15,10 @@
 // all G heads. It first norms and ropes its G query heads itself (G*D values, cheap). The one
 // workgroup per kv head whose chunk holds `pos` (the last one) also norms and ropes k of head h,
 // writes it and the raw v to cache row `pos`, and uses these values for that row instead of
-// reading the cache (writes of the same dispatch are not guaranteed visible to loads). K and V
-// come through shared-memory tiles of P rows loaded coalesced (LPT loads in flight per thread,
-// two by default; no long serial chains); scores are one thread per (head, position).
+// reading the cache (writes of the same dispatch are not guaranteed visible to loads). The host
+// appends one of two bodies defining `attend` and the workgroup arrays `tile` (at least P * DP
+// vec4s) and `sc`: attention_tiles.wgsl (K and V through shared-memory tiles of P rows) or
+// attention_stream.wgsl (key blocks one ahead in registers, V straight into registers).
 // The body (`attend`) works on one `Site`: the position and the offsets of one token's data. The
 // single-token entry points below take the run state's position at offset 0; the column forms
 // (attention_chunk_cols.wgsl) take column `wid.z`'s position, slot and offsets.

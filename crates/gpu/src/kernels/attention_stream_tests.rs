@@ -1,0 +1,82 @@
+//! Lavapipe tests of the streamed chunk body (attention_stream.wgsl, `AttnForm::Stream`) against
+//! the scalar references, through the single-token harness of attention_tests.rs.
+
+use super::*;
+
+/// The streamed chunk body (`AttnForm::Stream`) against the references over the shapes the
+/// tiled body is checked at: odd group sizes and head dims (D/4 not dividing the workgroup, so
+/// some V lanes idle), one kv head, G = 16 (all heads on one score thread, four reduction rounds
+/// of up to five heads), the real head shape; key blocks of 1 to 64 rows with the owning row in the first,
+/// a middle or the last block; V batches of 1 to 16 rows; the single, chunk + combine and fused
+/// forms, tight and loose position bounds; f32 and f16 caches. One compile per shape.
+#[test]
+fn attention_streamed_form_matches_reference() {
+    let Some(ctx) = gpu("attention_streamed_form_matches_reference") else {
+        return;
+    };
+    // (heads, kv_heads, head_dim, ctx, chunk, split override, tile loads, v rows, cache): five
+    // kernels (lavapipe compiles each pipeline at its first dispatch, ~2 s; 20 s at G = 32).
+    let shapes = [
+        (6, 2, 36, 100, 7, None, 8, 3, CacheType::F32),
+        (5, 1, 20, 64, 5, None, 1, 1, CacheType::F16),
+        (16, 1, 16, 80, 4, Some((4, 64)), 4, 2, CacheType::F32),
+        (
+            32,
+            4,
+            128,
+            384,
+            16,
+            Some((4, 128)),
+            4,
+            V_ROWS,
+            CacheType::F16,
+        ),
+        (8, 2, 32, 300, 16, Some((1, 256)), 8, 5, CacheType::F32),
+    ];
+    for (i, (hq, hkv, d, n, chunk, split, loads, v_rows, cache)) in shapes.into_iter().enumerate() {
+        let p = AttentionParams {
+            cache,
+            ..params(hq, hkv, d, n, chunk)
+        };
+        let case = |seed: u64, merge: Combine| {
+            let mut c = Case::new(p, seed);
+            c.form = AttnForm::Stream;
+            c.split = split;
+            c.tile_loads = loads;
+            c.v_rows = v_rows;
+            c.merge = merge;
+            c.fused_max = u32::MAX;
+            c
+        };
+        let k = kernel(&ctx, &case(0, Combine::Dispatch));
+        for (j, pos) in [0, 1, chunk - 1, chunk, 3 * chunk + 1, n / 2 + 3, n - 1]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 3000 + 100 * i as u64 + 4 * j as u64;
+            // The fused form twice on one scratch: its arrival counters go back to zero.
+            let mut c = case(seed, Combine::Fused);
+            c.repeats = 2;
+            check_case_with(&ctx, &k, c, (pos, pos));
+            check_case_with(&ctx, &k, case(seed + 1, Combine::Dispatch), (pos, pos));
+            // A loose bound: chunks past pos exit without touching anything.
+            check_case_with(&ctx, &k, case(seed + 2, Combine::Dispatch), (pos, n - 1));
+        }
+    }
+    let p = params(8, 2, 32, 300, 16);
+    let bad = |tile_loads, v_rows| {
+        let shape = ChunkShape {
+            form: AttnForm::Stream,
+            tile_loads,
+            v_rows,
+        };
+        AttentionKernel::with_shape(&ctx, p, None, shape).is_err()
+    };
+    assert!(bad(0, 4) && bad(17, 4) && bad(8, 0) && bad(8, 17));
+    // More than 32 heads per kv head would spill the streamed form's registers.
+    let shape = ChunkShape {
+        form: AttnForm::Stream,
+        ..ChunkShape::default()
+    };
+    assert!(AttentionKernel::with_shape(&ctx, params(64, 1, 32, 64, 16), None, shape).is_err());
+}
