@@ -42,13 +42,16 @@ pub enum GrammarSpec {
     Regex(String),
     /// Exactly one of these texts (vLLM's `guided_choice`).
     Choice(Vec<String>),
-    /// Tool calls in the Hermes form Qwen3 writes (`<tool_call>\n{"name": NAME, "arguments":
-    /// ARGS}\n</tool_call>`), one of these tools per call: (name, JSON schema of its arguments).
-    /// Each schema is its own document (its `$defs` resolve in it). `one`: exactly one call, else
-    /// one or more (OpenAI's named and `"required"` `tool_choice`).
+    /// Tool calls, one of these tools per call: (name, JSON schema of its arguments). Each
+    /// schema is its own document (its `$defs` resolve in it). `one`: exactly one call, else one
+    /// or more (OpenAI's named and `"required"` `tool_choice`). `xml`: in Qwen3-Coder's form
+    /// (`<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n…</function>\n
+    /// </tool_call>`, see [`xml_call`]), else in the Hermes form Qwen3 writes
+    /// (`<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`).
     ToolCalls {
         tools: Vec<(String, Value)>,
         one: bool,
+        xml: bool,
     },
 }
 
@@ -181,17 +184,22 @@ impl GrammarSpec {
                     .ok_or_else(|| anyhow!("unexpected regex grammar form"))?;
                 body.to_string()
             }
-            GrammarSpec::ToolCalls { tools, one } => {
+            GrammarSpec::ToolCalls { tools, one, xml } => {
                 if tools.is_empty() {
                     bail!("tool calls need at least one tool");
                 }
-                // One rule per tool: the call's envelope as Qwen3's template shows it, the
+                // One rule per tool: the call's envelope as the model's template shows it, the
                 // arguments under the tool's own schema (a document of its own).
                 let mut rules = String::new();
                 let mut alts = Vec::new();
                 for (i, (name, params)) in tools.iter().enumerate() {
                     if !params.is_object() && !params.is_boolean() {
                         bail!("the parameters of tool {name:?} are not a JSON schema");
+                    }
+                    alts.push(format!("call_{i}"));
+                    if *xml {
+                        rules.push_str(&xml_call(i, name, params));
+                        continue;
                     }
                     let head = format!(
                         "{{\"name\": {}, \"arguments\": ",
@@ -203,7 +211,9 @@ impl GrammarSpec {
                         "call_{i}: {head} %json {} \"}}\"\n",
                         bounded(params)
                     ));
-                    alts.push(format!("call_{i}"));
+                }
+                if *xml {
+                    rules.push_str(XML_RULES);
                 }
                 let more = if *one { "" } else { " (TOOL_GAP tool_call)*" };
                 return Ok(format!(
@@ -278,6 +288,92 @@ impl GrammarSpec {
             trie_eos: compiler.trie_eos,
         })
     }
+}
+
+/// Terminals of Qwen3-Coder's calls: a text value, up to and including the first
+/// `\n</parameter>\n` (lazy, as the think block's end), and a parameter name of a tool that
+/// declares none.
+const XML_RULES: &str =
+    "xml_text[lazy]: /(.|\\n)*\\n<\\/parameter>\\n/\nXML_NAME: /[^<>\\n]{1,64}/\n";
+
+/// Rule `call_{i}` (and its parameters' rules) for tool `name` in Qwen3-Coder's form, as its
+/// template shows calls: `<function=NAME>\n`, then per parameter `<parameter=KEY>\nVALUE\n
+/// </parameter>\n`, then `</function>`. The declared properties come in their declared order,
+/// the required ones always, the others optionally (the order the template lists them in;
+/// the server's parser takes any). A value whose schema types it as a string (or does not type
+/// it) is text: one of its `enum` strings where it lists them, else free up to
+/// `\n</parameter>\n`; any other is JSON under the property's schema,
+/// with the tool's `$defs` beside it (how the server's parser reads such values). A tool
+/// without declared properties takes any named parameters with text values.
+fn xml_call(i: usize, name: &str, params: &Value) -> String {
+    let lit = |t: String| Value::from(t).to_string();
+    let required: Vec<&str> = params
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut rules = String::new();
+    let mut seq = Vec::new();
+    match params.get("properties").and_then(Value::as_object) {
+        Some(props) if !props.is_empty() => {
+            for (j, (key, schema)) in props.iter().enumerate() {
+                let end = lit("\n</parameter>\n".into());
+                let choices: Option<Vec<String>> =
+                    schema.get("enum").and_then(Value::as_array).and_then(|e| {
+                        e.iter()
+                            .map(|v| v.as_str().map(|t| lit(t.into())))
+                            .collect()
+                    });
+                let value = if let (true, Some(c)) = (is_text_param(schema), &choices) {
+                    // Text from a list: one of its strings.
+                    format!("({}) {end}", c.join(" | "))
+                } else if is_text_param(schema) {
+                    "xml_text".to_owned()
+                } else {
+                    let mut doc = schema.clone();
+                    if let (Some(o), Some(p)) = (doc.as_object_mut(), params.as_object()) {
+                        for defs in ["$defs", "definitions"] {
+                            if let Some(d) = p.get(defs) {
+                                o.entry(defs).or_insert_with(|| d.clone());
+                            }
+                        }
+                    }
+                    format!("%json {} {end}", bounded(&doc))
+                };
+                let head = lit(format!("<parameter={key}>\n"));
+                rules.push_str(&format!("param_{i}_{j}: {head} {value}\n"));
+                let opt = if required.contains(&key.as_str()) {
+                    ""
+                } else {
+                    "?"
+                };
+                seq.push(format!("param_{i}_{j}{opt}"));
+            }
+        }
+        _ => {
+            rules.push_str(&format!(
+                "param_{i}: \"<parameter=\" XML_NAME \">\\n\" xml_text\n"
+            ));
+            seq.push(format!("param_{i}*"));
+        }
+    }
+    rules.push_str(&format!(
+        "call_{i}: {} {} \"</function>\"\n",
+        lit(format!("<function={name}>\n")),
+        seq.join(" ")
+    ));
+    rules
+}
+
+/// Whether a Qwen3-Coder parameter of this schema is written as plain text: typed a string
+/// (a type list's first non-null entry), or not typed at all.
+fn is_text_param(schema: &Value) -> bool {
+    let ty = match schema.get("type") {
+        Some(Value::String(t)) => Some(t.as_str()),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).find(|t| *t != "null"),
+        _ => None,
+    };
+    ty.is_none_or(|t| t == "string")
 }
 
 /// The matcher of `lark` after its first mask (computed here to check it, and cached).

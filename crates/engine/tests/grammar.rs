@@ -214,10 +214,12 @@ fn tool_calls_in_the_hermes_form() {
     let one = GrammarSpec::ToolCalls {
         tools: vec![weather.clone()],
         one: true,
+        xml: false,
     };
     let any = GrammarSpec::ToolCalls {
         tools: vec![weather, time],
         one: false,
+        xml: false,
     };
     let w = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
     let t = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
@@ -264,10 +266,112 @@ fn tool_calls_in_the_hermes_form() {
     );
     assert!(GrammarSpec::ToolCalls {
         tools: vec![],
-        one: false
+        one: false,
+        xml: false,
     }
     .compile(&c, Think::No)
     .is_err());
+}
+
+/// Qwen3-Coder's calls (`xml`): the function and its parameters as its template writes them;
+/// text values free up to `</parameter>`, typed ones JSON under their schema (with the tool's
+/// `$defs`), the declared order with the required ones present; a tool without properties
+/// takes any named parameters.
+#[test]
+fn tool_calls_in_the_qwen3_coder_form() {
+    let Some((tok, c)) = compiler() else { return };
+    let search = (
+        "search".to_owned(),
+        json!({"$defs": {"Limit": {"type": "integer", "minimum": 1}}, "type": "object",
+               "properties": {"query": {"type": "string"}, "limit": {"$ref": "#/$defs/Limit", "type": "integer"},
+                              "exact": {"type": ["boolean", "null"]}, "lang": {"enum": ["en", "de"]}},
+               "required": ["query"]}),
+    );
+    let free = ("run".to_owned(), json!({"type": "object"}));
+    let spec = |tools: Vec<(String, Value)>, one| GrammarSpec::ToolCalls {
+        tools,
+        one,
+        xml: true,
+    };
+    let one = spec(vec![search.clone()], true);
+    let any = spec(vec![search, free], false);
+    let call =
+        |params: &str| format!("<tool_call>\n<function=search>\n{params}</function>\n</tool_call>");
+    let q = "<parameter=query>\nrust <generics> & \"traits\"\nline two\n</parameter>\n";
+    let lim = "<parameter=limit>\n5\n</parameter>\n";
+    let ex = "<parameter=exact>\ntrue\n</parameter>\n";
+    let full = call(&format!("{q}{lim}{ex}"));
+    assert_eq!(judge(&tok, &c, &one, Think::No, &full), (true, true, true));
+    assert_eq!(
+        judge(
+            &tok,
+            &c,
+            &one,
+            Think::May,
+            &format!("<think>\nsearch\n</think>\n\n{full}")
+        ),
+        (true, true, true)
+    );
+    // Optional parameters may be left out; the required one may not.
+    assert_eq!(
+        judge(&tok, &c, &one, Think::No, &call(q)),
+        (true, true, true)
+    );
+    assert!(
+        !judge(&tok, &c, &one, Think::No, &call(lim)).0,
+        "query missing"
+    );
+    // Declared order; typed values follow their schema (the $ref'd minimum included).
+    assert!(!judge(&tok, &c, &one, Think::No, &call(&format!("{lim}{q}"))).0);
+    assert!(
+        !judge(
+            &tok,
+            &c,
+            &one,
+            Think::No,
+            &call(&format!("{q}{}", lim.replace('5', "five")))
+        )
+        .0
+    );
+    assert!(
+        !judge(
+            &tok,
+            &c,
+            &one,
+            Think::No,
+            &call(&format!("{q}{}", lim.replace('5', "0")))
+        )
+        .0
+    );
+    assert!(
+        !judge(
+            &tok,
+            &c,
+            &one,
+            Think::No,
+            &call(&format!("{q}<parameter=other>\nx\n</parameter>\n"))
+        )
+        .0
+    );
+    // Text from a list: one of its strings.
+    let lang = |l: &str| call(&format!("{q}<parameter=lang>\n{l}\n</parameter>\n"));
+    assert_eq!(
+        judge(&tok, &c, &one, Think::No, &lang("de")),
+        (true, true, true)
+    );
+    assert!(!judge(&tok, &c, &one, Think::No, &lang("fr")).0);
+    // Not the Hermes form, and one call only.
+    let hermes =
+        "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>";
+    assert!(!judge(&tok, &c, &one, Think::No, hermes).0);
+    assert!(!judge(&tok, &c, &one, Think::No, &format!("{full}\n{full}")).0);
+    // Several calls, the untyped tool with any parameters.
+    let run = "<tool_call>\n<function=run>\n<parameter=cmd>\nls -l\n</parameter>\n<parameter=dir>\n/tmp\n</parameter>\n</function>\n</tool_call>";
+    assert_eq!(
+        judge(&tok, &c, &any, Think::No, &format!("{full}\n{run}")),
+        (true, true, false)
+    );
+    assert!(!judge(&tok, &c, &any, Think::No, &run.replace("run>", "walk>")).0);
 }
 
 #[test]

@@ -97,6 +97,7 @@ pub fn app(
         eos_ids: backend.config().eos_token_ids.clone(),
         reasoning: cfg.reasoning,
         grammars: Default::default(),
+        tool_xml: chat_template.is_some_and(params::tool_calls_are_xml),
     });
     let metrics = metrics::Metrics::new();
     let (queue, _worker) = scheduler::spawn(

@@ -47,6 +47,15 @@ pub struct ModelInfo {
     pub reasoning: bool,
     /// Structured outputs' compiler, built on first use.
     pub grammars: Grammars,
+    /// The chat template writes tool calls in Qwen3-Coder's XML form
+    /// ([`tool_calls_are_xml`]): a forced `tool_choice` is constrained to that form.
+    pub tool_xml: bool,
+}
+
+/// Whether `template` shows tool calls in Qwen3-Coder's form (`<function=NAME>` with
+/// `<parameter=KEY>` blocks) rather than Qwen3's Hermes JSON: its template writes both tags.
+pub fn tool_calls_are_xml(template: &str) -> bool {
+    template.contains("<function=") && template.contains("<parameter=")
 }
 
 /// A validated request, ready for the engine.
@@ -625,7 +634,7 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
     };
     let prompt_k = prompt_logprobs(r)?;
     // After the prompt: the tools it renders are checked there first.
-    let grammar = structured::requested(r, kind)?;
+    let grammar = structured::requested(r, kind, m.tool_xml)?;
     let param = if kind == Kind::Chat {
         "messages"
     } else {
@@ -712,4 +721,31 @@ pub fn prepare(r: &CompletionRequest, kind: Kind, m: &ModelInfo) -> Result<Prepa
             .unwrap_or_default(),
         thinking_open,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tool_calls_are_xml;
+
+    /// Qwen3's own template (the npm package's, where fetched) writes Hermes JSON calls;
+    /// Qwen3-Coder's writes `<function=…>` with `<parameter=…>` blocks.
+    #[test]
+    fn the_tool_call_form_comes_from_the_template() {
+        let coder = "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{%- for k, v in \
+                     args|items %}{{- '<parameter=' + k + '>\\n' }}";
+        assert!(tool_calls_are_xml(coder));
+        assert!(!tool_calls_are_xml(
+            "<tool_call>\n{\"name\": <function-name>}</tool_call>"
+        ));
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../vendor/qwen3-tokenizer");
+        if let Ok(cfg) = std::fs::read_to_string(format!("{dir}/tokenizer_config.json")) {
+            let v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+            let t = v["chat_template"].as_str().unwrap();
+            assert!(
+                t.contains("<tool_call>"),
+                "the Qwen3 template shows tool calls"
+            );
+            assert!(!tool_calls_are_xml(t));
+        }
+    }
 }

@@ -37,10 +37,12 @@ impl Grammars {
     }
 }
 
-/// The grammar `r` asks for, with the request field that asked (for errors), or `None`.
+/// The grammar `r` asks for, with the request field that asked (for errors), or `None`. `xml`:
+/// forced tool calls take Qwen3-Coder's form (the model's template writes it).
 pub fn requested(
     r: &CompletionRequest,
     kind: Kind,
+    xml: bool,
 ) -> Result<Option<(GrammarSpec, &'static str)>, ApiError> {
     if r.grammar.as_ref().is_some_and(|g| !g.is_null()) {
         return Err(ApiError::invalid(
@@ -52,7 +54,7 @@ pub fn requested(
     if let Some(s) = response_format(r.response_format.as_ref())? {
         found.push((s, "response_format"));
     }
-    if let Some(s) = forced_tools(r, kind)? {
+    if let Some(s) = forced_tools(r, kind, xml)? {
         found.push((s, "tool_choice"));
     }
     for (name, v) in [
@@ -153,8 +155,13 @@ fn response_format(f: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
     }
 }
 
-/// `tool_choice` that forces calls: `"required"` or a named function (chat only).
-fn forced_tools(r: &CompletionRequest, kind: Kind) -> Result<Option<GrammarSpec>, ApiError> {
+/// `tool_choice` that forces calls: `"required"` or a named function (chat only), in
+/// Qwen3-Coder's form where `xml`.
+fn forced_tools(
+    r: &CompletionRequest,
+    kind: Kind,
+    xml: bool,
+) -> Result<Option<GrammarSpec>, ApiError> {
     let bad = |msg: String| ApiError::invalid("tool_choice", msg);
     let named = match r.tool_choice.as_ref() {
         None | Some(Value::Null) => return Ok(None),
@@ -219,6 +226,7 @@ fn forced_tools(r: &CompletionRequest, kind: Kind) -> Result<Option<GrammarSpec>
     Ok(Some(GrammarSpec::ToolCalls {
         tools,
         one: named.is_some(),
+        xml,
     }))
 }
 

@@ -243,6 +243,60 @@ async fn forced_tool_calls_come_back_as_tool_calls() {
     }
 }
 
+/// A chat template that shows tool calls in Qwen3-Coder's form (`<function=…>` with
+/// `<parameter=…>` blocks), as that model's own does; its answers open with an empty think
+/// block (as Qwen3's with thinking off), so the noise model does not reason first.
+const CODER_TEMPLATE: &str = "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{%- if tools %}<|im_start|>system\nCall a tool as <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call><|im_end|>\n{% endif %}\
+{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}";
+
+/// Under a template that writes Qwen3-Coder's calls, a forced call is constrained to that form
+/// (a Hermes JSON call would be off the model's format) and comes back as a typed tool call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_tool_calls_take_the_coder_form_under_its_template() {
+    let Some(_) = model_path() else { return };
+    let srv = start_with_template(cfg(), CTX, CODER_TEMPLATE).await;
+    let tools = json!([
+        {"type": "function", "function": {"name": "roll", "parameters": {
+            "type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 6},
+            "die": {"enum": ["d6", "d20"]}}, "required": ["n", "die"]}}}
+    ]);
+    // logprobs: the answer's tokens show its raw text.
+    let named = json!({"messages": [{"role": "user", "content": "Roll."}], "max_tokens": 60,
+        "temperature": 0, "tools": tools, "logprobs": true,
+        "tool_choice": {"type": "function", "function": {"name": "roll"}}});
+    let (st, v) = post(&srv.base, "/v1/chat/completions", &named).await;
+    assert_eq!(st, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "roll");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    // Typed by the schema: an integer in range and one of the listed strings.
+    let n = args["n"].as_u64().unwrap_or_else(|| panic!("{args}"));
+    assert!((1..=6).contains(&n), "{args}");
+    assert!(args["die"] == "d6" || args["die"] == "d20", "{args}");
+    // Nothing but the call, in the Coder form.
+    assert!(
+        c["message"]["content"].is_null() || c["message"]["content"] == "",
+        "{v}"
+    );
+    let raw: String = c["logprobs"]["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert!(
+        raw.starts_with("<tool_call>\n<function=roll>\n<parameter=n>\n"),
+        "{raw:?}"
+    );
+    let raw = raw.trim_end_matches("<|im_end|>");
+    assert!(raw.ends_with("</function>\n</tool_call>"), "{raw:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_structured_requests_are_400s() {
     let Some(_) = model_path() else { return };

@@ -115,14 +115,24 @@ pub async fn start(cfg: ServerConfig, ctx: usize) -> TestServer {
 /// [`start`] with a header-read timeout of `header_timeout`.
 pub async fn start_with(cfg: ServerConfig, ctx: usize, header_timeout: Duration) -> TestServer {
     let m = open();
+    serve(cfg, ctx, header_timeout, m.chat_template.as_deref()).await
+}
+
+/// [`start`] with `template` as the model's chat template.
+#[allow(dead_code)]
+pub async fn start_with_template(cfg: ServerConfig, ctx: usize, template: &str) -> TestServer {
+    serve(cfg, ctx, nibble_server::HEADER_TIMEOUT, Some(template)).await
+}
+
+async fn serve(
+    cfg: ServerConfig,
+    ctx: usize,
+    header_timeout: Duration,
+    template: Option<&str>,
+) -> TestServer {
+    let m = open();
     let backend = RefBackend::new(m.weights.clone(), ctx).unwrap();
-    let router = nibble_server::app(
-        Box::new(backend),
-        tokenizer(),
-        m.chat_template.as_deref(),
-        cfg,
-    )
-    .unwrap();
+    let router = nibble_server::app(Box::new(backend), tokenizer(), template, cfg).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
