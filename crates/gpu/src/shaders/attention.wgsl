@@ -71,6 +71,104 @@ var<workgroup> stat: array<vec2<f32>, G>;
 // Roped k of this step's row `pos` as the cache holds it (owning workgroup only): [D4].
 var<workgroup> kown: array<vec4<f32>, D4>;
 
+// The chunk workgroup (c, h) = wid.xy of site `s` attends over: positions [t0, t0 + len), and
+// `own`, the position whose k/v this workgroup writes and substitutes (0xffffffff: none).
+struct Chunk {
+    c: u32,
+    h: u32,
+    t0: u32,
+    // 0: past the positions (the workgroup has nothing to do).
+    len: u32,
+    own: u32,
+};
+
+// The chunk of workgroup `wid` for site `s`; `write_kv`: the workgroup whose chunk holds `pos`
+// (the last one) norms, ropes and writes row pos itself (else a previous dispatch wrote it and
+// it is read from the cache like the rest).
+fn chunk_of(wid: vec3<u32>, s: Site, write_kv: bool) -> Chunk {
+    let pos = s.pos;
+    // Positions beyond the cache cannot have been written: clamp (the host keeps pos < CTX).
+    let n = min(pos + 1u, CTX);
+    let cl = chunk_len(n);
+    let t0 = wid.x * cl;
+    if (t0 >= n) {
+        return Chunk(wid.x, wid.y, t0, 0u, 0xffffffffu);
+    }
+    let len = min(cl, n - t0);
+    // t0 <= pos here, so this is "the chunk holds pos" (the last chunk), with pos in the cache.
+    var own = 0xffffffffu;
+    if (write_kv && pos < CTX && pos - t0 < len) {
+        own = pos;
+    }
+    return Chunk(wid.x, wid.y, t0, len, own);
+}
+
+// The G query heads of kv head ch.h normed, roped and pre-scaled into `qs`; the owning
+// workgroup's roped k (as the cache holds it) into `kown`, and its k and raw v into cache row
+// pos. Called in uniform control flow (rope_prepare's barriers).
+fn prepare(s: Site, ch: Chunk, li: u32) {
+    let h = ch.h;
+    rope_prepare(s.qkv, h, s.pos, li, 0u);
+    for (var o = li; o < G * D4; o += WG) {
+        qs[o] = roped4(s.qkv, h, o / D4, o % D4) * SCALE;
+    }
+    if (ch.own != 0xffffffffu) {
+        let row = ((s.row0 + s.pos) * HKV + h) * D4;
+        let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
+        for (var d = li; d < D4; d += WG) {
+            let k = roped4(s.qkv, h, G, d);
+            kown[d] = kv_round(k);
+            k_cache[row + d] = kv_out(k);
+            v_cache[row + d] = kv_out(qkv[vb + d]);
+        }
+    }
+}
+
+// The chunk's softmax over the `len` scores of each head in `sc` (the body's `sc_get` /
+// `sc_set`): per-head max, then exp(s - max) in place and its sum, LG lanes per head in tree
+// reductions over `red`; (max, sum) into `stat`. Starts with a barrier (the scores are all
+// written), ends with `stat` written (a barrier before it is read).
+fn softmax(len: u32, li: u32) {
+    workgroupBarrier();
+    let g = li / LG;
+    let lane = li % LG;
+    var m = -3.4028235e38;
+    if (g < G) {
+        for (var t = lane; t < len; t += LG) {
+            m = max(m, sc_get(g * CMAX + t));
+        }
+    }
+    red[li] = m;
+    workgroupBarrier();
+    for (var st = LG / 2u; st > 0u; st >>= 1u) {
+        if (lane < st) {
+            red[li] = max(red[li], red[li + st]);
+        }
+        workgroupBarrier();
+    }
+    var l = 0.0;
+    if (g < G) {
+        m = red[g * LG];
+        for (var t = lane; t < len; t += LG) {
+            let p = exp(sc_get(g * CMAX + t) - m);
+            sc_set(g * CMAX + t, p);
+            l += p;
+        }
+    }
+    workgroupBarrier();
+    red[li] = l;
+    workgroupBarrier();
+    for (var st = LG / 2u; st > 0u; st >>= 1u) {
+        if (lane < st) {
+            red[li] += red[li + st];
+        }
+        workgroupBarrier();
+    }
+    if (g < G && lane == 0u) {
+        stat[g] = vec2<f32>(m, red[li]);
+    }
+}
+
 // The single token of the run state: offsets 0, one slot.
 fn state_site() -> Site {
     return Site(state.pos, 0u, 0u, 0u);

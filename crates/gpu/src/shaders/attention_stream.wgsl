@@ -24,6 +24,12 @@
 var<workgroup> tile: array<vec4<f32>, TILE_N>;
 // Scores, then probabilities, of the chunk: [G, CMAX].
 var<workgroup> sc: array<f32, G * CMAX>;
+fn sc_get(i: u32) -> f32 {
+    return sc[i];
+}
+fn sc_set(i: u32, v: f32) {
+    sc[i] = v;
+}
 
 // A thread's share of one key block in registers: element e = li + j WG (row e / D4, vec4
 // e % D4) for j < LK. KB_FIELDS: `k{j}: vec4<f32>` per load, written out by the host (a
@@ -65,22 +71,15 @@ fn load_v(s: Site, t0: u32, base: u32, len: u32, h: u32, vt: u32, vd: u32, own: 
 // The whole kernel for site `s` (see attention_tiles.wgsl `attend`, whose contract this keeps:
 // `single` picks the output, `write_kv` makes the owning workgroup norm, rope and write row pos).
 fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
-    let pos = s.pos;
-    // Positions beyond the cache cannot have been written: clamp (the host keeps pos < CTX).
-    let n = min(pos + 1u, CTX);
-    let cl = chunk_len(n);
-    let c = wid.x;
-    let h = wid.y;
-    let t0 = c * cl;
-    if (t0 >= n) {
+    let ch = chunk_of(wid, s, write_kv);
+    if (ch.len == 0u) {
         return;
     }
-    let len = min(cl, n - t0);
-    let owner = write_kv && pos < CTX && pos - t0 < len;
-    var own = 0xffffffffu;
-    if (owner) {
-        own = pos;
-    }
+    let c = ch.c;
+    let h = ch.h;
+    let t0 = ch.t0;
+    let len = ch.len;
+    let own = ch.own;
 
     // The first key block's and the first V batch's loads overlap the q/k norms and RoPE and
     // the scores (the cache does not depend on them; row `own` is substituted, never read).
@@ -92,20 +91,7 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
     if (vlive) {
         vbat = load_v(s, t0, 0u, len, h, vt, vd, own);
     }
-    rope_prepare(s.qkv, h, pos, li, 0u);
-    for (var o = li; o < G * D4; o += WG) {
-        qs[o] = roped4(s.qkv, h, o / D4, o % D4) * SCALE;
-    }
-    if (owner) {
-        let row = ((s.row0 + pos) * HKV + h) * D4;
-        let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
-        for (var d = li; d < D4; d += WG) {
-            let k = roped4(s.qkv, h, G, d);
-            kown[d] = kv_round(k);
-            k_cache[row + d] = kv_out(k);
-            v_cache[row + d] = kv_out(qkv[vb + d]);
-        }
-    }
+    prepare(s, ch, li);
 
     // Scores, one key block at a time, the next block's loads in flight meanwhile.
     let st = li % P;
@@ -123,46 +109,7 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
         }
     }
 
-    workgroupBarrier();
-
-    // Per-head max then exp-sum over the chunk: LG lanes per head, tree reductions.
-    let g = li / LG;
-    let lane = li % LG;
-    var m = -3.4028235e38;
-    if (g < G) {
-        for (var t = lane; t < len; t += LG) {
-            m = max(m, sc[g * CMAX + t]);
-        }
-    }
-    red[li] = m;
-    workgroupBarrier();
-    for (var w = LG / 2u; w > 0u; w >>= 1u) {
-        if (lane < w) {
-            red[li] = max(red[li], red[li + w]);
-        }
-        workgroupBarrier();
-    }
-    var l = 0.0;
-    if (g < G) {
-        m = red[g * LG];
-        for (var t = lane; t < len; t += LG) {
-            let p = exp(sc[g * CMAX + t] - m);
-            sc[g * CMAX + t] = p;
-            l += p;
-        }
-    }
-    workgroupBarrier();
-    red[li] = l;
-    workgroupBarrier();
-    for (var w = LG / 2u; w > 0u; w >>= 1u) {
-        if (lane < w) {
-            red[li] += red[li + w];
-        }
-        workgroupBarrier();
-    }
-    if (g < G && lane == 0u) {
-        stat[g] = vec2<f32>(m, red[li]);
-    }
+    softmax(len, li);
 
     // Weighted sum of V: LV rows per batch per V lane, the next batch in flight.
     //ACC_DECL

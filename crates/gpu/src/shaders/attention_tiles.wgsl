@@ -57,42 +57,20 @@ fn stage_pre(p: Pre, is_v: bool, t0: u32, rows: u32, li: u32, own: u32) {
 }
 
 // The whole kernel for site `s` (the caller has checked the done flags). Constants per entry
-// point: `single` picks the output; `write_kv` makes the owning workgroup norm, rope and write
-// row pos itself (else a previous dispatch wrote it and it is read from the cache like the rest).
+// point: `single` picks the output; `write_kv` as `chunk_of` says.
 fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
-    let pos = s.pos;
-    // Positions beyond the cache cannot have been written: clamp (the host keeps pos < CTX).
-    let n = min(pos + 1u, CTX);
-    let cl = chunk_len(n);
-    let c = wid.x;
-    let h = wid.y;
-    let t0 = c * cl;
-    if (t0 >= n) {
+    let ch = chunk_of(wid, s, write_kv);
+    if (ch.len == 0u) {
         return;
     }
-    let len = min(cl, n - t0);
-    // t0 <= pos here, so this is "the chunk holds pos" (the last chunk), with pos in the cache.
-    let owner = write_kv && pos < CTX && pos - t0 < len;
-    var own = 0xffffffffu;
-    if (owner) {
-        own = pos;
-    }
+    let c = ch.c;
+    let h = ch.h;
+    let t0 = ch.t0;
+    let len = ch.len;
+    let own = ch.own;
 
     let pre = prefetch(s, t0, h, min(P, len), li, own);
-    rope_prepare(s.qkv, h, pos, li, 0u);
-    for (var o = li; o < G * D4; o += WG) {
-        qs[o] = roped4(s.qkv, h, o / D4, o % D4) * SCALE;
-    }
-    if (owner) {
-        let row = ((s.row0 + pos) * HKV + h) * D4;
-        let vb = s.qkv / 4u + (HQ + HKV + h) * D4;
-        for (var d = li; d < D4; d += WG) {
-            let k = roped4(s.qkv, h, G, d);
-            kown[d] = kv_round(k);
-            k_cache[row + d] = kv_out(k);
-            v_cache[row + d] = kv_out(qkv[vb + d]);
-        }
-    }
+    prepare(s, ch, li);
 
     // Scores, one tile of P positions at a time: thread (g, t) dots query g with tile row t.
     for (var tt = 0u; tt < len; tt += P) {
@@ -128,46 +106,7 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
             }
         }
     }
-    workgroupBarrier();
-
-    // Per-head max then exp-sum over the chunk: LG lanes per head, tree reductions.
-    let g = li / LG;
-    let lane = li % LG;
-    var m = -3.4028235e38;
-    if (g < G) {
-        for (var t = lane; t < len; t += LG) {
-            m = max(m, sc_get(g * CMAX + t));
-        }
-    }
-    red[li] = m;
-    workgroupBarrier();
-    for (var st = LG / 2u; st > 0u; st >>= 1u) {
-        if (lane < st) {
-            red[li] = max(red[li], red[li + st]);
-        }
-        workgroupBarrier();
-    }
-    var l = 0.0;
-    if (g < G) {
-        m = red[g * LG];
-        for (var t = lane; t < len; t += LG) {
-            let p = exp(sc_get(g * CMAX + t) - m);
-            sc_set(g * CMAX + t, p);
-            l += p;
-        }
-    }
-    workgroupBarrier();
-    red[li] = l;
-    workgroupBarrier();
-    for (var st = LG / 2u; st > 0u; st >>= 1u) {
-        if (lane < st) {
-            red[li] += red[li + st];
-        }
-        workgroupBarrier();
-    }
-    if (g < G && lane == 0u) {
-        stat[g] = vec2<f32>(m, red[li]);
-    }
+    softmax(len, li);
 
     // Weighted sum of V, one tile at a time: output o = (head, vec4 of D), OPT per thread.
     var acc: array<vec4<f32>, OPT>;
