@@ -9,6 +9,10 @@ use super::*;
 /// of up to five heads), the real head shape; key blocks of 1 to 64 rows with the owning row in the first,
 /// a middle or the last block; V batches of 1 to 16 rows; the single, chunk + combine and fused
 /// forms, tight and loose position bounds; f32 and f16 caches. One compile per shape.
+/// Not checkable here: that row `pos`'s v comes from qkv rather than the cache. lavapipe's
+/// compiler may move the V load after the owning workgroup's write of that row (a
+/// workgroupBarrier orders workgroup memory only), so reading the cache there passes on lavapipe
+/// (mutation-checked, 2026-12-07); on a GPU the load is issued first and would read the old row.
 #[test]
 fn attention_streamed_form_matches_reference() {
     let Some(ctx) = gpu("attention_streamed_form_matches_reference") else {
