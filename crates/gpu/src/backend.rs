@@ -22,7 +22,7 @@
 //! - Position bookkeeping follows the trait: a failing call leaves `position()` unchanged.
 
 use crate::context::{AdapterChoice, Context};
-use crate::kernels::attention::Combine;
+use crate::kernels::attention::{AttnForm, Combine};
 use crate::kernels::moe::Routing;
 use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions};
@@ -370,9 +370,21 @@ impl GpuBackend {
             } else {
                 "in its own dispatch"
             },
-            match self.plan.qkv_attention_positions() {
-                Some(n) => format!("in the qkv dispatch below position {n}, then chunks"),
-                None => "in chunks".to_string(),
+            {
+                let sh = self.plan.attention_shape();
+                let body = match sh.form {
+                    AttnForm::Tiles => format!("tiled body, {} loads per tile", sh.tile_loads),
+                    AttnForm::Stream => format!(
+                        "streamed body, {} loads per key block, {} V rows per batch",
+                        sh.tile_loads, sh.v_rows
+                    ),
+                };
+                match self.plan.qkv_attention_positions() {
+                    Some(n) => {
+                        format!("in the qkv dispatch below position {n}, then chunks ({body})")
+                    }
+                    None => format!("in chunks ({body})"),
+                }
             },
             match self.plan.attention_combine() {
                 Combine::Fused => "fused into the chunks",

@@ -328,6 +328,9 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
         "qkv_rows=4,o_rows=2,down_split=4,attn_workgroups=4,attn_tile_loads=1,attn_fused_max=1,\
          head=3",
+        // The streamed attention body over few long chunks.
+        "qkv_rows=2,o_rows=2,down_split=2,attn_form=2,attn_tile_loads=4,attn_v_rows=3,\
+         attn_workgroups=2",
     ];
     for s in sets {
         let tune: crate::tune::Tune = s.parse().unwrap();
@@ -361,6 +364,17 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
             head[tune.head.unwrap_or(crate::tune::DEFAULT_HEAD) as usize],
             "{s}"
         );
+        let sh = g.plan().attention_shape();
+        let form = match tune.attn_form {
+            Some(2) => crate::kernels::attention::AttnForm::Stream,
+            _ => crate::kernels::attention::AttnForm::Tiles,
+        };
+        assert_eq!(sh.form, form, "{s}");
+        assert_eq!(Some(sh.tile_loads), tune.attn_tile_loads.or(Some(2)), "{s}");
+        assert!(g.describe().contains(match form {
+            crate::kernels::attention::AttnForm::Stream => "streamed body",
+            crate::kernels::attention::AttnForm::Tiles => "tiled body",
+        }));
         assert_eq!(greedy(&mut g, &p, 48, &[]), want, "{s}");
     }
     // A split the kernels do not have is an error at start-up, not a silent default.
@@ -375,6 +389,8 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     for (s, want) in [
         ("head=5", "tune head"),
         ("moe_late_norm=2", "tune moe_late_norm"),
+        ("attn_form=3", "attn_form=3"),
+        ("attn_form=2,attn_v_rows=0", "V rows per batch"),
     ] {
         let bad = GpuOptions {
             tune: s.parse().unwrap(),

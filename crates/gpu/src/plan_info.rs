@@ -41,6 +41,11 @@ impl DecodePlan {
         self.k.attn.combine()
     }
 
+    /// The attention's chunk body ([`crate::kernels::attention::ChunkShape`]).
+    pub fn attention_shape(&self) -> crate::kernels::attention::ChunkShape {
+        self.k.attn.shape()
+    }
+
     /// Bytes of the folded router matrices (router_fold.rs; 0 when the router has its own
     /// dispatch).
     pub fn fold_bytes(&self) -> u64 {

@@ -180,6 +180,8 @@ pub struct AttentionKernel {
     /// `[D/2]` f32.
     inv_freq: wgpu::Buffer,
     split: Split,
+    /// The chunk body this kernel was compiled with.
+    shape: ChunkShape,
     /// Sources of the chunk and combine modules, extended by the column forms.
     src: cols::Sources,
     /// Column pipelines per [`ColumnMode`], compiled on first [`Self::bind_cols`].
@@ -458,6 +460,7 @@ impl AttentionKernel {
             combine_q8,
             inv_freq,
             split,
+            shape,
             src: cols::Sources {
                 chunk: chunk_src,
                 combine: combine_int8,
@@ -478,6 +481,11 @@ impl AttentionKernel {
     pub fn with_fused_max_chunks(mut self, chunks: u32) -> Self {
         self.fused_max = chunks;
         self
+    }
+
+    /// The chunk body this kernel was compiled with (form, loads per tile, V rows per batch).
+    pub fn shape(&self) -> ChunkShape {
+        self.shape
     }
 
     /// How this kernel merges chunk partials.
