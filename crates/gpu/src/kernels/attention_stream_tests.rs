@@ -18,9 +18,11 @@ fn attention_streamed_form_matches_reference() {
     let Some(ctx) = gpu("attention_streamed_form_matches_reference") else {
         return;
     };
-    // (heads, kv_heads, head_dim, ctx, chunk, split override, tile loads, v rows, cache): five
+    // (heads, kv_heads, head_dim, ctx, chunk, split override, tile loads, v rows, cache): six
     // kernels (lavapipe compiles each pipeline at its first dispatch, ~2 s; 20 s at G = 32).
     let shapes = [
+        // 16-row blocks at G = 2: four head slices, two with no head to score.
+        (4, 2, 32, 512, 16, None, TILE_LOADS, V_ROWS, CacheType::F32),
         (6, 2, 36, 100, 7, None, 8, 3, CacheType::F32),
         (5, 1, 20, 64, 5, None, 1, 1, CacheType::F16),
         (16, 1, 16, 80, 4, Some((4, 64)), 4, 2, CacheType::F32),

@@ -104,7 +104,8 @@ fn attend(wid: vec3<u32>, li: u32, s: Site, single: bool, write_kv: bool) {
         if (tt + P < len) {
             kb = load_k(s, t0 + tt + P, h, min(P, len - tt - P), li, own);
         }
-        if (gs < SGN && st < rows) {
+        // Slices past the last head (16-row blocks at G = 8) have nothing to score.
+        if (gs < SGN && gs * GH < G && st < rows) {
             score_row(st, tt, gs * GH);
         }
     }
