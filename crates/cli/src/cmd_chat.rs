@@ -134,7 +134,7 @@ pub fn run(a: Args) -> Result<()> {
         let mut cut = 0..0;
         let stats = fitted.and_then(|(ids, c)| {
             cut = c;
-            session.generate(&tok, &ids, &params, &mut |t| {
+            session.generate(&tok, &ids, &params, &mut |t, _| {
                 answer.push_str(t);
                 out.write_all(t.as_bytes())
                     .and_then(|_| out.flush())

@@ -74,7 +74,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
-    let stats = session.generate(&tok, &ids, &params, &mut |t| match out
+    let stats = session.generate(&tok, &ids, &params, &mut |t, _| match out
         .write_all(t.as_bytes())
         .and_then(|_| out.flush())
     {

@@ -62,6 +62,14 @@ impl Default for GenParams {
     }
 }
 
+/// Where generated text goes as it is known: each call hands over a piece of complete UTF-8
+/// text (stop strings removed) and, when [`GenParams::logprobs`] asked, the entries of the ids
+/// produced since the previous call (an id whose text is held back, by a stop string that may
+/// be starting or a character split over ids, has its entry handed over with the text that
+/// follows it). The text is non-empty, except in one last call at the end that hands over the
+/// entries of ids whose text never showed (a stop string's). Returning `false` cancels.
+pub type OnText<'a> = dyn FnMut(&str, &[TokenLogprob]) -> bool + 'a;
+
 /// Why a generation ended, in OpenAI's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
@@ -141,13 +149,13 @@ impl Session {
     }
 
     /// Generate a continuation of `prompt`, calling `on_text` with each piece of complete UTF-8
-    /// text as soon as it is known; `on_text` returning `false` cancels.
+    /// text as soon as it is known; `on_text` returning `false` cancels (see [`OnText`]).
     pub fn generate(
         &mut self,
         tok: &Tokenizer,
         prompt: &[u32],
         p: &GenParams,
-        on_text: &mut dyn FnMut(&str) -> bool,
+        on_text: &mut OnText<'_>,
     ) -> Result<GenStats> {
         if prompt.is_empty() {
             bail!("empty prompt: nothing to condition on");
@@ -227,12 +235,21 @@ impl Session {
         let mut history = prompt.to_vec();
         let t1 = Instant::now();
         // Feed one id to the stop checker and the caller; Some(reason) ends generation.
-        let mut emit = |id: u32, generated: &mut Vec<u32>| -> Option<FinishReason> {
+        // Entries of `logprobs` handed out with a piece of text so far.
+        let mut sent = 0;
+        let mut emit = |id: u32,
+                        generated: &mut Vec<u32>,
+                        logprobs: &[TokenLogprob]|
+         -> Option<FinishReason> {
             generated.push(id);
             let text = dec.push(id).unwrap_or_default();
             let step = stop.push(id, &text);
-            if !step.text.is_empty() && !on_text(&step.text) {
-                return Some(FinishReason::Cancelled);
+            if !step.text.is_empty() {
+                let fresh = &logprobs[sent.min(logprobs.len())..];
+                sent = logprobs.len();
+                if !on_text(&step.text, fresh) {
+                    return Some(FinishReason::Cancelled);
+                }
             }
             if let Some(r) = step.stop {
                 return Some(FinishReason::Stop(r));
@@ -249,7 +266,7 @@ impl Session {
             logprobs.push(token_logprob(&logits, next, k));
         }
         let finish = loop {
-            if let Some(r) = emit(next, &mut generated) {
+            if let Some(r) = emit(next, &mut generated, &logprobs) {
                 break r;
             }
             if generated.len() >= p.max_tokens {
@@ -270,7 +287,7 @@ impl Session {
                 let mut last = next;
                 let mut on_ids = |ids: &[u32]| {
                     for (i, &id) in ids.iter().enumerate() {
-                        if let Some(r) = emit(id, &mut generated) {
+                        if let Some(r) = emit(id, &mut generated, &logprobs) {
                             out = Some(r);
                             // Ids after the stopping one were never shown: keep the cache to what was.
                             cached.extend_from_slice(&ids[..i]);
@@ -323,13 +340,21 @@ impl Session {
         if self.backend.position() != self.cached.len() {
             self.backend.truncate(self.cached.len())?;
         }
-        let tail = stop.finish();
-        if !tail.is_empty() && finish != FinishReason::Cancelled {
-            on_text(&tail);
-        }
-        if let Some(t) = dec.flush() {
-            if !t.is_empty() && finish != FinishReason::Cancelled && stop.stopped().is_none() {
-                on_text(&t);
+        if finish != FinishReason::Cancelled {
+            // Held-back text, then entries of ids whose text never showed (a stop string's, a
+            // skipped special token's at the end).
+            let mut fresh = &logprobs[sent.min(logprobs.len())..];
+            let tail = stop.finish();
+            if !tail.is_empty() {
+                on_text(&tail, std::mem::take(&mut fresh));
+            }
+            if let Some(t) = dec.flush() {
+                if !t.is_empty() && stop.stopped().is_none() {
+                    on_text(&t, std::mem::take(&mut fresh));
+                }
+            }
+            if !fresh.is_empty() {
+                on_text("", fresh);
             }
         }
         Ok(GenStats {

@@ -12,7 +12,7 @@ use crate::grammar::Constraint;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampler::Sampler;
 use crate::score;
-use crate::session::{pick, FinishReason, GenParams, GenStats};
+use crate::session::{pick, FinishReason, GenParams, GenStats, OnText};
 use crate::stop::StopChecker;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use anyhow::Result;
@@ -44,6 +44,8 @@ pub struct StreamSeq {
     /// Alternatives per token's logprob entry; `None`: no entries (see [`GenParams::logprobs`]).
     logprobs_k: Option<usize>,
     logprobs: Vec<TokenLogprob>,
+    /// Entries of `logprobs` already handed out with a piece of text.
+    sent: usize,
     /// The grammar the answer follows ([`GenParams::constraint`]), at the current id.
     constraint: Option<Constraint>,
     /// Each prompt token's entry after the first ([`GenParams::prompt_logprobs`]).
@@ -62,7 +64,7 @@ impl StreamSeq {
         keep: usize,
         prompt: &[u32],
         p: &GenParams,
-        on_text: &mut dyn FnMut(&str) -> bool,
+        on_text: &mut OnText<'_>,
     ) -> Result<StreamSeq> {
         anyhow::ensure!(keep < prompt.len(), "at least one prompt token must be fed");
         // Logprobs and grammars need every step's logits: such a stream picks on the host,
@@ -104,6 +106,7 @@ impl StreamSeq {
             finish: None,
             logprobs_k: p.logprobs,
             logprobs: Vec::new(),
+            sent: 0,
             constraint: p.constraint.clone(),
             prompt_logprobs,
         };
@@ -142,11 +145,7 @@ impl StreamSeq {
 
     /// The logits a one-step run produced for this stream (fed `next_input()` at the current
     /// position): choose the next id and hand it to the text side.
-    pub fn push_logits(
-        &mut self,
-        logits: &[f32],
-        on_text: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<()> {
+    pub fn push_logits(&mut self, logits: &[f32], on_text: &mut OnText<'_>) -> Result<()> {
         self.pos += 1;
         if self.finished() {
             return Ok(());
@@ -172,7 +171,7 @@ impl StreamSeq {
     }
 
     /// Hand one produced id to the text side; the limits are checked after it.
-    pub fn push(&mut self, id: u32, on_text: &mut dyn FnMut(&str) -> bool) {
+    pub fn push(&mut self, id: u32, on_text: &mut OnText<'_>) {
         if self.finished() {
             return;
         }
@@ -181,7 +180,7 @@ impl StreamSeq {
         self.next = id;
         let text = self.dec.push(id).unwrap_or_default();
         let step = self.stop.push(id, &text);
-        if !step.text.is_empty() && !on_text(&step.text) {
+        if !step.text.is_empty() && !self.hand_out(&step.text, on_text) {
             self.finish = Some(FinishReason::Cancelled);
         } else if let Some(r) = step.stop {
             self.finish = Some(FinishReason::Stop(r));
@@ -210,7 +209,7 @@ impl StreamSeq {
 
     /// The ids a run produced for this stream (fed `next_input()` at the current position);
     /// for a sampled stream, the device sampled them with the first of its reserved draws.
-    pub fn push_run(&mut self, ids: &[u32], on_text: &mut dyn FnMut(&str) -> bool) {
+    pub fn push_run(&mut self, ids: &[u32], on_text: &mut OnText<'_>) {
         if let Some(s) = &mut self.sampler {
             s.consume_draws(ids.len());
         }
@@ -223,21 +222,35 @@ impl StreamSeq {
         }
     }
 
+    /// Hand `text` to the caller with the entries not yet handed out.
+    fn hand_out(&mut self, text: &str, on_text: &mut OnText<'_>) -> bool {
+        let fresh = &self.logprobs[self.sent.min(self.logprobs.len())..];
+        self.sent = self.logprobs.len();
+        on_text(text, fresh)
+    }
+
     /// Mark the request cancelled (its client went away).
     pub fn cancel(&mut self) {
         self.finish.get_or_insert(FinishReason::Cancelled);
     }
 
     /// End the request: flush held-back text (unless cancelled) and report.
-    pub fn end(mut self, on_text: &mut dyn FnMut(&str) -> bool) -> GenStats {
+    pub fn end(mut self, on_text: &mut OnText<'_>) -> GenStats {
         let finish = self.finish.clone().unwrap_or(FinishReason::Length);
-        let tail = self.stop.finish();
-        if !tail.is_empty() && finish != FinishReason::Cancelled {
-            on_text(&tail);
-        }
-        if let Some(t) = self.dec.flush() {
-            if !t.is_empty() && finish != FinishReason::Cancelled && self.stop.stopped().is_none() {
-                on_text(&t);
+        if finish != FinishReason::Cancelled {
+            let tail = self.stop.finish();
+            if !tail.is_empty() {
+                self.hand_out(&tail, on_text);
+            }
+            if let Some(t) = self.dec.flush() {
+                if !t.is_empty() && self.stop.stopped().is_none() {
+                    self.hand_out(&t, on_text);
+                }
+            }
+            // Entries of ids whose text never showed (a stop string's, a skipped special
+            // token's at the end).
+            if self.sent < self.logprobs.len() {
+                self.hand_out("", on_text);
             }
         }
         GenStats {

@@ -485,7 +485,7 @@ fn noise_answers_in_the_schema_greedy_and_sampled() {
         p.sampling.seed = Some(3);
         let mut out = String::new();
         let st = s
-            .generate(&tok, &[1, 2, 3], &p, &mut |t| {
+            .generate(&tok, &[1, 2, 3], &p, &mut |t, _| {
                 out.push_str(t);
                 true
             })
@@ -518,7 +518,7 @@ fn noise_answers_in_the_schema_greedy_and_sampled() {
         ..Default::default()
     };
     let mut out = String::new();
-    s.generate(&tok, &[1, 2, 3], &p, &mut |t| {
+    s.generate(&tok, &[1, 2, 3], &p, &mut |t, _| {
         out.push_str(t);
         true
     })

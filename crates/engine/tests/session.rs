@@ -67,7 +67,7 @@ fn setup(text: &str, ctx: usize) -> Option<(Tokenizer, Session, Vec<u32>)> {
 fn gen(s: &mut Session, tok: &Tokenizer, prompt: &[u32], p: &GenParams) -> (String, FinishReason) {
     let mut out = String::new();
     let st = s
-        .generate(tok, prompt, p, &mut |t| {
+        .generate(tok, prompt, p, &mut |t, _| {
             out.push_str(t);
             true
         })
@@ -158,11 +158,61 @@ fn eos_stops_and_follow_up_reuses_the_prefix() {
     let mut follow = s.cached().to_vec();
     follow.extend(tok.encode(" again x").unwrap());
     let before = s.cached().len();
-    let st = s.generate(&tok, &follow, &p, &mut |_| true).unwrap();
+    let st = s.generate(&tok, &follow, &p, &mut |_, _| true).unwrap();
     assert_eq!(st.cached_tokens, before);
     // Sampled (non-greedy) path keeps the same invariant.
     let mut sp = p.clone();
     sp.sampling.temperature = 0.5;
     sp.sampling.seed = Some(1);
     let (_, _) = gen(&mut s, &tok, &follow, &sp);
+}
+
+/// Logprob entries come with the text of their ids: each piece hands over the entries of the
+/// ids produced since the previous piece (a character split over ids with the piece that
+/// completes it), and every entry is handed over once, a stop string's included.
+#[test]
+fn logprob_entries_come_with_their_text() {
+    let text = "Once upon a time, the caf\u{e9} \u{1D11E} sold tea END now.";
+    let Some((tok, mut s, script)) = setup(text, 4096) else {
+        return;
+    };
+    let p = GenParams {
+        max_tokens: 100,
+        logprobs: Some(1),
+        stop_strings: vec!["END".into()],
+        ..Default::default()
+    };
+    let mut pieces: Vec<(String, Vec<u32>)> = vec![];
+    let st = s
+        .generate(&tok, &script[..2], &p, &mut |t, lp| {
+            pieces.push((t.to_owned(), lp.iter().map(|e| e.id).collect()));
+            true
+        })
+        .unwrap();
+    assert_eq!(st.finish, FinishReason::Stop(StopReason::StopString(0)));
+    let handed: Vec<u32> = pieces.iter().flat_map(|p| p.1.clone()).collect();
+    assert_eq!(handed, st.generated);
+    let entries: Vec<u32> = st.logprobs.iter().map(|e| e.id).collect();
+    assert_eq!(entries, st.generated);
+    // The split character came in one piece with all its ids.
+    assert!(pieces
+        .iter()
+        .any(|(t, ids)| t.contains('\u{1D11E}') && ids.len() >= 2));
+    // Before the stop string, the text so far is exactly what the ids handed so far decode to,
+    // less a character they end inside of (no other text is held back there: nothing before
+    // "END" could start it).
+    let (mut ids, mut shown) = (vec![], String::new());
+    for (t, lp) in &pieces {
+        ids.extend_from_slice(lp);
+        shown.push_str(t);
+        let decoded = tok.decode(&ids);
+        let decoded = decoded.trim_end_matches('\u{FFFD}');
+        if decoded.contains("END") {
+            assert!(decoded.starts_with(&shown), "{decoded:?} vs {shown:?}");
+        } else {
+            assert!(!t.is_empty());
+            assert_eq!(decoded, shown);
+        }
+    }
+    assert_eq!(shown, " a time, the caf\u{e9} \u{1D11E} sold tea ");
 }

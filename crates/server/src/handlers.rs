@@ -250,7 +250,7 @@ async fn collect(
     let mut text = scoring.echo.clone().unwrap_or_default();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text { text: t, .. } => text.push_str(&t),
             Event::Done {
                 finish,
                 usage,
@@ -298,22 +298,61 @@ struct SseState {
     /// Writes logprob entries' tokens.
     tok: TokenText,
     scoring: Scoring,
+    /// Logprob entries not yet sent: they go with the next chunk the answer's text makes (a
+    /// parser may hold text back), the rest in a chunk of their own before the final one.
+    /// Unused when the prompt is echoed with its entries: those all come in one chunk then.
+    entries: Vec<TokenLogprob>,
+    /// Completions' `text_offset` of the next entry.
+    offset: usize,
 }
 
 impl SseState {
-    /// Queues the chunks of some answer text: as it is, or as its parser settles it.
-    fn queue_text(&mut self, t: &str, end: bool) {
-        let Some(p) = self.parser.as_mut() else {
-            if !t.is_empty() {
-                let c = self.env.chunk(Some(t), false, None);
-                self.pending.push_back(c.to_string());
+    /// Whether the entries stream with the text (else they all come at the end).
+    fn entries_stream(&self) -> bool {
+        self.scoring.echo_k.is_none()
+    }
+
+    /// Queues the chunks of some answer text: as it is, or as its parser settles it, the
+    /// entries not yet sent (`fresh` with them) in the first of them.
+    fn queue_text(&mut self, t: &str, fresh: Vec<TokenLogprob>, end: bool) {
+        if self.entries_stream() {
+            self.entries.extend(fresh);
+        }
+        let mut chunks = self.text_chunks(t, end);
+        if let Some(first) = chunks.first_mut() {
+            if let Some(v) = self.take_entries() {
+                first["choices"][0]["logprobs"] = v;
             }
-            return;
+        }
+        (self.pending).extend(chunks.iter().map(Value::to_string));
+    }
+
+    /// The `logprobs` object of the entries not yet sent, if any.
+    fn take_entries(&mut self) -> Option<Value> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        let entries = std::mem::take(&mut self.entries);
+        let (v, offset) = self
+            .env
+            .logprobs_at(&entries, self.tok.as_ref(), self.offset);
+        self.offset = offset;
+        Some(v)
+    }
+
+    /// The chunks of some answer text: as it is, or as its parser settles it.
+    fn text_chunks(&mut self, t: &str, end: bool) -> Vec<Value> {
+        let Some(p) = self.parser.as_mut() else {
+            return match t.is_empty() {
+                true => vec![],
+                false => vec![self.env.chunk(Some(t), false, None)],
+            };
         };
         let mut parts = p.push(t);
         if end {
             parts.extend(p.finish());
         }
+        let mut chunks = Vec::with_capacity(parts.len());
         for part in parts {
             let c = match part {
                 Part::Reasoning(r) => self.env.delta_chunk(json!({"reasoning_content": r})),
@@ -325,8 +364,9 @@ impl SseState {
                     self.env.delta_chunk(json!({ "tool_calls": [call] }))
                 }
             };
-            self.pending.push_back(c.to_string());
+            chunks.push(c);
         }
+        chunks
     }
 }
 
@@ -362,6 +402,8 @@ fn sse_stream(
         calls: 0,
         tok,
         scoring,
+        entries: Vec::new(),
+        offset: 0,
     };
     stream::unfold(st, |mut st| async move {
         loop {
@@ -372,20 +414,26 @@ fn sse_stream(
                 return None;
             }
             match st.rx.recv().await {
-                Some(Event::Text(t)) => st.queue_text(&t, false),
+                Some(Event::Text { text, logprobs }) => st.queue_text(&text, logprobs, false),
                 Some(Event::Done {
                     finish,
                     usage,
                     logprobs,
                     prompt_logprobs,
                 }) => {
-                    st.queue_text("", true);
-                    // The entries of every token (an echoed prompt's first), in one chunk
-                    // before the final one.
-                    let v = st
-                        .scoring
-                        .logprobs(&st.env, &prompt_logprobs, &logprobs, &st.tok);
-                    if !v.is_null() {
+                    st.queue_text("", vec![], true);
+                    // Entries no text chunk took (a stop string's ids, text a parser kept) in
+                    // a chunk of their own; with an echoed prompt's, every entry in one chunk.
+                    let v = match st.entries_stream() {
+                        true => st.take_entries(),
+                        false => {
+                            Some(
+                                st.scoring
+                                    .logprobs(&st.env, &prompt_logprobs, &logprobs, &st.tok),
+                            )
+                        }
+                    };
+                    if let Some(v) = v.filter(|v| !v.is_null()) {
                         st.pending.push_back(st.env.logprobs_chunk(v).to_string());
                     }
                     let finish = finish_with_calls(finish, st.calls);
@@ -413,7 +461,7 @@ fn sse_stream(
                 }
                 Some(Event::Error(msg)) => {
                     // What the parser still holds goes out before the error.
-                    st.queue_text("", true);
+                    st.queue_text("", vec![], true);
                     // Headers are sent already: report in-band, as OpenAI does.
                     st.pending
                         .push_back(ApiError::internal(msg).body().to_string());
@@ -572,7 +620,11 @@ mod tests {
     fn events() -> UnboundedReceiver<Event> {
         let (tx, rx) = unbounded_channel();
         for p in PIECES {
-            tx.send(Event::Text(p.into())).unwrap();
+            tx.send(Event::Text {
+                text: p.into(),
+                logprobs: vec![],
+            })
+            .unwrap();
         }
         let usage = Usage {
             prompt_tokens: 3,
@@ -630,13 +682,47 @@ mod tests {
             calls: 0,
             tok: names(),
             scoring: Scoring::default(),
+            entries: vec![],
+            offset: 0,
         };
-        for p in PIECES {
-            st.queue_text(p, false);
+        // Piece i came from ids 10 i and 10 i + 1.
+        let ids = |i: u32| -> Vec<TokenLogprob> {
+            (0..2)
+                .map(|j| TokenLogprob {
+                    id: 10 * i + j,
+                    logprob: -0.5,
+                    rank: 1,
+                    top: vec![],
+                })
+                .collect()
+        };
+        for (i, p) in PIECES.iter().enumerate() {
+            st.queue_text(p, ids(i as u32), false);
         }
-        st.queue_text("", true);
-        let deltas: Vec<Value> = (st.pending.iter())
-            .map(|c| serde_json::from_str::<Value>(c).unwrap()["choices"][0]["delta"].clone())
+        st.queue_text("", vec![], true);
+        if let Some(v) = st.take_entries() {
+            st.pending.push_back(st.env.logprobs_chunk(v).to_string());
+        }
+        let chunks: Vec<Value> = (st.pending.iter())
+            .map(|c| serde_json::from_str::<Value>(c).unwrap())
+            .collect();
+        // Every entry is sent once, in order, each with the first chunk its text made (the
+        // ids of a tool call's text with the call's chunk), the rest at the end.
+        let tokens = |c: &Value| -> Vec<String> {
+            let content = c["choices"][0]["logprobs"]["content"].as_array();
+            (content.into_iter().flatten())
+                .map(|e| e["token"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let sent: Vec<String> = chunks.iter().flat_map(tokens).collect();
+        let want: Vec<String> = (0..5).flat_map(ids).map(|e| format!("t{}", e.id)).collect();
+        assert_eq!(sent, want);
+        let first_call = (chunks.iter())
+            .find(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+            .unwrap();
+        assert_eq!(tokens(first_call), ["t20", "t21"]);
+        let deltas: Vec<Value> = (chunks.iter())
+            .map(|c| c["choices"][0]["delta"].clone())
             .collect();
         let joined =
             |key: &str| -> String { deltas.iter().filter_map(|d| d[key].as_str()).collect() };

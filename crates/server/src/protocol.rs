@@ -292,6 +292,18 @@ impl Envelope {
         entries: &[TokenLogprob],
         text_of: &dyn Fn(u32) -> (Vec<u8>, bool),
     ) -> Value {
+        self.logprobs_at(entries, text_of, 0).0
+    }
+
+    /// [`Envelope::logprobs`] for entries whose text starts `at` characters into the answer (a
+    /// stream's later chunk: completions' `text_offset` counts from the answer's start, as
+    /// vLLM's streams do), and the offset after them.
+    pub fn logprobs_at(
+        &self,
+        entries: &[TokenLogprob],
+        text_of: &dyn Fn(u32) -> (Vec<u8>, bool),
+        at: usize,
+    ) -> (Value, usize) {
         let lp = |x: f32| if x.is_finite() { f64::from(x) } else { -9999.0 };
         let token = |id: u32| {
             let (b, _) = text_of(id);
@@ -311,11 +323,11 @@ impl Envelope {
                         json!({"token": t, "logprob": lp(e.logprob), "bytes": b, "top_logprobs": top})
                     })
                     .collect();
-                json!({ "content": content })
+                (json!({ "content": content }), at)
             }
             Kind::Text => {
                 let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
-                let mut offset = 0;
+                let mut offset = at;
                 for e in entries {
                     let (b, shown) = text_of(e.id);
                     let t = String::from_utf8_lossy(&b).into_owned();
@@ -335,7 +347,8 @@ impl Envelope {
                     }
                     tops.push(Value::Object(top));
                 }
-                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+                let v = json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets});
+                (v, offset)
             }
         }
     }

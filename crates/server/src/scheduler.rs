@@ -49,8 +49,13 @@ pub const IN_FLIGHT: usize = 2;
 /// What the worker tells a handler.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A piece of generated text (complete UTF-8, stop strings already removed).
-    Text(String),
+    /// A piece of generated text (complete UTF-8, stop strings already removed) and, when asked,
+    /// the logprob entries of the ids produced since the previous piece (see
+    /// [`nibble_engine::session::OnText`]: the text of the last piece may be empty).
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// Generation ended normally; `logprobs` holds an entry per generated id if asked,
     /// `prompt_logprobs` one per prompt token after the first if asked.
     Done {
@@ -61,6 +66,18 @@ pub enum Event {
     },
     /// Generation failed inside the engine.
     Error(String),
+}
+
+/// Where a request's engine output goes: its handler's event channel (`false` once the
+/// handler is gone, which cancels generation).
+fn text_sink(events: &UnboundedSender<Event>) -> impl FnMut(&str, &[TokenLogprob]) -> bool + '_ {
+    |t, lp| {
+        let ev = Event::Text {
+            text: t.to_owned(),
+            logprobs: lp.to_vec(),
+        };
+        events.send(ev).is_ok()
+    }
 }
 
 /// One validated request.
@@ -287,7 +304,7 @@ impl Worker {
                     keep,
                     &seq.job.prompt,
                     &seq.job.gen,
-                    &mut |t| events.send(Event::Text(t.to_owned())).is_ok(),
+                    &mut text_sink(&events),
                 )
             }));
             match started {
@@ -355,7 +372,7 @@ impl Worker {
                     continue;
                 }
                 let events = &seq.job.events;
-                let stats = s.end(&mut |t| events.send(Event::Text(t.to_owned())).is_ok());
+                let stats = s.end(&mut text_sink(events));
                 // What the slot's KV rows hold from position 0: the prompt and every id fed
                 // back (all generated ids but the last); queued runs write only past them.
                 let fed = stats.generated.len().saturating_sub(1);
@@ -392,7 +409,7 @@ impl Worker {
             };
             if let Some(v) = ids.get(s.slot).filter(|v| !v.is_empty()) {
                 let events = &seq.job.events;
-                s.push_run(v, &mut |t| events.send(Event::Text(t.to_owned())).is_ok());
+                s.push_run(v, &mut text_sink(events));
             }
         }
     }
@@ -441,7 +458,7 @@ impl Worker {
                 // A request's own failure (a grammar error, a panic inside its grammar or
                 // sampler) ends that request alone.
                 let pushed = catch_unwind(AssertUnwindSafe(|| {
-                    s.push_logits(l, &mut |t| events.send(Event::Text(t.to_owned())).is_ok())
+                    s.push_logits(l, &mut text_sink(events))
                 }));
                 let failed = match pushed {
                     Ok(Ok(())) => None,
@@ -566,9 +583,7 @@ impl Worker {
             let session = &mut self.session;
             let tok = &self.tok;
             let out = catch_unwind(AssertUnwindSafe(|| {
-                session.generate(tok, &job.prompt, &job.gen, &mut |t| {
-                    events.send(Event::Text(t.to_owned())).is_ok()
-                })
+                session.generate(tok, &job.prompt, &job.gen, &mut text_sink(events))
             }));
             let result = match out {
                 Ok(Ok(stats)) => Ok(stats),

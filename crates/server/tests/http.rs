@@ -31,7 +31,7 @@ fn direct_greedy(prompt: &[u32], max_tokens: usize) -> String {
         ..GenParams::default()
     };
     let mut out = String::new();
-    s.generate(&tok, prompt, &p, &mut |t| {
+    s.generate(&tok, prompt, &p, &mut |t, _| {
         out.push_str(t);
         true
     })
@@ -356,7 +356,7 @@ async fn logit_bias_steers_and_bans_tokens() {
     };
     p.sampling.logit_bias = vec![(first[0], -100.0)];
     let mut want = String::new();
-    s.generate(&tok, &ids, &p, &mut |t| {
+    s.generate(&tok, &ids, &p, &mut |t, _| {
         want.push_str(t);
         true
     })

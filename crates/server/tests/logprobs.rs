@@ -112,3 +112,92 @@ async fn each_token_gets_its_logprob_and_alternatives() {
         v["choices"][0]["message"]["content"].as_str().unwrap()
     );
 }
+
+/// The `logprobs` objects of a stream's chunks, in order (chunks without entries left out).
+fn streamed(sse: &common::Sse) -> Vec<Value> {
+    (sse.chunks.iter())
+        .map(|c| c["choices"][0]["logprobs"].clone())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// One key's lists of several completions `logprobs` objects, joined.
+fn joined(parts: &[Value], key: &str) -> Vec<Value> {
+    (parts.iter())
+        .flat_map(|v| v[key].as_array().unwrap().clone())
+        .collect()
+}
+
+/// Alone on the main sequence (the reference backend) and on the CPU's stream slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_entries_come_with_their_text() {
+    let Some(_) = model_path() else { return };
+    streamed_entries_on(start(cfg(), CTX).await).await;
+    streamed_entries_on(start_streams(cfg(), CTX).await).await;
+}
+
+async fn streamed_entries_on(srv: TestServer) {
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
+        "logprobs": 2});
+    let (_, v) = post(&srv.base, "/v1/completions", &body).await;
+    let whole = &v["choices"][0]["logprobs"];
+    let mut s = body.clone();
+    s["stream"] = json!(true);
+    let (_, _, sse) = post_stream(&srv.base, "/v1/completions", &s).await;
+    let parts = streamed(&sse);
+    // Token by token, not all at the end; together the non-streamed answer's entries, the
+    // text offsets counting from the answer's start.
+    assert!(parts.len() > 1, "{}", sse.raw);
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        assert_eq!(joined(&parts, key), whole[key].as_array().unwrap().clone());
+    }
+    // Each chunk's text is what the entries so far spell, less a character they end inside of.
+    let (mut spelt, mut text) = (String::new(), String::new());
+    for c in &sse.chunks {
+        let choice = &c["choices"][0];
+        text.push_str(choice["text"].as_str().unwrap_or(""));
+        for t in choice["logprobs"]["tokens"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            spelt.push_str(t.as_str().unwrap());
+        }
+        if choice["logprobs"].is_object() {
+            assert_eq!(spelt.trim_end_matches('\u{FFFD}'), text, "{c}");
+        }
+    }
+    // A stop string that is a whole token's text: its id's entry still comes (in a chunk of
+    // its own before the final one), as it does unstreamed.
+    let tokens: Vec<&str> = (whole["tokens"].as_array().unwrap().iter())
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    let offsets = whole["text_offset"].as_array().unwrap();
+    let k = (3..tokens.len())
+        .find(|&k| {
+            let t = tokens[k].trim();
+            let at = offsets[k].as_u64().unwrap() as usize;
+            t.chars().count() >= 2
+                && t.chars().all(char::is_alphanumeric)
+                // Not complete in the text before token k's last character.
+                && !(text.chars().take(at + tokens[k].chars().count() - 1))
+                    .collect::<String>()
+                    .contains(tokens[k])
+        })
+        .expect("some token to stop at");
+    let stop = tokens[k];
+    let mut body = body.clone();
+    body["stop"] = json!([stop]);
+    let (_, v) = post(&srv.base, "/v1/completions", &body).await;
+    let whole = &v["choices"][0]["logprobs"];
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(whole["tokens"].as_array().unwrap().len(), k + 1, "{v}");
+    body["stream"] = json!(true);
+    let (_, _, sse) = post_stream(&srv.base, "/v1/completions", &body).await;
+    assert_eq!(sse.text(), v["choices"][0]["text"].as_str().unwrap());
+    let parts = streamed(&sse);
+    for key in ["tokens", "token_logprobs", "text_offset"] {
+        assert_eq!(joined(&parts, key), whole[key].as_array().unwrap().clone());
+    }
+}

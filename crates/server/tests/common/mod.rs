@@ -124,15 +124,39 @@ pub async fn start_with_template(cfg: ServerConfig, ctx: usize, template: &str) 
     serve(cfg, ctx, nibble_server::HEADER_TIMEOUT, Some(template)).await
 }
 
+/// [`start`] on the CPU backend's stream slots (`cfg.max_streams` of them): requests take the
+/// multi-stream path (`StreamSeq`) instead of running alone.
+#[allow(dead_code)]
+pub async fn start_streams(cfg: ServerConfig, ctx: usize) -> TestServer {
+    let m = open();
+    let cpu = nibble_cpu::CpuBackend::with_streams(m.weights.clone(), ctx, cfg.max_streams);
+    let template = m.chat_template.as_deref();
+    serve_on(
+        Box::new(cpu.unwrap()),
+        cfg,
+        nibble_server::HEADER_TIMEOUT,
+        template,
+    )
+    .await
+}
+
 async fn serve(
     cfg: ServerConfig,
     ctx: usize,
     header_timeout: Duration,
     template: Option<&str>,
 ) -> TestServer {
-    let m = open();
-    let backend = RefBackend::new(m.weights.clone(), ctx).unwrap();
-    let router = nibble_server::app(Box::new(backend), tokenizer(), template, cfg).unwrap();
+    let backend = RefBackend::new(open().weights.clone(), ctx).unwrap();
+    serve_on(Box::new(backend), cfg, header_timeout, template).await
+}
+
+async fn serve_on(
+    backend: Box<dyn nibble_backend::Backend>,
+    cfg: ServerConfig,
+    header_timeout: Duration,
+    template: Option<&str>,
+) -> TestServer {
+    let router = nibble_server::app(backend, tokenizer(), template, cfg).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
