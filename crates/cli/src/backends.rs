@@ -66,7 +66,9 @@ pub struct BackendArgs {
     /// attention split's target, default 1024), attn_tile_loads (1..=16, default 2),
     /// attn_fused_max (chunks per kv head the fused combine serves, default 16), attn_form (1,
     /// the default: the tiled chunk body; 2: the streamed one), attn_v_rows (the streamed body's
-    /// V rows per thread per batch, 1..=16, default 4). late_norm,
+    /// V rows per thread per batch, 1..=16, default 4), attn_deep (P: from position P on, a
+    /// single sequence's steps take the streamed body with 64-row key blocks over 256
+    /// workgroups; off by default). late_norm,
     /// moe_late_norm (1, the default: the qkv and the MoE gate/up scale by 1 / rms after their
     /// dots; 0: the norm first). head (the lm_head form, 0..=4, default 4). prefill_splits (most
     /// key splits of the prefill's query-tile attention, 1..=16, default 16; 1: none),

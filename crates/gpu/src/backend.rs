@@ -22,7 +22,7 @@
 //! - Position bookkeeping follows the trait: a failing call leaves `position()` unchanged.
 
 use crate::context::{AdapterChoice, Context};
-use crate::kernels::attention::{AttnForm, Combine};
+use crate::kernels::attention::{AttnForm, ChunkShape, Combine};
 use crate::kernels::moe::Routing;
 use crate::numerics::Numerics;
 use crate::plan::{DecodePlan, PlanOptions};
@@ -371,14 +371,17 @@ impl GpuBackend {
                 "in its own dispatch"
             },
             {
-                let sh = self.plan.attention_shape();
-                let body = match sh.form {
+                let name = |sh: ChunkShape| match sh.form {
                     AttnForm::Tiles => format!("tiled body, {} loads per tile", sh.tile_loads),
                     AttnForm::Stream => format!(
                         "streamed body, {} loads per key block, {} V rows per batch",
                         sh.tile_loads, sh.v_rows
                     ),
                 };
+                let mut body = name(self.plan.attention_shape());
+                if let Some((from, sh)) = self.plan.attention_deep() {
+                    body += &format!("; from position {from}: {} over 256 workgroups", name(sh));
+                }
                 match self.plan.qkv_attention_positions() {
                     Some(n) => {
                         format!("in the qkv dispatch below position {n}, then chunks ({body})")

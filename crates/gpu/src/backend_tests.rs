@@ -323,8 +323,9 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
     let want = greedy(&mut oracle, &p, 48, &[]);
     let sets = [
         "qkv_rows=1,o_rows=4,down_split=1,head=4,gate_up_rows=2",
+        // From position 24 on, the deep attention kernel (the streamed body).
         "qkv_rows=2,o_rows=1,gate_up_lanes=32,down_lanes=8,down_rows=2,down_split=2,head=2,\
-         moe_late_norm=0",
+         moe_late_norm=0,attn_deep=24",
         // Chunks of 16 from the start, 8-row tiles, the fused combine only for one chunk.
         "qkv_rows=4,o_rows=2,down_split=4,attn_workgroups=4,attn_tile_loads=1,attn_fused_max=1,\
          head=3",
@@ -375,6 +376,14 @@ fn tune_overrides_reach_the_kernels_and_keep_the_oracle_tokens() {
             crate::kernels::attention::AttnForm::Stream => "streamed body",
             crate::kernels::attention::AttnForm::Tiles => "tiled body",
         }));
+        let deep = g.plan().attention_deep().map(|(from, sh)| (from, sh.form));
+        let streamed = crate::kernels::attention::AttnForm::Stream;
+        assert_eq!(deep, tune.attn_deep.map(|from| (from, streamed)), "{s}");
+        assert_eq!(
+            g.describe().contains("; from position 24: streamed body"),
+            deep.is_some(),
+            "{s}"
+        );
         assert_eq!(greedy(&mut g, &p, 48, &[]), want, "{s}");
     }
     // A split the kernels do not have is an error at start-up, not a silent default.

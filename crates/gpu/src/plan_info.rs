@@ -46,6 +46,12 @@ impl DecodePlan {
         self.k.attn.shape()
     }
 
+    /// The deep attention kernel's first position and chunk body, if the plan has one
+    /// (`--tune attn_deep`).
+    pub fn attention_deep(&self) -> Option<(u32, crate::kernels::attention::ChunkShape)> {
+        self.k.attn.deep_shape()
+    }
+
     /// Bytes of the folded router matrices (router_fold.rs; 0 when the router has its own
     /// dispatch).
     pub fn fold_bytes(&self) -> u64 {

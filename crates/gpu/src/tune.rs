@@ -39,6 +39,11 @@ pub struct Tune {
     /// per batch (1..=16, default 4).
     pub attn_form: Option<u32>,
     pub attn_v_rows: Option<u32>,
+    /// From this position on, the single-sequence steps take a second attention kernel: the
+    /// streamed body with 64-row key blocks (8 loads), `attn_v_rows` V rows and a split over
+    /// 256 workgroups, run 175's fastest at depth (unset: one kernel at every position;
+    /// [`AttentionKernel::with_deep`]).
+    pub attn_deep: Option<u32>,
     /// 1 or unset (the default since run 63: tg128 318.2 against 315.2): the norm-on-load
     /// matvec (qkv) stages `h ⊙ w` and scales each row's sum by `1 / rms(h)` at the end, so
     /// its dot products need not wait for the norm's reduction (matvec_wgsl.rs
@@ -101,7 +106,7 @@ pub const DEFAULT_HEAD: u32 = 4;
 pub const DEFAULT_WARM: u32 = 3;
 
 /// The keys `--tune` accepts, in the order [`Tune`]'s `Display` writes them.
-pub const KEYS: [&str; 23] = [
+pub const KEYS: [&str; 24] = [
     "qkv_rows",
     "o_rows",
     "gate_up_lanes",
@@ -115,6 +120,7 @@ pub const KEYS: [&str; 23] = [
     "attn_fused_max",
     "attn_form",
     "attn_v_rows",
+    "attn_deep",
     "late_norm",
     "moe_late_norm",
     "head",
@@ -143,6 +149,7 @@ impl Tune {
             "attn_fused_max" => &mut self.attn_fused_max,
             "attn_form" => &mut self.attn_form,
             "attn_v_rows" => &mut self.attn_v_rows,
+            "attn_deep" => &mut self.attn_deep,
             "late_norm" => &mut self.late_norm,
             "moe_late_norm" => &mut self.moe_late_norm,
             "head" => &mut self.head,
@@ -196,8 +203,17 @@ impl Tune {
             tile_loads: self.attn_tile_loads.unwrap_or(d.tile_loads),
             v_rows: self.attn_v_rows.unwrap_or(d.v_rows),
         };
-        let k = AttentionKernel::with_overrides(ctx, params, self.attn_workgroups, shape)?
+        let mut k = AttentionKernel::with_overrides(ctx, params, self.attn_workgroups, shape)?
             .with_combine(merge);
+        if let Some(from) = self.attn_deep {
+            let deep = ChunkShape {
+                form: AttnForm::Stream,
+                tile_loads: 8,
+                v_rows: shape.v_rows,
+            };
+            let deep = AttentionKernel::with_overrides(ctx, params, Some(256), deep)?;
+            k = k.with_deep(deep, from)?;
+        }
         Ok(match self.attn_fused_max {
             Some(n) => k.with_fused_max_chunks(n),
             None => k,
@@ -252,6 +268,7 @@ impl std::fmt::Display for Tune {
             self.attn_fused_max,
             self.attn_form,
             self.attn_v_rows,
+            self.attn_deep,
             self.late_norm,
             self.moe_late_norm,
             self.head,

@@ -186,6 +186,8 @@ pub struct AttentionKernel {
     src: cols::Sources,
     /// Column pipelines per [`ColumnMode`], compiled on first [`Self::bind_cols`].
     cols: [std::sync::OnceLock<cols::ColsPipelines>; 2],
+    /// A second kernel for the single-sequence steps from a position on ([`Self::with_deep`]).
+    deep: Option<Box<Deep>>,
 }
 
 /// The buffers one layer's attention reads and writes (see the module docs for shapes).
@@ -231,6 +233,8 @@ pub struct AttentionBinding {
     combine: wgpu::BindGroup,
     /// Index into `combine_q8` when the output is quantised.
     quantized: Option<usize>,
+    /// The deep kernel's binding of the same buffers, when the kernel has one.
+    deep: Option<Box<AttentionBinding>>,
 }
 
 impl AttentionKernel {
@@ -466,6 +470,7 @@ impl AttentionKernel {
                 combine: combine_int8,
             },
             cols: Default::default(),
+            deep: None,
         })
     }
 
@@ -473,6 +478,9 @@ impl AttentionKernel {
     /// default; tests and benchmarks compare both). Takes effect for bindings made after.
     pub fn with_combine(mut self, merge: Combine) -> Self {
         self.merge = merge;
+        self.deep = self
+            .deep
+            .map(|d| Box::new(d.map(|k| k.with_combine(merge))));
         self
     }
 
@@ -480,6 +488,7 @@ impl AttentionKernel {
     /// (benchmarks time it past [`FUSED_MAX_CHUNKS`]).
     pub fn with_fused_max_chunks(mut self, chunks: u32) -> Self {
         self.fused_max = chunks;
+        self.deep = (self.deep).map(|d| Box::new(d.map(|k| k.with_fused_max_chunks(chunks))));
         self
     }
 
@@ -497,50 +506,6 @@ impl AttentionKernel {
     #[cfg(test)]
     pub(crate) fn split(&self) -> Split {
         self.split
-    }
-
-    /// Bytes of one column's partials ([`Self::scratch_cols`] holds `columns` of them).
-    pub fn scratch_bytes_per_column(&self) -> u64 {
-        let p = &self.params;
-        p.heads as u64 * self.split.slots() as u64 * (p.head_dim as u64 + 2) * 4
-            + p.kv_heads as u64 * 4
-    }
-
-    /// Partial buffers sized for the whole cache.
-    pub fn scratch(&self, ctx: &Context) -> Result<AttentionScratch> {
-        self.scratch_for(ctx, 1)
-    }
-
-    /// Partial buffers for `columns` columns (validated by the caller) over the whole cache.
-    fn scratch_for(&self, ctx: &Context, columns: u32) -> Result<AttentionScratch> {
-        let p = &self.params;
-        let n = columns as u64 * p.heads as u64 * self.split.slots() as u64;
-        if n * p.head_dim as u64 >= 1 << 31 {
-            return Err(GpuError::Shape(format!(
-                "attention partials of {columns} columns exceed 2^31 elements"
-            )));
-        }
-        Ok(AttentionScratch {
-            part_o: ctx.storage("attention.part_o", n * p.head_dim as u64 * 4)?,
-            part_ml: ctx.storage("attention.part_ml", n * 8)?,
-            arrive: ctx.storage("attention.arrive", columns as u64 * p.kv_heads as u64 * 4)?,
-            columns,
-        })
-    }
-
-    /// Error unless `scratch` holds this kernel's partials and arrival counters for `columns`
-    /// columns: a scratch made by another kernel (another split, fewer heads) may be smaller,
-    /// and the chunk modules read and write them unchecked.
-    pub(super) fn check_scratch(&self, scratch: &AttentionScratch, columns: u32) -> Result<()> {
-        let p = &self.params;
-        let slots = columns as u64 * p.heads as u64 * self.split.slots() as u64;
-        need(&scratch.part_o, slots * p.head_dim as u64, "part_o")?;
-        need(&scratch.part_ml, slots * 2, "part_ml")?;
-        need(
-            &scratch.arrive,
-            columns as u64 * p.kv_heads as u64,
-            "arrive",
-        )
     }
 
     /// Check the buffer sizes and create the bind groups of one layer.
@@ -643,12 +608,16 @@ impl AttentionKernel {
             }
         };
         let combine = ctx.bind_group("attention.combine", pipe, &res)?;
+        let deep = (self.deep.as_ref())
+            .map(|d| d.kernel.bind_at(ctx, b, scratch, kv_offset).map(Box::new))
+            .transpose()?;
         Ok(AttentionBinding {
             chunk,
             single,
             fused,
             combine,
             quantized: b.out_q.map(|q| q.precise as usize),
+            deep,
         })
     }
 
@@ -705,6 +674,9 @@ impl AttentionKernel {
         pos_bound: u32,
         mark: &mut F,
     ) {
+        if let Some((k, b)) = self.deep_for(b, pos_bound) {
+            return k.record_marked(pass, b, pos_bound, mark);
+        }
         let p = &self.params;
         if let Some(single) = self.single_for(b, pos_bound) {
             pass.set_pipeline(&self.single);
@@ -738,6 +710,9 @@ impl AttentionKernel {
     /// covers every position up to the bound and the output is f32 only, or while the fused
     /// combine serves the bound, else 2.
     pub fn dispatches(&self, b: &AttentionBinding, pos_bound: u32) -> u32 {
+        if let Some((k, b)) = self.deep_for(b, pos_bound) {
+            return k.dispatches(b, pos_bound);
+        }
         if self.single_for(b, pos_bound).is_some() || self.fused_for(b, pos_bound).is_some() {
             1
         } else {
@@ -766,6 +741,10 @@ fn need(buf: &wgpu::Buffer, elems: u64, what: &str) -> Result<()> {
 mod forms;
 pub use forms::{AttnForm, ChunkShape, Combine, FUSED_MAX_CHUNKS, TILE_LOADS, V_ROWS};
 use forms::{CHUNK_CAP, TARGET_WORKGROUPS, TILE_CAP};
+
+#[path = "attention_deep.rs"]
+mod deep;
+use deep::Deep;
 
 #[path = "attention_split.rs"]
 mod split;

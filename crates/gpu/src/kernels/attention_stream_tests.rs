@@ -86,3 +86,58 @@ fn attention_streamed_form_matches_reference() {
     };
     assert!(AttentionKernel::with_shape(&ctx, params(64, 1, 32, 64, 16), None, shape).is_err());
 }
+
+/// A kernel with a deep kernel (`--tune attn_deep`) records each step with the kernel its
+/// position bound picks: bit for bit that kernel's output (the two bodies' bits differ), the
+/// reference's values either way, the picked kernel's dispatch count. A deep kernel needing
+/// more partial slots than the first, built for other params or holding a deep kernel itself is
+/// refused.
+#[test]
+fn attention_deep_kernel_takes_the_steps_from_its_position() {
+    let Some(ctx) = gpu("attention_deep_kernel_takes_the_steps_from_its_position") else {
+        return;
+    };
+    let p = params(8, 2, 32, 300, 16);
+    let case = |seed: u64, form: AttnForm| {
+        let mut c = Case::new(p, seed);
+        c.form = form;
+        if form == AttnForm::Stream {
+            c.split = Some((2, 256));
+            c.tile_loads = 8;
+        }
+        c
+    };
+    let tiles = kernel(&ctx, &case(0, AttnForm::Tiles));
+    let stream = kernel(&ctx, &case(0, AttnForm::Stream));
+    let from = 100;
+    let both = tiles.clone().with_deep(stream.clone(), from).unwrap();
+    assert_eq!(both.deep_shape(), Some((from, stream.shape())));
+    assert_eq!(tiles.deep_shape(), None);
+    for (j, pos) in [5, 99, 100, 250].into_iter().enumerate() {
+        let seed = 4000 + j as u64;
+        check_case_with(&ctx, &both, case(seed, AttnForm::Tiles), (pos, pos));
+        let out = |k: &AttentionKernel| {
+            run_with(
+                &ctx,
+                k,
+                &case(seed, AttnForm::Tiles),
+                (pos, pos),
+                false,
+                false,
+            )
+        };
+        let (want, other) = match pos >= from {
+            true => (out(&stream), out(&tiles)),
+            false => (out(&tiles), out(&stream)),
+        };
+        let got = out(&both);
+        assert_ne!(want.out, other.out, "pos {pos}: the bodies' bits differ");
+        assert_eq!(got.out, want.out, "pos {pos}");
+        assert_eq!(got.dispatches, want.dispatches, "pos {pos}");
+    }
+    let few = kernel(&ctx, &case(0, AttnForm::Stream));
+    assert!(few.with_deep(tiles.clone(), from).is_err());
+    let other = kernel(&ctx, &Case::new(params(8, 2, 32, 200, 16), 0));
+    assert!(tiles.clone().with_deep(other, from).is_err());
+    assert!(tiles.clone().with_deep(both.clone(), from).is_err());
+}
